@@ -1,0 +1,10 @@
+"""The Python client, shaped like kafka-python: Producer, Consumer, Admin."""
+from mesh.client.admin import Admin
+from mesh.client.cluster import TopicPartition
+from mesh.client.consumer import Consumer
+from mesh.client.producer import Producer, RecordFuture, RecordMetadata
+from mesh.errors import ErrorCode, MeshError
+from mesh.records import Record
+
+__all__ = ["Admin", "Consumer", "Producer", "RecordFuture", "RecordMetadata", "Record",
+           "TopicPartition", "ErrorCode", "MeshError"]

@@ -1,0 +1,62 @@
+"""Admin: topics and cluster metadata, synchronous, in the caller's thread."""
+from __future__ import annotations
+
+from mesh.client.cluster import ClusterView
+from mesh.client.transport import Transport
+from mesh.errors import ErrorCode, MeshError
+from mesh.messages import CreateTopicRequest, DeleteTopicRequest, MetadataRequest
+
+__all__ = ["Admin"]
+
+
+class Admin:
+    def __init__(self, bootstrap: str = "127.0.0.1:7101", request_timeout_ms: int = 10_000):
+        self.transport = Transport()
+        self.cluster = ClusterView(self.transport, bootstrap, timeout_ms=request_timeout_ms)
+        self.timeout_ms = request_timeout_ms
+
+    def _call(self, msg):
+        """Send to the first broker that answers (any broker can serve admin requests)."""
+        last = None
+        for addr in self.cluster.addresses():
+            try:
+                resp, _ = self.transport.call(addr, msg, timeout_ms=self.timeout_ms)
+                return resp
+            except MeshError as exc:
+                if exc.code not in (ErrorCode.TIMEOUT, ErrorCode.BROKER_UNAVAILABLE):
+                    raise
+                self.transport.forget(addr)
+                last = exc
+        raise MeshError(ErrorCode.BROKER_UNAVAILABLE, f"no broker answered: {last}")
+
+    def create_topic(self, name: str, partitions: int = 1, replication_factor: int = 1,
+                     config: dict | None = None) -> None:
+        self._call(CreateTopicRequest(name, partitions, replication_factor,
+                                      {k: str(v) for k, v in (config or {}).items()}))
+
+    def delete_topic(self, name: str) -> None:
+        self._call(DeleteTopicRequest(name))
+
+    def metadata(self, topics: list[str] | None = None):
+        return self._call(MetadataRequest(topics))
+
+    def list_topics(self) -> list[str]:
+        return sorted(t["name"] for t in self.metadata().topics if not t.get("error"))
+
+    def describe_topic(self, name: str) -> dict:
+        (t,) = self.metadata([name]).topics
+        if t.get("error"):
+            raise MeshError(t["error"], f"unknown topic {name!r}")
+        return t
+
+    def brokers(self) -> list[dict]:
+        return self.metadata([]).brokers
+
+    def close(self) -> None:
+        self.transport.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()

@@ -1,0 +1,296 @@
+"""The consumer: assigned partitions, positions, pipelined long-poll fetches.
+
+I/O happens in the caller's thread, inside ``poll()`` (as kafka-python does). One fetch is
+kept in flight per leader broker, covering every assigned partition that broker leads, so
+the next data is usually already on its way while the caller processes the last.
+Records come back in offset order per partition; batches are checked (CRC) and decoded
+in bulk (``mesh.records.records_from``).
+"""
+from __future__ import annotations
+
+import collections
+import logging
+import time
+
+from mesh.client.cluster import ClusterView, TopicPartition
+from mesh.client.transport import Transport
+from mesh.errors import ErrorCode, MeshError, retriable
+from mesh.messages import EARLIEST, LATEST, ErrorResponse, FetchRequest, FetchResponse, ListOffsetsRequest
+from mesh.records import Record, iter_batches, parse_header, records_from
+
+__all__ = ["Consumer", "TopicPartition"]
+
+log = logging.getLogger("mesh.consumer")
+
+
+class Consumer:
+    def __init__(self, *topics: str, bootstrap: str = "127.0.0.1:7101",
+                 auto_offset_reset: str = "latest", fetch_max_wait_ms: int = 500,
+                 fetch_min_bytes: int = 1, max_partition_fetch_bytes: int = 1 << 20,
+                 fetch_max_bytes: int = 16 << 20, max_poll_records: int = 100_000,
+                 request_timeout_ms: int = 10_000, group_id: str | None = None, **group_options):
+        if auto_offset_reset not in ("earliest", "latest", "none"):
+            raise ValueError("auto_offset_reset must be 'earliest', 'latest' or 'none'")
+        self.transport = Transport()
+        self.cluster = ClusterView(self.transport, bootstrap)
+        self.auto_offset_reset = auto_offset_reset
+        self.max_wait_ms = fetch_max_wait_ms
+        self.min_bytes = fetch_min_bytes
+        self.part_max = max_partition_fetch_bytes
+        self.max_bytes = fetch_max_bytes
+        self.max_poll_records = max_poll_records
+        self.request_timeout_s = request_timeout_ms / 1000
+        self._positions: dict[TopicPartition, int | None] = {}
+        self._assigned: list[TopicPartition] = []
+        self._inflight: dict[int, tuple[str, float, dict]] = {}   # rid -> (addr, sent, {tp: offset})
+        self._busy_addrs: set[str] = set()
+        # fetched, not yet returned: raw (topic, partition, batch, min offset) or decoded lists
+        self._buffer: collections.deque = collections.deque()
+        self._high_watermarks: dict[TopicPartition, int] = {}
+        self._closed = False
+        self._group = None
+        if group_id is not None:
+            from mesh.client.group import GroupMembership  # groups come with their own issue
+            self._group = GroupMembership(self, group_id, **group_options)
+        if topics:
+            self.subscribe(list(topics))
+
+    # -- assignment ---------------------------------------------------------------------
+    def subscribe(self, topics: list[str]) -> None:
+        if self._group is not None:
+            self._group.subscribe(topics)
+            return
+        tps = []
+        for t in topics:
+            tps.extend(TopicPartition(t, p) for p in range(self.cluster.partitions(t)))
+        self.assign(tps)
+
+    def assign(self, partitions: list) -> None:
+        tps = [TopicPartition(*tp) for tp in partitions]
+        for tp in tps:
+            if tp.partition >= self.cluster.partitions(tp.topic) or tp.partition < 0:
+                raise MeshError(ErrorCode.UNKNOWN_PARTITION, f"{tp.topic} has no partition {tp.partition}")
+        self._assigned = tps
+        self._positions = {tp: self._positions.get(tp) for tp in tps}
+        self._drop_buffered(lambda tp: tp not in self._positions)
+
+    def assignment(self) -> list[TopicPartition]:
+        return list(self._assigned)
+
+    def seek(self, tp, offset: int) -> None:
+        tp = TopicPartition(*tp)
+        if tp not in self._positions:
+            raise MeshError(ErrorCode.INVALID_REQUEST, f"{tp} is not assigned")
+        self._positions[tp] = offset
+        self._drop_buffered(lambda x: x == tp)
+
+    def seek_to_beginning(self, *tps) -> None:
+        for tp, off in self._list_offsets(list(tps) or self._assigned, EARLIEST).items():
+            self.seek(tp, off)
+
+    def seek_to_end(self, *tps) -> None:
+        for tp, off in self._list_offsets(list(tps) or self._assigned, LATEST).items():
+            self.seek(tp, off)
+
+    def position(self, tp) -> int:
+        """Offset of the next record poll() will return for ``tp``."""
+        tp = TopicPartition(*tp)
+        for item in self._buffer:
+            if self._tp_of(item) == tp:
+                return item[0].offset if isinstance(item, list) else max(item[3], parse_header(item[2]).base_offset)
+        if self._positions.get(tp) is None:
+            self._reset_positions([tp])
+        return self._positions[tp]
+
+    def end_offsets(self, tps) -> dict[TopicPartition, int]:
+        return self._list_offsets([TopicPartition(*tp) for tp in tps], LATEST)
+
+    def beginning_offsets(self, tps) -> dict[TopicPartition, int]:
+        return self._list_offsets([TopicPartition(*tp) for tp in tps], EARLIEST)
+
+    def _drop_buffered(self, pred) -> None:
+        self._buffer = collections.deque(r for r in self._buffer if r and not pred(self._tp_of(r)))
+        for rid, (addr, sent, offs) in list(self._inflight.items()):
+            if any(pred(tp) for tp in offs):
+                self._inflight.pop(rid)
+                self._busy_addrs.discard(addr)
+
+    @staticmethod
+    def _tp_of(item) -> TopicPartition:
+        if isinstance(item, list):
+            return TopicPartition(item[0].topic, item[0].partition)
+        return TopicPartition(item[0], item[1])
+
+    def _list_offsets(self, tps: list[TopicPartition], which: int) -> dict[TopicPartition, int]:
+        by_addr: dict[str, list] = collections.defaultdict(list)
+        for tp in tps:
+            addr = self.cluster.leader_address(tp.topic, tp.partition)
+            by_addr[addr].append([tp.topic, tp.partition, which])
+        out = {}
+        for addr, parts in by_addr.items():
+            resp, _ = self.transport.call(addr, ListOffsetsRequest(parts), timeout_ms=int(self.request_timeout_s * 1000))
+            for topic, partition, err, off, _leader in resp.parts:
+                if err:
+                    raise MeshError(err, f"list offsets of {topic}/{partition}")
+                out[TopicPartition(topic, partition)] = off
+        return out
+
+    def _reset_positions(self, tps: list[TopicPartition]) -> None:
+        if self.auto_offset_reset == "none":
+            raise MeshError(ErrorCode.OFFSET_OUT_OF_RANGE, f"no position for {tps} and auto_offset_reset='none'")
+        which = EARLIEST if self.auto_offset_reset == "earliest" else LATEST
+        for tp, off in self._list_offsets(tps, which).items():
+            if tp in self._positions:
+                self._positions[tp] = off
+
+    # -- fetching -----------------------------------------------------------------------
+    def _send_fetches(self) -> None:
+        missing = [tp for tp, off in self._positions.items() if off is None]
+        if missing:
+            self._reset_positions(missing)
+        pending = {tp for _, _, offs in self._inflight.values() for tp in offs}
+        by_addr: dict[str, dict] = collections.defaultdict(dict)
+        for tp, off in self._positions.items():
+            if tp in pending:
+                continue
+            addr = self.cluster.leader_address(tp.topic, tp.partition)
+            if addr is None or addr in self._busy_addrs:
+                continue
+            by_addr[addr][tp] = off
+        for addr, offs in by_addr.items():
+            req = FetchRequest([[tp.topic, tp.partition, off, self.part_max] for tp, off in offs.items()],
+                               self.max_wait_ms, self.min_bytes, self.max_bytes)
+            rid = self.transport.send(addr, req)
+            self._inflight[rid] = (addr, time.monotonic(), offs)
+            self._busy_addrs.add(addr)
+
+    def _handle_fetch(self, rid: int, resp, payload) -> None:
+        addr, _, offs = self._inflight.pop(rid)
+        self._busy_addrs.discard(addr)
+        if isinstance(resp, ErrorResponse):
+            if not retriable(resp.error):
+                raise MeshError(resp.error, resp.message)
+            self.cluster.refresh()
+            return
+        mv = memoryview(payload or b"")
+        pos = 0
+        refresh = False
+        for topic, partition, err, hw, log_start, nbytes, leader in resp.parts:
+            tp = TopicPartition(topic, partition)
+            chunk = mv[pos:pos + nbytes]
+            pos += nbytes
+            if tp not in self._positions or self._positions[tp] != offs.get(tp):
+                continue  # reassigned or sought meanwhile: stale data
+            if err == ErrorCode.OFFSET_OUT_OF_RANGE:
+                if self.auto_offset_reset == "none":
+                    raise MeshError(err, f"offset {offs[tp]} out of range [{log_start}, {hw}] for {tp}")
+                log.warning("offset %s out of range [%s, %s] for %s: resetting (%s)",
+                            offs[tp], log_start, hw, tp, self.auto_offset_reset)
+                self._positions[tp] = log_start if self.auto_offset_reset == "earliest" else hw
+                continue
+            if err:
+                if leader:
+                    self.cluster.set_leader(topic, partition, leader)
+                elif retriable(err):
+                    refresh = True
+                else:
+                    raise MeshError(err, f"fetch {tp}")
+                continue
+            self._high_watermarks[tp] = hw
+            if not nbytes:
+                continue
+            start = offs[tp]
+            end = start
+            for h, batch in iter_batches(chunk):  # headers only: records are decoded in _take
+                if h.next_offset > start:
+                    self._buffer.append((topic, partition, batch, start))
+                    end = h.next_offset
+            if end > start:
+                self._positions[tp] = end
+        if refresh:
+            self.cluster.refresh()
+
+    def poll(self, timeout_ms: int = 1000, max_records: int | None = None) -> dict[TopicPartition, list[Record]]:
+        """Records fetched since the last poll, by partition; waits up to ``timeout_ms``."""
+        batches = self.poll_batches(timeout_ms, max_records)
+        out: dict[TopicPartition, list[Record]] = {}
+        for recs in batches:
+            out.setdefault(TopicPartition(recs[0].topic, recs[0].partition), []).extend(recs)
+        return out
+
+    def poll_batches(self, timeout_ms: int = 1000, max_records: int | None = None) -> list[list[Record]]:
+        """Like ``poll`` but returns the lists of records as fetched (one list per batch
+        run of one partition), without regrouping."""
+        if self._closed:
+            raise MeshError(ErrorCode.INVALID_REQUEST, "consumer is closed")
+        limit = max_records or self.max_poll_records
+        deadline = time.monotonic() + timeout_ms / 1000
+        if self._group is not None:
+            self._group.maybe_heartbeat()
+        while True:
+            if self._buffer:
+                self._send_fetches()  # prefetch the next while the caller works
+                return self._take(limit)
+            self._send_fetches()
+            left = deadline - time.monotonic()
+            for _addr, rid, resp, payload in self.transport.poll(max(0, int(left * 1000))):
+                if rid in self._inflight:
+                    self._handle_fetch(rid, resp, payload)
+            self._expire_fetches()
+            if self._buffer:
+                self._send_fetches()  # prefetch the next while the caller works
+                return self._take(limit)
+            if time.monotonic() >= deadline:
+                return []
+            if self._group is not None:
+                self._group.maybe_heartbeat()
+
+    def _take(self, limit: int) -> list[list[Record]]:
+        out, n = [], 0
+        while self._buffer and n < limit:
+            item = self._buffer.popleft()
+            recs = item if isinstance(item, list) else records_from(*item)
+            if n + len(recs) > limit:
+                cut = limit - n
+                self._buffer.appendleft(recs[cut:])
+                recs = recs[:cut]
+            if recs:
+                out.append(recs)
+                n += len(recs)
+        if self._group is not None:
+            self._group.on_consumed(out)
+        return out
+
+    def _expire_fetches(self) -> None:
+        now = time.monotonic()
+        for rid, (addr, sent, offs) in list(self._inflight.items()):
+            if now - sent > self.request_timeout_s + self.max_wait_ms / 1000:
+                del self._inflight[rid]
+                self._busy_addrs.discard(addr)
+                self.transport.forget(addr)
+                try:
+                    self.cluster.refresh()
+                except MeshError as exc:
+                    log.warning("metadata refresh failed: %s", exc)
+
+    def __iter__(self):
+        while not self._closed:
+            for recs in self.poll_batches(1000):
+                yield from recs
+
+    def highwater(self, tp) -> int | None:
+        return self._high_watermarks.get(TopicPartition(*tp))
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        if self._group is not None:
+            self._group.close()
+        self._closed = True
+        self.transport.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()

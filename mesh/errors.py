@@ -1,0 +1,74 @@
+"""One error enum for the wire, and the exception that carries it.
+
+Every response on every protocol carries an ``ErrorCode``. Whether a client may retry is a
+property of the code (``retriable(code)``), not of the call site, so the client library,
+the CLI and the tests all agree on it.
+"""
+from __future__ import annotations
+
+import enum
+
+__all__ = ["ErrorCode", "MeshError", "retriable"]
+
+
+class ErrorCode(enum.IntEnum):
+    NONE = 0
+    UNKNOWN = 1
+    INVALID_REQUEST = 2
+    UNSUPPORTED_VERSION = 3
+    UNKNOWN_TOPIC = 4
+    UNKNOWN_PARTITION = 5
+    TOPIC_EXISTS = 6
+    OFFSET_OUT_OF_RANGE = 7
+    MESSAGE_TOO_LARGE = 8
+    CORRUPT_MESSAGE = 9
+    NOT_LEADER = 10
+    LEADER_NOT_AVAILABLE = 11
+    NOT_ENOUGH_REPLICAS = 12
+    TIMEOUT = 13
+    FENCED_EPOCH = 14
+    UNAUTHORIZED = 15
+    COORDINATOR_MOVED = 16
+    COORDINATOR_NOT_AVAILABLE = 17
+    REBALANCE_IN_PROGRESS = 18
+    UNKNOWN_MEMBER = 19
+    ILLEGAL_GENERATION = 20
+    OUT_OF_ORDER_SEQUENCE = 21
+    DUPLICATE_SEQUENCE = 22
+    STORAGE_ERROR = 23
+    BROKER_UNAVAILABLE = 24
+    INVALID_CONFIG = 25
+
+
+_RETRIABLE = frozenset({
+    ErrorCode.UNKNOWN_TOPIC,  # may be a topic whose creation has not gossiped here yet
+    ErrorCode.NOT_LEADER,
+    ErrorCode.LEADER_NOT_AVAILABLE,
+    ErrorCode.NOT_ENOUGH_REPLICAS,
+    ErrorCode.TIMEOUT,
+    ErrorCode.COORDINATOR_MOVED,
+    ErrorCode.COORDINATOR_NOT_AVAILABLE,
+    ErrorCode.REBALANCE_IN_PROGRESS,
+    ErrorCode.CORRUPT_MESSAGE,  # corrupted in flight: send again
+    ErrorCode.STORAGE_ERROR,  # e.g. a full disk: may clear
+    ErrorCode.BROKER_UNAVAILABLE,
+    ErrorCode.OUT_OF_ORDER_SEQUENCE,  # an earlier batch of the producer is still in flight
+})
+
+
+def retriable(code: int) -> bool:
+    return ErrorCode(code) in _RETRIABLE
+
+
+class MeshError(Exception):
+    """An error with a wire code. ``retriable`` follows from the code."""
+
+    def __init__(self, code: ErrorCode | int, message: str = "", *, leader: str | None = None):
+        self.code = ErrorCode(code)
+        self.message = message or self.code.name
+        self.leader = leader
+        super().__init__(f"{self.code.name}: {self.message}")
+
+    @property
+    def retriable(self) -> bool:
+        return retriable(self.code)

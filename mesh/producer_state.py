@@ -1,0 +1,90 @@
+"""Idempotent-producer dedup state, per (partition, producer id).
+
+A batch header carries ``producer_id`` and ``base_sequence``; the leader remembers the last
+``RECENT_BATCHES`` batches of each producer per partition (first sequence, last sequence,
+base offset), as Kafka does. A retried batch whose sequences match a remembered one is
+answered with its original offset and not stored again; a batch that skips sequences is
+refused with OUT_OF_ORDER_SEQUENCE (retriable: an earlier batch is still in flight).
+
+The state is written in the same LMDB transaction as the batch it describes, so after a
+crash the log and the dedup state agree. On a follower the same state is derived from the
+batch headers it appends (they carry producer id and sequence), so a new leader keeps
+dropping duplicates.
+"""
+from __future__ import annotations
+
+import struct
+
+import msgpack
+
+from mesh.errors import ErrorCode, MeshError
+from mesh.records import BatchHeader
+
+__all__ = ["ProducerStates", "RECENT_BATCHES"]
+
+RECENT_BATCHES = 5
+_KEY = struct.Struct(">Iq")
+
+
+class ProducerStates:
+    def __init__(self, store):
+        self.store = store
+        self._cache: dict[tuple[int, int], list[list[int]]] = {}
+        self._undo: dict[tuple[int, int], list[list[int]] | None] = {}
+
+    def _get(self, pid: int, producer_id: int) -> list[list[int]]:
+        key = (pid, producer_id)
+        st = self._cache.get(key)
+        if st is None:
+            raw = self.store.get("producers", _KEY.pack(pid, producer_id))
+            st = msgpack.unpackb(raw) if raw else []
+            self._cache[key] = st
+        return st
+
+    def check(self, pid: int, h: BatchHeader) -> int | None:
+        """The original base offset if ``h`` is a duplicate, None if it is new; raises
+        OUT_OF_ORDER_SEQUENCE on a gap."""
+        if h.producer_id < 0:
+            return None
+        st = self._get(pid, h.producer_id)
+        if not st:
+            if h.base_sequence != 0:
+                raise MeshError(ErrorCode.OUT_OF_ORDER_SEQUENCE,
+                                f"producer {h.producer_id} is new here: its first sequence must be 0, "
+                                f"not {h.base_sequence}")
+            return None
+        last_seq = st[-1][1]
+        first, last = h.base_sequence, h.base_sequence + h.record_count - 1
+        if first == last_seq + 1:
+            return None
+        for f, l, base in st:
+            if f == first and l == last:
+                return base
+        if first <= last_seq:
+            raise MeshError(ErrorCode.DUPLICATE_SEQUENCE,
+                            f"sequence {first} of producer {h.producer_id} is older than the batches kept")
+        raise MeshError(ErrorCode.OUT_OF_ORDER_SEQUENCE,
+                        f"producer {h.producer_id}: expected sequence {last_seq + 1}, got {first}")
+
+    def stage(self, pid: int, h: BatchHeader, base_offset: int) -> None:
+        if h.producer_id < 0:
+            return
+        key = (pid, h.producer_id)
+        st = self._get(pid, h.producer_id)
+        if key not in self._undo:
+            self._undo[key] = [list(e) for e in st]
+        st.append([h.base_sequence, h.base_sequence + h.record_count - 1, base_offset])
+        del st[:-RECENT_BATCHES]
+        self.store.put("producers", _KEY.pack(pid, h.producer_id), msgpack.packb(st))
+
+    def committed(self) -> None:
+        self._undo.clear()
+
+    def rollback(self) -> None:
+        for key, st in self._undo.items():
+            self._cache[key] = st
+        self._undo.clear()
+
+    def forget_partition(self, pid: int) -> None:
+        for key in [k for k in self._cache if k[0] == pid]:
+            del self._cache[key]

@@ -1,0 +1,152 @@
+"""The message registry and the versioned msgpack codec.
+
+Every wire message is a frozen, slotted dataclass decorated with ``@message("OP")``. The
+decorator registers it in one table (``REGISTRY``) keyed by its operation name; the codec
+turns a message into a msgpack array of its field values (in declaration order) and back.
+Decoding validates the top-level type of every field against the annotations, so a
+client that sends a string where an int belongs gets INVALID_REQUEST with the field
+named, never a crash deep inside a handler.
+
+A ZeroMQ message (after the ROUTER identity) is a list of frames::
+
+    [protocol/version, request id, operation, msgpack body, optional raw payload]
+
+``PROTOCOL_CLIENT`` is spoken by clients, ``PROTOCOL_PEER`` between brokers. The raw
+payload frame carries record batches as opaque bytes (see ``mesh.records``).
+"""
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from typing import Any, Callable
+
+import msgpack
+
+from mesh.errors import ErrorCode, MeshError
+
+__all__ = [
+    "PROTOCOL_CLIENT", "PROTOCOL_PEER", "REGISTRY", "message", "encode_body", "decode_body",
+    "pack", "unpack", "op_of",
+]
+
+PROTOCOL_CLIENT = b"mesh/1"
+PROTOCOL_PEER = b"mesh-peer/1"
+PROTOCOLS = (PROTOCOL_CLIENT, PROTOCOL_PEER)
+
+REGISTRY: dict[bytes, type] = {}
+_CHECKERS: dict[type, tuple[tuple[str, Callable[[Any], bool], str], ...]] = {}
+
+
+def _checker(tp: Any) -> tuple[Callable[[Any], bool], str]:
+    """A cheap top-level type check for an annotation."""
+    if tp is Any or tp is object:
+        return (lambda v: True), "any"
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        parts = [_checker(a) for a in typing.get_args(tp)]
+        return (lambda v: any(p(v) for p, _ in parts)), " or ".join(n for _, n in parts)
+    if tp is type(None) or tp is None:
+        return (lambda v: v is None), "null"
+    base = origin or tp
+    if base is float:
+        return (lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)), "float"
+    if base is int:
+        return (lambda v: isinstance(v, int) and not isinstance(v, bool)), "int"
+    if base in (list, tuple):
+        return (lambda v: isinstance(v, (list, tuple))), "list"
+    if base is dict:
+        return (lambda v: isinstance(v, dict)), "map"
+    if base is bytes:
+        return (lambda v: isinstance(v, (bytes, bytearray, memoryview))), "bytes"
+    if isinstance(base, type):
+        return (lambda v: isinstance(v, base)), base.__name__
+    return (lambda v: True), str(tp)
+
+
+def message(op: str):
+    """Register a frozen, slotted dataclass as a wire message with operation ``op``."""
+
+    def wrap(cls):
+        if not dataclasses.is_dataclass(cls):
+            cls = dataclasses.dataclass(frozen=True, slots=True)(cls)
+        key = op.encode()
+        if key in REGISTRY and REGISTRY[key].__qualname__ != cls.__qualname__:
+            raise ValueError(f"operation {op!r} registered twice")
+        REGISTRY[key] = cls
+        cls.OP = key
+        hints = typing.get_type_hints(cls)
+        _CHECKERS[cls] = tuple(
+            (f.name, *_checker(hints[f.name])) for f in dataclasses.fields(cls)
+        )
+        return cls
+
+    return wrap
+
+
+def op_of(msg: Any) -> bytes:
+    return type(msg).OP
+
+
+def encode_body(msg: Any) -> bytes:
+    return msgpack.packb([getattr(msg, name) for name, _, _ in _CHECKERS[type(msg)]],
+                         use_bin_type=True)
+
+
+def decode_body(op: bytes, body: bytes) -> Any:
+    """Decode a body for ``op``; any problem raises MeshError(INVALID_REQUEST, reason)."""
+    cls = REGISTRY.get(bytes(op))
+    if cls is None:
+        raise MeshError(ErrorCode.INVALID_REQUEST, f"unknown operation {bytes(op)[:40]!r}")
+    try:
+        values = msgpack.unpackb(body, raw=False, use_list=True, strict_map_key=False)
+    except Exception as exc:  # msgpack raises several types for bad input
+        raise MeshError(ErrorCode.INVALID_REQUEST, f"{cls.__name__}: body is not msgpack ({exc})")
+    checks = _CHECKERS[cls]
+    if not isinstance(values, list):
+        raise MeshError(ErrorCode.INVALID_REQUEST, f"{cls.__name__}: body must be an array")
+    if len(values) > len(checks):
+        raise MeshError(ErrorCode.INVALID_REQUEST,
+                        f"{cls.__name__}: {len(values)} fields, at most {len(checks)} expected")
+    n_required = sum(
+        1 for f in dataclasses.fields(cls)
+        if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+    )
+    if len(values) < n_required:
+        raise MeshError(ErrorCode.INVALID_REQUEST,
+                        f"{cls.__name__}: {len(values)} fields, {n_required} required")
+    for value, (name, ok, type_name) in zip(values, checks):
+        if not ok(value):
+            raise MeshError(ErrorCode.INVALID_REQUEST,
+                            f"{cls.__name__}.{name}: expected {type_name}, got {type(value).__name__}")
+    try:
+        return cls(*values)
+    except MeshError:
+        raise
+    except (TypeError, ValueError) as exc:
+        raise MeshError(ErrorCode.INVALID_REQUEST, f"{cls.__name__}: {exc}")
+
+
+def pack(protocol: bytes, request_id: int, msg: Any, payload: bytes | None = None) -> list:
+    """Frames for one message (without the ROUTER identity)."""
+    frames = [protocol, request_id.to_bytes(8, "big"), type(msg).OP, encode_body(msg)]
+    if payload is not None:
+        frames.append(payload)
+    return frames
+
+
+def unpack(frames: list) -> tuple[bytes, int, Any, Any]:
+    """(protocol, request id, message, payload or None) from frames without identity."""
+    if len(frames) not in (4, 5):
+        raise MeshError(ErrorCode.INVALID_REQUEST,
+                        f"expected 4 or 5 frames [protocol, request id, op, body, payload?], got {len(frames)}")
+    protocol = bytes(frames[0])
+    if protocol not in PROTOCOLS:
+        raise MeshError(ErrorCode.UNSUPPORTED_VERSION,
+                        f"unknown protocol {protocol[:40]!r}; this broker speaks {PROTOCOL_CLIENT!r}")
+    rid = bytes(frames[1])
+    if len(rid) != 8:
+        raise MeshError(ErrorCode.INVALID_REQUEST, "request id must be 8 bytes")
+    msg = decode_body(frames[2], frames[3])
+    payload = frames[4] if len(frames) == 5 else None
+    return protocol, int.from_bytes(rid, "big"), msg, payload

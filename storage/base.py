@@ -1,0 +1,230 @@
+"""What every store shares: per-partition offsets, staging, group commit, retention.
+
+A partition is named by a small integer id (``pid``), registered once per (topic,
+partition) in the ``meta`` database. For each pid the store keeps in memory
+``[log_start, log_end, size_bytes]`` (rebuilt from the keys on recovery) and the synced end
+(``synced_end``): what a crash cannot take back.
+
+Group commit: ``stage_append`` assigns offsets and stages writes in the turn's transaction;
+``commit()`` makes the whole turn durable with one sync. If the commit fails (disk full,
+I/O error) every staged change is rolled back in memory too, so the store stays exactly as
+it was before the turn, and the caller fails the requests of that turn.
+"""
+from __future__ import annotations
+
+import struct
+import zlib
+
+from mesh.records import HEADER_SIZE, patch_batch
+
+__all__ = ["StoreBase", "LogError", "StorageFull", "CorruptBatch", "key_of", "unkey"]
+
+_KEY = struct.Struct(">IQ")
+
+
+def key_of(pid: int, offset: int) -> bytes:
+    return _KEY.pack(pid, offset)
+
+
+def unkey(key: bytes) -> tuple[int, int]:
+    return _KEY.unpack(key)
+
+
+class LogError(Exception):
+    """The store could not do what was asked (I/O error, cannot open)."""
+
+
+class StorageFull(LogError):
+    """No space left for this write; nothing of the turn was stored."""
+
+
+class CorruptBatch(LogError):
+    """A stored batch failed its CRC check."""
+
+
+class StoreBase:
+    """Shared logic. Subclasses provide the raw primitives (``_put_batch`` ...)."""
+
+    def __init__(self) -> None:
+        self._parts: dict[int, list[int]] = {}   # pid -> [start, end, size_bytes]
+        self._synced: dict[int, int] = {}
+        self._undo: dict[int, list[int]] | None = None
+        self._pid_cache: dict[tuple[str, int], int] = {}
+
+    # -- partition registry -----------------------------------------------------------
+    def partition_id(self, topic: str, partition: int, create: bool = True) -> int | None:
+        name = (topic, partition)
+        pid = self._pid_cache.get(name)
+        if pid is not None:
+            return pid
+        key = b"pid:" + topic.encode() + b"\x00" + str(partition).encode()
+        raw = self.get("meta", key)
+        if raw is None:
+            if not create:
+                return None
+            raw_next = self.get("meta", b"next_pid")
+            pid = int(raw_next) if raw_next else 1
+            self.put("meta", b"next_pid", str(pid + 1).encode())
+            self.put("meta", key, str(pid).encode())
+            self.commit()
+        else:
+            pid = int(raw)
+        self._pid_cache[name] = pid
+        return pid
+
+    def forget_partition(self, topic: str, partition: int) -> None:
+        """Delete a partition's batches and its id (topic deletion)."""
+        pid = self.partition_id(topic, partition, create=False)
+        if pid is None:
+            return
+        self._save_undo(pid)
+        for base in self._bases_from(pid, 0):
+            self._del_batch(pid, base)
+        self.delete("meta", b"pid:" + topic.encode() + b"\x00" + str(partition).encode())
+        self._try_delete_meta(b"logstart:%d" % pid)
+        for k, _ in self.items("producers", struct.pack(">I", pid)):
+            self.delete("producers", k)
+        self._parts.pop(pid, None)
+        self._synced.pop(pid, None)
+        self._pid_cache.pop((topic, partition), None)
+
+    def _try_delete_meta(self, key: bytes) -> None:
+        if self.get("meta", key) is not None:
+            self.delete("meta", key)
+
+    # -- offsets ------------------------------------------------------------------------
+    def log_start(self, pid: int) -> int:
+        st = self._parts.get(pid)
+        return st[0] if st else 0
+
+    def log_end(self, pid: int) -> int:
+        st = self._parts.get(pid)
+        return st[1] if st else 0
+
+    def synced_end(self, pid: int) -> int:
+        return self._synced.get(pid, 0)
+
+    def size_bytes(self, pid: int) -> int:
+        st = self._parts.get(pid)
+        return st[2] if st else 0
+
+    # -- staging ------------------------------------------------------------------------
+    def _save_undo(self, pid: int) -> None:
+        if self._undo is None:
+            self._undo = {}
+        if pid not in self._undo:
+            st = self._parts.get(pid)
+            self._undo[pid] = list(st) if st else None
+
+    def stage_append(self, pid: int, batch: bytes, leader_epoch: int,
+                     record_count: int) -> tuple[int, int]:
+        """Stage a validated batch at the log end; returns (base offset, next offset)."""
+        self._save_undo(pid)
+        st = self._parts.get(pid)
+        if st is None:
+            self._parts[pid] = st = [0, 0, 0]
+        base = st[1]
+        stored = patch_batch(batch, base, leader_epoch)
+        self._put_batch(pid, base, stored)
+        st[1] = base + record_count
+        st[2] += len(stored)
+        return base, st[1]
+
+    def stage_replica_append(self, pid: int, batches: bytes) -> int:
+        """Stage batches that already carry their offsets (a follower's append); returns the
+        new end. The batches must start at the current end."""
+        from mesh.records import iter_batches
+        self._save_undo(pid)
+        st = self._parts.setdefault(pid, [0, 0, 0])
+        for h, mv in iter_batches(batches):
+            if h.base_offset != st[1]:
+                raise LogError(f"replica append at {h.base_offset} but log end is {st[1]}")
+            self._put_batch(pid, h.base_offset, bytes(mv))
+            st[1] = h.next_offset
+            st[2] += len(mv)
+        return st[1]
+
+    def stage_truncate(self, pid: int, offset: int) -> None:
+        """Drop batches at or after ``offset`` (a batch boundary): a diverged suffix."""
+        self._save_undo(pid)
+        st = self._parts.setdefault(pid, [0, 0, 0])
+        for base in self._bases_from(pid, offset):
+            self._del_batch_sized(pid, base, st)
+        st[1] = min(st[1], offset)
+        if st[0] > st[1]:
+            st[0] = st[1]
+
+    def _del_batch_sized(self, pid: int, base: int, st: list[int]) -> None:
+        raw = self._get_batch(pid, base)
+        if raw is not None:
+            st[2] -= len(raw)
+        self._del_batch(pid, base)
+
+    def commit(self) -> None:
+        """Make the turn durable with one sync, or roll everything back and raise."""
+        try:
+            self._commit_txn()
+        except Exception:
+            self.rollback()
+            raise
+        if self._undo:
+            for pid in self._undo:
+                st = self._parts.get(pid)
+                if st is None:
+                    self._synced.pop(pid, None)
+                else:
+                    self._synced[pid] = st[1]
+        self._undo = None
+
+    def rollback(self) -> None:
+        self._abort_txn()
+        if self._undo:
+            for pid, st in self._undo.items():
+                if st is None:
+                    self._parts.pop(pid, None)
+                else:
+                    self._parts[pid] = st
+        self._undo = None
+        self._pid_cache.clear()
+
+    # -- reads --------------------------------------------------------------------------
+    def read(self, pid: int, offset: int, max_bytes: int, limit_offset: int) -> list[bytes]:
+        """Committed batches holding offsets in [offset, limit_offset), at least one batch
+        if any, up to about max_bytes. Each batch's CRC is checked: a flipped bit is found,
+        not served."""
+        chunks = self._read_raw(pid, offset, max_bytes, limit_offset)
+        for c in chunks:
+            if len(c) < HEADER_SIZE or zlib.crc32(memoryview(c)[16:]) != struct.unpack_from(">I", c, 12)[0]:
+                base = struct.unpack_from(">Q", c, 0)[0] if len(c) >= 8 else -1
+                raise CorruptBatch(f"partition {pid}: stored batch at offset {base} fails its CRC check")
+        return chunks
+
+    # -- retention ----------------------------------------------------------------------
+    def stage_retention(self, pid: int, now_ms: int, retention_ms: int | None,
+                        retention_bytes: int | None, keep_from: int | None = None,
+                        max_batches: int = 1000) -> int:
+        """Delete whole batches from the head that are older than retention_ms or beyond
+        retention_bytes; never the last batch, never at or beyond ``keep_from``.
+        Returns the new log start."""
+        st = self._parts.get(pid)
+        if st is None or st[2] == 0:
+            return self.log_start(pid)
+        self._save_undo(pid)
+        new_start = st[0]
+        for base, v in list(self._head_batches(pid, max_batches)):
+            count = struct.unpack_from(">I", v, 20)[0]
+            max_ts = struct.unpack_from(">Q", v, 32)[0]
+            end = base + count
+            if end >= st[1] or (keep_from is not None and end > keep_from):
+                break
+            too_old = retention_ms is not None and retention_ms >= 0 and max_ts < now_ms - retention_ms
+            too_big = retention_bytes is not None and retention_bytes >= 0 and st[2] > retention_bytes
+            if not (too_old or too_big):
+                break
+            self._del_batch(pid, base)
+            st[2] -= len(v)
+            new_start = end
+        if new_start != st[0]:
+            st[0] = new_start
+            self.put("meta", b"logstart:%d" % pid, str(new_start).encode())
+        return st[0]

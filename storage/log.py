@@ -1,0 +1,201 @@
+"""The broker's durable state in one LMDB environment.
+
+Named databases (a small, fixed set):
+
+- ``log``       (partition id u32, base offset u64) big-endian -> batch bytes as received
+- ``meta``      broker identity, partition-id registry, topic configs (single-node mode)
+- ``repl``      replication state per partition (term, vote, commit)
+- ``offsets``   consumer-group offsets made durable on the coordinator
+- ``producers`` idempotent-producer sequence state
+- ``gossip``    the gossip snapshot
+
+Writes of one node-loop turn go into one write transaction, committed with one sync
+(group commit): ``stage_append`` ... ``commit()``. Reads never see uncommitted data
+(LMDB readers see the last committed snapshot), so a fetch can never serve a record that
+a crash could take back.
+
+``Store`` (LMDB) and ``storage.memory.MemoryStore`` share the interface in
+``storage.base.StoreBase``; simulations use the memory twin.
+"""
+from __future__ import annotations
+
+import os
+import struct
+
+import lmdb
+
+from storage.base import LogError, StoreBase, StorageFull, key_of, unkey
+
+__all__ = ["Store"]
+
+_DBS = (b"log", b"meta", b"repl", b"offsets", b"producers", b"gossip")
+DEFAULT_MAP_SIZE = 64 << 30  # address space, not disk: the file grows as written
+
+
+class Store(StoreBase):
+    def __init__(self, path: str, map_size: int = DEFAULT_MAP_SIZE, sync: bool = True):
+        os.makedirs(path, exist_ok=True)
+        try:
+            self.env = lmdb.open(path, map_size=map_size, max_dbs=len(_DBS) + 2, subdir=True,
+                                 sync=sync, metasync=sync, readahead=False, lock=True,
+                                 max_readers=64)
+        except lmdb.Error as exc:
+            raise LogError(f"cannot open LMDB environment in {path!r}: {exc}") from exc
+        self.path = path
+        self.dbs = {name.decode(): self.env.open_db(name) for name in _DBS}
+        self._log = self.dbs["log"]
+        self._wtxn: lmdb.Transaction | None = None
+        self._failed: LogError | None = None
+        super().__init__()
+        self._recover()
+
+    # -- recovery ---------------------------------------------------------------------
+    def _recover(self) -> None:
+        """Rebuild start/end/size per partition from the log's keys (one scan)."""
+        with self.env.begin(db=self._log, buffers=True) as txn:
+            cur = txn.cursor()
+            for k, v in cur:
+                pid, base = unkey(bytes(k))
+                count = struct.unpack_from(">I", v, 20)[0]
+                st = self._parts.get(pid)
+                if st is None:
+                    self._parts[pid] = st = [base, base + count, 0]
+                st[1] = base + count
+                st[2] += len(v)
+        with self.env.begin(db=self.dbs["meta"]) as txn:
+            for k, v in txn.cursor():
+                if k.startswith(b"logstart:"):
+                    pid = int(k[9:])
+                    st = self._parts.setdefault(pid, [0, 0, 0])
+                    floor = int(v)
+                    if st[2] == 0:  # empty log: keep offsets where they were
+                        st[0] = st[1] = max(st[1], floor)
+                    st[0] = max(st[0], floor)
+        self._synced = {pid: st[1] for pid, st in self._parts.items()}
+
+    # -- write path (one transaction per loop turn) -----------------------------------
+    def _txn(self) -> lmdb.Transaction:
+        if self._wtxn is None:
+            self._wtxn = self.env.begin(write=True)
+        return self._wtxn
+
+    def _put_batch(self, pid: int, base: int, batch: bytes) -> None:
+        self._put(key_of(pid, base), batch, self._log)
+
+    def _put(self, key: bytes, value: bytes, db) -> None:
+        """A put; a full map dooms the whole turn (LMDB requires the txn to be aborted)."""
+        try:
+            self._txn().put(key, value, db=db)
+        except lmdb.MapFullError as exc:
+            self._failed = StorageFull(f"log store full (limit {self.env.info()['map_size']} bytes)")
+            raise self._failed from exc
+
+    def _get_batch(self, pid: int, base: int):
+        return self._txn().get(key_of(pid, base), db=self._log)
+
+    def _del_batch(self, pid: int, base: int) -> None:
+        self._txn().delete(key_of(pid, base), db=self._log)
+
+    def _bases_from(self, pid: int, offset: int) -> list[int]:
+        """Base offsets of batches of ``pid`` whose base >= offset (committed or staged)."""
+        out = []
+        cur = self._txn().cursor(db=self._log)
+        if cur.set_range(key_of(pid, offset)):
+            for k in cur.iternext(keys=True, values=False):
+                p, base = unkey(k)
+                if p != pid:
+                    break
+                out.append(base)
+        return out
+
+    def _head_batches(self, pid: int, limit: int):
+        cur = self._txn().cursor(db=self._log)
+        if not cur.set_range(key_of(pid, 0)):
+            return
+        for k, v in cur:
+            p, base = unkey(k)
+            if p != pid or limit <= 0:
+                return
+            limit -= 1
+            yield base, v
+
+    def put(self, db: str, key: bytes, value: bytes) -> None:
+        self._put(key, value, self.dbs[db])
+
+    def delete(self, db: str, key: bytes) -> None:
+        self._txn().delete(key, db=self.dbs[db])
+
+    def _commit_txn(self) -> None:
+        txn, self._wtxn = self._wtxn, None
+        if txn is None:
+            return
+        if self._failed is not None:
+            failed, self._failed = self._failed, None
+            txn.abort()
+            raise failed
+        try:
+            txn.commit()  # LMDB syncs on commit (sync=True): one fsync per turn
+        except lmdb.MapFullError as exc:
+            raise StorageFull(f"log store full ({self.env.info()['map_size']} bytes): {exc}") from exc
+        except lmdb.Error as exc:
+            raise LogError(f"commit failed: {exc}") from exc
+
+    def _abort_txn(self) -> None:
+        self._failed = None
+        txn, self._wtxn = self._wtxn, None
+        if txn is not None:
+            txn.abort()
+
+    # -- read path ----------------------------------------------------------------------
+    def get(self, db: str, key: bytes) -> bytes | None:
+        with self.env.begin(db=self.dbs[db]) as txn:
+            return txn.get(key)
+
+    def items(self, db: str, prefix: bytes = b"") -> list[tuple[bytes, bytes]]:
+        out = []
+        with self.env.begin(db=self.dbs[db]) as txn:
+            cur = txn.cursor()
+            if cur.set_range(prefix):
+                for k, v in cur:
+                    if not k.startswith(prefix):
+                        break
+                    out.append((k, v))
+        return out
+
+    def _read_raw(self, pid: int, offset: int, max_bytes: int, limit_offset: int):
+        """Committed batches of ``pid`` covering [offset, limit_offset), up to max_bytes
+        (at least one batch). One cursor seek: set_range on (pid, offset), and one step
+        back if the batch before it straddles ``offset``."""
+        chunks: list[bytes] = []
+        size = 0
+        with self.env.begin(db=self._log, buffers=True) as txn:
+            cur = txn.cursor()
+            start_key = key_of(pid, offset)
+            found = cur.set_range(start_key)
+            if not found or bytes(cur.key()) != start_key:
+                # the batch holding `offset` may start before it
+                if found:
+                    stepped = cur.prev()
+                else:
+                    stepped = cur.last()
+                if not stepped or unkey(bytes(cur.key()))[0] != pid:
+                    if not cur.set_range(start_key):
+                        return chunks
+            for k, v in cur:
+                p, base = unkey(bytes(k))
+                if p != pid or base >= limit_offset:
+                    break
+                if base + struct.unpack_from(">I", v, 20)[0] <= offset:
+                    continue  # the batch before `offset` ends before it
+                if chunks and size + len(v) > max_bytes:
+                    break
+                chunks.append(bytes(v))
+                size += len(v)
+        return chunks
+
+    def close(self) -> None:
+        self._abort_txn()
+        self.env.close()
+
+    def disk_bytes(self) -> int:
+        return os.path.getsize(os.path.join(self.path, "data.mdb"))

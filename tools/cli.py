@@ -1,0 +1,275 @@
+"""The ``mesh`` command line: node, topic, produce, consume, cluster (kafka-topics / kcat style).
+
+Every client command takes ``--bootstrap HOST:PORT`` (default: $MESH_BOOTSTRAP, else
+127.0.0.1:7101). Errors are printed as one line ``error: CODE: reason`` with exit code 1.
+"""
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import os
+import sys
+
+import click
+
+from mesh.errors import MeshError
+
+DEFAULT_BOOTSTRAP = "127.0.0.1:7101"
+
+
+def _bootstrap_option(f):
+    return click.option("--bootstrap", "-b", default=lambda: os.environ.get("MESH_BOOTSTRAP", DEFAULT_BOOTSTRAP),
+                        show_default="$MESH_BOOTSTRAP or 127.0.0.1:7101", help="any broker HOST:PORT")(f)
+
+
+def _friendly(f):
+    """Turn MeshError and bad input into one clear line and exit code 1."""
+    @functools.wraps(f)
+    def wrapper(*args, **kwargs):
+        try:
+            return f(*args, **kwargs)
+        except MeshError as exc:
+            click.echo(f"error: {exc.code.name}: {exc.message}", err=True)
+            sys.exit(1)
+        except ValueError as exc:
+            click.echo(f"error: {exc}", err=True)
+            sys.exit(1)
+    return wrapper
+
+
+@click.group()
+@click.option("-v", "--verbose", count=True, help="more logging")
+def main(verbose: int) -> None:
+    """mesh: a peer-to-peer distributed log. Run `mesh COMMAND --help` for details."""
+    logging.basicConfig(level=logging.WARNING - 10 * verbose,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+# -- node ------------------------------------------------------------------------------
+@main.command()
+@click.option("--id", "node_id", required=True, help="stable node id, e.g. n1")
+@click.option("--data", "data_dir", required=True, type=click.Path(file_okay=False), help="data directory")
+@click.option("--bind", default="127.0.0.1:7101", show_default=True, help="HOST:PORT to listen on")
+@click.option("--seed", "seeds", multiple=True, help="address of any live node (repeatable)")
+@click.option("--text-port", type=int, default=None, help="also serve the telnet text protocol on this port")
+@click.option("--max-storage-bytes", type=int, default=64 << 30, show_default=True,
+              help="size limit of the LMDB log (a full store refuses writes, keeps serving reads)")
+def node(node_id, data_dir, bind, seeds, text_port, max_storage_bytes) -> None:
+    """Run a broker node in the foreground (SIGTERM/SIGINT stop it cleanly)."""
+    from mesh.node import Node, NodeConfig
+    logging.getLogger().setLevel(logging.INFO)
+    for h in logging.getLogger().handlers:
+        h.setFormatter(logging.Formatter(f"%(asctime)s %(levelname)s [{node_id}] %(name)s: %(message)s"))
+    try:
+        n = Node(NodeConfig(node_id=node_id, bind=bind, data_dir=data_dir, seeds=list(seeds),
+                            map_size_bytes=max_storage_bytes, text_port=text_port))
+    except Exception as exc:
+        click.echo(f"error: cannot start node {node_id}: {exc}", err=True)
+        sys.exit(1)
+    n.install_signal_handlers()
+    n.run()
+
+
+# -- topics ----------------------------------------------------------------------------
+@main.group()
+def topic() -> None:
+    """Create, list, describe and delete topics."""
+
+
+def _parse_kv(pairs, what: str) -> dict:
+    out = {}
+    for p in pairs:
+        k, sep, v = p.partition("=")
+        if not sep or not k:
+            raise click.BadParameter(f"{what} must look like key=value, not {p!r}")
+        out[k] = v
+    return out
+
+
+@topic.command("create")
+@click.argument("name")
+@click.option("--partitions", "-p", type=click.IntRange(1), default=1, show_default=True)
+@click.option("--replication-factor", "-r", type=click.IntRange(1), default=1, show_default=True)
+@click.option("--config", "-c", "configs", multiple=True, help="key=value, e.g. retention.ms=60000")
+@_bootstrap_option
+@_friendly
+def topic_create(name, partitions, replication_factor, configs, bootstrap) -> None:
+    from mesh.client import Admin
+    with Admin(bootstrap) as admin:
+        admin.create_topic(name, partitions, replication_factor, _parse_kv(configs, "--config"))
+    click.echo(f"created topic {name} ({partitions} partitions, replication factor {replication_factor})")
+
+
+@topic.command("list")
+@_bootstrap_option
+@_friendly
+def topic_list(bootstrap) -> None:
+    from mesh.client import Admin
+    with Admin(bootstrap) as admin:
+        for name in admin.list_topics():
+            click.echo(name)
+
+
+@topic.command("describe")
+@click.argument("name")
+@click.option("--json", "as_json", is_flag=True, help="machine-readable output")
+@_bootstrap_option
+@_friendly
+def topic_describe(name, as_json, bootstrap) -> None:
+    from mesh.client import Admin
+    with Admin(bootstrap) as admin:
+        t = admin.describe_topic(name)
+    if as_json:
+        click.echo(json.dumps(t, indent=2, sort_keys=True))
+        return
+    cfg = ",".join(f"{k}={v}" for k, v in sorted(t["config"].items()))
+    click.echo(f"Topic: {t['name']}  Partitions: {len(t['partitions'])}  "
+               f"ReplicationFactor: {t['replication_factor']}  Config: {cfg}")
+    click.echo(f"{'partition':>9} {'leader':>8} {'epoch':>5} {'replicas':<14} {'isr':<14} "
+               f"{'log_start':>10} {'log_end':>10} {'commit':>10}")
+    for p in t["partitions"]:
+        click.echo(f"{p['partition']:>9} {str(p['leader']):>8} {p['epoch']:>5} {','.join(p['replicas']):<14} "
+                   f"{','.join(p['isr']):<14} {p['log_start']:>10} {p['log_end']:>10} {p['high_watermark']:>10}")
+
+
+@topic.command("delete")
+@click.argument("name")
+@_bootstrap_option
+@_friendly
+def topic_delete(name, bootstrap) -> None:
+    from mesh.client import Admin
+    with Admin(bootstrap) as admin:
+        admin.delete_topic(name)
+    click.echo(f"deleted topic {name}")
+
+
+# -- produce / consume -----------------------------------------------------------------
+@main.command()
+@click.argument("topic_name", metavar="TOPIC")
+@click.option("--key-separator", "-K", default=None, help="split each line into KEY<sep>VALUE")
+@click.option("--partition", "-p", type=int, default=None, help="send every record to this partition")
+@click.option("--acks", type=click.Choice(["0", "1", "all"]), default="1", show_default=True)
+@click.option("--header", "-H", "headers", multiple=True, help="name=value header on every record")
+@click.option("--linger-ms", type=int, default=5, show_default=True)
+@_bootstrap_option
+@_friendly
+def produce(topic_name, key_separator, partition, acks, headers, linger_ms, bootstrap) -> None:
+    """Send each line of standard input as one record."""
+    from mesh.client import Producer
+    hdrs = [(k, v.encode()) for k, v in _parse_kv(headers, "--header").items()] or None
+    futures = []
+    n = 0
+    with Producer(bootstrap, acks=acks, linger_ms=linger_ms) as producer:
+        for line in sys.stdin.buffer:
+            line = line.rstrip(b"\r\n")
+            key = None
+            if key_separator is not None:
+                k, sep, v = line.partition(key_separator.encode())
+                if sep:
+                    key, line = k, v
+            futures.append(producer.send(topic_name, line, key=key, partition=partition, headers=hdrs))
+            n += 1
+            if len(futures) >= 10_000:
+                futures = [f for f in futures if not f.done() or f.exception()]
+        producer.flush()
+    failed = [f.exception() for f in futures if f.exception() is not None]
+    if failed:
+        raise failed[0]
+    click.echo(f"produced {n} records to {topic_name}", err=True)
+
+
+def _text(b: bytes | None) -> str:
+    if b is None:
+        return ""
+    try:
+        return b.decode()
+    except UnicodeDecodeError:
+        return b.hex()
+
+
+@main.command()
+@click.argument("topic_name", metavar="TOPIC")
+@click.option("--from-beginning", is_flag=True, help="start at the earliest offset")
+@click.option("--offset", "-o", type=int, default=None, help="start at this offset (with --partition)")
+@click.option("--partition", "-p", type=int, default=None, help="read only this partition")
+@click.option("--count", "-c", type=int, default=None, help="exit after this many records")
+@click.option("--timeout-ms", type=int, default=None, help="exit when no record arrives for this long")
+@click.option("--format", "-f", "fmt", default="{value}", show_default=True,
+              help="fields: {topic} {partition} {offset} {timestamp} {key} {value} {headers}")
+@click.option("--group", "-g", default=None, help="consume as a member of this consumer group")
+@_bootstrap_option
+@_friendly
+def consume(topic_name, from_beginning, offset, partition, count, timeout_ms, fmt, group, bootstrap) -> None:
+    """Print records of a topic, one per line."""
+    from mesh.client import Consumer, TopicPartition
+    reset = "earliest" if from_beginning else "latest"
+    kwargs = {"group_id": group} if group else {}
+    consumer = Consumer(bootstrap=bootstrap, auto_offset_reset=reset, **kwargs)
+    try:
+        if group:
+            consumer.subscribe([topic_name])
+        else:
+            n = consumer.cluster.partitions(topic_name)
+            parts = [partition] if partition is not None else list(range(n))
+            consumer.assign([TopicPartition(topic_name, p) for p in parts])
+            if offset is not None:
+                for p in parts:
+                    consumer.seek(TopicPartition(topic_name, p), offset)
+            elif from_beginning:
+                consumer.seek_to_beginning()
+        seen = 0
+        idle_ms = 0
+        while count is None or seen < count:
+            got = consumer.poll_batches(timeout_ms=200, max_records=None if count is None else count - seen)
+            if not got:
+                idle_ms += 200
+                if timeout_ms is not None and idle_ms >= timeout_ms:
+                    break
+                continue
+            idle_ms = 0
+            for recs in got:
+                for r in recs:
+                    click.echo(fmt.format(topic=r.topic, partition=r.partition, offset=r.offset,
+                                          timestamp=r.timestamp, key=_text(r.key), value=_text(r.value),
+                                          headers=",".join(f"{k}={_text(v)}" for k, v in r.headers)))
+                    seen += 1
+            sys.stdout.flush()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        consumer.close()
+
+
+# -- cluster ---------------------------------------------------------------------------
+@main.group()
+def cluster() -> None:
+    """Cluster membership and health."""
+
+
+@cluster.command("status")
+@click.option("--json", "as_json", is_flag=True)
+@_bootstrap_option
+@_friendly
+def cluster_status(as_json, bootstrap) -> None:
+    from mesh.client import Admin
+    with Admin(bootstrap) as admin:
+        md = admin.metadata()
+    rows = []
+    for b in md.brokers:
+        leads = sum(1 for t in md.topics for p in t.get("partitions", []) if p["leader"] == b["id"])
+        reps = sum(1 for t in md.topics for p in t.get("partitions", []) if b["id"] in p["replicas"])
+        rows.append({"id": b["id"], "address": b["address"], "state": b.get("status", "alive"),
+                     "generation": b.get("generation", 0), "heartbeat_age_ms": b.get("heartbeat_age_ms", 0),
+                     "leads": leads, "replicas": reps})
+    if as_json:
+        click.echo(json.dumps(rows, indent=2))
+        return
+    click.echo(f"{'id':<8} {'address':<20} {'state':<8} {'gen':>5} {'hb_age_ms':>9} {'leads':>5} {'replicas':>8}")
+    for r in rows:
+        click.echo(f"{r['id']:<8} {r['address']:<20} {r['state']:<8} {r['generation']:>5} "
+                   f"{r['heartbeat_age_ms']:>9} {r['leads']:>5} {r['replicas']:>8}")
+
+
+if __name__ == "__main__":
+    main()
