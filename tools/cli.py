@@ -55,7 +55,9 @@ def main(verbose: int) -> None:
 @click.option("--text-port", type=int, default=None, help="also serve the telnet text protocol on this port")
 @click.option("--max-storage-bytes", type=int, default=64 << 30, show_default=True,
               help="size limit of the LMDB log (a full store refuses writes, keeps serving reads)")
-def node(node_id, data_dir, bind, seeds, text_port, max_storage_bytes) -> None:
+@click.option("--retention-check-ms", type=int, default=5_000, show_default=True,
+              help="how often retention runs")
+def node(node_id, data_dir, bind, seeds, text_port, max_storage_bytes, retention_check_ms) -> None:
     """Run a broker node in the foreground (SIGTERM/SIGINT stop it cleanly)."""
     from mesh.node import Node, NodeConfig
     logging.getLogger().setLevel(logging.INFO)
@@ -63,7 +65,8 @@ def node(node_id, data_dir, bind, seeds, text_port, max_storage_bytes) -> None:
         h.setFormatter(logging.Formatter(f"%(asctime)s %(levelname)s [{node_id}] %(name)s: %(message)s"))
     try:
         n = Node(NodeConfig(node_id=node_id, bind=bind, data_dir=data_dir, seeds=list(seeds),
-                            map_size_bytes=max_storage_bytes, text_port=text_port))
+                            map_size_bytes=max_storage_bytes, text_port=text_port,
+                            retention_check_ms=retention_check_ms))
     except Exception as exc:
         click.echo(f"error: cannot start node {node_id}: {exc}", err=True)
         sys.exit(1)

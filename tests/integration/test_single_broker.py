@@ -1,0 +1,330 @@
+"""One real broker process: the foundation's promises, end to end."""
+import collections
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import msgpack
+import pytest
+import zmq
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from mesh import messages as m
+from mesh.client import Admin, Consumer, ErrorCode, MeshError, Producer, TopicPartition
+from mesh.client.transport import Transport
+from mesh.records import encode_batch
+from mesh.wire import PROTOCOL_CLIENT, pack, unpack
+from tests.harness import ROOT, BrokerProcess, wait_until
+
+pytestmark = pytest.mark.integration
+
+
+def consume_all(addr, topic, expected, timeout_s=30):
+    out = collections.defaultdict(list)
+    with Consumer(topic, bootstrap=addr, auto_offset_reset="earliest") as c:
+        deadline = time.monotonic() + timeout_s
+        n = 0
+        while n < expected:
+            assert time.monotonic() < deadline, f"consumed {n} of {expected}"
+            for recs in c.poll_batches(500):
+                for r in recs:
+                    out[r.partition].append(r)
+                n += sum(map(len, [recs]))
+    return out
+
+
+def test_produce_100k_and_consume_in_order(broker):
+    with Admin(broker.address) as a:
+        a.create_topic("hundredk", partitions=6)
+    sent = collections.defaultdict(list)
+    futures = []
+    with Producer(broker.address, acks=1) as p:
+        for i in range(100_000):
+            key = b"k%d" % (i % 97) if i % 2 else None
+            value = b"v%06d" % i
+            futures.append((value, p.send("hundredk", value, key=key)))
+    for value, f in futures:
+        md = f.get(10)
+        sent[md.partition].append((md.offset, value))
+    got = consume_all(broker.address, "hundredk", 100_000)
+    assert sum(map(len, got.values())) == 100_000
+    for part, recs in got.items():
+        offsets = [r.offset for r in recs]
+        assert offsets == list(range(len(recs))), f"partition {part} offsets not contiguous"
+        assert [r.value for r in recs] == [v for _, v in sorted(sent[part])]
+        # send order per partition == offset order
+        assert [v for _, v in sent[part]] == [r.value for r in recs]
+
+
+def test_keys_land_where_kafka_puts_them(broker):
+    from mesh.partitioner import partition_for_key
+    with Admin(broker.address) as a:
+        a.create_topic("keyed", partitions=5)
+    with Producer(broker.address) as p:
+        mds = [p.send("keyed", b"x", key=b"key-%d" % i).get(10) for i in range(50)]
+    assert [md.partition for md in mds] == [partition_for_key(b"key-%d" % i, 5) for i in range(50)]
+
+
+def test_headers_timestamps_and_bulk_send(broker):
+    with Admin(broker.address) as a:
+        a.create_topic("hdrs", partitions=1)
+    with Producer(broker.address) as p:
+        p.send("hdrs", b"one", key=b"k", headers=[("trace", b"abc")], timestamp_ms=1234).get(10)
+        assert p.send_batch("hdrs", [b"b1", b"b2", b"b3"], partition=0).result(10) == 1
+    recs = consume_all(broker.address, "hdrs", 4)[0]
+    assert recs[0].headers == (("trace", b"abc"),) and recs[0].timestamp == 1234 and recs[0].key == b"k"
+    assert [r.value for r in recs[1:]] == [b"b1", b"b2", b"b3"] and [r.offset for r in recs] == [0, 1, 2, 3]
+
+
+def test_long_poll_fetch_is_answered_when_data_arrives(broker):
+    with Admin(broker.address) as a:
+        a.create_topic("longpoll", partitions=1)
+    t = Transport()
+    rid = t.send(broker.address, m.FetchRequest([["longpoll", 0, 0, 1 << 20]], max_wait_ms=20_000))
+    assert t.poll(200) == []  # parked, not answered
+    with Producer(broker.address) as p:
+        p.send("longpoll", b"wake").get(10)
+    answers = wait_until(lambda: t.poll(100), 10, "the parked fetch to be answered")
+    (_, r, resp, payload), = answers
+    assert r == rid and resp.parts[0][2] == 0 and resp.parts[0][5] > 0 and b"wake" in payload
+    t.close()
+
+
+def test_fetch_out_of_range_says_where_the_log_is(broker):
+    with Admin(broker.address) as a:
+        a.create_topic("range", partitions=1)
+    with Producer(broker.address) as p:
+        p.send("range", b"a").get(10)
+    t = Transport()
+    for offset in (5, -1):
+        resp, _ = t.call(broker.address, m.FetchRequest([["range", 0, offset, 1024]], max_wait_ms=0))
+        topic, part, err, hw, start, n, _ = resp.parts[0]
+        assert (err, hw, start, n) == (ErrorCode.OFFSET_OUT_OF_RANGE, 1, 0, 0)
+    t.close()
+
+
+def test_unknown_topic_and_partition(broker):
+    t = Transport()
+    with pytest.raises(MeshError) as e:
+        t.call(broker.address, m.ProduceRequest("nope", 0, 1), encode_batch([b"x"]))
+    assert e.value.code == ErrorCode.UNKNOWN_TOPIC
+    with Admin(broker.address) as a:
+        a.create_topic("twoparts", partitions=2)
+    with pytest.raises(MeshError) as e:
+        t.call(broker.address, m.ProduceRequest("twoparts", 2, 1), encode_batch([b"x"]))
+    assert e.value.code == ErrorCode.UNKNOWN_PARTITION
+    with pytest.raises(MeshError) as e:
+        Producer(broker.address).send("nope", b"x")
+    assert e.value.code == ErrorCode.UNKNOWN_TOPIC
+    t.close()
+
+
+def test_oversized_records_are_refused_with_a_clear_error(broker):
+    with Admin(broker.address) as a:
+        a.create_topic("small", partitions=1, config={"max.message.bytes": 2048})
+        with pytest.raises(MeshError) as e:
+            a.create_topic("badcfg", config={"no.such.thing": 1})
+        assert e.value.code == ErrorCode.INVALID_CONFIG
+    with Producer(broker.address) as p:
+        with pytest.raises(MeshError) as e:
+            p.send("small", b"x" * (1 << 20 + 1))
+        assert e.value.code == ErrorCode.MESSAGE_TOO_LARGE
+        f = p.send("small", b"y" * 4000)  # fits the client's limit, not the topic's
+        with pytest.raises(MeshError) as e:
+            f.get(10)
+        assert e.value.code == ErrorCode.MESSAGE_TOO_LARGE and "max.message.bytes" in e.value.message
+        assert p.send("small", b"fine").get(10).offset == 0
+
+
+def raw_request(sock, frames, timeout_ms=5000):
+    sock.send_multipart(frames)
+    assert sock.poll(timeout_ms), "broker did not answer a bad request"
+    return sock.recv_multipart()
+
+
+@pytest.fixture(scope="module")
+def raw(broker):
+    s = zmq.Context.instance().socket(zmq.DEALER)
+    s.setsockopt(zmq.LINGER, 0)
+    s.connect(f"tcp://{broker.address}")
+    yield s
+    s.close()
+
+
+def test_malformed_requests_get_errors_and_the_broker_keeps_serving(broker, raw):
+    with Admin(broker.address) as a:
+        a.create_topic("victim", partitions=1)
+    with Producer(broker.address) as p:
+        p.send("victim", b"before").get(10)
+    rid = (1).to_bytes(8, "big")
+    cases = [
+        [b"garbage"],
+        [b"mesh/1", rid, b"PRODUCE"],
+        [b"mesh/9", rid, b"PRODUCE", b"\x90"],
+        [b"mesh/1", rid, b"NOPE", b"\x90"],
+        [b"mesh/1", rid, b"PRODUCE", b"\xc1\xc1"],
+        [b"mesh/1", rid, b"PRODUCE", msgpack.packb(["victim", "zero", 1])],
+        [b"mesh/1", rid, b"PRODUCE", msgpack.packb(["victim", 0, 7]), encode_batch([b"x"])],
+        [b"mesh/1", rid, b"PRODUCE", msgpack.packb(["victim", 0, 1])],  # no batch frame
+        [b"mesh/1", rid, b"PRODUCE", msgpack.packb(["victim", 0, 1]), b"\x00" * 80],
+        [b"mesh/1", rid, b"PRODUCE", msgpack.packb(["victim", 0, 1]), encode_batch([b"x"])[:-3]],
+        [b"mesh/1", rid, b"FETCH", msgpack.packb([[["victim", 0]]])],
+        [b"mesh/1", rid, b"FETCH", msgpack.packb([[]])],
+        [b"mesh/1", rid, b"CREATE_TOPIC", msgpack.packb(["bad name!", 1])],
+        [b"mesh/1", rid, b"CREATE_TOPIC", msgpack.packb(["huge", 10**9])],
+        [b"mesh/1", rid, b"PRODUCE_R", msgpack.packb([0])],
+    ]
+    for frames in cases:
+        reply = raw_request(raw, frames)
+        _, _, resp, _ = unpack(reply)
+        assert isinstance(resp, m.ErrorResponse), (frames, resp)
+        assert resp.error in (ErrorCode.INVALID_REQUEST, ErrorCode.UNSUPPORTED_VERSION,
+                              ErrorCode.CORRUPT_MESSAGE, ErrorCode.INVALID_CONFIG), resp
+        assert resp.message
+    got = consume_all(broker.address, "victim", 1)
+    assert [r.value for r in got[0]] == [b"before"]
+    assert broker.alive()
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
+@given(frames=st.lists(st.binary(max_size=200), min_size=1, max_size=6),
+       op=st.sampled_from([b"PRODUCE", b"FETCH", b"METADATA", b"CREATE_TOPIC", b"DELETE_TOPIC", b"LIST_OFFSETS"]),
+       body=st.recursive(st.one_of(st.none(), st.integers(), st.text(max_size=10), st.binary(max_size=10)),
+                         lambda c: st.lists(c, max_size=5), max_leaves=10))
+def test_fuzzed_requests_never_hurt_the_broker(broker, raw, frames, op, body):
+    raw.send_multipart(frames)
+    raw.send_multipart([b"mesh/1", (2).to_bytes(8, "big"), op, msgpack.packb(body)] + frames[:1])
+    # drain whatever came back; then the broker must still answer a real request
+    while raw.poll(50):
+        raw.recv_multipart()
+    assert broker.alive()
+    reply = raw_request(raw, pack(PROTOCOL_CLIENT, 3, m.MetadataRequest([])))
+    assert unpack(reply)[1] == 3
+
+
+def test_retention_deletes_from_the_head(broker):
+    with Admin(broker.address) as a:
+        a.create_topic("retained", partitions=1, config={"retention.bytes": 3000})
+    with Producer(broker.address) as p:
+        for i in range(20):
+            p.send_batch("retained", [b"r" * 100] * 5, partition=0).result(10)
+    t = Transport()
+
+    def start():
+        resp, _ = t.call(broker.address, m.ListOffsetsRequest([["retained", 0, m.EARLIEST]]))
+        return resp.parts[0][3]
+    wait_until(lambda: start() > 0, 10, "retention to delete old batches")
+    resp, _ = t.call(broker.address, m.FetchRequest([["retained", 0, 0, 1024]], max_wait_ms=0))
+    assert resp.parts[0][2] == ErrorCode.OFFSET_OUT_OF_RANGE and resp.parts[0][4] == start() > 0
+    t.close()
+
+
+def test_delete_topic_removes_data_and_name(broker):
+    with Admin(broker.address) as a:
+        a.create_topic("doomed", partitions=2)
+        with Producer(broker.address) as p:
+            p.send("doomed", b"x", partition=1).get(10)
+        a.delete_topic("doomed")
+        assert "doomed" not in a.list_topics()
+        a.create_topic("doomed", partitions=2)  # a new topic of the same name starts empty
+        assert all(pt["log_end"] == 0 for pt in a.describe_topic("doomed")["partitions"])
+
+
+def test_kill9_loses_nothing_acknowledged(tmp_path):
+    b = BrokerProcess("k1", str(tmp_path / "k1")).start()
+    with Admin(b.address) as a:
+        a.create_topic("durable", partitions=3)
+    acked = []
+    stop = threading.Event()
+
+    def produce():
+        with Producer(b.address, acks=1, delivery_timeout_ms=3000, request_timeout_ms=1000, retries=2) as p:
+            i = 0
+            pending = collections.deque()
+            while not stop.is_set():
+                v = b"d%07d" % i
+                pending.append((v, p.send("durable", v)))
+                i += 1
+                while pending and (pending[0][1].done() or len(pending) > 5000):
+                    v, f = pending.popleft()
+                    try:
+                        acked.append((v, f.get(5)))
+                    except Exception:
+                        pass
+            try:
+                p.flush(10)
+            except MeshError:
+                pass
+            for v, f in pending:
+                if f.done() and f.exception() is None:
+                    acked.append((v, f.get()))
+
+    th = threading.Thread(target=produce)
+    th.start()
+    wait_until(lambda: len(acked) > 20_000, 30, "20,000 acknowledged records")
+    b.kill()
+    stop.set()
+    th.join(30)
+    n_acked = len(acked)
+    b.start()
+    got = consume_all(b.address, "durable", n_acked)
+    stored = {(r.partition, r.offset): r.value for recs in got.values() for r in recs}
+    for v, md in acked:
+        assert stored.get((md.partition, md.offset)) == v, f"acknowledged record {v} lost"
+    b.stop()
+
+
+def test_sigterm_stops_cleanly_and_restart_recovers(tmp_path):
+    b = BrokerProcess("s1", str(tmp_path / "s1")).start()
+    with Admin(b.address) as a:
+        a.create_topic("clean", partitions=1)
+    with Producer(b.address) as p:
+        p.send_batch("clean", [b"c"] * 10, partition=0).result(10)
+    assert b.stop() == 0
+    b.start()
+    assert [r.offset for r in consume_all(b.address, "clean", 10)[0]] == list(range(10))
+    b.stop()
+
+
+def test_full_disk_refuses_writes_and_keeps_serving_reads(tmp_path):
+    b = BrokerProcess("f1", str(tmp_path / "f1"), extra=["--max-storage-bytes", str(2 << 20)]).start()
+    with Admin(b.address) as a:
+        a.create_topic("full", partitions=1)
+    with Producer(b.address, retries=0, delivery_timeout_ms=5000) as p:
+        first = p.send_batch("full", [b"keep"] * 10, partition=0).result(10)
+        with pytest.raises(MeshError) as e:
+            for _ in range(200):
+                p.send_batch("full", [b"z" * 1000] * 100, partition=0).result(10)
+    assert e.value.code == ErrorCode.STORAGE_ERROR
+    assert b.alive()
+    got = consume_all(b.address, "full", 10)
+    assert [r.value for r in got[0][:10]] == [b"keep"] * 10 and first == 0
+    b.stop()
+
+
+def test_cli_tour(broker):
+    env = dict(os.environ, MESH_BOOTSTRAP=broker.address)
+    mesh = [sys.executable, "-m", "tools.cli"]
+
+    def run(*args, input=None, ok=True):
+        r = subprocess.run(mesh + list(args), input=input, capture_output=True, env=env, cwd=ROOT, timeout=60)
+        assert (r.returncode == 0) == ok, r.stderr.decode()
+        return r.stdout.decode(), r.stderr.decode()
+
+    run("topic", "create", "tour", "--partitions", "6")
+    assert "tour" in run("topic", "list")[0].split()
+    out, _ = run("topic", "describe", "tour")
+    assert "Partitions: 6" in out
+    run("produce", "tour", "--key-separator", ":", input=b"k1:hello\nk2:world\n")
+    out, _ = run("consume", "tour", "--from-beginning", "--count", "2", "--format", "{partition} {offset} {key} {value}")
+    assert sorted(l.split()[2:] for l in out.split("\n")[:2]) == [["k1", "hello"], ["k2", "world"]]
+    out, _ = run("topic", "describe", "tour", "--json")
+    assert json.loads(out)["name"] == "tour"
+    _, err = run("topic", "describe", "missing", ok=False)
+    assert "UNKNOWN_TOPIC" in err
+    run("topic", "delete", "tour")
+    assert "tour" not in run("topic", "list")[0].split()
