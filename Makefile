@@ -25,7 +25,7 @@ test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q -m "not integration and not spark"
 
 bench: $(STAMP) java-check
-	$(BIN)/python -m bench.throughput
+	PYSPARK_PYTHON=$(abspath $(BIN)/python) $(BIN)/bench run
 
 java-check:
 	@command -v java >/dev/null 2>&1 || { echo "Java 17+ is needed for Spark (tests and bench): install it, e.g. 'apt-get install openjdk-17-jre-headless', then run make again." >&2; exit 1; }
