@@ -6,24 +6,27 @@ Clients and peers connect to the node's ROUTER with DEALER sockets; the first fr
 the identity names the protocol (``mesh.wire``). Each loop turn:
 
 1. drain ready messages from the ROUTER (at most ``max_requests_per_turn``, so one busy
-   client cannot starve the loop's other duties);
-2. handle each: admin and metadata are answered at once; produce batches are validated
-   (header, size, CRC: O(1) in records) and *staged* into the turn's LMDB write
-   transaction; fetches are answered from committed data or parked (long poll);
-3. commit the turn's transaction with one sync (group commit), then answer the staged
-   produce requests; if the commit fails (disk full, I/O error) all of them get
-   STORAGE_ERROR and the store is exactly as before the turn;
-4. wake parked fetches whose partitions grew, expire those whose wait ran out; tick
-   timers (retention).
+   client cannot starve the loop's other duties): client requests go to their handler
+   (admin, metadata, ``DataPath`` for produce and fetch), peer messages to their core;
+2. commit the turn's LMDB transaction with one sync (group commit), then answer the
+   staged produce requests (``DataPath.commit_turn``);
+3. tick the gossip core (it starts a round when one is due), send its effects;
+4. if the gossip state moved (not on mere heartbeats): reconcile the topic catalog
+   (create/drop local partitions) and persist the gossip snapshot;
+5. wake parked fetches whose partitions grew, expire long polls, run retention.
 
 Nothing a client sends can crash the loop: every request runs inside a guard that turns
-any failure into an error response (logged once per client and code).
+any failure into an error response (logged once per client and code). Peer messages get
+no error responses (peers do not read them); a bad one is logged and dropped.
+
+Identity: the node id is stable; the generation is read from LMDB, incremented and synced
+before the node says anything, so each life of a node is newer than the last.
 """
 from __future__ import annotations
 
-import heapq
 import logging
 import os
+import random
 import signal
 import time
 from dataclasses import dataclass, field
@@ -32,12 +35,13 @@ import msgpack
 import zmq
 
 from mesh import messages as m
-from mesh import records
+from mesh.catalog import Catalog
+from mesh.datapath import DataPath
 from mesh.errors import ErrorCode, MeshError
-from mesh.producer_state import ProducerStates
-from mesh.topics import MAX_PARTITIONS, normalize_config, validate_topic_name
-from mesh.wire import PROTOCOL_CLIENT, pack, unpack
-from storage.base import CorruptBatch, LogError, StorageFull
+from mesh.gossip import Gossip, GossipAck, GossipAck2, GossipConfig, GossipSyn
+from mesh.peers import PeerLinks, sender_address
+from mesh.wire import PROTOCOL_CLIENT, PROTOCOL_PEER, pack, unpack
+from storage.base import LogError
 from storage.log import Store
 
 __all__ = ["NodeConfig", "Node"]
@@ -54,58 +58,56 @@ class NodeConfig:
     max_requests_per_turn: int = 512
     tick_ms: int = 50
     retention_check_ms: int = 5_000
+    gossip_interval_ms: int = 200
+    stats_every_ms: int = 1_000
     map_size_bytes: int = 64 << 30
     sync: bool = True
     hwm_messages: int = 10_000
     text_port: int | None = None
 
 
-@dataclass
-class _Staged:
-    ident: bytes
-    rid: int
-    acks: int
-    pid: int
-    base: int
-
-
-@dataclass
-class _Waiter:
-    ident: bytes
-    rid: int
-    req: m.FetchRequest
-    deadline: float
-    pids: tuple
-    done: bool = False
-
-    def __lt__(self, other):  # heap order
-        return self.deadline < other.deadline
+def _now_ms() -> int:
+    return int(time.monotonic() * 1000)
 
 
 class Node:
     def __init__(self, config: NodeConfig):
         self.cfg = config
-        self.store = Store(os.path.join(config.data_dir), map_size=config.map_size_bytes, sync=config.sync)
-        self.producers = ProducerStates(self.store)
-        self.topics: dict[str, dict] = {}
-        for k, v in self.store.items("meta", b"topic:"):
-            t = msgpack.unpackb(v, raw=False)
-            self.topics[t["name"]] = t
+        self.node_id = config.node_id
+        self.address = config.bind
+        self.store = Store(config.data_dir, map_size=config.map_size_bytes, sync=config.sync)
+        # a new life: bump and sync the generation before saying anything
+        gen = int(self.store.get("meta", b"generation") or 0) + 1
+        self.store.put("meta", b"generation", str(gen).encode())
+        self.store.commit()
+        self.generation = gen
+        raw = self.store.get("gossip", b"snapshot")
+        snapshot = msgpack.unpackb(raw, raw=False, strict_map_key=False) if raw else None
+        seeds = [s for s in config.seeds if s != self.address]
+        self.gossip = Gossip(config.node_id, self.address, gen, seeds,
+                             random.Random(int.from_bytes(os.urandom(8), "big")),
+                             GossipConfig(interval_ms=config.gossip_interval_ms), _now_ms(),
+                             snapshot=snapshot)
+        self.gossip.set_local("member", {"address": self.address, "text_port": config.text_port})
+        self.catalog = Catalog(config.node_id, self.gossip, self.store)
+        self.data = DataPath(self.store, self.catalog, self._reply, self._leader_address)
         self.ctx = zmq.Context.instance()
         self.router = self.ctx.socket(zmq.ROUTER)
         self.router.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        self.router.setsockopt(zmq.ROUTER_HANDOVER, 1)
         self.router.setsockopt(zmq.SNDHWM, config.hwm_messages)
         self.router.setsockopt(zmq.RCVHWM, config.hwm_messages)
         self.router.setsockopt(zmq.LINGER, 0)
         self.router.bind(f"tcp://{config.bind}")
-        self.address = config.bind
+        self.peers = PeerLinks(self.ctx, self.address, config.hwm_messages)
         self._running = False
-        self._staged: list[_Staged] = []
-        self._waiters: dict[int, list[_Waiter]] = {}
-        self._deadlines: list[_Waiter] = []
         self._logged: set[tuple[bytes, int]] = set()
         self._next_retention = 0.0
-        self._grown: set[int] = set()
+        self._seen_version = -1
+        self._next_stats_ms = 0
+        self._last_stats: dict = {}
+        self._isolated_logged = False
+        self._reconcile()
 
     # -- lifecycle ----------------------------------------------------------------------
     def install_signal_handlers(self) -> None:
@@ -117,41 +119,43 @@ class Node:
 
     def run(self) -> None:
         self._running = True
-        log.info("node %s serving on %s (data %s)", self.cfg.node_id, self.address, self.cfg.data_dir)
+        log.info("node %s (generation %d) serving on %s, data in %s, seeds %s", self.node_id,
+                 self.generation, self.address, self.cfg.data_dir, ",".join(self.cfg.seeds) or "none")
         poller = zmq.Poller()
         poller.register(self.router, zmq.POLLIN)
         try:
             while self._running:
-                timeout = self._poll_timeout_ms()
                 try:
-                    events = dict(poller.poll(timeout))
-                except zmq.ZMQError as exc:
-                    if exc.errno == zmq.EINTR if hasattr(zmq, "EINTR") else False:
-                        continue
-                    raise
+                    events = dict(poller.poll(self._poll_timeout_ms()))
                 except InterruptedError:
                     continue
                 if self.router in events:
                     self._drain()
                 self._after_turn()
+            self._send(self.gossip.leave(_now_ms()))  # graceful: peers see LEFT at once
+            log.info("node %s leaving the cluster", self.node_id)
         finally:
             self.close()
 
     def close(self) -> None:
         try:
+            self._persist_snapshot()
             self.store.commit()
         except LogError:
             self.store.rollback()
+        self.peers.flush_and_close()
         self.router.close(linger=0)
         self.store.close()
-        log.info("node %s stopped", self.cfg.node_id)
+        log.info("node %s stopped", self.node_id)
 
     # -- loop ---------------------------------------------------------------------------
     def _poll_timeout_ms(self) -> int:
+        now = time.monotonic()
         t = self.cfg.tick_ms
-        if self._deadlines:
-            t = min(t, max(0, int((self._deadlines[0].deadline - time.monotonic()) * 1000) + 1))
-        return t
+        d = self.data.next_deadline()
+        if d is not None:
+            t = min(t, max(0, int((d - now) * 1000) + 1))
+        return max(0, min(t, self.gossip.next_tick_ms - _now_ms()))
 
     def _drain(self) -> None:
         router = self.router
@@ -161,24 +165,65 @@ class Node:
             except zmq.Again:
                 break
             self._handle(frames)
-        self._commit_turn()
+        self.data.commit_turn()
 
     def _after_turn(self) -> None:
+        now_ms = _now_ms()
+        self._send(self.gossip.tick(now_ms))
+        if self.gossip.version != self._seen_version:
+            self._seen_version = self.gossip.version
+            self._reconcile()
+            self._persist_snapshot()
+            self.data.commit_turn()
+        if now_ms >= self._next_stats_ms:
+            self._next_stats_ms = now_ms + self.cfg.stats_every_ms
+            self._publish_stats()
+        isolated = self.gossip.isolated
+        if isolated and not self._isolated_logged and self.cfg.seeds:
+            log.warning("no live peer known: retrying seeds %s with backoff", ",".join(self.cfg.seeds))
+        self._isolated_logged = isolated
+        self.data.after_turn()
         now = time.monotonic()
-        if self._grown:
-            grown, self._grown = self._grown, set()
-            self._wake(grown)
-        while self._deadlines and self._deadlines[0].deadline <= now:
-            w = heapq.heappop(self._deadlines)
-            if not w.done:
-                self._answer_fetch(w, force=True)
         if now >= self._next_retention:
             self._next_retention = now + self.cfg.retention_check_ms / 1000
-            self._enforce_retention()
+            self.data.enforce_retention(int(time.time() * 1000))
+
+    def _send(self, effects) -> None:
+        for e in effects:
+            self.peers.send(e.dest, e.msg, e.payload)
+
+    def _reconcile(self) -> None:
+        added, removed = self.catalog.reconcile()
+        if removed:
+            self.data.forget(removed)
+        for pid in added:
+            log.info("now hosting %s/%d", *self.catalog.local[pid])
+
+    def _persist_snapshot(self) -> None:
+        """Stage the gossip state into the turn's transaction, so a restart comes back
+        knowing the cluster (and a topic whose creation was acknowledged here survives a
+        kill -9 of the whole cluster). The caller commits."""
+        try:
+            self.store.put("gossip", b"snapshot", msgpack.packb(self.gossip.snapshot(), use_bin_type=True))
+        except LogError as exc:
+            log.warning("could not persist the gossip snapshot: %s", exc)
+
+    def _publish_stats(self) -> None:
+        """Offsets of the partitions served here, so any broker can describe them."""
+        stats = {}
+        for pid, (name, p) in sorted(self.catalog.local.items()):
+            stats.setdefault(name, {})[str(p)] = [self.store.log_start(pid), self.store.log_end(pid),
+                                                  self.store.synced_end(pid)]
+        if stats != self._last_stats:
+            self._last_stats = stats
+            self.gossip.set_local("stats", stats)
 
     # -- dispatch -----------------------------------------------------------------------
     def _handle(self, frames: list) -> None:
         ident = frames[0]
+        if len(frames) > 1 and frames[1] == PROTOCOL_PEER:
+            self._handle_peer(ident, frames)
+            return
         rid = 0
         try:
             if len(frames) >= 3 and len(frames[2]) == 8:
@@ -194,6 +239,22 @@ class Node:
             log.exception("request from %r failed", ident)
             self._error(ident, rid, ErrorCode.INVALID_REQUEST, f"request could not be handled: {exc}")
 
+    def _handle_peer(self, ident: bytes, frames: list) -> None:
+        src = sender_address(bytes(ident))
+        try:
+            if src is None:
+                raise MeshError(ErrorCode.INVALID_REQUEST, "peer message without a peer identity")
+            _, _, msg, payload = unpack(frames[1:])
+            if isinstance(msg, (GossipSyn, GossipAck, GossipAck2)):
+                self._send(self.gossip.receive(src, msg, _now_ms()))
+            else:
+                raise MeshError(ErrorCode.INVALID_REQUEST, f"unexpected peer message {type(msg).__name__}")
+        except Exception as exc:
+            key = (bytes(ident), -1)
+            if key not in self._logged and len(self._logged) < 10_000:
+                self._logged.add(key)
+                log.warning("bad peer message from %s: %s", src or bytes(ident).hex(), exc)
+
     def _error(self, ident: bytes, rid: int, code: ErrorCode, message: str, leader: str | None = None) -> None:
         key = (bytes(ident), int(code))
         if key not in self._logged and len(self._logged) < 10_000:
@@ -208,198 +269,98 @@ class Node:
         except zmq.ZMQError as exc:  # client gone (EHOSTUNREACH) or its pipe is full (EAGAIN)
             log.debug("dropping reply to %s: %s", bytes(ident).hex(), exc)
 
-    # -- topics -------------------------------------------------------------------------
-    def _topic(self, name: str) -> dict:
-        t = self.topics.get(name)
-        if t is None:
-            raise MeshError(ErrorCode.UNKNOWN_TOPIC, f"unknown topic {name!r}")
-        return t
+    # -- cluster view -------------------------------------------------------------------
+    def _live(self) -> list[str]:
+        return self.gossip.live_members(_now_ms())
 
-    def _pid(self, topic: str, partition: int) -> tuple[dict, int]:
-        t = self._topic(topic)
-        if not isinstance(partition, int) or not 0 <= partition < t["partitions"]:
-            raise MeshError(ErrorCode.UNKNOWN_PARTITION,
-                            f"topic {topic!r} has partitions 0..{t['partitions'] - 1}, not {partition!r}")
-        return t, t["pids"][partition]
+    def _address_of(self, node_id: str) -> str | None:
+        if node_id == self.node_id:
+            return self.address
+        for mem in self.gossip.members(_now_ms()):
+            if mem.node_id == node_id:
+                return mem.address
+        return None
 
+    def _leader_address(self, t: dict, partition: int) -> str | None:
+        """Replication factor 1: the one replica leads, if it is alive."""
+        leader = t["replicas"][partition][0]
+        return self._address_of(leader) if leader in self._live() else None
+
+    # -- admin and metadata -------------------------------------------------------------
     def on_create_topic(self, ident, rid, req: m.CreateTopicRequest, payload) -> None:
-        validate_topic_name(req.name)
-        if req.name in self.topics:
-            raise MeshError(ErrorCode.TOPIC_EXISTS, f"topic {req.name!r} already exists")
-        if not 1 <= req.partitions <= MAX_PARTITIONS:
-            raise MeshError(ErrorCode.INVALID_CONFIG, f"partitions must be 1..{MAX_PARTITIONS}")
         if req.replication_factor != 1:
             raise MeshError(ErrorCode.INVALID_CONFIG,
-                            f"replication factor {req.replication_factor} is larger than the 1 live broker")
-        config = normalize_config(req.config)
-        pids = [self.store.partition_id(req.name, p) for p in range(req.partitions)]
-        t = {"name": req.name, "partitions": req.partitions, "replication_factor": 1,
-             "config": config, "pids": pids}
-        self.store.put("meta", b"topic:" + req.name.encode(), msgpack.packb(t))
-        self.store.commit()
-        self.topics[req.name] = t
+                            "replication factor above 1 needs partition replication, not yet available")
+        self.data.commit_turn()  # admin changes never share a transaction with staged appends
+        self.catalog.create(req.name, req.partitions, req.replication_factor, req.config, self._live())
+        self._persist_snapshot()
+        if not self.data.commit_turn():
+            raise MeshError(ErrorCode.STORAGE_ERROR, "topic created but not persisted here (storage error)")
         log.info("created topic %s with %d partitions", req.name, req.partitions)
         self._reply(ident, rid, m.CreateTopicResponse(0))
 
     def on_delete_topic(self, ident, rid, req: m.DeleteTopicRequest, payload) -> None:
-        t = self._topic(req.name)
-        for p in range(t["partitions"]):
-            self.store.forget_partition(req.name, p)
-        self.store.delete("meta", b"topic:" + req.name.encode())
-        self.store.commit()
-        del self.topics[req.name]
-        self._wake(set(t["pids"]))  # parked fetches learn the topic is gone
+        self.data.commit_turn()
+        self.catalog.delete(req.name)
+        self._reconcile()
+        self._persist_snapshot()
+        if not self.data.commit_turn():
+            raise MeshError(ErrorCode.STORAGE_ERROR, "topic deleted but not persisted here (storage error)")
         log.info("deleted topic %s", req.name)
         self._reply(ident, rid, m.DeleteTopicResponse(0))
 
     def on_metadata(self, ident, rid, req: m.MetadataRequest, payload) -> None:
-        names = sorted(self.topics) if req.topics is None else list(req.topics)
+        now = _now_ms()
+        members = self.gossip.members(now)
+        live = set(self.gossip.live_members(now))
+        brokers = []
+        stats: dict[str, dict] = {}
+        for mem in members:
+            age = None if mem.last_heard_ms is None else now - mem.last_heard_ms
+            if mem.node_id == self.node_id:
+                age = 0
+            brokers.append({"id": mem.node_id, "address": mem.address, "status": mem.status,
+                            "generation": mem.generation, "heartbeat_age_ms": age})
+            stats[mem.node_id] = self.gossip.node_items(mem.node_id, "stats").get("stats") or {}
+        names = sorted(self.catalog.topics) if req.topics is None else list(req.topics)
         topics = []
         for name in names:
-            t = self.topics.get(name)
+            t = self.catalog.topics.get(name)
             if t is None:
                 topics.append({"name": name, "error": int(ErrorCode.UNKNOWN_TOPIC)})
                 continue
             parts = []
-            for p, pid in enumerate(t["pids"]):
-                end = self.store.synced_end(pid)
-                parts.append({"partition": p, "leader": self.cfg.node_id, "leader_address": self.address,
-                              "epoch": 0, "replicas": [self.cfg.node_id], "isr": [self.cfg.node_id],
-                              "log_start": self.store.log_start(pid), "log_end": end, "high_watermark": end})
+            for p, reps in enumerate(t["replicas"]):
+                leader = reps[0] if reps[0] in live else None
+                pid = t["pids"][p]
+                if pid is not None:
+                    start, end, hw = self.store.log_start(pid), self.store.log_end(pid), self.store.synced_end(pid)
+                else:
+                    start, end, hw = (stats.get(reps[0], {}).get(name, {}).get(str(p)) or [-1, -1, -1])
+                parts.append({"partition": p, "leader": leader,
+                              "leader_address": self._address_of(leader) if leader else None,
+                              "epoch": 0, "replicas": reps, "isr": [r for r in reps if r in live],
+                              "log_start": start, "log_end": end, "high_watermark": hw})
             topics.append({"name": name, "error": 0, "config": t["config"],
                            "replication_factor": t["replication_factor"], "partitions": parts})
-        brokers = [{"id": self.cfg.node_id, "address": self.address, "status": "alive"}]
-        self._reply(ident, rid, m.MetadataResponse(0, brokers, topics, self.cfg.node_id))
+        self._reply(ident, rid, m.MetadataResponse(0, brokers, topics, self.node_id))
 
     def on_list_offsets(self, ident, rid, req: m.ListOffsetsRequest, payload) -> None:
         out = []
         for topic, partition, which in req.parts:
             try:
-                _, pid = self._pid(topic, partition)
+                _, pid = self.data.local_partition(topic, partition)
                 off = self.store.log_start(pid) if which == m.EARLIEST else self.store.synced_end(pid)
                 out.append([topic, partition, 0, off, None])
             except MeshError as exc:
                 out.append([topic, partition, int(exc.code), -1, exc.leader])
         self._reply(ident, rid, m.ListOffsetsResponse(out))
 
-    # -- produce ------------------------------------------------------------------------
-    def on_produce(self, ident, rid, req: m.ProduceRequest, payload) -> None:
-        if req.acks not in (0, 1, -1):
-            raise MeshError(ErrorCode.INVALID_REQUEST, f"acks must be 0, 1 or -1 (all), not {req.acks}")
-        t, pid = self._pid(req.topic, req.partition)
-        if payload is None:
-            raise MeshError(ErrorCode.INVALID_REQUEST, "produce request has no record batch frame")
-        h = records.validate_batch(payload, t["config"]["max.message.bytes"])
-        dup = self.producers.check(pid, h)
-        if dup is not None:  # a retry of a batch we already have: answer as before
-            if req.acks != 0:
-                self._reply(ident, rid, m.ProduceResponse(0, base_offset=dup))
-            return
-        try:
-            base, end = self.store.stage_append(pid, payload, 0, h.record_count)
-        except LogError as exc:  # the turn is doomed; _commit_turn fails its other requests
-            raise MeshError(ErrorCode.STORAGE_ERROR, str(exc))
-        self.producers.stage(pid, h, base)
-        self._staged.append(_Staged(ident, rid, req.acks, pid, base))
+    def on_produce(self, ident, rid, req, payload) -> None:
+        self.data.on_produce(ident, rid, req, payload)
 
-    def _commit_turn(self) -> None:
-        staged, self._staged = self._staged, []
-        try:
-            self.store.commit()
-        except (StorageFull, LogError) as exc:
-            self.producers.rollback()
-            log.error("group commit failed, %d produce requests refused: %s", len(staged), exc)
-            for s in staged:
-                if s.acks != 0:
-                    self._reply(s.ident, s.rid, m.ProduceResponse(int(ErrorCode.STORAGE_ERROR), str(exc)))
-            return
-        self.producers.committed()
-        for s in staged:
-            self._grown.add(s.pid)
-            if s.acks != 0:
-                self._reply(s.ident, s.rid, m.ProduceResponse(0, base_offset=s.base,
-                                                              log_start=self.store.log_start(s.pid)))
-
-    # -- fetch --------------------------------------------------------------------------
-    def on_fetch(self, ident, rid, req: m.FetchRequest, payload) -> None:
-        if not req.parts or len(req.parts) > MAX_PARTITIONS:
-            raise MeshError(ErrorCode.INVALID_REQUEST, f"fetch needs 1..{MAX_PARTITIONS} partitions")
-        pids = []
-        for part in req.parts:
-            if not (isinstance(part, list) and len(part) == 4):
-                raise MeshError(ErrorCode.INVALID_REQUEST, "each fetch part is [topic, partition, offset, max_bytes]")
-            try:
-                pids.append(self._pid(part[0], part[1])[1])
-            except MeshError:
-                pass
-        w = _Waiter(ident, rid, req, time.monotonic() + max(0, req.max_wait_ms) / 1000, tuple(pids))
-        if not self._answer_fetch(w, force=req.max_wait_ms <= 0):
-            for pid in pids:
-                self._waiters.setdefault(pid, []).append(w)
-            heapq.heappush(self._deadlines, w)
-
-    def _answer_fetch(self, w: _Waiter, force: bool) -> bool:
-        """Answer ``w`` if it has min_bytes (or an error), or if ``force``. True if answered."""
-        req = w.req
-        parts, chunks = [], []
-        total, has_error = 0, False
-        for topic, partition, offset, part_max in req.parts:
-            try:
-                _, pid = self._pid(topic, partition)
-                start, hw = self.store.log_start(pid), self.store.synced_end(pid)
-                if not isinstance(offset, int) or offset < start or offset > hw:
-                    raise MeshError(ErrorCode.OFFSET_OUT_OF_RANGE,
-                                    f"offset {offset} is outside [{start}, {hw}] of {topic}/{partition}")
-                got = []
-                if offset < hw and total < req.max_bytes:
-                    got = self.store.read(pid, offset, min(int(part_max), req.max_bytes - total), hw)
-                n = sum(len(c) for c in got)
-                chunks.extend(got)
-                total += n
-                parts.append([topic, partition, 0, hw, start, n, None])
-            except CorruptBatch as exc:
-                log.error("%s", exc)
-                has_error = True
-                parts.append([topic, partition, int(ErrorCode.CORRUPT_MESSAGE), -1, -1, 0, None])
-            except MeshError as exc:
-                has_error = True
-                start = hw = -1
-                if exc.code == ErrorCode.OFFSET_OUT_OF_RANGE:
-                    start, hw = self.store.log_start(pid), self.store.synced_end(pid)
-                parts.append([topic, partition, int(exc.code), hw, start, 0, exc.leader])
-        if not (force or has_error or total >= max(1, req.min_bytes)):
-            return False
-        w.done = True
-        self._reply(w.ident, w.rid, m.FetchResponse(parts), b"".join(chunks))
-        return True
-
-    def _wake(self, pids: set[int]) -> None:
-        for pid in pids:
-            waiters = self._waiters.pop(pid, None)
-            if not waiters:
-                continue
-            for w in waiters:
-                if not w.done and not self._answer_fetch(w, force=False):
-                    self._waiters.setdefault(pid, []).append(w)
-        # forget answered waiters still registered under other partitions
-        for pid in list(self._waiters):
-            ws = [w for w in self._waiters[pid] if not w.done]
-            if ws:
-                self._waiters[pid] = ws
-            else:
-                del self._waiters[pid]
-
-    # -- retention ----------------------------------------------------------------------
-    def _enforce_retention(self) -> None:
-        now_ms = int(time.time() * 1000)
-        try:
-            for t in self.topics.values():
-                c = t["config"]
-                for pid in t["pids"]:
-                    self.store.stage_retention(pid, now_ms, c["retention.ms"], c["retention.bytes"])
-            self.store.commit()
-        except LogError as exc:
-            log.error("retention pass failed: %s", exc)
+    def on_fetch(self, ident, rid, req, payload) -> None:
+        self.data.on_fetch(ident, rid, req, payload)
 
     _handlers = {
         m.ProduceRequest: on_produce,

@@ -72,6 +72,14 @@ class StoreBase:
         self._pid_cache[name] = pid
         return pid
 
+    def partitions(self) -> list[tuple[str, int, int]]:
+        """Every registered (topic key, partition, pid)."""
+        out = []
+        for k, v in self.items("meta", b"pid:"):
+            name, _, part = k[4:].rpartition(b"\x00")
+            out.append((name.decode(), int(part), int(v)))
+        return out
+
     def forget_partition(self, topic: str, partition: int) -> None:
         """Delete a partition's batches and its id (topic deletion)."""
         pid = self.partition_id(topic, partition, create=False)

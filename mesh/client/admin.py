@@ -1,6 +1,8 @@
 """Admin: topics and cluster metadata, synchronous, in the caller's thread."""
 from __future__ import annotations
 
+import time
+
 from mesh.client.cluster import ClusterView
 from mesh.client.transport import Transport
 from mesh.errors import ErrorCode, MeshError
@@ -30,12 +32,30 @@ class Admin:
         raise MeshError(ErrorCode.BROKER_UNAVAILABLE, f"no broker answered: {last}")
 
     def create_topic(self, name: str, partitions: int = 1, replication_factor: int = 1,
-                     config: dict | None = None) -> None:
+                     config: dict | None = None, wait_s: float = 10.0) -> None:
+        """Create a topic through any broker; then wait (up to ``wait_s``) until every live
+        broker knows it, so the next producer or consumer finds it wherever it asks."""
         self._call(CreateTopicRequest(name, partitions, replication_factor,
                                       {k: str(v) for k, v in (config or {}).items()}))
+        self._wait_everywhere(lambda topics: name in topics, wait_s)
 
-    def delete_topic(self, name: str) -> None:
+    def delete_topic(self, name: str, wait_s: float = 10.0) -> None:
         self._call(DeleteTopicRequest(name))
+        self._wait_everywhere(lambda topics: name not in topics, wait_s)
+
+    def _wait_everywhere(self, ok, wait_s: float) -> None:
+        deadline = time.monotonic() + wait_s
+        pending = [b["address"] for b in self.metadata([]).brokers if b.get("status") == "alive"]
+        while pending and time.monotonic() < deadline:
+            addr = pending[0]
+            try:
+                resp, _ = self.transport.call(addr, MetadataRequest(None), timeout_ms=1000)
+                if ok({t["name"] for t in resp.topics if not t.get("error")}):
+                    pending.pop(0)
+                    continue
+            except MeshError:
+                self.transport.forget(addr)
+            time.sleep(0.02)  # a gossip round is 200 ms: poll a few times per round
 
     def metadata(self, topics: list[str] | None = None):
         return self._call(MetadataRequest(topics))

@@ -207,6 +207,7 @@ class Producer:
             if b is None:
                 b = self._open[tp] = _Batch(topic, partition, time.monotonic(), self.delivery_s)
                 self._unfinished.add(b)
+                self._wake()  # so the I/O thread starts this batch's linger clock
             idx = len(b.values)
             b.values.append(value)
             b.timestamps.append(ts)

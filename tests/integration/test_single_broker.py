@@ -70,13 +70,14 @@ def test_keys_land_where_kafka_puts_them(broker):
 
 
 def test_headers_timestamps_and_bulk_send(broker):
+    now_ms = int(time.time() * 1000) - 5000
     with Admin(broker.address) as a:
         a.create_topic("hdrs", partitions=1)
     with Producer(broker.address) as p:
-        p.send("hdrs", b"one", key=b"k", headers=[("trace", b"abc")], timestamp_ms=1234).get(10)
+        p.send("hdrs", b"one", key=b"k", headers=[("trace", b"abc")], timestamp_ms=now_ms).get(10)
         assert p.send_batch("hdrs", [b"b1", b"b2", b"b3"], partition=0).result(10) == 1
     recs = consume_all(broker.address, "hdrs", 4)[0]
-    assert recs[0].headers == (("trace", b"abc"),) and recs[0].timestamp == 1234 and recs[0].key == b"k"
+    assert recs[0].headers == (("trace", b"abc"),) and recs[0].timestamp == now_ms and recs[0].key == b"k"
     assert [r.value for r in recs[1:]] == [b"b1", b"b2", b"b3"] and [r.offset for r in recs] == [0, 1, 2, 3]
 
 
@@ -193,7 +194,7 @@ def test_malformed_requests_get_errors_and_the_broker_keeps_serving(broker, raw)
 @settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
 @given(frames=st.lists(st.binary(max_size=200), min_size=1, max_size=6),
        op=st.sampled_from([b"PRODUCE", b"FETCH", b"METADATA", b"CREATE_TOPIC", b"DELETE_TOPIC", b"LIST_OFFSETS"]),
-       body=st.recursive(st.one_of(st.none(), st.integers(), st.text(max_size=10), st.binary(max_size=10)),
+       body=st.recursive(st.one_of(st.none(), st.integers(-2**63, 2**64 - 1), st.text(max_size=10), st.binary(max_size=10)),
                          lambda c: st.lists(c, max_size=5), max_leaves=10))
 def test_fuzzed_requests_never_hurt_the_broker(broker, raw, frames, op, body):
     raw.send_multipart(frames)

@@ -1,0 +1,220 @@
+"""The data path of a node: produce (staged, group-committed), fetch (long poll), retention.
+
+Produce: validate the batch in O(1) records (header, size, CRC), check the idempotent
+producer's sequence, stage the append in the turn's LMDB transaction. ``commit_turn``
+syncs the whole turn once and answers every staged request; a failed commit refuses them
+all with STORAGE_ERROR and leaves the store as it was.
+
+Fetch: answered from committed data below the readable end (the high watermark) or
+parked until data arrives or ``max_wait_ms`` passes. ``wake(pids)`` re-tries parked
+fetches of partitions that grew.
+"""
+from __future__ import annotations
+
+import heapq
+import logging
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+from mesh import messages as m
+from mesh import records
+from mesh.errors import ErrorCode, MeshError
+from mesh.producer_state import ProducerStates
+from mesh.topics import MAX_PARTITIONS
+from storage.base import CorruptBatch, LogError, StorageFull
+
+__all__ = ["DataPath"]
+
+log = logging.getLogger("mesh.datapath")
+
+
+@dataclass
+class _Staged:
+    ident: bytes
+    rid: int
+    acks: int
+    pid: int
+    base: int
+
+
+@dataclass
+class _Waiter:
+    ident: bytes
+    rid: int
+    req: m.FetchRequest
+    deadline: float
+    pids: tuple
+    done: bool = False
+
+    def __lt__(self, other):  # heap order
+        return self.deadline < other.deadline
+
+
+class DataPath:
+    def __init__(self, store, catalog, reply: Callable, leader_of: Callable):
+        """``leader_of(topic dict, partition) -> (address or None)`` names the leader of a
+        partition this node does not serve."""
+        self.store = store
+        self.catalog = catalog
+        self.reply = reply
+        self.leader_of = leader_of
+        self.producers = ProducerStates(store)
+        self._staged: list[_Staged] = []
+        self._waiters: dict[int, list[_Waiter]] = {}
+        self._deadlines: list[_Waiter] = []
+        self._grown: set[int] = set()
+
+    # -- helpers ------------------------------------------------------------------------
+    def local_partition(self, topic: str, partition: int) -> tuple[dict, int]:
+        """(topic, pid) of a partition this node leads; NOT_LEADER with a hint otherwise."""
+        t, pid = self.catalog.partition(topic, partition)
+        if pid is None:
+            addr = self.leader_of(t, partition)
+            if addr is None:
+                raise MeshError(ErrorCode.LEADER_NOT_AVAILABLE, f"{topic}/{partition} has no live leader")
+            raise MeshError(ErrorCode.NOT_LEADER, f"{topic}/{partition} is led by {addr}", leader=addr)
+        return t, pid
+
+    def next_deadline(self) -> float | None:
+        return self._deadlines[0].deadline if self._deadlines else None
+
+    # -- produce ------------------------------------------------------------------------
+    def on_produce(self, ident, rid, req: m.ProduceRequest, payload) -> None:
+        if req.acks not in (0, 1, -1):
+            raise MeshError(ErrorCode.INVALID_REQUEST, f"acks must be 0, 1 or -1 (all), not {req.acks}")
+        t, pid = self.local_partition(req.topic, req.partition)
+        if payload is None:
+            raise MeshError(ErrorCode.INVALID_REQUEST, "produce request has no record batch frame")
+        h = records.validate_batch(payload, t["config"]["max.message.bytes"])
+        dup = self.producers.check(pid, h)
+        if dup is not None:  # a retry of a batch we already have: answer as before
+            if req.acks != 0:
+                self.reply(ident, rid, m.ProduceResponse(0, base_offset=dup))
+            return
+        try:
+            base, _ = self.store.stage_append(pid, payload, 0, h.record_count)
+        except LogError as exc:  # the turn is doomed; commit_turn fails its other requests
+            raise MeshError(ErrorCode.STORAGE_ERROR, str(exc))
+        self.producers.stage(pid, h, base)
+        self._staged.append(_Staged(ident, rid, req.acks, pid, base))
+
+    def commit_turn(self) -> bool:
+        """Commit the turn (one sync) and answer its produce requests. False if it failed."""
+        staged, self._staged = self._staged, []
+        try:
+            self.store.commit()
+        except (StorageFull, LogError) as exc:
+            self.producers.rollback()
+            log.error("group commit failed, %d produce requests refused: %s", len(staged), exc)
+            for s in staged:
+                if s.acks != 0:
+                    self.reply(s.ident, s.rid, m.ProduceResponse(int(ErrorCode.STORAGE_ERROR), str(exc)))
+            return False
+        self.producers.committed()
+        for s in staged:
+            self._grown.add(s.pid)
+            if s.acks != 0:
+                self.reply(s.ident, s.rid, m.ProduceResponse(0, base_offset=s.base,
+                                                             log_start=self.store.log_start(s.pid)))
+        return True
+
+    # -- fetch --------------------------------------------------------------------------
+    def on_fetch(self, ident, rid, req: m.FetchRequest, payload) -> None:
+        if not req.parts or len(req.parts) > MAX_PARTITIONS:
+            raise MeshError(ErrorCode.INVALID_REQUEST, f"fetch needs 1..{MAX_PARTITIONS} partitions")
+        pids = []
+        for part in req.parts:
+            if not (isinstance(part, list) and len(part) == 4):
+                raise MeshError(ErrorCode.INVALID_REQUEST, "each fetch part is [topic, partition, offset, max_bytes]")
+            try:
+                pids.append(self.local_partition(part[0], part[1])[1])
+            except MeshError:
+                pass
+        w = _Waiter(ident, rid, req, time.monotonic() + max(0, req.max_wait_ms) / 1000, tuple(pids))
+        if not self._answer_fetch(w, force=req.max_wait_ms <= 0):
+            for pid in pids:
+                self._waiters.setdefault(pid, []).append(w)
+            heapq.heappush(self._deadlines, w)
+
+    def _answer_fetch(self, w: _Waiter, force: bool) -> bool:
+        """Answer ``w`` if it has min_bytes (or an error), or if ``force``. True if answered."""
+        req = w.req
+        parts, chunks = [], []
+        total, has_error = 0, False
+        for topic, partition, offset, part_max in req.parts:
+            pid = None
+            try:
+                _, pid = self.local_partition(topic, partition)
+                start, hw = self.store.log_start(pid), self.store.synced_end(pid)
+                if not isinstance(offset, int) or offset < start or offset > hw:
+                    raise MeshError(ErrorCode.OFFSET_OUT_OF_RANGE,
+                                    f"offset {offset} is outside [{start}, {hw}] of {topic}/{partition}")
+                got = []
+                if offset < hw and total < req.max_bytes:
+                    got = self.store.read(pid, offset, min(int(part_max), req.max_bytes - total), hw)
+                n = sum(len(c) for c in got)
+                chunks.extend(got)
+                total += n
+                parts.append([topic, partition, 0, hw, start, n, None])
+            except CorruptBatch as exc:
+                log.error("%s", exc)
+                has_error = True
+                parts.append([topic, partition, int(ErrorCode.CORRUPT_MESSAGE), -1, -1, 0, None])
+            except MeshError as exc:
+                has_error = True
+                start = hw = -1
+                if exc.code == ErrorCode.OFFSET_OUT_OF_RANGE and pid is not None:
+                    start, hw = self.store.log_start(pid), self.store.synced_end(pid)
+                parts.append([topic, partition, int(exc.code), hw, start, 0, exc.leader])
+        if not (force or has_error or total >= max(1, req.min_bytes)):
+            return False
+        w.done = True
+        self.reply(w.ident, w.rid, m.FetchResponse(parts), b"".join(chunks))
+        return True
+
+    def grown(self, pids) -> None:
+        self._grown.update(pids)
+
+    def after_turn(self) -> None:
+        if self._grown:
+            grown, self._grown = self._grown, set()
+            self._wake(grown)
+        now = time.monotonic()
+        while self._deadlines and self._deadlines[0].deadline <= now:
+            w = heapq.heappop(self._deadlines)
+            if not w.done:
+                self._answer_fetch(w, force=True)
+
+    def _wake(self, pids: set[int]) -> None:
+        for pid in pids:
+            waiters = self._waiters.pop(pid, None)
+            if not waiters:
+                continue
+            for w in waiters:
+                if not w.done and not self._answer_fetch(w, force=False):
+                    self._waiters.setdefault(pid, []).append(w)
+        for pid in list(self._waiters):  # forget answered waiters still listed elsewhere
+            ws = [w for w in self._waiters[pid] if not w.done]
+            if ws:
+                self._waiters[pid] = ws
+            else:
+                del self._waiters[pid]
+
+    def forget(self, pids: set[int]) -> None:
+        """Partitions that left this node: parked fetches learn it now."""
+        for pid in pids:
+            self.producers.forget_partition(pid)
+        self._wake(pids)
+
+    # -- retention ----------------------------------------------------------------------
+    def enforce_retention(self, now_ms: int) -> None:
+        try:
+            for t in self.catalog.topics.values():
+                c = t["config"]
+                for pid in t["pids"]:
+                    if pid is not None:
+                        self.store.stage_retention(pid, now_ms, c["retention.ms"], c["retention.bytes"])
+            self.store.commit()
+        except LogError as exc:
+            log.error("retention pass failed: %s", exc)

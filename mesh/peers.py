@@ -1,0 +1,76 @@
+"""Links to other brokers: one DEALER per peer address, one-way messages.
+
+Peers never answer on the connection a message came in on: every peer message is a
+one-way send from the sender's DEALER to the receiver's ROUTER, and an answer is another
+one-way send back. The DEALER's routing id is ``b"peer:" + own address``, so the receiving
+ROUTER knows the sender's address from the identity frame (``sender_address``). The ROUTER
+sets ROUTER_HANDOVER so a restarted peer takes its identity back at once.
+
+Sends never block: a message to a peer that is not connected (IMMEDIATE) or whose queue is
+full is dropped and counted. Gossip and replication both retransmit, so a drop is a delay,
+never a loss of anything acknowledged.
+"""
+from __future__ import annotations
+
+import logging
+
+import zmq
+
+from mesh.wire import PROTOCOL_PEER, pack
+
+__all__ = ["PeerLinks", "sender_address", "PEER_PREFIX"]
+
+log = logging.getLogger("mesh.peers")
+PEER_PREFIX = b"peer:"
+
+
+def sender_address(identity: bytes) -> str | None:
+    if identity.startswith(PEER_PREFIX):
+        return identity[len(PEER_PREFIX):].decode(errors="replace")
+    return None
+
+
+class PeerLinks:
+    def __init__(self, ctx: zmq.Context, own_address: str, hwm_messages: int = 10_000):
+        self.ctx = ctx
+        self.identity = PEER_PREFIX + own_address.encode()
+        self.hwm = hwm_messages
+        self._socks: dict[str, zmq.Socket] = {}
+        self.dropped = 0
+        self.sent = 0
+        self.bytes_sent = 0
+
+    def _sock(self, addr: str) -> zmq.Socket:
+        s = self._socks.get(addr)
+        if s is None:
+            s = self.ctx.socket(zmq.DEALER)
+            s.setsockopt(zmq.ROUTING_ID, self.identity)
+            s.setsockopt(zmq.LINGER, 0)
+            s.setsockopt(zmq.SNDHWM, self.hwm)
+            s.setsockopt(zmq.RCVHWM, 1)  # peers never answer on this socket
+            s.setsockopt(zmq.IMMEDIATE, 1)
+            s.setsockopt(zmq.RECONNECT_IVL, 100)
+            s.setsockopt(zmq.RECONNECT_IVL_MAX, 2000)
+            s.connect(f"tcp://{addr}")
+            self._socks[addr] = s
+        return s
+
+    def send(self, addr: str, msg, payload: bytes | None = None) -> bool:
+        frames = pack(PROTOCOL_PEER, 0, msg, payload)
+        try:
+            self._sock(addr).send_multipart(frames, zmq.NOBLOCK, copy=payload is None or len(payload) < 65536)
+        except zmq.Again:
+            self.dropped += 1
+            return False
+        except zmq.ZMQError as exc:
+            log.debug("send to %s failed: %s", addr, exc)
+            self.dropped += 1
+            return False
+        self.sent += 1
+        self.bytes_sent += sum(len(f) for f in frames)
+        return True
+
+    def flush_and_close(self, linger_ms: int = 300) -> None:
+        for s in self._socks.values():
+            s.close(linger=linger_ms)
+        self._socks.clear()
