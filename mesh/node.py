@@ -59,6 +59,10 @@ class NodeConfig:
     tick_ms: int = 50
     retention_check_ms: int = 5_000
     gossip_interval_ms: int = 200
+    # phi 4 after ~9.2 mean gaps between heartbeat news (~3.2 s with 5 nodes at 200 ms),
+    # then 1 s of suspicion: a killed node is declared dead in about 4.2 s
+    phi_threshold: float = 4.0
+    dead_after_ms: int = 1_000
     stats_every_ms: int = 1_000
     map_size_bytes: int = 64 << 30
     sync: bool = True
@@ -86,7 +90,8 @@ class Node:
         seeds = [s for s in config.seeds if s != self.address]
         self.gossip = Gossip(config.node_id, self.address, gen, seeds,
                              random.Random(int.from_bytes(os.urandom(8), "big")),
-                             GossipConfig(interval_ms=config.gossip_interval_ms), _now_ms(),
+                             GossipConfig(interval_ms=config.gossip_interval_ms, dead_after_ms=config.dead_after_ms,
+                                          phi_threshold=config.phi_threshold), _now_ms(),
                              snapshot=snapshot)
         self.gossip.set_local("member", {"address": self.address, "text_port": config.text_port})
         self.catalog = Catalog(config.node_id, self.gossip, self.store)
@@ -317,10 +322,12 @@ class Node:
         stats: dict[str, dict] = {}
         for mem in members:
             age = None if mem.last_heard_ms is None else now - mem.last_heard_ms
+            entry = {"id": mem.node_id, "address": mem.address, "status": mem.status,
+                     "generation": mem.generation, "heartbeat_age_ms": age}
             if mem.node_id == self.node_id:
-                age = 0
-            brokers.append({"id": mem.node_id, "address": mem.address, "status": mem.status,
-                            "generation": mem.generation, "heartbeat_age_ms": age})
+                entry.update(heartbeat_age_ms=0, peer_messages_sent=self.peers.sent,
+                             peer_bytes_sent=self.peers.bytes_sent, peer_messages_dropped=self.peers.dropped)
+            brokers.append(entry)
             stats[mem.node_id] = self.gossip.node_items(mem.node_id, "stats").get("stats") or {}
         names = sorted(self.catalog.topics) if req.topics is None else list(req.topics)
         topics = []

@@ -1,0 +1,93 @@
+"""Gossip on a real cluster of this machine: detection time, join time, idle traffic.
+
+    python -m bench.gossip_cluster [--nodes 5] [--kills 10] [--topics 100]
+
+Starts N brokers on 127.0.0.1 (node i seeds from node 1, 200 ms gossip interval), then:
+  1. idle traffic: creates --topics topics, waits for the cluster to settle, and measures
+     peer bytes sent per node per second over 10 s;
+  2. join: starts one more node seeded from node 2 and times until every node lists it alive;
+  3. detection: --kills times, kill -9 a random non-seed node and time until every other
+     node reports it dead (then restart it and wait until it is alive again).
+"""
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+from mesh.client import Admin
+from tests.harness import BrokerProcess, Cluster, wait_until
+
+
+def brokers(addr):
+    with Admin(addr, request_timeout_ms=1000) as a:
+        return {b["id"]: b for b in a.metadata([]).brokers}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--nodes", type=int, default=5)
+    ap.add_argument("--kills", type=int, default=10)
+    ap.add_argument("--topics", type=int, default=100)
+    args = ap.parse_args()
+    tmp = Path(tempfile.mkdtemp(prefix="mesh-gossip-"))
+    c = Cluster(tmp, args.nodes).start()
+    nodes = c.brokers
+    try:
+        for b in nodes:
+            wait_until(lambda: sum(x["status"] == "alive" for x in brokers(b.address).values()) == args.nodes,
+                       30, "cluster to form")
+        with Admin(nodes[0].address) as a:
+            for i in range(args.topics):
+                a.create_topic(f"idle-{i:03d}", partitions=3, wait_s=0)
+            a._wait_everywhere(lambda ts: len(ts) >= args.topics, 30)
+        time.sleep(3)  # let the last deltas and stats settle before measuring idle traffic
+        before = {b.node_id: brokers(b.address)[b.node_id]["peer_bytes_sent"] for b in nodes}
+        t0 = time.monotonic()
+        time.sleep(10)
+        dt = time.monotonic() - t0
+        rates = [(brokers(b.address)[b.node_id]["peer_bytes_sent"] - before[b.node_id]) / dt for b in nodes]
+        print(f"idle gossip traffic, {args.nodes} nodes, {args.topics} topics: "
+              f"mean {statistics.mean(rates) / 1000:.2f} KB/s per node, max {max(rates) / 1000:.2f} KB/s")
+
+        joiner = BrokerProcess("join", str(tmp / "join"), seeds=[nodes[1].address])
+        t0 = time.monotonic()
+        joiner.start(wait=False)
+        for b in nodes:
+            wait_until(lambda: brokers(b.address).get("join", {}).get("status") == "alive", 30, "join listed",
+                       interval_s=0.01)
+        print(f"join: listed alive by all {args.nodes} nodes after {time.monotonic() - t0:.2f} s "
+              f"(including process start)")
+        joiner.kill()
+        for b in nodes:
+            wait_until(lambda: brokers(b.address)["join"]["status"] == "dead", 30, "joiner dead")
+
+        times = []
+        rng = random.Random(1)
+        for k in range(args.kills):
+            victim = rng.choice(nodes[1:])
+            others = [b for b in nodes if b is not victim]
+            t0 = time.monotonic()
+            victim.kill()
+            pending = set(b.node_id for b in others)
+            while pending:
+                for b in others:
+                    if b.node_id in pending and brokers(b.address)[victim.node_id]["status"] == "dead":
+                        pending.discard(b.node_id)
+                time.sleep(0.02)
+            times.append(time.monotonic() - t0)
+            print(f"kill {k + 1}: {victim.node_id} declared dead by all others after {times[-1]:.2f} s")
+            victim.start()
+            for b in nodes:
+                wait_until(lambda: brokers(b.address)[victim.node_id]["status"] == "alive", 30, "victim back")
+        print(f"detection over {len(times)} kills: p50 {statistics.median(times):.2f} s, max {max(times):.2f} s")
+    finally:
+        for b in nodes:
+            b.kill()
+
+
+if __name__ == "__main__":
+    main()
