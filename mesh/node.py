@@ -112,6 +112,19 @@ class Node:
         self._next_stats_ms = 0
         self._last_stats: dict = {}
         self._isolated_logged = False
+        # consumer groups (mesh/group_service.py) and the telnet text gateway (mesh/text.py)
+        # plug in here; each owns its own module and is driven by the hooks below
+        self.groups = None
+        self.text = None
+        try:
+            from mesh.group_service import GroupService
+        except ImportError:
+            GroupService = None
+        if GroupService is not None:
+            self.groups = GroupService(self)
+        if config.text_port is not None:
+            from mesh.text import TextGateway
+            self.text = TextGateway(self, config.text_port)
         self._reconcile()
 
     # -- lifecycle ----------------------------------------------------------------------
@@ -128,6 +141,8 @@ class Node:
                  self.generation, self.address, self.cfg.data_dir, ",".join(self.cfg.seeds) or "none")
         poller = zmq.Poller()
         poller.register(self.router, zmq.POLLIN)
+        if self.text is not None and self.text.socket is not None:
+            poller.register(self.text.socket, zmq.POLLIN)
         try:
             while self._running:
                 try:
@@ -136,6 +151,8 @@ class Node:
                     continue
                 if self.router in events:
                     self._drain()
+                if self.text is not None and self.text.socket is not None and self.text.socket in events:
+                    self.text.on_readable()
                 self._after_turn()
             self._send(self.gossip.leave(_now_ms()))  # graceful: peers see LEFT at once
             log.info("node %s leaving the cluster", self.node_id)
@@ -143,6 +160,8 @@ class Node:
             self.close()
 
     def close(self) -> None:
+        if self.text is not None:
+            self.text.close()
         try:
             self._persist_snapshot()
             self.store.commit()
@@ -187,6 +206,8 @@ class Node:
         if isolated and not self._isolated_logged and self.cfg.seeds:
             log.warning("no live peer known: retrying seeds %s with backoff", ",".join(self.cfg.seeds))
         self._isolated_logged = isolated
+        if self.groups is not None:
+            self.groups.tick(now_ms)
         self.data.after_turn()
         now = time.monotonic()
         if now >= self._next_retention:
@@ -203,6 +224,8 @@ class Node:
             self.data.forget(removed)
         for pid in added:
             log.info("now hosting %s/%d", *self.catalog.local[pid])
+        if self.groups is not None:
+            self.groups.on_cluster_change(_now_ms())
 
     def _persist_snapshot(self) -> None:
         """Stage the gossip state into the turn's transaction, so a restart comes back
@@ -235,9 +258,12 @@ class Node:
                 rid = int.from_bytes(frames[2], "big")
             protocol, rid, msg, payload = unpack(frames[1:])
             handler = self._handlers.get(type(msg))
-            if handler is None:
+            if handler is not None:
+                handler(self, ident, rid, msg, payload)
+            elif self.groups is not None and self.groups.handles(msg):
+                self.groups.handle(ident, rid, msg)
+            else:
                 raise MeshError(ErrorCode.INVALID_REQUEST, f"{type(msg).__name__} is not a request")
-            handler(self, ident, rid, msg, payload)
         except MeshError as exc:
             self._error(ident, rid, exc.code, exc.message, exc.leader)
         except Exception as exc:  # a bug or an input we did not foresee: answer, keep serving
