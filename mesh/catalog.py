@@ -19,10 +19,17 @@ from mesh.errors import ErrorCode, MeshError
 from mesh.placement import place_replicas
 from mesh.topics import MAX_PARTITIONS, normalize_config, validate_topic_name
 
-__all__ = ["Catalog", "TOPIC_PREFIX"]
+__all__ = ["Catalog", "TOPIC_PREFIX", "cluster_pid"]
 
 log = logging.getLogger("mesh.catalog")
 TOPIC_PREFIX = "topic/"
+
+
+def cluster_pid(topic_uuid: str, partition: int) -> int:
+    """The cluster-wide id of a partition: 48 bits of the topic's uuid, 14 of the partition
+    number. Replication messages name partitions by it, and each broker stores the
+    partition's log under it."""
+    return (int(topic_uuid[:12], 16) << 14) | partition
 
 
 class Catalog:
@@ -32,6 +39,10 @@ class Catalog:
         self.store = store
         self.topics: dict[str, dict] = {}
         self.local: dict[int, tuple[str, int]] = {}   # pid -> (topic name, partition)
+
+    def replicas_of(self, pid: int) -> list[str]:
+        name, p = self.local[pid]
+        return self.topics[name]["replicas"][p]
 
     # -- topics -------------------------------------------------------------------------
     def reconcile(self) -> tuple[set[int], set[int]]:
@@ -59,7 +70,7 @@ class Catalog:
         self.store.commit()
         local: dict[int, tuple[str, int]] = {}
         for (tkey, p), (name, _) in wanted.items():
-            pid = self.store.partition_id(tkey, p)
+            pid = self.store.partition_id(tkey, p, pid=cluster_pid(topics[name]["uuid"], p))
             topics[name]["pids"][p] = pid
             local[pid] = (name, p)
         self.topics = topics
@@ -96,13 +107,11 @@ class Catalog:
         t = {"name": name, "uuid": uuidlib.uuid4().hex[:16], "partitions": partitions,
              "replication_factor": replication_factor, "config": cfg, "replicas": replicas}
         self.gossip.put_cluster(TOPIC_PREFIX + name, t)
-        self.reconcile()
         return t
 
     def delete(self, name: str) -> dict:
         t = self.topic(name)
         self.gossip.delete_cluster(TOPIC_PREFIX + name)
-        self.reconcile()
         return t
 
     def leader_load(self) -> dict[str, int]:

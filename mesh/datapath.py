@@ -1,13 +1,16 @@
 """The data path of a node: produce (staged, group-committed), fetch (long poll), retention.
 
-Produce: validate the batch in O(1) records (header, size, CRC), check the idempotent
-producer's sequence, stage the append in the turn's LMDB transaction. ``commit_turn``
-syncs the whole turn once and answers every staged request; a failed commit refuses them
-all with STORAGE_ERROR and leaves the store as it was.
+Produce (on the partition's leader): validate the batch in O(1) records (header, size,
+CRC), check the idempotent producer's sequence, ask the replication core where it goes
+(``append_position``: NOT_LEADER / NOT_ENOUGH_REPLICAS otherwise), stage it in the turn's
+LMDB transaction and tell the core (``leader_append``). ``commit_turn`` syncs the whole
+turn once; then acks=1 requests are answered (the leader has it on disk) and acks=all
+requests wait in ``ReplicaHost`` until the commit offset (high watermark) passes them. A
+failed commit refuses the turn's requests with STORAGE_ERROR and leaves the store as it
+was.
 
-Fetch: answered from committed data below the readable end (the high watermark) or
-parked until data arrives or ``max_wait_ms`` passes. ``wake(pids)`` re-tries parked
-fetches of partitions that grew.
+Fetch: answered from data below the high watermark (what a quorum has synced), or parked
+until the high watermark moves or ``max_wait_ms`` passes.
 """
 from __future__ import annotations
 
@@ -36,6 +39,8 @@ class _Staged:
     acks: int
     pid: int
     base: int
+    end: int
+    timeout_ms: int
 
 
 @dataclass
@@ -52,14 +57,16 @@ class _Waiter:
 
 
 class DataPath:
-    def __init__(self, store, catalog, reply: Callable, leader_of: Callable):
+    def __init__(self, store, catalog, replicas, producers: ProducerStates, reply: Callable,
+                 leader_of: Callable):
         """``leader_of(topic dict, partition) -> (address or None)`` names the leader of a
-        partition this node does not serve."""
+        partition this node does not lead."""
         self.store = store
         self.catalog = catalog
+        self.replicas = replicas
         self.reply = reply
         self.leader_of = leader_of
-        self.producers = ProducerStates(store)
+        self.producers = producers
         self._staged: list[_Staged] = []
         self._waiters: dict[int, list[_Waiter]] = {}
         self._deadlines: list[_Waiter] = []
@@ -69,7 +76,7 @@ class DataPath:
     def local_partition(self, topic: str, partition: int) -> tuple[dict, int]:
         """(topic, pid) of a partition this node leads; NOT_LEADER with a hint otherwise."""
         t, pid = self.catalog.partition(topic, partition)
-        if pid is None:
+        if pid is None or not self.replicas.is_leader(pid):
             addr = self.leader_of(t, partition)
             if addr is None:
                 raise MeshError(ErrorCode.LEADER_NOT_AVAILABLE, f"{topic}/{partition} has no live leader")
@@ -89,15 +96,21 @@ class DataPath:
         h = records.validate_batch(payload, t["config"]["max.message.bytes"])
         dup = self.producers.check(pid, h)
         if dup is not None:  # a retry of a batch we already have: answer as before
-            if req.acks != 0:
+            end = dup + h.record_count
+            if req.acks == -1 and end > self.replicas.commit_offset(pid):
+                self.replicas.park_ack(pid, ident, rid, dup, end, req.timeout_ms)
+            elif req.acks != 0:
                 self.reply(ident, rid, m.ProduceResponse(0, base_offset=dup))
             return
+        base, epoch = self.replicas.append_position(pid)
         try:
-            base, _ = self.store.stage_append(pid, payload, 0, h.record_count)
+            staged_base, end = self.store.stage_append(pid, payload, epoch, h.record_count)
         except LogError as exc:  # the turn is doomed; commit_turn fails its other requests
             raise MeshError(ErrorCode.STORAGE_ERROR, str(exc))
+        assert staged_base == base, (pid, staged_base, base)
+        self.replicas.leader_append(pid, end, epoch)
         self.producers.stage(pid, h, base)
-        self._staged.append(_Staged(ident, rid, req.acks, pid, base))
+        self._staged.append(_Staged(ident, rid, req.acks, pid, base, end, req.timeout_ms))
 
     def commit_turn(self) -> bool:
         """Commit the turn (one sync) and answer its produce requests. False if it failed."""
@@ -106,6 +119,7 @@ class DataPath:
             self.store.commit()
         except (StorageFull, LogError) as exc:
             self.producers.rollback()
+            self.replicas.after_commit(False)
             log.error("group commit failed, %d produce requests refused: %s", len(staged), exc)
             for s in staged:
                 if s.acks != 0:
@@ -113,10 +127,12 @@ class DataPath:
             return False
         self.producers.committed()
         for s in staged:
-            self._grown.add(s.pid)
-            if s.acks != 0:
+            if s.acks == 1:
                 self.reply(s.ident, s.rid, m.ProduceResponse(0, base_offset=s.base,
                                                              log_start=self.store.log_start(s.pid)))
+            elif s.acks == -1:
+                self.replicas.park_ack(s.pid, s.ident, s.rid, s.base, s.end, s.timeout_ms)
+        self._grown.update(self.replicas.after_commit(True))
         return True
 
     # -- fetch --------------------------------------------------------------------------
@@ -146,8 +162,8 @@ class DataPath:
             pid = None
             try:
                 _, pid = self.local_partition(topic, partition)
-                start, hw = self.store.log_start(pid), self.store.synced_end(pid)
-                if not isinstance(offset, int) or offset < start or offset > hw:
+                start, hw = self.store.log_start(pid), self.replicas.commit_offset(pid)
+                if not isinstance(offset, int) or offset < start or offset > max(hw, self.store.log_end(pid)):
                     raise MeshError(ErrorCode.OFFSET_OUT_OF_RANGE,
                                     f"offset {offset} is outside [{start}, {hw}] of {topic}/{partition}")
                 got = []
@@ -165,7 +181,7 @@ class DataPath:
                 has_error = True
                 start = hw = -1
                 if exc.code == ErrorCode.OFFSET_OUT_OF_RANGE and pid is not None:
-                    start, hw = self.store.log_start(pid), self.store.synced_end(pid)
+                    start, hw = self.store.log_start(pid), self.replicas.commit_offset(pid)
                 parts.append([topic, partition, int(exc.code), hw, start, 0, exc.leader])
         if not (force or has_error or total >= max(1, req.min_bytes)):
             return False
@@ -180,6 +196,7 @@ class DataPath:
         if self._grown:
             grown, self._grown = self._grown, set()
             self._wake(grown)
+        self.replicas.expire()
         now = time.monotonic()
         while self._deadlines and self._deadlines[0].deadline <= now:
             w = heapq.heappop(self._deadlines)
@@ -213,8 +230,9 @@ class DataPath:
             for t in self.catalog.topics.values():
                 c = t["config"]
                 for pid in t["pids"]:
-                    if pid is not None:
-                        self.store.stage_retention(pid, now_ms, c["retention.ms"], c["retention.bytes"])
+                    if pid is not None and pid in self.replicas.hosted():
+                        self.store.stage_retention(pid, now_ms, c["retention.ms"], c["retention.bytes"],
+                                                   keep_from=self.replicas.commit_offset(pid))
             self.store.commit()
         except LogError as exc:
             log.error("retention pass failed: %s", exc)

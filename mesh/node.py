@@ -40,6 +40,8 @@ from mesh.datapath import DataPath
 from mesh.errors import ErrorCode, MeshError
 from mesh.gossip import Gossip, GossipAck, GossipAck2, GossipConfig, GossipSyn
 from mesh.peers import PeerLinks, sender_address
+from mesh.producer_state import ProducerStates
+from mesh.replicas import REPLICATION_MESSAGES, ReplicaHost
 from mesh.wire import PROTOCOL_CLIENT, PROTOCOL_PEER, pack, unpack
 from storage.base import LogError
 from storage.log import Store
@@ -95,7 +97,14 @@ class Node:
                              snapshot=snapshot)
         self.gossip.set_local("member", {"address": self.address, "text_port": config.text_port})
         self.catalog = Catalog(config.node_id, self.gossip, self.store)
-        self.data = DataPath(self.store, self.catalog, self._reply, self._leader_address)
+        self.producers = ProducerStates(self.store)
+        self.replicas = ReplicaHost(config.node_id, self.store, self.producers,
+                                    random.Random(int.from_bytes(os.urandom(8), "big")),
+                                    self._send_to_node, self._publish_leadership, tick_ms=config.tick_ms)
+        self.replicas.reply = self._reply
+        self.data = DataPath(self.store, self.catalog, self.replicas, self.producers, self._reply,
+                             self._leader_address)
+        self._node_of_address: dict[str, str] = {}
         self.ctx = zmq.Context.instance()
         self.router = self.ctx.socket(zmq.ROUTER)
         self.router.setsockopt(zmq.ROUTER_MANDATORY, 1)
@@ -189,16 +198,15 @@ class Node:
             except zmq.Again:
                 break
             self._handle(frames)
-        self.data.commit_turn()
 
     def _after_turn(self) -> None:
         now_ms = _now_ms()
         self._send(self.gossip.tick(now_ms))
+        self.replicas.tick_due()
         if self.gossip.version != self._seen_version:
             self._seen_version = self.gossip.version
             self._reconcile()
             self._persist_snapshot()
-            self.data.commit_turn()
         if now_ms >= self._next_stats_ms:
             self._next_stats_ms = now_ms + self.cfg.stats_every_ms
             self._publish_stats()
@@ -208,21 +216,49 @@ class Node:
         self._isolated_logged = isolated
         if self.groups is not None:
             self.groups.tick(now_ms)
-        self.data.after_turn()
         now = time.monotonic()
         if now >= self._next_retention:
             self._next_retention = now + self.cfg.retention_check_ms / 1000
             self.data.enforce_retention(int(time.time() * 1000))
+        self.data.commit_turn()  # the turn's one sync; then acks, replication sends, wake-ups
+        self.data.after_turn()
 
     def _send(self, effects) -> None:
         for e in effects:
             self.peers.send(e.dest, e.msg, e.payload)
 
+    def _send_to_node(self, node_id: str, msg, payload) -> None:
+        addr = self._address_of(node_id)
+        if addr is not None:
+            self.peers.send(addr, msg, payload or None)
+
+    def _publish_leadership(self, pid: int, leader: str | None, epoch: int) -> None:
+        """Leaders announce themselves in gossip (``lead/<topic>``: {partition: epoch}), so
+        any broker can redirect a client."""
+        where = self.catalog.local.get(pid)
+        if where is None:
+            return
+        name, _ = where
+        led = {}
+        t = self.catalog.topics.get(name)
+        for p, q in enumerate(t["pids"] if t else []):
+            if q is not None and self.replicas.is_leader(q):
+                led[str(p)] = self.replicas.leader(q)[1]
+        if led:
+            self.gossip.set_local("lead/" + name, led)
+        elif self.gossip.node_items(self.node_id, "lead/" + name):
+            self.gossip.delete_local("lead/" + name)
+        if leader is not None:
+            log.info("%s/%d: leader %s, epoch %d", name, where[1], leader, epoch)
+
     def _reconcile(self) -> None:
         added, removed = self.catalog.reconcile()
+        for pid in removed:
+            self.replicas.remove(pid)
         if removed:
             self.data.forget(removed)
-        for pid in added:
+        for pid in sorted(added):
+            self.replicas.add(pid, self.catalog.replicas_of(pid))
             log.info("now hosting %s/%d", *self.catalog.local[pid])
         if self.groups is not None:
             self.groups.on_cluster_change(_now_ms())
@@ -240,8 +276,9 @@ class Node:
         """Offsets of the partitions served here, so any broker can describe them."""
         stats = {}
         for pid, (name, p) in sorted(self.catalog.local.items()):
-            stats.setdefault(name, {})[str(p)] = [self.store.log_start(pid), self.store.log_end(pid),
-                                                  self.store.synced_end(pid)]
+            if self.replicas.is_leader(pid):
+                stats.setdefault(name, {})[str(p)] = [self.store.log_start(pid), self.store.log_end(pid),
+                                                      self.replicas.commit_offset(pid)]
         if stats != self._last_stats:
             self._last_stats = stats
             self.gossip.set_local("stats", stats)
@@ -278,6 +315,10 @@ class Node:
             _, _, msg, payload = unpack(frames[1:])
             if isinstance(msg, (GossipSyn, GossipAck, GossipAck2)):
                 self._send(self.gossip.receive(src, msg, _now_ms()))
+            elif isinstance(msg, REPLICATION_MESSAGES):
+                node = self._node_at(src)
+                if node is not None:  # not yet known through gossip: the sender will retry
+                    self.replicas.step(node, msg, payload)
             else:
                 raise MeshError(ErrorCode.INVALID_REQUEST, f"unexpected peer message {type(msg).__name__}")
         except Exception as exc:
@@ -312,18 +353,39 @@ class Node:
                 return mem.address
         return None
 
+    def _node_at(self, address: str) -> str | None:
+        node = self._node_of_address.get(address)
+        if node is None:
+            self._node_of_address = {mem.address: mem.node_id for mem in self.gossip.members(_now_ms())}
+            node = self._node_of_address.get(address)
+        return node
+
+    def _leader(self, t: dict, partition: int) -> tuple[str | None, int]:
+        """(leader node id or None, epoch): from the local replica if there is one, else
+        the highest-epoch claim gossiped by a live replica."""
+        pid = t["pids"][partition]
+        if pid is not None and pid in self.replicas.hosted():
+            leader, epoch = self.replicas.leader(pid)
+            if leader is not None:
+                return leader, epoch
+        best: tuple[str | None, int] = (None, -1)
+        live = set(self._live())
+        for node in t["replicas"][partition]:
+            if node in live and node != self.node_id:
+                epoch = self.gossip.node_items(node, "lead/" + t["name"]).get("lead/" + t["name"], {}).get(str(partition))
+                if epoch is not None and epoch > best[1]:
+                    best = (node, epoch)
+        return best
+
     def _leader_address(self, t: dict, partition: int) -> str | None:
-        """Replication factor 1: the one replica leads, if it is alive."""
-        leader = t["replicas"][partition][0]
-        return self._address_of(leader) if leader in self._live() else None
+        leader, _ = self._leader(t, partition)
+        return self._address_of(leader) if leader else None
 
     # -- admin and metadata -------------------------------------------------------------
     def on_create_topic(self, ident, rid, req: m.CreateTopicRequest, payload) -> None:
-        if req.replication_factor != 1:
-            raise MeshError(ErrorCode.INVALID_CONFIG,
-                            "replication factor above 1 needs partition replication, not yet available")
         self.data.commit_turn()  # admin changes never share a transaction with staged appends
         self.catalog.create(req.name, req.partitions, req.replication_factor, req.config, self._live())
+        self._reconcile()
         self._persist_snapshot()
         if not self.data.commit_turn():
             raise MeshError(ErrorCode.STORAGE_ERROR, "topic created but not persisted here (storage error)")
@@ -364,15 +426,17 @@ class Node:
                 continue
             parts = []
             for p, reps in enumerate(t["replicas"]):
-                leader = reps[0] if reps[0] in live else None
+                leader, epoch = self._leader(t, p)
                 pid = t["pids"][p]
-                if pid is not None:
-                    start, end, hw = self.store.log_start(pid), self.store.log_end(pid), self.store.synced_end(pid)
+                if pid is not None and leader == self.node_id:
+                    start, end, hw = self.store.log_start(pid), self.store.log_end(pid), self.replicas.commit_offset(pid)
+                    isr = self.replicas.isr(pid)
                 else:
-                    start, end, hw = (stats.get(reps[0], {}).get(name, {}).get(str(p)) or [-1, -1, -1])
+                    start, end, hw = (stats.get(leader, {}).get(name, {}).get(str(p)) or [-1, -1, -1])
+                    isr = [r for r in reps if r in live]
                 parts.append({"partition": p, "leader": leader,
                               "leader_address": self._address_of(leader) if leader else None,
-                              "epoch": 0, "replicas": reps, "isr": [r for r in reps if r in live],
+                              "epoch": max(epoch, 0), "replicas": reps, "isr": isr,
                               "log_start": start, "log_end": end, "high_watermark": hw})
             topics.append({"name": name, "error": 0, "config": t["config"],
                            "replication_factor": t["replication_factor"], "partitions": parts})
@@ -383,7 +447,7 @@ class Node:
         for topic, partition, which in req.parts:
             try:
                 _, pid = self.data.local_partition(topic, partition)
-                off = self.store.log_start(pid) if which == m.EARLIEST else self.store.synced_end(pid)
+                off = self.store.log_start(pid) if which == m.EARLIEST else self.replicas.commit_offset(pid)
                 out.append([topic, partition, 0, off, None])
             except MeshError as exc:
                 out.append([topic, partition, int(exc.code), -1, exc.leader])

@@ -23,7 +23,7 @@ from mesh.records import BatchHeader
 __all__ = ["ProducerStates", "RECENT_BATCHES"]
 
 RECENT_BATCHES = 5
-_KEY = struct.Struct(">Iq")
+_KEY = struct.Struct(">Qq")
 
 
 class ProducerStates:
@@ -76,6 +76,34 @@ class ProducerStates:
         st.append([h.base_sequence, h.base_sequence + h.record_count - 1, base_offset])
         del st[:-RECENT_BATCHES]
         self.store.put("producers", _KEY.pack(pid, h.producer_id), msgpack.packb(st))
+
+    def stage_replicated(self, pid: int, batches) -> None:
+        """A follower's append: learn sequences from the batch headers (already offset)."""
+        from mesh.records import iter_batches
+        for h, _ in iter_batches(batches, verify_crc=False):
+            if h.producer_id >= 0:
+                self.stage(pid, h, h.base_offset)
+
+    def truncate(self, pid: int, to_offset: int) -> None:
+        """Forget batches at or past ``to_offset`` (a diverged suffix was cut), so a retry
+        of one of them is appended again instead of being answered with a dead offset."""
+        for k, raw in self.store.items("producers", struct.pack(">Q", pid)):
+            _, producer_id = _KEY.unpack(k)
+            st = self._get(pid, producer_id)
+            keep = [e for e in st if e[2] < to_offset]
+            if len(keep) != len(st):
+                key = (pid, producer_id)
+                if key not in self._undo:
+                    self._undo[key] = [list(e) for e in st]
+                st[:] = keep
+                self.store.put("producers", k, msgpack.packb(st))
+        for (p, producer_id), st in list(self._cache.items()):  # staged, not yet in the db
+            if p == pid and any(e[2] >= to_offset for e in st):
+                key = (pid, producer_id)
+                if key not in self._undo:
+                    self._undo[key] = [list(e) for e in st]
+                st[:] = [e for e in st if e[2] < to_offset]
+                self.store.put("producers", _KEY.pack(pid, producer_id), msgpack.packb(st))
 
     def committed(self) -> None:
         self._undo.clear()

@@ -19,7 +19,7 @@ from mesh.records import HEADER_SIZE, patch_batch
 
 __all__ = ["StoreBase", "LogError", "StorageFull", "CorruptBatch", "key_of", "unkey"]
 
-_KEY = struct.Struct(">IQ")
+_KEY = struct.Struct(">QQ")
 
 
 def key_of(pid: int, offset: int) -> bytes:
@@ -52,19 +52,23 @@ class StoreBase:
         self._pid_cache: dict[tuple[str, int], int] = {}
 
     # -- partition registry -----------------------------------------------------------
-    def partition_id(self, topic: str, partition: int, create: bool = True) -> int | None:
+    def partition_id(self, topic: str, partition: int, create: bool = True,
+                     pid: int | None = None) -> int | None:
+        """The id under which (topic, partition) is stored: ``pid`` if given (the cluster
+        assigns ids), else the next free local one. Registered on first use."""
         name = (topic, partition)
-        pid = self._pid_cache.get(name)
-        if pid is not None:
-            return pid
+        cached = self._pid_cache.get(name)
+        if cached is not None:
+            return cached
         key = b"pid:" + topic.encode() + b"\x00" + str(partition).encode()
         raw = self.get("meta", key)
         if raw is None:
             if not create:
                 return None
-            raw_next = self.get("meta", b"next_pid")
-            pid = int(raw_next) if raw_next else 1
-            self.put("meta", b"next_pid", str(pid + 1).encode())
+            if pid is None:
+                raw_next = self.get("meta", b"next_pid")
+                pid = int(raw_next) if raw_next else 1
+                self.put("meta", b"next_pid", str(pid + 1).encode())
             self.put("meta", key, str(pid).encode())
             self.commit()
         else:
@@ -90,7 +94,7 @@ class StoreBase:
             self._del_batch(pid, base)
         self.delete("meta", b"pid:" + topic.encode() + b"\x00" + str(partition).encode())
         self._try_delete_meta(b"logstart:%d" % pid)
-        for k, _ in self.items("producers", struct.pack(">I", pid)):
+        for k, _ in self.items("producers", struct.pack(">Q", pid)):
             self.delete("producers", k)
         self._parts.pop(pid, None)
         self._synced.pop(pid, None)
@@ -161,6 +165,15 @@ class StoreBase:
         st[1] = min(st[1], offset)
         if st[0] > st[1]:
             st[0] = st[1]
+
+    def stage_reset(self, pid: int, start_offset: int) -> None:
+        """Drop every batch; the log now starts and ends at ``start_offset`` (a replica
+        that fell behind the leader's log start)."""
+        self._save_undo(pid)
+        for base in self._bases_from(pid, 0):
+            self._del_batch(pid, base)
+        self._parts[pid] = [start_offset, start_offset, 0]
+        self.put("meta", b"logstart:%d" % pid, str(start_offset).encode())
 
     def _del_batch_sized(self, pid: int, base: int, st: list[int]) -> None:
         raw = self._get_batch(pid, base)

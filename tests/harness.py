@@ -120,11 +120,25 @@ class Cluster:
         return ",".join(b.address for b in self.brokers)
 
     def start(self) -> "Cluster":
+        """Start every broker; return once each one sees all of them alive."""
         for b in self.brokers:
             b.start(wait=False)
         for b in self.brokers:
             b.wait_ready()
+        self.wait_converged()
         return self
+
+    def wait_converged(self, timeout_s: float = 20.0) -> None:
+        from mesh.client import Admin
+        ids = {b.node_id for b in self.brokers if b.alive()}
+
+        def converged(b):
+            with Admin(b.address, request_timeout_ms=500) as a:
+                alive = {x["id"] for x in a.metadata([]).brokers if x["status"] == "alive"}
+            return ids <= alive
+        for b in self.brokers:
+            if b.alive():
+                wait_until(lambda: converged(b), timeout_s, f"{b.node_id} to see {sorted(ids)} alive")
 
     def stop(self) -> None:
         for b in self.brokers:

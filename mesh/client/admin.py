@@ -34,10 +34,12 @@ class Admin:
     def create_topic(self, name: str, partitions: int = 1, replication_factor: int = 1,
                      config: dict | None = None, wait_s: float = 10.0) -> None:
         """Create a topic through any broker; then wait (up to ``wait_s``) until every live
-        broker knows it, so the next producer or consumer finds it wherever it asks."""
+        broker knows it and a leader for each partition, so the next producer or consumer
+        finds it wherever it asks."""
         self._call(CreateTopicRequest(name, partitions, replication_factor,
                                       {k: str(v) for k, v in (config or {}).items()}))
-        self._wait_everywhere(lambda topics: name in topics, wait_s)
+        self._wait_everywhere(lambda topics: name in topics and all(
+            p.get("leader") for p in topics[name]["partitions"]), wait_s)
 
     def delete_topic(self, name: str, wait_s: float = 10.0) -> None:
         self._call(DeleteTopicRequest(name))
@@ -50,7 +52,7 @@ class Admin:
             addr = pending[0]
             try:
                 resp, _ = self.transport.call(addr, MetadataRequest(None), timeout_ms=1000)
-                if ok({t["name"] for t in resp.topics if not t.get("error")}):
+                if ok({t["name"]: t for t in resp.topics if not t.get("error")}):
                     pending.pop(0)
                     continue
             except MeshError:

@@ -1,0 +1,259 @@
+"""The shell side of partition replication: runs ``mesh.replication.ReplicaManager`` inside
+the node loop, following its shell contract (see that module's docstring).
+
+Per loop turn:
+- every ``Ready`` the core returns is applied at once to the turn's write transaction
+  (log appends/truncations/resets, producer-state updates, the persisted Raft state), and
+  its messages, commit advances and leadership changes are *held*;
+- after the turn's single sync (``after_commit(True)``): ``synced()`` for the partitions
+  this node appended to as leader, ``flush()`` to stream new data to followers, then the
+  held messages go out, acks=all produce requests whose batch is now committed are
+  answered, and leadership changes are published;
+- if the turn's commit failed (``after_commit(False)``), nothing held is sent and the core
+  is rebuilt from storage: it had run ahead of the disk.
+
+acks=all waiters are answered when the commit offset passes their batch's end, failed with
+NOT_LEADER when this node loses leadership or truncates below them, and with TIMEOUT when
+their ``timeout_ms`` passes (all retriable; the idempotent producer makes retries safe).
+"""
+from __future__ import annotations
+
+import logging
+import struct
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import msgpack
+
+from mesh import messages as m
+from mesh.errors import ErrorCode, MeshError
+from mesh.records import parse_header
+from mesh.replication import ReplicaManager, ReplicationConfig
+from mesh.replication_log import Append, PersistState, ResetLog, Truncate
+from storage.base import CorruptBatch
+
+__all__ = ["ReplicaHost", "StoreReader", "REPLICATION_MESSAGES"]
+
+log = logging.getLogger("mesh.replicas")
+_STATE_KEY = struct.Struct(">Q")
+
+
+def _replication_messages() -> tuple:
+    from mesh import replication_wire as w
+    return tuple(cls for cls in vars(w).values()
+                 if isinstance(cls, type) and getattr(cls, "OP", b"").startswith(b"REPL_"))
+
+
+REPLICATION_MESSAGES = _replication_messages()
+
+
+class StoreReader:
+    """The core's ``LogReader`` over the store: committed batches only (the core sends
+    staged data on a later flush). A batch that fails its CRC is not replicated."""
+
+    def __init__(self, store):
+        self.store = store
+
+    def read(self, pid: int, from_offset: int, to_offset: int, max_bytes: int) -> tuple[bytes, int]:
+        try:
+            chunks = self.store.read(pid, from_offset, max_bytes, to_offset)
+        except CorruptBatch as exc:
+            log.error("not replicating a corrupt batch: %s", exc)
+            return b"", from_offset
+        if not chunks:
+            return b"", from_offset
+        first, last = parse_header(chunks[0]), parse_header(chunks[-1])
+        if first.base_offset != from_offset:
+            log.error("partition %d: read at %d found a batch starting at %d", pid, from_offset, first.base_offset)
+            return b"", from_offset
+        return b"".join(chunks), last.base_offset + last.record_count
+
+    def start_offset(self, pid: int) -> int:
+        return self.store.log_start(pid)
+
+
+@dataclass
+class _AckWaiter:
+    ident: bytes
+    rid: int
+    base: int
+    end: int
+    deadline: float
+    done: bool = False
+
+
+class ReplicaHost:
+    def __init__(self, node_id: str, store, producers, rng, send: Callable, publish: Callable,
+                 config: ReplicationConfig | None = None, tick_ms: int = 50):
+        """``send(dest node id, msg, payload)`` delivers to a peer; ``publish(pid, leader,
+        epoch)`` is told about leadership changes (the node gossips them)."""
+        self.node_id = node_id
+        self.store = store
+        self.producers = producers
+        self.rng = rng
+        self.cfg = config or ReplicationConfig()
+        self.tick_ms = tick_ms
+        self._send = send
+        self._publish = publish
+        self.core = ReplicaManager(node_id, rng, self.cfg, StoreReader(store))
+        self._replicas: dict[int, tuple[str, ...]] = {}
+        self._held: list = []
+        self._committed: dict[int, int] = {}
+        self._leadership: dict[int, tuple] = {}
+        self._appended: dict[int, int] = {}
+        self._truncated: dict[int, int] = {}
+        self._waiters: dict[int, list[_AckWaiter]] = {}
+        self._last_tick = time.monotonic()
+        self.reply: Callable | None = None  # set by the node: reply(ident, rid, msg)
+
+    # -- partitions ---------------------------------------------------------------------
+    def _load_state(self, pid: int) -> PersistState | None:
+        raw = self.store.get("repl", _STATE_KEY.pack(pid))
+        if raw is None:
+            return None
+        term, vote, commit, cache = msgpack.unpackb(raw, raw=False)
+        return PersistState(pid, term, vote, commit, tuple(tuple(e) for e in cache))
+
+    def add(self, pid: int, replicas: list[str]) -> None:
+        state = self._load_state(pid)
+        self.core.add_partition(pid, replicas, state, self.store.log_end(pid))
+        self._replicas[pid] = tuple(replicas)
+        if replicas[0] == self.node_id:
+            # the preferred replica campaigns at once (pre-vote: a healthy leader's
+            # followers ignore it), so a new or restarted partition has a leader in one round trip
+            self.apply(self.core.campaign(pid))
+
+    def remove(self, pid: int) -> None:
+        self.core.remove_partition(pid)
+        self._replicas.pop(pid, None)
+        self._fail_waiters(pid, ErrorCode.UNKNOWN_TOPIC, "the partition was deleted")
+        if self.store.get("repl", _STATE_KEY.pack(pid)) is not None:
+            self.store.delete("repl", _STATE_KEY.pack(pid))
+
+    def hosted(self) -> set[int]:
+        return set(self._replicas)
+
+    # -- inputs -------------------------------------------------------------------------
+    def apply(self, ready) -> None:
+        """Carry out a Ready's storage effects in the turn's transaction; hold the rest."""
+        for op in ready.log_ops:
+            if isinstance(op, Append):
+                end = self.store.stage_replica_append(op.pid, op.payload)
+                assert end == op.end_offset, (op.pid, end, op.end_offset)
+                self.producers.stage_replicated(op.pid, op.payload)
+            elif isinstance(op, Truncate):
+                self.store.stage_truncate(op.pid, op.to_offset)
+                self.producers.truncate(op.pid, op.to_offset)
+                self._truncated[op.pid] = min(op.to_offset, self._truncated.get(op.pid, op.to_offset))
+            elif isinstance(op, ResetLog):
+                self.store.stage_reset(op.pid, op.start_offset)
+                self.producers.truncate(op.pid, 0)
+                self._truncated[op.pid] = min(op.start_offset, self._truncated.get(op.pid, op.start_offset))
+        for st in ready.persist:
+            self.store.put("repl", _STATE_KEY.pack(st.pid),
+                           msgpack.packb([st.term, st.vote, st.commit, [list(e) for e in st.epoch_cache]]))
+        self._held.extend(ready.messages)
+        self._committed.update(ready.committed)
+        self._leadership.update(ready.leadership)
+
+    def step(self, src_node: str, msg, payload) -> None:
+        self.apply(self.core.step(src_node, msg, payload))
+
+    def tick_due(self) -> None:
+        now = time.monotonic()
+        n = int((now - self._last_tick) * 1000 // self.tick_ms)
+        if n <= 0:
+            return
+        self._last_tick += n * self.tick_ms / 1000
+        for _ in range(min(n, 10)):  # after a stall, a few ticks, not a storm
+            self.apply(self.core.tick())
+
+    def append_position(self, pid: int) -> tuple[int, int]:
+        return self.core.append_position(pid)
+
+    def leader_append(self, pid: int, end_offset: int, epoch: int) -> None:
+        self.core.leader_append(pid, end_offset, epoch)
+        self._appended[pid] = end_offset
+
+    def park_ack(self, pid: int, ident: bytes, rid: int, base: int, end: int, timeout_ms: int) -> None:
+        """An acks=all produce request staged this turn: answer when committed."""
+        self._waiters.setdefault(pid, []).append(
+            _AckWaiter(ident, rid, base, end, time.monotonic() + max(0, timeout_ms) / 1000))
+
+    # -- after the turn's sync ----------------------------------------------------------
+    def after_commit(self, ok: bool) -> set[int]:
+        """Returns the partitions whose commit offset moved (to wake fetches)."""
+        if not ok:
+            self._rebuild()
+            return set()
+        appended, self._appended = self._appended, {}
+        for pid, end in appended.items():
+            if pid in self._replicas:
+                self.apply(self.core.synced(pid, end))
+        self.apply(self.core.flush())
+        held, self._held = self._held, []
+        for e in held:
+            self._send(e.dest, e.msg, e.payload)
+        truncated, self._truncated = self._truncated, {}
+        for pid, cut in truncated.items():
+            self._fail_waiters(pid, ErrorCode.NOT_LEADER, "the batch was truncated before it committed",
+                               lambda w, cut=cut: w.end > cut)
+        leadership, self._leadership = self._leadership, {}
+        for pid, (leader, epoch) in leadership.items():
+            self._publish(pid, leader, epoch)
+            if leader != self.node_id:
+                self._fail_waiters(pid, ErrorCode.NOT_LEADER, f"leadership moved to {leader}")
+        committed, self._committed = self._committed, {}
+        for pid, commit in committed.items():
+            for w in self._waiters.get(pid, ()):
+                if not w.done and w.end <= commit:
+                    w.done = True
+                    self.reply(w.ident, w.rid, m.ProduceResponse(0, base_offset=w.base,
+                                                                 log_start=self.store.log_start(pid)))
+            self._gc(pid)
+        return set(committed)
+
+    def expire(self) -> None:
+        now = time.monotonic()
+        for pid in list(self._waiters):
+            self._fail_waiters(pid, ErrorCode.TIMEOUT, "not acknowledged by a quorum in time",
+                               lambda w: w.deadline <= now)
+
+    def _fail_waiters(self, pid: int, code: ErrorCode, why: str, pred=lambda w: True) -> None:
+        for w in self._waiters.get(pid, ()):
+            if not w.done and pred(w):
+                w.done = True
+                if self.reply is not None:
+                    self.reply(w.ident, w.rid, m.ProduceResponse(int(code), why))
+        self._gc(pid)
+
+    def _gc(self, pid: int) -> None:
+        ws = [w for w in self._waiters.get(pid, ()) if not w.done]
+        if ws:
+            self._waiters[pid] = ws
+        else:
+            self._waiters.pop(pid, None)
+
+    def _rebuild(self) -> None:
+        """The turn's commit failed after the core saw it: start the core again from disk."""
+        log.warning("rebuilding the replication core from storage after a failed commit")
+        self._held, self._committed, self._leadership, self._appended, self._truncated = [], {}, {}, {}, {}
+        for pid in list(self._waiters):
+            self._fail_waiters(pid, ErrorCode.STORAGE_ERROR, "the write could not be made durable")
+        self.core = ReplicaManager(self.node_id, self.rng, self.cfg, StoreReader(self.store))
+        for pid, reps in sorted(self._replicas.items()):
+            self.core.add_partition(pid, reps, self._load_state(pid), self.store.log_end(pid))
+
+    # -- queries ------------------------------------------------------------------------
+    def leader(self, pid: int) -> tuple[str | None, int]:
+        return self.core.leader(pid)
+
+    def commit_offset(self, pid: int) -> int:
+        return self.core.commit_offset(pid)
+
+    def isr(self, pid: int) -> list[str]:
+        return self.core.isr(pid)
+
+    def is_leader(self, pid: int) -> bool:
+        return pid in self._replicas and self.core.leader(pid)[0] == self.node_id

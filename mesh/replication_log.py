@@ -1,0 +1,168 @@
+"""The replication core's view of a partition log: the leader-epoch cache, the storage
+effects the core asks the shell to carry out, and the read interface it needs.
+
+The core never sees records. A log, to it, is an end offset plus an *epoch cache*: a short
+list of ``(epoch, start_offset)``, one entry per leader epoch that appended to the log,
+strictly increasing in both (Kafka's leader-epoch checkpoint file). From it:
+
+- ``epoch_at(o)``: the epoch of the batch holding offset ``o``;
+- ``end_for_epoch(e)``: where the log stops holding epochs <= ``e`` (Kafka's
+  OffsetsForLeaderEpoch answer), which locates a divergence in one round trip;
+- ``last_epoch()``: with the end offset, how up to date a log is (vote comparisons).
+
+An entry may start *at* the log end with no batch after it yet: the epoch marker a new
+leader writes instead of a no-op batch (see ``mesh.replication``, "commit after an
+election"). Two entries never share a start: a later epoch assigned at the same offset
+replaces the earlier one (that epoch never appended anything).
+
+The cache is bounded by the log itself: ``trim_before(log_start)`` drops the entries below
+the log start when retention deletes the head (keeping the one covering the offset just
+below it); there is one entry per epoch that appended a retained batch, plus one marker.
+"""
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass
+from typing import Protocol
+
+__all__ = ["EpochCache", "Append", "Truncate", "ResetLog", "PersistState", "LogReader"]
+
+
+class EpochCache:
+    __slots__ = ("_epochs", "_starts")
+
+    def __init__(self, entries=()) -> None:
+        self._epochs: list[int] = []
+        self._starts: list[int] = []
+        for epoch, start in entries:
+            self.assign(int(epoch), int(start))
+
+    def entries(self) -> tuple[tuple[int, int], ...]:
+        """``((epoch, start_offset), ...)``: what the shell persists (msgpack-friendly)."""
+        return tuple(zip(self._epochs, self._starts))
+
+    def __len__(self) -> int:
+        return len(self._epochs)
+
+    def __repr__(self) -> str:
+        return f"EpochCache({list(self.entries())})"
+
+    def last_epoch(self) -> int:
+        return self._epochs[-1] if self._epochs else 0
+
+    def last_start(self) -> int:
+        return self._starts[-1] if self._starts else 0
+
+    def epoch_at(self, offset: int) -> int:
+        """The epoch of the batch holding ``offset`` (0 for an empty cache; the first
+        entry's epoch below the first start, which only happens below the commit offset
+        after retention, where logs agree anyway)."""
+        i = bisect.bisect_right(self._starts, offset) - 1
+        if i < 0:
+            return self._epochs[0] if self._epochs else 0
+        return self._epochs[i]
+
+    def end_for_epoch(self, epoch: int, log_end: int) -> int:
+        """The first offset whose epoch is greater than ``epoch`` (``log_end`` if none)."""
+        i = bisect.bisect_right(self._epochs, epoch)
+        if i >= len(self._epochs):
+            return log_end
+        return min(self._starts[i], log_end)
+
+    def assign(self, epoch: int, start: int) -> bool:
+        """Record that ``epoch`` starts at ``start`` (at or after every known start).
+        Returns whether anything changed."""
+        if self._epochs:
+            last_epoch, last_start = self._epochs[-1], self._starts[-1]
+            if epoch == last_epoch:
+                return False
+            assert epoch > last_epoch, f"epoch {epoch} after {last_epoch}"
+            assert start >= last_start, f"epoch {epoch} starts at {start}, before {last_start}"
+            if start == last_start:  # the previous epoch never appended: replace it
+                self._epochs[-1] = epoch
+                return True
+        self._epochs.append(epoch)
+        self._starts.append(start)
+        return True
+
+    def truncate_from(self, offset: int) -> bool:
+        """Forget epochs that start at or after ``offset`` (the log is cut there)."""
+        i = bisect.bisect_left(self._starts, offset)
+        if i == len(self._starts):
+            return False
+        del self._epochs[i:], self._starts[i:]
+        return True
+
+    def trim_before(self, log_start: int) -> bool:
+        """Drop entries retention made useless: all but the one covering ``log_start - 1``
+        (an append at the log start is checked against the epoch just below it)."""
+        n = 0
+        while n + 1 < len(self._starts) and self._starts[n + 1] < log_start:
+            n += 1
+        if n:
+            del self._epochs[:n], self._starts[:n]
+        return n > 0
+
+    def reset(self, epoch: int, start: int) -> None:
+        """The log restarts empty at ``start``; ``epoch`` is the epoch at ``start - 1``."""
+        self._epochs[:] = [epoch]
+        self._starts[:] = [start]
+
+
+# -- effects: what the shell must write (one transaction per loop turn) ------------------
+
+@dataclass(frozen=True, slots=True)
+class Append:
+    """Store ``payload`` (whole batches, as received) at ``base_offset``, which is the
+    current log end. All its batches carry leader epoch ``epoch``."""
+    pid: int
+    base_offset: int
+    end_offset: int
+    epoch: int
+    payload: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Truncate:
+    """Delete every batch at or after ``to_offset`` (a batch boundary, never below the
+    commit offset): a diverged, uncommitted suffix."""
+    pid: int
+    to_offset: int
+
+
+@dataclass(frozen=True, slots=True)
+class ResetLog:
+    """Delete every batch; the log now starts and ends at ``start_offset`` (this replica
+    fell behind the leader's log start, which retention moved)."""
+    pid: int
+    start_offset: int
+
+
+@dataclass(frozen=True, slots=True)
+class PersistState:
+    """The partition's replication state; the shell stores it (one small record per
+    partition) in the same transaction as the log effects of the same turn, and hands it
+    back to ``add_partition`` after a restart."""
+    pid: int
+    term: int
+    vote: str | None
+    commit: int
+    epoch_cache: tuple  # ((epoch, start_offset), ...)
+
+
+class LogReader(Protocol):
+    """How the core reads what it must send to followers. In production a thin view over
+    the broker's store (reading through the turn's open write transaction, so data staged
+    earlier in the turn is visible); in the simulator an in-memory dict."""
+
+    def read(self, pid: int, from_offset: int, to_offset: int, max_bytes: int) -> tuple[bytes, int]:
+        """Whole batches starting exactly at ``from_offset`` (a batch boundary) and ending at
+        or before ``to_offset``, concatenated: ``(payload, end_offset)``. At least one batch
+        even if it is larger than ``max_bytes``; otherwise stop before exceeding it.
+        ``(b"", from_offset)`` if the reader cannot see that data yet (staged in a
+        transaction it does not read through): the core sends it on a later flush."""
+        ...
+
+    def start_offset(self, pid: int) -> int:
+        """The log start (first retained offset)."""
+        ...

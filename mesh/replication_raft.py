@@ -1,0 +1,610 @@
+"""One partition's Raft state machine (one replica). Driven by ``mesh.replication``.
+
+Roles are step functions, not flags (etcd-raft): ``_step`` and ``_tick`` are swapped by
+``_become_*``. Every input is a row (see ``mesh.replication_wire``) already routed to this
+partition; every output goes through ``host`` (the ``ReplicaManager``), which coalesces
+rows per peer and collects storage effects into the ``Ready``.
+
+Rules, in the order ``step`` applies them:
+
+1. Terms. A row from a higher term makes us a follower of that term (its sender is the
+   leader if it is an append, heartbeat or TimeoutNow), except a (pre-)vote request that
+   arrives while we are in a leader's lease (heard from a leader within an election
+   timeout) and is not a transfer: that one is ignored, so a node returning from a
+   partition cannot depose a healthy leader. Pre-vote requests and granted pre-vote
+   responses never change our term. A row from a lower term is dropped; if it was an
+   append or heartbeat we answer FENCED_EPOCH with our term, so a stale leader steps down.
+2. Votes. Grant if we have not voted for someone else this term (or it is a pre-vote for a
+   later term) and the candidate's log is at least as up to date: (last epoch, end offset)
+   compared as a pair. A vote is persisted (PersistState) in the same Ready as the grant,
+   and the shell persists before it sends.
+3. Appends (follower). Accept if ``prev_offset <= commit`` (committed entries agree with
+   every current leader) or our epoch at ``prev_offset - 1`` equals ``prev_epoch``.
+   Otherwise reject with a hint (Kafka's OffsetsForLeaderEpoch idea): the leader then
+   jumps straight to the point of agreement instead of backing off one batch at a time.
+   Carried batches already present with the same epoch are not rewritten; a conflicting
+   suffix is truncated (never below commit). When our log agrees with the leader's up to
+   its ``epoch_start`` we record the leader's epoch marker there. A ``reset`` row (we are
+   behind the leader's log start, which retention moved) restarts our log at that start.
+4. Commit (leader). The high watermark is the largest offset that a quorum holds
+   durably *and* that lies in a log holding this leader's epoch marker: followers count
+   with the offset they acked in this term (acks leave after persisting), the leader with
+   its synced offset, and only replicas at or past ``epoch_start`` count (Raft 5.4.2).
+"""
+from __future__ import annotations
+
+import enum
+from collections import deque
+from typing import Any
+
+from mesh.errors import ErrorCode, MeshError
+from mesh.replication_log import Append, EpochCache, ResetLog, Truncate
+from mesh.replication_wire import (
+    AppendRespRow, AppendRow, HeartbeatRespRow, HeartbeatRow, TimeoutNowRow, VoteRespRow, VoteRow,
+)
+
+__all__ = ["Role", "Partition"]
+
+_NONE = int(ErrorCode.NONE)
+_FENCED = int(ErrorCode.FENCED_EPOCH)
+
+
+class Role(str, enum.Enum):
+    FOLLOWER = "follower"
+    PRE_CANDIDATE = "pre_candidate"
+    CANDIDATE = "candidate"
+    LEADER = "leader"
+
+
+PROBE = "probe"          # one message in flight; find where the follower's log agrees
+REPLICATE = "replicate"  # agreement known: pipeline batches, bounded in messages and bytes
+
+
+class Progress:
+    """The leader's view of one follower (this term only)."""
+    __slots__ = ("match", "next", "state", "probe_sent", "probe_prev", "inflight",
+                 "inflight_bytes", "last_resp_tick", "caught_up_tick")
+
+    def __init__(self, next_offset: int, now: int) -> None:
+        self.match = 0                 # logs agree on [0, match) and the follower synced it
+        self.next = next_offset        # next offset to send from
+        self.state = PROBE
+        self.probe_sent = False
+        self.probe_prev = -1
+        self.inflight: deque[tuple[int, int, int]] = deque()  # (end_offset, bytes, sent tick)
+        self.inflight_bytes = 0
+        self.last_resp_tick = now      # a grace period of one election timeout
+        self.caught_up_tick = -(1 << 62)
+
+    def become_probe(self, next_offset: int) -> None:
+        self.state = PROBE
+        self.next = next_offset
+        self.probe_sent = False
+        self.inflight.clear()
+        self.inflight_bytes = 0
+
+    def become_replicate(self) -> None:
+        self.state = REPLICATE
+        self.next = self.match
+        self.probe_sent = False
+        self.inflight.clear()
+        self.inflight_bytes = 0
+
+    def free_to(self, offset: int) -> None:
+        while self.inflight and self.inflight[0][0] <= offset:
+            self.inflight_bytes -= self.inflight.popleft()[1]
+
+    def describe(self) -> dict:
+        return {"match": self.match, "next": self.next, "state": self.state,
+                "inflight": len(self.inflight), "inflight_bytes": self.inflight_bytes}
+
+
+class Partition:
+    """One replica of one partition."""
+
+    def __init__(self, host: Any, pid: int, replicas: tuple[str, ...], term: int,
+                 vote: str | None, commit: int, cache: EpochCache, end_offset: int) -> None:
+        self.host = host
+        self.cfg = host.cfg
+        self.node = host.node_id
+        self.pid = pid
+        self.replicas = replicas
+        self.peers = tuple(r for r in replicas if r != self.node)
+        self.quorum = len(replicas) // 2 + 1
+        self.term = term
+        self.vote = vote
+        self.cache = cache
+        self.end = end_offset
+        self.synced = end_offset       # what the shell synced (leader_append data lags until synced())
+        self.commit = min(commit, end_offset)
+        self.role = Role.FOLLOWER
+        self.leader: str | None = None
+        self.election_elapsed_ticks = 0
+        self.timeout_ticks = 0
+        self.votes: dict[str, bool] = {}
+        self.progress: dict[str, Progress] = {}
+        self.epoch_start = 0
+        self.leader_since_tick = 0
+        self.transfer_to: str | None = None
+        self.transfer_elapsed_ticks = 0
+        self._step = self._step_follower
+        self._tick = self._tick_election
+        self._reset_timeout()
+
+    # -- outputs -----------------------------------------------------------------------
+    def _send(self, dest: str, row: tuple, payload: bytes = b"") -> None:
+        self.host.send(dest, row, payload)
+
+    def _state_changed(self) -> None:
+        self.host.state_changed(self)
+
+    def _set_commit(self, commit: int) -> None:
+        assert commit <= self.end, (self.pid, commit, self.end)
+        if commit > self.commit:
+            self.commit = commit
+            self.host.commit_changed(self)
+            self._state_changed()
+
+    def _set_leader(self, leader: str | None) -> None:
+        if leader != self.leader:
+            self.leader = leader
+            self.host.leader_changed(self)
+
+    # -- timers ------------------------------------------------------------------------
+    def _reset_timeout(self) -> None:
+        """Randomized in [E, 2E); the preferred replica draws from the lower half, so after
+        a failure it usually campaigns first and no transfer is needed later."""
+        e = self.cfg.election_ticks
+        half = max(1, e // 2)
+        if self.replicas[0] == self.node:
+            self.timeout_ticks = self.host.rng.randrange(e, e + half)
+        else:
+            self.timeout_ticks = self.host.rng.randrange(e + half, 2 * e)
+        self.election_elapsed_ticks = 0
+
+    def tick(self) -> None:
+        self._tick()
+
+    def _tick_election(self) -> None:
+        self.election_elapsed_ticks += 1
+        if self.election_elapsed_ticks >= self.timeout_ticks:
+            self._campaign(pre=self.cfg.pre_vote)
+
+    def _tick_leader(self) -> None:
+        now = self.host.now_tick
+        if self.transfer_to is not None:
+            self.transfer_elapsed_ticks += 1
+            if self.transfer_elapsed_ticks >= self.cfg.election_ticks:
+                self.transfer_to = None  # the successor did not take over: keep leading,
+                self.leader_since_tick = now  # and wait a full rebalance delay before retrying
+        if self.cfg.check_quorum and self._active(self.cfg.election_ticks) < self.quorum:
+            self._become_follower(self.term, None)  # cut off from a quorum: stop taking writes
+            return
+        if (self.cfg.auto_rebalance and self.transfer_to is None and self.replicas[0] != self.node
+                and now - self.leader_since_tick >= self.cfg.rebalance_delay_ticks):
+            preferred = self.replicas[0]
+            pr = self.progress[preferred]
+            if pr.match >= self.end and now - pr.last_resp_tick < 2 * self.cfg.heartbeat_ticks + 1:
+                self.transfer_leadership(preferred)
+
+    def _active(self, window_ticks: int) -> int:
+        now = self.host.now_tick
+        return 1 + sum(1 for pr in self.progress.values() if now - pr.last_resp_tick < window_ticks)
+
+    # -- role changes -------------------------------------------------------------------
+    def _become_follower(self, term: int, leader: str | None) -> None:
+        if term > self.term:
+            self.term = term
+            self.vote = None
+            self._state_changed()
+        self.role = Role.FOLLOWER
+        self._step = self._step_follower
+        self._tick = self._tick_election
+        self._reset_timeout()
+        self.progress = {}
+        self.votes = {}
+        self.transfer_to = None
+        self.synced = self.end
+        self._set_leader(leader)
+
+    def _campaign(self, pre: bool, transfer: bool = False) -> None:
+        self._reset_timeout()
+        if pre:
+            self.role = Role.PRE_CANDIDATE
+            vote_term = self.term + 1
+        else:
+            self.role = Role.CANDIDATE
+            self.term += 1
+            self.vote = self.node
+            self._state_changed()
+            vote_term = self.term
+        self._step = self._step_candidate
+        self._tick = self._tick_election
+        self.progress = {}
+        self.transfer_to = None
+        self._set_leader(None)
+        self.host.leader_changed(self)  # the term may have moved
+        self.votes = {self.node: True}
+        if self._poll():
+            return
+        row = VoteRow(self.pid, vote_term, self.cache.last_epoch(), self.end, int(pre), int(transfer))
+        for peer in self.peers:
+            self._send(peer, row)
+
+    def _poll(self) -> bool:
+        """Count votes; act if the election is decided. True if it was."""
+        granted = sum(1 for v in self.votes.values() if v)
+        if granted >= self.quorum:
+            if self.role is Role.PRE_CANDIDATE:
+                self._campaign(pre=False)
+            else:
+                self._become_leader()
+            return True
+        if len(self.votes) - granted > len(self.replicas) - self.quorum:
+            self._become_follower(self.term, None)
+            return True
+        return False
+
+    def _become_leader(self) -> None:
+        assert self.role is Role.CANDIDATE
+        now = self.host.now_tick
+        self.role = Role.LEADER
+        self._step = self._step_leader
+        self._tick = self._tick_leader
+        self.votes = {}
+        self.epoch_start = self.end
+        self.cache.assign(self.term, self.end)  # the epoch marker, in place of a no-op batch
+        self._state_changed()
+        self.leader_since_tick = now
+        self.transfer_to = None
+        self.progress = {peer: Progress(self.end, now) for peer in self.peers}
+        self._set_leader(self.node)
+        self.host.want_flush(self)
+        self._maybe_commit()
+
+    # -- input ---------------------------------------------------------------------------
+    def step(self, src: str, row: tuple, payload: bytes) -> None:
+        if src == self.node or src not in self.replicas:
+            return
+        kind = type(row)
+        if row.term > self.term:
+            if kind is VoteRow:
+                if not row.transfer and self._in_lease():
+                    return
+                if not row.pre_vote:
+                    self._become_follower(row.term, None)
+            elif kind is VoteRespRow and row.pre_vote and row.granted:
+                pass  # counted below at our term + 1
+            elif kind in (AppendRow, HeartbeatRow, TimeoutNowRow):
+                self._become_follower(row.term, src)
+            else:
+                self._become_follower(row.term, None)
+        elif row.term < self.term:
+            if kind is AppendRow:
+                self._send(src, AppendRespRow(self.pid, self.term, _FENCED, 0, row.prev_offset, 0, 0))
+            elif kind is HeartbeatRow:
+                self._send(src, HeartbeatRespRow(self.pid, self.term, _FENCED))
+            elif kind is VoteRow:
+                self._send(src, VoteRespRow(self.pid, self.term, _FENCED, 0, row.pre_vote))
+            return
+        if kind is VoteRow:
+            self._handle_vote(src, row)
+        else:
+            self._step(src, row, payload)
+
+    def _in_lease(self) -> bool:
+        if not self.cfg.check_quorum:
+            return False
+        if self.role is Role.LEADER:
+            return True  # check-quorum deposes us if the lease is really gone
+        return self.leader is not None and self.election_elapsed_ticks < self.cfg.election_ticks
+
+    def _handle_vote(self, src: str, row: VoteRow) -> None:
+        up_to_date = (row.last_epoch, row.end_offset) >= (self.cache.last_epoch(), self.end)
+        can_vote = (self.vote == src or (self.vote is None and self.leader is None)
+                    or (row.pre_vote and row.term > self.term))
+        if can_vote and up_to_date:
+            if not row.pre_vote:
+                self.vote = src
+                self._state_changed()
+                self.election_elapsed_ticks = 0
+            self._send(src, VoteRespRow(self.pid, row.term, _NONE, 1, row.pre_vote))
+        else:
+            self._send(src, VoteRespRow(self.pid, self.term, _NONE, 0, row.pre_vote))
+
+    def _step_follower(self, src: str, row: tuple, payload: bytes) -> None:
+        kind = type(row)
+        if kind is AppendRow:
+            self.election_elapsed_ticks = 0
+            self._set_leader(src)
+            self._handle_append(src, row, payload)
+        elif kind is HeartbeatRow:
+            self.election_elapsed_ticks = 0
+            self._set_leader(src)
+            self._set_commit(min(row.commit, self.end))
+            self._send(src, HeartbeatRespRow(self.pid, self.term, _NONE))
+        elif kind is TimeoutNowRow:
+            self._campaign(pre=False, transfer=True)
+
+    def _step_candidate(self, src: str, row: tuple, payload: bytes) -> None:
+        kind = type(row)
+        if kind is AppendRow or kind is HeartbeatRow:
+            self._become_follower(self.term, src)  # a leader of our term exists
+            self._step_follower(src, row, payload)
+        elif kind is VoteRespRow:
+            pre = self.role is Role.PRE_CANDIDATE
+            if bool(row.pre_vote) != pre:
+                return
+            if row.granted and row.term != self.term + (1 if pre else 0):
+                return
+            self.votes.setdefault(src, bool(row.granted))
+            self._poll()
+
+    def _step_leader(self, src: str, row: tuple, payload: bytes) -> None:
+        kind = type(row)
+        if kind is AppendRespRow:
+            self._handle_append_resp(src, row)
+        elif kind is HeartbeatRespRow:
+            self._handle_heartbeat_resp(src)
+
+    # -- follower: appends -----------------------------------------------------------------
+    def _handle_append(self, src: str, row: AppendRow, payload: bytes) -> None:
+        p = row.prev_offset
+        if row.reset and p > self.commit:
+            self._reset_log(p, row.prev_epoch)
+        if p > self.end or (p > self.commit and self.cache.epoch_at(p - 1) != row.prev_epoch):
+            self._reject(src, row)
+            return
+        match = self._accept_batches(row, payload) if row.end_offset > p else p
+        if match == row.epoch_start and self.cache.last_epoch() < self.term:
+            # Our log agrees with the leader's up to where its epoch starts: record its
+            # marker there. Anything after it is from an older epoch, which the leader's
+            # log does not hold at those offsets.
+            if self.end > match:
+                self._truncate(match)
+            self.cache.assign(self.term, match)
+            self._state_changed()
+        assert match <= row.epoch_start or self.cache.last_epoch() == self.term, (self.pid, match, row)
+        self._set_commit(min(row.commit, match))
+        self._send(src, AppendRespRow(self.pid, self.term, _NONE, 1, match, row.end_offset, 0))
+
+    def _accept_batches(self, row: AppendRow, payload: bytes) -> int:
+        """Take the batches [base, end) of epoch E; returns how far our log now agrees."""
+        base, end, epoch = row.prev_offset, row.end_offset, row.batch_epoch
+        have = min(end, self.end)
+        lo = max(base, self.commit)  # below commit the logs agree by definition
+        agree = have
+        if lo < have:
+            agree = lo if self.cache.epoch_at(lo) != epoch else min(have, self.cache.end_for_epoch(epoch, self.end))
+        if agree < have:
+            self._truncate(agree)  # a conflicting suffix
+        if agree >= end:
+            return end  # we hold them all already (a duplicate or an old message)
+        if agree == base:
+            self._append(base, end, epoch, payload)
+            return end
+        return agree  # we hold [base, agree): the leader resends from there (payloads are opaque)
+
+    def _append(self, base: int, end: int, epoch: int, payload: bytes) -> None:
+        assert base == self.end and end > base
+        self.cache.truncate_from(base)  # a marker at our end is superseded
+        assert epoch >= self.cache.last_epoch(), (self.pid, epoch, self.cache)
+        self.cache.assign(epoch, base)
+        self._state_changed()
+        self.host.log_op(Append(self.pid, base, end, epoch, payload))
+        self.end = end
+        self.synced = end
+
+    def _truncate(self, to: int) -> None:
+        assert self.role is not Role.LEADER and self.commit <= to < self.end, (self.pid, self.commit, to, self.end)
+        self.host.log_op(Truncate(self.pid, to))
+        self.end = to
+        self.synced = min(self.synced, to)
+        if self.cache.truncate_from(to):
+            self._state_changed()
+
+    def _reset_log(self, start: int, epoch: int) -> None:
+        self.host.log_op(ResetLog(self.pid, start))
+        self.end = start
+        self.synced = start
+        self.cache.reset(epoch, start)
+        self._state_changed()
+        self._set_commit(start)  # everything below the leader's log start is committed
+
+    def _reject(self, src: str, row: AppendRow) -> None:
+        p = min(row.prev_offset, self.end)
+        hint_end = min(p, self.cache.end_for_epoch(row.prev_epoch, self.end))
+        hint_epoch = self.cache.epoch_at(hint_end - 1) if hint_end > 0 else 0
+        self._send(src, AppendRespRow(self.pid, self.term, _NONE, 0, row.prev_offset, hint_end, hint_epoch))
+
+    # -- leader: replication ---------------------------------------------------------------
+    def _handle_append_resp(self, src: str, row: AppendRespRow) -> None:
+        pr = self.progress.get(src)
+        if pr is None:
+            return
+        now = self.host.now_tick
+        pr.last_resp_tick = now
+        if row.ok:
+            m = row.offset
+            if m > self.end:
+                return  # cannot be an answer to this leader
+            if m > pr.match:
+                pr.match = m
+                pr.free_to(m)
+                self._maybe_commit()
+            if pr.state == PROBE:
+                pr.become_replicate()
+            elif m < row.hint_end and m == pr.match:
+                pr.become_probe(m)  # a partial ack: resend from where its log stops
+            if pr.match >= self.end:
+                pr.caught_up_tick = now
+                if self.transfer_to == src:
+                    self._maybe_send_timeout_now()
+        else:
+            rejected = row.offset
+            if rejected < pr.match:
+                return  # stale
+            if pr.state == PROBE and (not pr.probe_sent or rejected != pr.probe_prev):
+                return  # an answer to an older probe
+            nxt = min(row.hint_end, self.cache.end_for_epoch(row.hint_epoch, self.end))
+            if nxt >= rejected:
+                # No progress (exact epoch caches always make some): the disagreement is at
+                # our log start. Probe below it, which restarts the follower's log there.
+                nxt = -1
+            pr.become_probe(min(max(nxt, pr.match), self.end))
+        self.host.want_flush(self)
+
+    def _handle_heartbeat_resp(self, src: str) -> None:
+        pr = self.progress.get(src)
+        if pr is None:
+            return
+        now = self.host.now_tick
+        pr.last_resp_tick = now
+        if pr.state == PROBE:
+            pr.probe_sent = False  # the probe or its answer may be lost: retry
+        elif pr.inflight and now - pr.inflight[0][2] >= self.cfg.retransmit_ticks:
+            pr.become_probe(pr.match)  # lost in flight: resend from what it acknowledged
+        else:
+            return
+        self.host.want_flush(self)
+
+    def _maybe_commit(self) -> None:
+        if self.role is not Role.LEADER:
+            return
+        held = [self.synced] + [pr.match for pr in self.progress.values()]
+        held = sorted((h for h in held if h >= self.epoch_start), reverse=True)
+        if len(held) >= self.quorum:
+            self._set_commit(held[self.quorum - 1])
+
+    def send_appends(self) -> None:
+        """Called by the manager's flush: fill every follower's pipeline."""
+        if self.role is not Role.LEADER:
+            return
+        cfg = self.cfg
+        for peer in self.peers:
+            pr = self.progress[peer]
+            if pr.state == REPLICATE:
+                while (pr.next < self.end and len(pr.inflight) < cfg.max_inflight_msgs
+                       and pr.inflight_bytes < cfg.max_inflight_bytes):
+                    if self._send_append(peer, pr, data=True) < 0:
+                        break  # fell behind our log start: now probing
+            if pr.state == PROBE and not pr.probe_sent:
+                pr.probe_prev = self._send_append(peer, pr, data=pr.next == pr.match)
+                pr.probe_sent = True
+
+    def _send_append(self, peer: str, pr: Progress, data: bool) -> int:
+        """Send one append row from ``pr.next``; returns its prev_offset, or -1 when nothing
+        was sent (switched to probing, or the reader cannot see the data yet)."""
+        start = self.host.reader.start_offset(self.pid)
+        prev = pr.next
+        if prev < start:
+            if pr.state != PROBE:
+                pr.become_probe(prev)
+                return -1
+            row = AppendRow(self.pid, self.term, start, self.cache.epoch_at(start - 1), start, 0,
+                            self.epoch_start, self.commit, 0, 1)
+            self._send(peer, row)
+            return start
+        prev_epoch = self.cache.epoch_at(prev - 1) if prev > 0 else 0
+        payload, end, epoch = b"", prev, 0
+        if data and prev < self.end:
+            epoch = self.cache.epoch_at(prev)
+            to = self.cache.end_for_epoch(epoch, self.end)
+            payload, end = self.host.reader.read(self.pid, prev, to, self.cfg.max_append_bytes)
+            assert prev <= end <= to and (end > prev) == (len(payload) > 0), (self.pid, prev, end, to)
+            if end == prev:  # staged where the reader cannot see it yet: the next flush sends it
+                self.host.want_flush(self)
+                if pr.state == REPLICATE:
+                    return -1
+                epoch = 0
+            payload = bytes(payload)
+        row = AppendRow(self.pid, self.term, prev, prev_epoch, end, epoch, self.epoch_start,
+                        self.commit, len(payload), 0)
+        self._send(peer, row, payload)
+        if pr.state == REPLICATE:
+            pr.inflight.append((end, len(payload), self.host.now_tick))
+            pr.inflight_bytes += len(payload)
+            pr.next = end
+        return prev
+
+    def campaign(self) -> None:
+        if self.role is not Role.LEADER:
+            self._campaign(pre=self.cfg.pre_vote)
+
+    def heartbeat(self) -> None:
+        for peer in self.peers:
+            pr = self.progress[peer]
+            self._send(peer, HeartbeatRow(self.pid, self.term, min(self.commit, pr.match)))
+
+    def transfer_leadership(self, target: str) -> None:
+        """Stop taking appends; once ``target`` holds our whole log, tell it to campaign
+        (TimeoutNow). Abandoned after an election timeout."""
+        if self.role is not Role.LEADER or target == self.node or target not in self.peers:
+            return
+        self.transfer_to = target
+        self.transfer_elapsed_ticks = 0
+        self._maybe_send_timeout_now()
+
+    def _maybe_send_timeout_now(self) -> None:
+        target = self.transfer_to
+        if target is not None and self.progress[target].match >= self.end:
+            self._send(target, TimeoutNowRow(self.pid, self.term))
+
+    # -- leader: local appends -------------------------------------------------------------
+    def append_position(self) -> tuple[int, int]:
+        if self.role is not Role.LEADER or self.transfer_to is not None:
+            hint = self.transfer_to if self.role is Role.LEADER else self.leader
+            raise MeshError(ErrorCode.NOT_LEADER, f"partition {self.pid}: not the leader", leader=hint)
+        if self._active(3 * self.cfg.heartbeat_ticks + 1) < self.quorum:
+            raise MeshError(ErrorCode.NOT_ENOUGH_REPLICAS,
+                            f"partition {self.pid}: the leader has not heard from a quorum of "
+                            f"{self.quorum} replicas recently")
+        return self.end, self.term
+
+    def leader_append(self, end_offset: int, epoch: int) -> None:
+        if self.role is not Role.LEADER or epoch != self.term:
+            raise MeshError(ErrorCode.FENCED_EPOCH if self.role is Role.LEADER else ErrorCode.NOT_LEADER,
+                            f"partition {self.pid}: append for epoch {epoch}, leader epoch is "
+                            f"{self.term if self.role is Role.LEADER else 'not here'}", leader=self.leader)
+        if end_offset <= self.end:
+            raise MeshError(ErrorCode.INVALID_REQUEST,
+                            f"partition {self.pid}: append ends at {end_offset}, log end is {self.end}")
+        self.end = end_offset
+        self.host.want_flush(self)
+
+    def mark_synced(self, end_offset: int) -> None:
+        if end_offset > self.synced:
+            self.synced = min(end_offset, self.end)
+            self._maybe_commit()
+
+    def trim_cache(self) -> None:
+        if self.cache.trim_before(self.host.reader.start_offset(self.pid)):
+            self._state_changed()
+
+    # -- queries ----------------------------------------------------------------------------
+    def isr(self) -> list[str]:
+        if self.role is not Role.LEADER:
+            return []
+        now, lag = self.host.now_tick, self.cfg.isr_lag_ticks
+        out = []
+        for r in self.replicas:
+            if r == self.node:
+                out.append(r)
+                continue
+            pr = self.progress[r]
+            if now - pr.last_resp_tick <= lag and (pr.match >= self.end or now - pr.caught_up_tick <= lag):
+                out.append(r)
+        return out
+
+    def describe(self) -> dict:
+        d = {
+            "pid": self.pid, "role": self.role.value, "term": self.term, "leader": self.leader,
+            "vote": self.vote, "replicas": list(self.replicas), "commit": self.commit,
+            "end": self.end, "synced": self.synced, "epoch_cache": [list(e) for e in self.cache.entries()],
+            "isr": self.isr(),
+        }
+        if self.role is Role.LEADER:
+            d["epoch_start"] = self.epoch_start
+            d["transfer_to"] = self.transfer_to
+            d["followers"] = {peer: self.progress[peer].describe() for peer in self.peers}
+        return d

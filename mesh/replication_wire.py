@@ -1,0 +1,191 @@
+"""Wire messages of partition replication (peer protocol ``mesh-peer/1``).
+
+MultiRaft coalescing is built into the message shapes: every message carries a list of
+*rows*, one row per partition, and a node sends at most one message of each kind to each
+peer per call into the core (split only when a byte or row bound is reached). So a tick
+that heartbeats 1,000 partitions led here sends one ``REPL_HEARTBEAT`` to each peer, not
+1,000.
+
+A row is a flat array of ints (and the partition id) in a fixed field order, given by the
+``NamedTuple`` beside each message. Rows from a newer peer may carry extra trailing fields;
+they are ignored (forward compatibility). Every row carries the sender's ``term`` (the
+partition's leader epoch as the sender knows it): that is what fences stale leaders.
+
+``REPL_APPEND`` is the only message with a raw payload frame: the concatenation of each
+row's batch bytes, in row order (``payload_bytes`` says how many belong to each row). The
+bytes are opaque here: record batches exactly as the leader stored them.
+"""
+from __future__ import annotations
+
+import typing
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+from mesh.errors import ErrorCode, MeshError
+from mesh.wire import message
+
+__all__ = [
+    "AppendRow", "AppendRespRow", "HeartbeatRow", "HeartbeatRespRow", "VoteRow", "VoteRespRow",
+    "TimeoutNowRow", "ReplAppend", "ReplAppendResp", "ReplHeartbeat", "ReplHeartbeatResp",
+    "ReplVote", "ReplVoteResp", "ReplTimeoutNow", "ROW_OF", "MESSAGE_OF", "parse_rows",
+    "MAX_ROWS_PER_MESSAGE",
+]
+
+MAX_ROWS_PER_MESSAGE = 65_536  # a hard bound on what a peer may send; the sender splits far below it
+
+
+# -- rows ------------------------------------------------------------------------------
+
+class AppendRow(NamedTuple):
+    """Leader -> follower: 'my log holds epoch ``prev_epoch`` at ``prev_offset - 1``; here
+    are the batches [prev_offset, end_offset), all of epoch ``batch_epoch``' (none when
+    ``end_offset == prev_offset``: a probe / empty append)."""
+    pid: int
+    term: int
+    prev_offset: int      # also the base offset of the carried batches
+    prev_epoch: int
+    end_offset: int
+    batch_epoch: int      # 0 when no batches are carried
+    epoch_start: int      # where the leader's epoch starts in its log (the epoch marker)
+    commit: int           # the leader's commit offset (high watermark)
+    payload_bytes: int    # this row's share of the payload frame
+    reset: int            # 1: prev_offset is the leader's log start; a follower behind it restarts its log there
+
+
+class AppendRespRow(NamedTuple):
+    """Follower -> leader. ok=1: the logs agree on [0, offset) and it is durable (the
+    response leaves only after the follower persisted). ok=0: the check at ``offset`` (the
+    rejected prev_offset) failed; the follower's log holds epochs <= ``hint_epoch`` below
+    ``hint_end``, where the leader should probe next."""
+    pid: int
+    term: int
+    code: int             # ErrorCode: NONE, or FENCED_EPOCH when the sender's term was stale
+    ok: int
+    offset: int
+    hint_end: int         # ok=1: the end_offset of the row answered (to spot partial acks)
+    hint_epoch: int
+
+
+class HeartbeatRow(NamedTuple):
+    pid: int
+    term: int
+    commit: int           # min(leader commit, what the leader knows this follower holds)
+
+
+class HeartbeatRespRow(NamedTuple):
+    pid: int
+    term: int
+    code: int
+
+
+class VoteRow(NamedTuple):
+    pid: int
+    term: int             # the term the candidate asks for (its term + 1 for a pre-vote)
+    last_epoch: int       # the candidate's log: last epoch, then end offset
+    end_offset: int
+    pre_vote: int
+    transfer: int         # 1: a leadership transfer; voters skip the leader-lease check
+
+
+class VoteRespRow(NamedTuple):
+    pid: int
+    term: int
+    code: int
+    granted: int
+    pre_vote: int
+
+
+class TimeoutNowRow(NamedTuple):
+    """Leader -> its chosen successor: campaign now (leadership transfer)."""
+    pid: int
+    term: int
+
+
+# -- messages --------------------------------------------------------------------------
+
+@message("REPL_APPEND")
+@dataclass(frozen=True, slots=True)
+class ReplAppend:
+    rows: list  # of AppendRow; the payload frame holds the rows' batches back to back
+
+
+@message("REPL_APPEND_R")
+@dataclass(frozen=True, slots=True)
+class ReplAppendResp:
+    rows: list  # of AppendRespRow
+
+
+@message("REPL_HEARTBEAT")
+@dataclass(frozen=True, slots=True)
+class ReplHeartbeat:
+    rows: list  # of HeartbeatRow
+
+
+@message("REPL_HEARTBEAT_R")
+@dataclass(frozen=True, slots=True)
+class ReplHeartbeatResp:
+    rows: list  # of HeartbeatRespRow
+
+
+@message("REPL_VOTE")
+@dataclass(frozen=True, slots=True)
+class ReplVote:
+    rows: list  # of VoteRow
+
+
+@message("REPL_VOTE_R")
+@dataclass(frozen=True, slots=True)
+class ReplVoteResp:
+    rows: list  # of VoteRespRow
+
+
+@message("REPL_TIMEOUT_NOW")
+@dataclass(frozen=True, slots=True)
+class ReplTimeoutNow:
+    rows: list  # of TimeoutNowRow
+
+
+MESSAGE_OF: dict[type, type] = {
+    AppendRow: ReplAppend, AppendRespRow: ReplAppendResp, HeartbeatRow: ReplHeartbeat,
+    HeartbeatRespRow: ReplHeartbeatResp, VoteRow: ReplVote, VoteRespRow: ReplVoteResp,
+    TimeoutNowRow: ReplTimeoutNow,
+}
+ROW_OF: dict[type, type] = {msg: row for row, msg in MESSAGE_OF.items()}
+
+
+def _field_types(row_type: type) -> tuple[type, ...]:
+    hints = typing.get_type_hints(row_type)
+    return tuple(hints[name] for name in row_type._fields)
+
+
+_FIELDS: dict[type, tuple[type, ...]] = {row: _field_types(row) for row in MESSAGE_OF}
+
+
+def parse_rows(msg: Any) -> list:
+    """The rows of a decoded replication message as row tuples; a malformed message raises
+    MeshError(INVALID_REQUEST) naming the problem, before anything is applied."""
+    row_type = ROW_OF.get(type(msg))
+    if row_type is None:
+        raise MeshError(ErrorCode.INVALID_REQUEST, f"not a replication message: {type(msg).__name__}")
+    raw_rows = msg.rows
+    if not isinstance(raw_rows, (list, tuple)) or len(raw_rows) > MAX_ROWS_PER_MESSAGE:
+        raise MeshError(ErrorCode.INVALID_REQUEST, f"{type(msg).__name__}: rows must be a list "
+                        f"of at most {MAX_ROWS_PER_MESSAGE}")
+    kinds = _FIELDS[row_type]
+    n = len(kinds)
+    rows = []
+    for raw in raw_rows:
+        if type(raw) is row_type:
+            rows.append(raw)
+            continue
+        if not isinstance(raw, (list, tuple)) or len(raw) < n:
+            raise MeshError(ErrorCode.INVALID_REQUEST,
+                            f"{type(msg).__name__}: each row needs {n} fields {row_type._fields}")
+        for value, kind, name in zip(raw, kinds, row_type._fields):
+            if type(value) is not kind:  # exact: a bool is not an int here
+                raise MeshError(ErrorCode.INVALID_REQUEST,
+                                f"{row_type.__name__}.{name}: expected {kind.__name__}, got {type(value).__name__}")
+            if kind is int and not (-1 <= value < 1 << 63):
+                raise MeshError(ErrorCode.INVALID_REQUEST, f"{row_type.__name__}.{name}: {value} out of range")
+        rows.append(row_type._make(raw[:n]))
+    return rows

@@ -1,0 +1,526 @@
+"""mesh.replication: one test per rule, on a tiny hand-driven network (etcd-raft style).
+
+``Net`` plays the shell for a few brokers: each ``Ready`` is applied to an in-memory store
+(``tests.sim.replication_sim.Store``) and made durable at once, messages go through the
+real wire codec into a FIFO that the test delivers, drops or cuts.
+"""
+from __future__ import annotations
+
+import dataclasses
+import random
+
+import pytest
+
+from mesh.errors import ErrorCode, MeshError
+from mesh.replication import (
+    Append, EpochCache, PersistState, ReplAppend, ReplHeartbeat, ReplHeartbeatResp, ReplVote,
+    ReplicaManager, ReplicationConfig, ResetLog, Role, Truncate,
+)
+from mesh.replication_wire import AppendRow, HeartbeatRow, VoteRow
+from mesh.wire import decode_body, encode_body, op_of
+from tests.sim.replication_sim import Store, encode_batch, iter_batches
+
+CFG = ReplicationConfig(heartbeat_ticks=1, election_ticks=10, retransmit_ticks=5, auto_rebalance=False,
+                        isr_lag_ticks=20)
+
+
+class Net:
+    def __init__(self, n: int = 3, pids=(1,), replicas=None, cfg: ReplicationConfig = CFG) -> None:
+        self.ids = [f"n{i}" for i in range(n)]
+        self.cfg = cfg
+        self.replicas = {pid: list(replicas or self.ids) for pid in pids}
+        self.stores: dict[str, Store] = {}
+        self.cores: dict[str, ReplicaManager] = {}
+        self.queue: list[tuple] = []
+        self.cut: set[tuple[str, str]] = set()
+        self.readies: dict[str, list] = {nid: [] for nid in self.ids}
+        self.sent: list[tuple[str, object]] = []
+        for nid in self.ids:
+            self.start(nid)
+
+    # -- the shell ----------------------------------------------------------------------
+    def start(self, nid: str) -> None:
+        pids = [pid for pid, reps in self.replicas.items() if nid in reps]
+        store = self.stores.setdefault(nid, Store(pids))
+        core = ReplicaManager(nid, random.Random(nid), self.cfg, store)
+        for pid in pids:
+            core.add_partition(pid, self.replicas[pid], store.live_state[pid], store.live[pid].end)
+        self.cores[nid] = core
+
+    def crash(self, nid: str) -> None:
+        self.stores[nid].crash()
+        del self.cores[nid]
+
+    def apply(self, nid: str, rd):
+        store = self.stores[nid]
+        for op in rd.log_ops:
+            log = store.live[op.pid]
+            if type(op) is Append:
+                log.append(list(iter_batches(op.payload)))
+            elif type(op) is Truncate:
+                log.truncate(op.to_offset)
+            else:
+                log.reset(op.start_offset)
+            store.dirty.add(op.pid)
+        for st in rd.persist:
+            store.live_state[st.pid] = st
+            store.dirty.add(st.pid)
+        store.sync()
+        self.readies[nid].append(rd)
+        for s in rd.messages:
+            self.sent.append((nid, s))
+            self.queue.append((nid, s.dest, op_of(s.msg), encode_body(s.msg), s.payload))
+        return rd
+
+    def deliver(self, limit: int = 100_000, drop=lambda src, dest, msg: False) -> int:
+        n = 0
+        while self.queue and n < limit:
+            src, dest, op, body, payload = self.queue.pop(0)
+            msg = decode_body(op, body)
+            if (src, dest) in self.cut or dest not in self.cores or drop(src, dest, msg):
+                continue
+            n += 1
+            self.apply(dest, self.cores[dest].step(src, msg, payload))
+            self.apply(dest, self.cores[dest].flush())
+        return n
+
+    def tick(self, n: int = 1, nids=None) -> None:
+        for _ in range(n):
+            for nid in sorted(nids or self.cores):
+                if nid in self.cores:
+                    self.apply(nid, self.cores[nid].tick())
+            self.deliver()
+
+    def elect(self, nid: str, pid: int = 1) -> None:
+        self.apply(nid, self.cores[nid].campaign(pid))
+        self.deliver()
+        assert self.cores[nid].role(pid) is Role.LEADER
+
+    def produce(self, nid: str, pid: int = 1, data: bytes = b"x", count: int = 1, sync: bool = True) -> tuple[int, int]:
+        core, store = self.cores[nid], self.stores[nid]
+        base, epoch = core.append_position(pid)
+        store.live[pid].append([(base, base + count, epoch, encode_batch(base, count, epoch, data))])
+        store.dirty.add(pid)
+        core.leader_append(pid, base + count, epoch)
+        self.apply(nid, core.flush())
+        if sync:
+            store.sync()
+            self.apply(nid, core.synced(pid, base + count))
+        return base, base + count
+
+    def age(self, nids, n: int) -> None:
+        """Tick ``nids`` with every message they send lost."""
+        for _ in range(n):
+            for nid in nids:
+                self.cores[nid].tick()
+
+    def isolate(self, nid: str) -> None:
+        self.cut |= {(nid, o) for o in self.ids if o != nid} | {(o, nid) for o in self.ids if o != nid}
+
+    def heal(self) -> None:
+        self.cut = set()
+
+    def log(self, nid: str, pid: int = 1) -> list:
+        return [b[:3] for b in self.stores[nid].live[pid].batches]
+
+
+def msgs_of(rds, kind) -> list:
+    return [s for rd in rds for s in rd.messages if type(s.msg) is kind]
+
+
+# -- the epoch cache ----------------------------------------------------------------------------
+
+def test_epoch_cache_answers_epoch_at_and_end_for_epoch():
+    c = EpochCache([(1, 0), (3, 10), (4, 25)])
+    assert [c.epoch_at(o) for o in (0, 9, 10, 24, 25, 99)] == [1, 1, 3, 3, 4, 4]
+    assert c.end_for_epoch(1, 30) == 10 and c.end_for_epoch(2, 30) == 10  # epoch 2 never appended
+    assert c.end_for_epoch(3, 30) == 25 and c.end_for_epoch(4, 30) == 30 and c.end_for_epoch(0, 30) == 0
+    assert c.last_epoch() == 4
+
+
+def test_epoch_cache_assign_truncate_trim():
+    c = EpochCache()
+    assert c.assign(1, 0) and not c.assign(1, 5)
+    c.assign(2, 7)
+    c.assign(3, 7)  # epoch 2 never appended: replaced
+    assert c.entries() == ((1, 0), (3, 7))
+    with pytest.raises(AssertionError):
+        c.assign(2, 9)
+    c.assign(5, 12)
+    assert c.truncate_from(12) and c.entries() == ((1, 0), (3, 7))
+    assert not c.truncate_from(50)
+    assert not c.trim_before(7)  # epoch 1 still covers offset 6, just below the log start
+    assert c.trim_before(8) and c.entries() == ((3, 7),)
+    assert c.epoch_at(2) == 3  # below the first entry: only consulted below commit
+
+
+# -- elections ---------------------------------------------------------------------------------
+
+def test_single_replica_elects_itself_and_commits_only_what_is_synced():
+    net = Net(n=1)
+    core = net.cores["n0"]
+    net.tick(2 * CFG.election_ticks)
+    assert core.role(1) is Role.LEADER and core.leader(1) == ("n0", 1)
+    net.produce("n0", data=b"a", count=2, sync=False)
+    assert core.commit_offset(1) == 0  # staged, not yet synced
+    rd = net.apply("n0", core.synced(1, 2))
+    assert rd.committed == {1: 2} and core.commit_offset(1) == 2
+
+
+def test_election_on_timeout_and_leadership_reported():
+    net = Net()
+    net.tick(2 * CFG.election_ticks + 1)
+    leaders = [nid for nid in net.ids if net.cores[nid].role(1) is Role.LEADER]
+    assert len(leaders) == 1
+    lead, term = net.cores[leaders[0]].leader(1)
+    for nid in net.ids:
+        assert net.cores[nid].leader(1) == (lead, term)
+        assert any(rd.leadership.get(1) == (lead, term) for rd in net.readies[nid])
+
+
+def test_vote_is_persisted_in_the_ready_that_grants_it():
+    net = Net()
+    core = net.cores["n1"]
+    rd = core.step("n0", ReplVote([VoteRow(1, 1, 0, 0, 0, 0)]))
+    assert rd.persist == [PersistState(1, 1, "n0", 0, ())]
+    (grant,) = rd.messages
+    assert grant.dest == "n0" and grant.msg.rows[0].granted == 1
+
+
+def test_one_vote_per_term():
+    net = Net()
+    core = net.cores["n2"]
+    assert core.step("n0", ReplVote([VoteRow(1, 1, 0, 0, 0, 0)])).messages[0].msg.rows[0].granted == 1
+    assert core.step("n1", ReplVote([VoteRow(1, 1, 0, 0, 0, 0)])).messages[0].msg.rows[0].granted == 0
+    assert core.step("n0", ReplVote([VoteRow(1, 1, 0, 0, 0, 0)])).messages[0].msg.rows[0].granted == 1
+
+
+@pytest.mark.parametrize("cand, granted", [
+    ((2, 5), True),    # same log
+    ((2, 9), True),    # same last epoch, longer
+    ((3, 1), True),    # later last epoch beats a longer log
+    ((2, 4), False),   # same last epoch, shorter
+    ((1, 50), False),  # older last epoch, however long
+])
+def test_vote_needs_a_log_at_least_as_up_to_date(cand, granted):
+    net = Net()
+    core = net.cores["n1"]
+    core.remove_partition(1)
+    core.add_partition(1, net.ids, PersistState(1, 2, None, 0, ((1, 0), (2, 3))), end_offset=5)
+    rd = core.step("n0", ReplVote([VoteRow(1, 3, cand[0], cand[1], 0, 0)]))
+    assert rd.messages[0].msg.rows[0].granted == int(granted)
+
+
+def test_a_returning_partitioned_replica_does_not_depose_the_leader():
+    net = Net()
+    net.elect("n0")
+    net.isolate("n2")
+    net.tick(5 * CFG.election_ticks)  # n2 keeps pre-voting, never bumps its term
+    assert net.cores["n2"].leader(1)[1] == 1 and net.cores["n2"].role(1) is Role.PRE_CANDIDATE
+    net.heal()
+    net.tick(3)
+    assert net.cores["n0"].leader(1) == ("n0", 1) and net.cores["n2"].leader(1) == ("n0", 1)
+
+
+def test_votes_are_ignored_within_a_leader_lease_unless_transferring():
+    net = Net()
+    net.elect("n0")
+    core = net.cores["n1"]
+    assert core.step("n2", ReplVote([VoteRow(1, 2, 1, 0, 0, 0)])).messages == []
+    assert core.leader(1) == ("n0", 1)
+    rd = core.step("n2", ReplVote([VoteRow(1, 2, 1, 0, 0, 1)]))
+    assert rd.messages[0].msg.rows[0].granted == 1 and core.leader(1) == (None, 2)
+
+
+# -- fencing and check-quorum -------------------------------------------------------------------------
+
+def test_a_stale_leader_is_fenced_and_steps_down():
+    net = Net()
+    net.elect("n0")
+    net.produce("n0")
+    net.isolate("n0")
+    net.tick(3 * CFG.election_ticks, nids=["n1", "n2"])
+    new = next(n for n in ("n1", "n2") if net.cores[n].role(1) is Role.LEADER)
+    assert net.cores[new].leader(1)[1] >= 2 and net.cores["n0"].role(1) is Role.LEADER
+    net.heal()
+    # the old leader's heartbeat reaches a follower of the new term: FENCED_EPOCH comes back
+    rd = net.apply("n1" if new == "n2" else "n2", net.cores["n1" if new == "n2" else "n2"].step(
+        "n0", ReplHeartbeat([HeartbeatRow(1, 1, 1)])))
+    assert rd.messages[0].msg.rows[0].code == ErrorCode.FENCED_EPOCH
+    net.deliver()
+    assert net.cores["n0"].role(1) is Role.FOLLOWER and net.cores["n0"].leader(1)[1] >= 2
+
+
+def test_a_cut_off_leader_refuses_writes_then_steps_down():
+    net = Net()
+    net.elect("n0")
+    net.isolate("n0")
+    net.tick(3 * CFG.heartbeat_ticks + 2, nids=["n0"])
+    with pytest.raises(MeshError) as e:
+        net.cores["n0"].append_position(1)
+    assert e.value.code == ErrorCode.NOT_ENOUGH_REPLICAS and e.value.retriable
+    assert net.cores["n0"].role(1) is Role.LEADER
+    net.tick(CFG.election_ticks, nids=["n0"])
+    assert net.cores["n0"].role(1) is Role.FOLLOWER
+    with pytest.raises(MeshError) as e:
+        net.cores["n0"].append_position(1)
+    assert e.value.code == ErrorCode.NOT_LEADER
+
+
+def test_leader_append_with_a_stale_epoch_is_refused():
+    net = Net()
+    net.elect("n0")
+    with pytest.raises(MeshError) as e:
+        net.cores["n0"].leader_append(1, 1, epoch=0)
+    assert e.value.code == ErrorCode.FENCED_EPOCH
+    with pytest.raises(MeshError) as e:
+        net.cores["n1"].append_position(1)
+    assert e.value.code == ErrorCode.NOT_LEADER and e.value.leader == "n0"
+
+
+# -- replication and commit ----------------------------------------------------------------------------
+
+def test_commit_needs_a_quorum_that_synced():
+    net = Net()
+    net.elect("n0")
+    net.cut = {("n0", "n1"), ("n0", "n2")}
+    net.produce("n0")
+    net.deliver()
+    assert net.cores["n0"].commit_offset(1) == 0
+    net.heal()
+    net.tick(CFG.retransmit_ticks + 1)  # the lost append is resent
+    assert net.cores["n0"].commit_offset(1) == 1
+    net.tick(1)
+    assert all(net.cores[n].commit_offset(1) == 1 for n in net.ids)  # followers learn it
+
+
+def test_the_leader_counts_itself_only_up_to_its_synced_offset():
+    net = Net()
+    net.elect("n0")
+    net.cut = {("n0", "n2")}
+    net.produce("n0", sync=False)  # staged on n0, sent to n1
+    net.deliver()
+    assert net.cores["n0"].commit_offset(1) == 0  # n1 synced it, n0 has not: no quorum yet
+    net.apply("n0", net.cores["n0"].synced(1, 1))
+    assert net.cores["n0"].commit_offset(1) == 1
+
+
+def test_appends_are_pipelined_within_the_inflight_bounds():
+    cfg = dataclasses.replace(CFG, max_append_bytes=1, max_inflight_msgs=3)
+    net = Net(cfg=cfg)
+    net.elect("n0")
+    net.tick(1)
+    for _ in range(5):
+        net.produce("n0")
+    appends = [m for src, s in net.sent if src == "n0" and type(s.msg) is ReplAppend
+               for m in s.msg.rows if m.pid == 1 and m.end_offset > m.prev_offset]
+    assert len(appends) == 2 * 3  # three in flight to each follower, none acked yet
+    net.deliver()
+    net.tick(2)
+    assert all(net.cores[n].commit_offset(1) == 5 and len(net.log(n)) == 5 for n in net.ids)
+
+
+def test_data_the_reader_cannot_see_yet_goes_out_on_a_later_flush():
+    net = Net()
+    net.elect("n0")
+    net.tick(1)
+    core, store = net.cores["n0"], net.stores["n0"]
+    store.reads_staged = False  # an LMDB reader outside the turn's write transaction
+    base, epoch = core.append_position(1)
+    store.live[1].append([(base, base + 1, epoch, encode_batch(base, 1, epoch, b"z"))])
+    store.dirty.add(1)
+    core.leader_append(1, base + 1, epoch)
+
+    def data_rows(rd):
+        return [r for s in rd.messages if type(s.msg) is ReplAppend for r in s.msg.rows if r.end_offset > r.prev_offset]
+
+    assert data_rows(core.flush()) == []
+    store.sync()
+    net.apply("n0", core.synced(1, base + 1))
+    assert len(data_rows(net.apply("n0", core.flush()))) == 2
+    net.deliver()
+    net.tick(1)
+    assert all(net.cores[n].commit_offset(1) == 1 for n in net.ids)
+
+
+def test_a_divergent_follower_truncates_to_the_point_of_agreement():
+    net = Net()
+    net.elect("n0")
+    net.produce("n0", data=b"a")
+    net.tick(1)
+    net.isolate("n0")
+    net.produce("n0", data=b"lost1")  # epoch 1, never replicated
+    net.produce("n0", data=b"lost2")
+    net.tick(3 * CFG.election_ticks, nids=["n1", "n2"])
+    new = next(n for n in ("n1", "n2") if net.cores[n].role(1) is Role.LEADER)
+    net.produce(new, data=b"b")
+    net.heal()
+    net.tick(3)
+    assert net.log("n0") == net.log(new) and [e for _, _, e in net.log("n0")] == [1, net.cores[new].leader(1)[1]]
+    truncs = [op for rd in net.readies["n0"] for op in rd.log_ops if type(op) is Truncate]
+    assert [t.to_offset for t in truncs] == [1]
+
+
+def test_commit_after_an_election_waits_for_a_quorum_holding_the_new_epoch():
+    """Raft 5.4.2 / figure 8, with the epoch marker standing in for a no-op entry."""
+    cfg = dataclasses.replace(CFG, max_append_bytes=1, max_inflight_msgs=1)  # one batch per message
+    net = Net(cfg=cfg)
+    net.elect("n0")                       # epoch 1
+    net.produce("n0", data=b"c")          # [0,1) committed everywhere
+    net.tick(1)
+    net.cut = {("n0", "n1"), ("n0", "n2")}
+    net.produce("n0", data=b"x1")         # [1,2) and [2,3), epoch 1, only on n0
+    net.produce("n0", data=b"x2")
+    net.crash("n0")
+    net.heal()
+    net.age(["n1", "n2"], CFG.election_ticks)  # their lease on n0 runs out
+    net.apply("n1", net.cores["n1"].campaign(1))
+    net.deliver(drop=lambda src, dest, msg: type(msg) is ReplAppend)  # epoch 2; its appends are lost
+    assert net.cores["n1"].leader(1) == ("n1", 2)
+    net.cut = {("n1", "n0"), ("n1", "n2")}
+    net.produce("n1", data=b"y")          # [1,2) epoch 2, only on n1
+    net.crash("n1")
+    net.start("n0")
+    net.cut = set()
+    net.age(["n0", "n2"], CFG.election_ticks)
+    net.apply("n0", net.cores["n0"].campaign(1))  # its pre-vote learns epoch 2 from n2
+    net.deliver()
+    net.apply("n0", net.cores["n0"].campaign(1))
+    # n0 (epoch 3, log ends at 3) wins with n2's vote; of its two batches only the first arrives
+    net.deliver(drop=lambda src, dest, msg: type(msg) is ReplAppend and any(
+        r.end_offset > max(2, r.prev_offset) for r in map(AppendRow._make, msg.rows)))
+    assert net.cores["n0"].role(1) is Role.LEADER and net.cores["n0"].leader(1)[1] == 3
+    assert net.cores["n2"].end_offset(1) == 2
+    # n2 acked offset 2 (an epoch-1 batch) without holding epoch 3: no commit
+    assert net.cores["n0"].commit_offset(1) == 1
+    net.tick(CFG.retransmit_ticks + 2, nids=["n0", "n2"])
+    assert net.cores["n2"].epoch_cache(1)[-1] == (3, 3)
+    assert net.cores["n0"].commit_offset(1) == 3  # the marker is on a quorum: all of it commits
+    # and n1, back with its epoch-2 batch, can no longer win n2's vote
+    rd = net.cores["n2"].step("n1", ReplVote([VoteRow(1, 4, 2, 2, 0, 1)]))
+    assert rd.messages[0].msg.rows[0].granted == 0
+
+
+def test_a_follower_behind_the_leader_log_start_is_reset():
+    net = Net()
+    net.elect("n0")
+    net.isolate("n2")
+    for i in range(4):
+        net.produce("n0", data=b"%d" % i)
+    net.tick(2, nids=["n0", "n1"])
+    for nid in ("n0", "n1"):  # retention on both, below commit
+        for log in (net.stores[nid].live[1], net.stores[nid].durable[1]):
+            log.trim_head(3)
+    net.heal()
+    net.tick(4)
+    resets = [op for rd in net.readies["n2"] for op in rd.log_ops if type(op) is ResetLog]
+    assert resets == [ResetLog(1, 3)]
+    assert net.log("n2") == net.log("n0") and net.cores["n2"].commit_offset(1) == 4
+
+
+def test_restart_recovers_term_vote_commit_and_epochs():
+    net = Net()
+    net.elect("n0")
+    net.produce("n0")
+    net.tick(2)
+    before = net.cores["n1"].state(1)
+    net.crash("n1")
+    net.start("n1")
+    assert net.cores["n1"].state(1) == before and net.cores["n1"].end_offset(1) == 1
+
+
+# -- coalescing, transfer, ISR, status ------------------------------------------------------------------
+
+def test_heartbeats_are_coalesced_per_broker_pair():
+    net = Net(pids=range(1, 201))
+    for pid in range(1, 201):
+        net.elect("n0", pid)
+    net.tick(1)
+    net.sent.clear()
+    net.apply("n0", net.cores["n0"].tick())
+    beats = [(src, s) for src, s in net.sent if type(s.msg) is ReplHeartbeat]
+    assert sorted(s.dest for _, s in beats) == ["n1", "n2"] and all(len(s.msg.rows) == 200 for _, s in beats)
+    net.deliver()
+    resps = [(src, s) for src, s in net.sent if type(s.msg) is ReplHeartbeatResp]
+    assert sorted(src for src, _ in resps) == ["n1", "n2"] and all(len(s.msg.rows) == 200 for _, s in resps)
+
+
+def test_leadership_moves_to_the_caught_up_preferred_replica():
+    cfg = dataclasses.replace(CFG, auto_rebalance=True, rebalance_delay_ticks=5)
+    net = Net(replicas=["n1", "n0", "n2"], cfg=cfg)
+    net.elect("n0")
+    net.produce("n0")
+    net.tick(5)
+    assert net.cores["n1"].role(1) is Role.LEADER and net.cores["n1"].leader(1)[1] == 2
+    assert net.cores["n0"].role(1) is Role.FOLLOWER and net.cores["n1"].commit_offset(1) == 1
+
+
+def test_appends_are_refused_during_a_transfer():
+    net = Net()
+    net.elect("n0")
+    net.cut = {("n1", "n0")}  # n1 never takes over: the transfer stays pending
+    net.apply("n0", net.cores["n0"].transfer_leadership(1, "n1"))
+    with pytest.raises(MeshError) as e:
+        net.cores["n0"].append_position(1)
+    assert e.value.code == ErrorCode.NOT_LEADER and e.value.leader == "n1"
+
+
+def test_isr_drops_a_lagging_follower():
+    net = Net()
+    net.elect("n0")
+    net.produce("n0")
+    net.tick(2)
+    assert net.cores["n0"].isr(1) == ["n0", "n1", "n2"]
+    net.cut = {("n0", "n2"), ("n2", "n0")}
+    net.produce("n0")
+    net.tick(CFG.isr_lag_ticks + 1, nids=["n0", "n1"])
+    assert net.cores["n0"].isr(1) == ["n0", "n1"]
+    st = net.cores["n0"].status(1)
+    assert st["role"] == "leader" and st["followers"]["n2"]["match"] == 1 and st["commit"] == 2
+
+
+# -- robustness ------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("msg, payload", [
+    (ReplAppend([[1, 1, 0, 0, 1, 1, 0, 0, 5, 0]]), b"abc"),      # payload shorter than the row says
+    (ReplAppend([[1, 1, 0, 0, 0, 1, 0, 0, 3, 0]]), b"abc"),      # bytes but no offsets
+    (ReplAppend([[1, "x", 0, 0, 0, 0, 0, 0, 0, 0]]), None),      # wrong type
+    (ReplAppend([[1, 1, 0]]), None),                             # short row
+    (ReplHeartbeat([[1, True, 0]]), None),                       # a bool is not an int
+    (ReplHeartbeat("rows"), None),
+])
+def test_malformed_messages_are_refused_and_change_nothing(msg, payload):
+    net = Net()
+    before = net.cores["n1"].state(1)
+    with pytest.raises(MeshError) as e:
+        net.cores["n1"].step("n0", msg, payload)
+    assert e.value.code == ErrorCode.INVALID_REQUEST
+    assert net.cores["n1"].state(1) == before
+
+
+def test_rows_for_partitions_not_hosted_are_counted_and_skipped():
+    net = Net()
+    core = net.cores["n1"]
+    rd = core.step("n0", ReplHeartbeat([HeartbeatRow(99, 1, 0), HeartbeatRow(1, 1, 0)]))
+    assert core.unknown_rows == 1 and rd.messages[0].msg.rows[0].pid == 1
+
+
+def test_messages_round_trip_through_the_wire_codec():
+    row = AppendRow(7, 3, 10, 2, 12, 3, 10, 9, 4, 0)
+    msg = ReplAppend([row])
+    back = decode_body(op_of(msg), encode_body(msg))
+    assert type(back) is ReplAppend and AppendRow(*back.rows[0]) == row
+
+
+def test_config_and_partition_validation():
+    with pytest.raises(MeshError):
+        ReplicationConfig(heartbeat_ticks=5, election_ticks=6)
+    core = ReplicaManager("a", random.Random(0), CFG, Store([1]))
+    with pytest.raises(MeshError):
+        core.add_partition(1, ["b", "c"])  # must include itself
+    core.add_partition(1, ["a", "b"])
+    with pytest.raises(MeshError):
+        core.add_partition(1, ["a", "b"])
+    with pytest.raises(MeshError) as e:
+        core.role(2)
+    assert e.value.code == ErrorCode.UNKNOWN_PARTITION
