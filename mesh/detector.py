@@ -96,7 +96,8 @@ class FailureDetector:
             rec.samples += 1
             if now_ms > rec.last_ms:
                 rec.last_ms = now_ms
-        rec.deadline_ms = rec.last_ms + self._span(rec)
+        mean = rec.mean_ms if rec.mean_ms > self.min_mean_ms else self.min_mean_ms
+        rec.deadline_ms = rec.last_ms + int(self._span_per_mean * mean)
 
     def suspend(self, now_ms: int) -> None:
         """Restart every clock at ``now_ms`` (after a local stall); no samples are taken."""

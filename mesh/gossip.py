@@ -14,6 +14,9 @@ Exchange (one round every ``interval_ms``, started by ``tick``):
 1. SYN  A -> B: A's digest and the hashes of A's cluster-store buckets.
 2. ACK  B -> A: the rows where B differs from A (what B knows newer, where B is
    behind), the deltas A lacks, and B's cluster entries in the buckets that differ.
+   When the only difference is heartbeats at most two beats newer, B does not answer:
+   heartbeats then spread by push, in every SYN, which halves idle traffic; a sender
+   further behind (a joiner, a healed partition) gets them pulled in the ACK.
 3. ACK2 A -> B: the deltas B lacks and A's newer cluster entries.
 A delta for one origin is every entry with a version above the receiver's max version,
 oldest first. Deltas of one message are bounded by ``max_delta_bytes``; a truncated
@@ -36,8 +39,9 @@ R3 Tombstones are collected ``tombstone_gc_ms`` after a node stored them; the no
 R4 Liveness: an origin's heartbeat moving feeds a phi-accrual detector (mesh.detector).
    ALIVE -> SUSPECT when phi > ``phi_threshold``; SUSPECT -> DEAD after
    ``dead_after_ms`` more; SUSPECT/DEAD -> ALIVE only when its heartbeat moves or a
-   newer generation appears. An origin learned second-hand (or restored from a snapshot)
-   starts SUSPECT, unconfirmed, until its heartbeat moves. LEFT (graceful leave, a flag
+   newer generation appears. An origin learned second-hand (or restored from a
+   snapshot) starts SUSPECT, unconfirmed, until its heartbeat moves or a message from it
+   arrives carrying its own row, so a long-dead node is never shown alive. LEFT (graceful leave, a flag
    in the origin's own row) is final for that generation. A node whose own loop stalled
    (``stall_threshold_ms`` between steps) restarts every detector clock instead of
    convicting peers it could not hear.
@@ -66,6 +70,7 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import operator
 import random
 import zlib
 from collections import deque
@@ -83,9 +88,9 @@ __all__ = [
 ]
 
 # ======================================================================================
-# Wire messages (flat lists keep them compact and cheap to decode)
+# Wire messages (flat lists of fields keep them compact and cheap to validate)
 #
-#   digest          [node_id, generation, heartbeat, max_version, gc_version, address, left, ...]
+#   digest          [[node_id, generation, heartbeat, max_version, gc_version, address, left], ...]
 #   delta           [origin, generation, from_version, upto_version, gc_version, reset,
 #                    [key, version, value, deleted, ...]]
 #   cluster         16 bucket hashes (uint32), or [] when the store is empty / matched
@@ -137,6 +142,7 @@ _DELTA_OVERHEAD = 40                      # bytes: a delta's header, roughly
 _ENTRY_OVERHEAD = 12
 _MAX_KEY_CHARS = 1024
 _MAX_DEPTH = 32
+_HEARTBEAT_SLACK_BEATS = 2   # a SYN this far behind on some heartbeat gets an answer
 
 
 @dataclass(frozen=True)
@@ -145,7 +151,7 @@ class GossipConfig:
     fanout: int = 1                     # random live peers per round
     max_delta_bytes: int = 60_000       # bound on deltas + cluster entries in one message
     phi_threshold: float = 8.0
-    dead_after_ms: int = 6_000          # a suspect becomes DEAD after this
+    dead_after_ms: int = 5_000          # a suspect becomes DEAD after this
     tombstone_gc_ms: int = 3_600_000    # tombstones and DEAD/LEFT namespaces live this long
     unreachable_probe_prob: float = 0.1  # per round: also try one DEAD node (heals partitions)
     seed_probe_prob: float = 0.05        # per round: also try one seed
@@ -261,17 +267,24 @@ def _entry_hash(key: str, clock: int, writer: str, deleted: bool) -> int:
     return int.from_bytes(h.digest(), "big")
 
 
-def _parse_rows(flat: Any, limit: int) -> dict[str, tuple]:
-    if not isinstance(flat, (list, tuple)) or len(flat) % _ROW or len(flat) > _ROW * limit:
+_ROW_TYPES = [str, int, int, int, int, str, bool]
+
+
+def _parse_rows(digest: Any, limit: int) -> dict[str, tuple]:
+    """node id -> row tuple; _Malformed unless every row has the right shape and types."""
+    if not isinstance(digest, (list, tuple)) or len(digest) > limit:
         raise _Malformed("digest")
-    cols = [flat[i::_ROW] for i in range(_ROW)]
-    if not (_types_ok(cols[_ID], str) and _types_ok(cols[_ADDR], str) and _types_ok(cols[_LEFT], bool)
-            and _ints_ok(cols[_GEN]) and _ints_ok(cols[_HB]) and _ints_ok(cols[_MV]) and _ints_ok(cols[_GC])):
+    try:
+        rows = list(map(tuple, digest))
+    except TypeError as exc:
+        raise _Malformed("digest rows") from exc
+    if rows and (set(map(len, rows)) != {_ROW}
+                 or list(map(type, itertools.chain.from_iterable(rows))) != _ROW_TYPES * len(rows)):
         raise _Malformed("digest types")
-    rows = dict(zip(cols[_ID], zip(*cols)))
-    if len(rows) != len(cols[_ID]):
+    out = dict(zip(map(operator.itemgetter(0), rows), rows))
+    if len(out) != len(rows):
         raise _Malformed("digest: duplicate node")
-    return rows
+    return out
 
 
 def _parse_buckets(b: Any) -> list[int] | None:
@@ -402,7 +415,6 @@ class Gossip:
 
         self._rows: dict[str, tuple] = {node_id: (node_id, generation, 0, 0, 0, address, False)}
         self._rows_shared = False          # copy-on-write (see converged_cluster)
-        self._flat: list | None = None     # the digest as a flat list, rebuilt after changes
         self._ns: dict[str, _Namespace] = {}
         self._status: dict[str, tuple[str, int]] = {}   # non-ALIVE origins: (status, since_ms)
         self._targets: list[str] = [node_id]             # gossip-able: ALIVE or SUSPECT, incl. self
@@ -424,7 +436,7 @@ class Gossip:
         self._left = False
         self._last_step_ms = now_ms
         self._next_round_ms = now_ms + rng.randrange(config.interval_ms)
-        self._next_hb_ms = self._next_round_ms
+        self._next_hb_ms = self._next_round_ms + config.effective_heartbeat_ms - config.interval_ms
         self._gc_sweep_ms = max(config.interval_ms, config.tombstone_gc_ms // 16)
         self._next_gc_ms = now_ms + self._gc_sweep_ms
         self._seed_backoff_ms = config.interval_ms
@@ -554,6 +566,8 @@ class Gossip:
     @property
     def next_tick_ms(self) -> int:
         """The earliest time at which ``tick`` has something to do (a poll timeout hint)."""
+        if self._left:
+            return self._last_step_ms + self._interval_ms
         return min(self._next_round_ms, self._next_hb_ms)
 
     @property
@@ -698,28 +712,41 @@ class Gossip:
                     self._graveyard[o] = (gen, hb, min(removed, now_ms))
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"unusable gossip snapshot: {exc}") from exc
-        self._flat = None
         self._version += 1
 
     # ============================================================ exchange =============
 
     def _syn(self) -> GossipSyn:
-        return GossipSyn(self.node_id, self._flat_rows(),
+        return GossipSyn(self.node_id, list(self._rows.values()),
                          list(self._buckets) if self._cluster else [], self._cluster_gc)
 
     def _on_syn(self, src: str, msg: GossipSyn, now_ms: int) -> list[Send]:
-        rows = _parse_rows(msg.digest, self.config.max_nodes)
         their_buckets = _parse_buckets(msg.cluster)
         if type(msg.cluster_gc) is not int:
             raise _Malformed("cluster_gc")
-        self._merge_rows(rows, now_ms)
-        # rows where we know more, or where we are behind: the sender needs to see them
+        if type(msg.digest) is list and msg.digest == list(self._rows.values()):
+            rows = self._rows        # the same digest, row for row: nothing to merge or say
+            self._heard_from(msg.node_id, rows.get(msg.node_id), now_ms)
+        else:
+            rows = _parse_rows(msg.digest, 4 * self.config.max_nodes)
+            self._merge_rows(rows, now_ms, msg.node_id)
+        # rows where we know more, or where we are behind: the sender needs to see them.
+        # Slightly newer heartbeats alone do not justify an answer (they spread by push).
         reply_rows: list[tuple] = []
-        for o, r in sorted(self._rows.items() - rows.items()):
-            a = rows.get(o)
-            if (a is None or r[_GEN] != a[_GEN] or r[_HB] > a[_HB] or r[_MV] != a[_MV]
-                    or r[_GC] != a[_GC] or r[_LEFT] != a[_LEFT]):
+        must_reply = False
+        get = rows.get
+        for o, r in self._rows.items() if rows != self._rows else ():
+            a = get(o)
+            if a == r:
+                continue
+            if (a is None or r[_GEN] != a[_GEN] or r[_MV] != a[_MV] or r[_GC] != a[_GC]
+                    or r[_LEFT] != a[_LEFT]):
                 reply_rows.append(r)
+                must_reply = True
+            elif r[_HB] > a[_HB]:
+                reply_rows.append(r)
+                if r[_HB] > a[_HB] + _HEARTBEAT_SLACK_BEATS:
+                    must_reply = True
         budget = [self.config.max_delta_bytes]
         mine = self._buckets if self._cluster else _ZERO_BUCKETS
         theirs = their_buckets or _ZERO_BUCKETS
@@ -731,22 +758,22 @@ class Gossip:
             cluster_reply = list(mine)
         elif msg.cluster_gc > self._cluster_gc:
             self._cluster_gc = msg.cluster_gc      # same store as the sender: its horizon is ours
-        deltas = self._deltas([(r[_ID], rows.get(r[_ID])) for r in reply_rows], budget)
-        if not reply_rows and not deltas and not centries and not cluster_reply:
+        if not must_reply and not cluster_reply:
             return []
-        ack = GossipAck(self.node_id, list(itertools.chain.from_iterable(reply_rows)), deltas,
+        deltas = self._deltas([(r[_ID], rows.get(r[_ID])) for r in reply_rows], budget)
+        ack = GossipAck(self.node_id, reply_rows, deltas,
                         cluster_reply, centries, self._cluster_gc)
         return [Send(src, ack)]
 
     def _on_ack(self, src: str, msg: GossipAck, now_ms: int) -> list[Send]:
-        limit = self.config.max_nodes
+        limit = 4 * self.config.max_nodes      # rows beyond max_nodes are refused one by one
         rows = _parse_rows(msg.digest, limit)
         deltas = _parse_deltas(msg.deltas, limit)
         their_entries = _parse_cluster_entries(msg.cluster_entries, 1_000_000)
         their_buckets = _parse_buckets(msg.cluster)
         if type(msg.cluster_gc) is not int:
             raise _Malformed("cluster_gc")
-        self._merge_rows(rows, now_ms)
+        self._merge_rows(rows, now_ms, msg.node_id)
         self._apply_deltas(deltas, now_ms)
         kills = self._merge_cluster(their_entries, now_ms)
         budget = [self.config.max_delta_bytes - 20 * len(kills)]
@@ -767,7 +794,7 @@ class Gossip:
         return [Send(src, GossipAck2(self.node_id, deltas_out, centries))]
 
     def _on_ack2(self, msg: GossipAck2, now_ms: int) -> None:
-        limit = self.config.max_nodes
+        limit = 4 * self.config.max_nodes
         deltas = _parse_deltas(msg.deltas, limit)
         their_entries = _parse_cluster_entries(msg.cluster_entries, 1_000_000)
         self._apply_deltas(deltas, now_ms)
@@ -775,12 +802,44 @@ class Gossip:
 
     # -------------------------------------------------------------- rows ---------------
 
-    def _merge_rows(self, rows: dict[str, tuple], now_ms: int) -> None:
-        changed = rows.items() - self._rows.items()
-        for _, r in sorted(changed):
-            self._merge_row(r, now_ms)
+    def _merge_rows(self, rows: dict[str, tuple], now_ms: int, sender: str = "") -> None:
+        mine_rows = self._rows
+        if rows == mine_rows:
+            if sender:
+                self._heard_from(sender, rows.get(sender), now_ms)
+            return
+        status = self._status
+        me = self.node_id
+        get = mine_rows.get
+        for o, r in rows.items():              # the sender's order: deterministic
+            mine = get(o)
+            if mine == r:
+                continue
+            if (mine is not None and r[_GEN] == mine[_GEN] and r[_LEFT] == mine[_LEFT] and o != me
+                    and not self._rows_shared):
+                # the common case: a heartbeat moved (or the peer is behind)
+                if r[_HB] > mine[_HB]:
+                    mine_rows[o] = (o, mine[_GEN], r[_HB]) + mine[_MV:]
+                    self._detector.report(o, now_ms)
+                    st = status.get(o)
+                    if st is not None and st[0] != LEFT:
+                        self._set_status(o, ALIVE, now_ms)
+                continue
+            self._merge_row(r, now_ms, o == sender)
+            mine_rows = self._rows                 # may have been copied (copy-on-write)
+            get = mine_rows.get
+        if sender:
+            self._heard_from(sender, rows.get(sender), now_ms)
 
-    def _merge_row(self, r: tuple, now_ms: int) -> None:
+    def _heard_from(self, sender: str, row: tuple | None, now_ms: int) -> None:
+        """A message from ``sender`` carrying its own current row confirms an unconfirmed node."""
+        st = self._status.get(sender)
+        if (st is not None and st[0] == SUSPECT and row is not None and sender not in self._detector
+                and self._rows[sender][_GEN] == row[_GEN]):
+            self._detector.report(sender, now_ms)
+            self._set_status(sender, ALIVE, now_ms)
+
+    def _merge_row(self, r: tuple, now_ms: int, from_itself: bool = False) -> None:
         o = r[_ID]
         if o == self.node_id:
             if r[_GEN] > self.generation:
@@ -796,10 +855,10 @@ class Gossip:
                 return
             if grave is not None:
                 del self._graveyard[o]
-            self._adopt(r, now_ms, "unknown")
+            self._adopt(r, now_ms, "unknown", from_itself)
             return
         if r[_GEN] > mine[_GEN]:
-            self._adopt(r, now_ms, self._status_of(o))   # R2: a newer generation replaces
+            self._adopt(r, now_ms, self._status_of(o), from_itself)   # R2: a newer generation replaces
             return
         if r[_GEN] < mine[_GEN]:
             return
@@ -817,14 +876,27 @@ class Gossip:
             if st is not None and st[0] in (SUSPECT, DEAD):
                 self._set_status(o, ALIVE, now_ms)
 
-    def _adopt(self, r: tuple, now_ms: int, old_status: str) -> None:
-        """Start tracking origin ``r[0]`` at generation ``r[1]`` with an empty namespace."""
+    def _adopt(self, r: tuple, now_ms: int, old_status: str, from_itself: bool) -> None:
+        """Start tracking origin ``r[0]`` at generation ``r[1]`` with an empty namespace.
+
+        Learned from the node itself (it sent the message), it is ALIVE; learned second-hand
+        it is SUSPECT, unconfirmed, until its heartbeat moves (R4).
+        """
         o = r[_ID]
         self._ns.pop(o, None)
         self._detector.forget(o)
         self._set_row((o, r[_GEN], r[_HB], 0, 0, r[_ADDR], r[_LEFT]))
-        new = LEFT if r[_LEFT] else SUSPECT                # unconfirmed until the heartbeat moves
-        self._status[o] = (new, now_ms)
+        if r[_LEFT]:
+            new = LEFT
+        elif from_itself:
+            new = ALIVE
+            self._detector.report(o, now_ms)
+        else:
+            new = SUSPECT
+        if new == ALIVE:
+            self._status.pop(o, None)
+        else:
+            self._status[o] = (new, now_ms)
         self._retarget(o)
         self._event(o, old_status, new)
 
@@ -833,12 +905,7 @@ class Gossip:
             self._rows = dict(self._rows)
             self._rows_shared = False
         self._rows[row[_ID]] = row
-        self._flat = None
 
-    def _flat_rows(self) -> list:
-        if self._flat is None:
-            self._flat = list(itertools.chain.from_iterable(self._rows.values()))
-        return self._flat
 
     # ------------------------------------------------------------- deltas --------------
 
@@ -934,7 +1001,8 @@ class Gossip:
     def _entry_size(self, key: str, value: Any) -> int:
         size = _ENTRY_OVERHEAD + _size(key) + _size(value)
         if size > self._max_entry_bytes:
-            raise ValueError(f"gossip entry {key!r} is {size} bytes; at most {self._max_entry_bytes} fit in a message")
+            raise ValueError(f"gossip entry {key!r} is {size} bytes; "
+                             f"at most {self._max_entry_bytes} fit in a message")
         return size
 
     # ------------------------------------------------------------- cluster store -------
@@ -1026,8 +1094,14 @@ class Gossip:
         if others > 0:
             self._seed_backoff_ms = self._interval_ms
             k = min(cfg.fanout, others)
-            picks = rng.sample(targets, min(k + 1, len(targets)))
-            dests += [self._rows[p][_ADDR] for p in picks if p != self.node_id][:k]
+            if k == 1:
+                p = self.node_id
+                while p == self.node_id:
+                    p = targets[int(rng.random() * len(targets))]
+                dests.append(self._rows[p][_ADDR])
+            else:
+                picks = rng.sample(targets, min(k + 1, len(targets)))
+                dests += [self._rows[p][_ADDR] for p in picks if p != self.node_id][:k]
         dead = [o for o, (st, _) in self._status.items() if st == DEAD]
         if dead and rng.random() < cfg.unreachable_probe_prob:
             dests.append(self._rows[rng.choice(dead)][_ADDR])
@@ -1131,7 +1205,6 @@ class Gossip:
             self._rows = dict(self._rows)
             self._rows_shared = False
         del self._rows[o]
-        self._flat = None
         self._ns.pop(o, None)
         self._status.pop(o, None)
         self._detector.forget(o)
@@ -1194,8 +1267,6 @@ class Gossip:
             assert e[0] <= self._clock, "clock behind a stamp"
         assert buckets == self._buckets, "bucket hashes"
         assert self._cluster_tombstones == sum(1 for e in self._cluster.values() if e[3]), "cluster tombstones"
-        if self._flat is not None:
-            assert self._flat == list(itertools.chain.from_iterable(self._rows.values())), "digest cache"
 
     # ------------------------------------------------------------- simulation fixture --
 
@@ -1212,13 +1283,12 @@ class Gossip:
         rows = {o: (o, g, 0, 0, 0, a, False) for o, a, g in members}
         if len(rows) != len(members):
             raise ValueError("duplicate node ids")
-        flat = list(itertools.chain.from_iterable(rows.values()))
         targets = list(rows)
         tindex = {o: i for i, o in enumerate(targets)}
         nodes = []
         for (o, a, g), rng in zip(members, rngs, strict=True):
             n = cls(o, a, g, seeds, rng, config, now_ms)
-            n._rows, n._rows_shared, n._flat = rows, True, flat
+            n._rows, n._rows_shared = rows, True
             n._targets, n._tindex, n._targets_shared = targets, tindex, True
             nodes.append(n)
         return nodes

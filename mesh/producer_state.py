@@ -2,7 +2,7 @@
 
 A batch header carries ``producer_id`` and ``base_sequence``; the leader remembers the last
 ``RECENT_BATCHES`` batches of each producer per partition (first sequence, last sequence,
-base offset), as Kafka does. A retried batch whose sequences match a remembered one is
+base offset), as Kafka does (Kafka keeps 5; the client here may have up to 16 in flight). A retried batch whose sequences match a remembered one is
 answered with its original offset and not stored again; a batch that skips sequences is
 refused with OUT_OF_ORDER_SEQUENCE (retriable: an earlier batch is still in flight).
 
@@ -22,7 +22,7 @@ from mesh.records import BatchHeader
 
 __all__ = ["ProducerStates", "RECENT_BATCHES"]
 
-RECENT_BATCHES = 5
+RECENT_BATCHES = 16  # >= the client's max in-flight batches per partition
 _KEY = struct.Struct(">Qq")
 
 

@@ -130,6 +130,10 @@ class Producer:
         self.acks = _ACKS[acks]
         self.linger_s = linger_ms / 1000
         self.batch_size = batch_size
+        from mesh.producer_state import RECENT_BATCHES
+        if enable_idempotence and not 1 <= max_in_flight <= RECENT_BATCHES:
+            raise ValueError(f"max_in_flight must be 1..{RECENT_BATCHES} with idempotence "
+                             f"(the broker remembers that many batches per producer)")
         self.max_in_flight = max_in_flight
         self.retries = retries
         self.backoff_s, self.backoff_max_s = retry_backoff_ms / 1000, retry_backoff_max_ms / 1000
@@ -227,8 +231,6 @@ class Producer:
             self._buffered += size + 8
             if b.nbytes >= self.batch_size:
                 self._close_batch(b)
-                if self._sticky.get(topic) == partition and n > 1:
-                    self._sticky[topic] = (partition + 1 + self._rng.randrange(n - 1)) % n
             return RecordFuture(b, idx)
 
     def send_batch(self, topic: str, values: list[bytes], partition: int | None = None,
@@ -273,9 +275,13 @@ class Producer:
             self._lock.wait(left)
 
     def _close_batch(self, b: _Batch) -> None:
-        """Caller holds the lock."""
+        """Caller holds the lock. Unkeyed records stick to one partition until its batch
+        closes (full, or lingered), then move to another (Kafka's sticky partitioner)."""
         if self._open.get((b.topic, b.partition)) is b:
             del self._open[(b.topic, b.partition)]
+            n = self._partitions.get(b.topic, 1)
+            if self._sticky.get(b.topic) == b.partition and n > 1:
+                self._sticky[b.topic] = (b.partition + 1 + self._rng.randrange(n - 1)) % n
         b.closed = True
         self._ready.append(b)
         self._wake()
@@ -440,7 +446,7 @@ class Producer:
                     need_refresh = True
                     self._retry_later(p, by_rid, b, MeshError(ErrorCode.TIMEOUT,
                                                               f"no answer within {self.request_timeout_s} s"))
-        transport.close()
+        transport.close(linger_ms=2000 if self.acks == 0 else 0)  # acks=0: let queued sends leave
         self._wake_rx.close(linger=0)
 
     def _encode(self, b: _Batch, p: _Part) -> None:

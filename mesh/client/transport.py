@@ -112,14 +112,15 @@ class Transport:
                     return resp, p
                 self._stash[r] = (a, resp, p)
 
-    def forget(self, addr: str) -> None:
+    def forget(self, addr: str, linger_ms: int = 0) -> None:
         """Drop the socket to ``addr`` (e.g. after a timeout) so the next send reconnects."""
         s = self._socks.pop(addr, None)
         if s is not None:
             self._poller.unregister(s)
             del self._addr_of[s]
-            s.close(linger=0)
+            s.close(linger=linger_ms)
 
-    def close(self) -> None:
+    def close(self, linger_ms: int = 0) -> None:
+        """Close every socket; ``linger_ms`` lets queued one-way sends (acks=0) leave first."""
         for addr in list(self._socks):
-            self.forget(addr)
+            self.forget(addr, linger_ms)

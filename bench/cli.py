@@ -1,0 +1,284 @@
+"""The ``bench`` command: run workloads against a cluster, analyse them with Spark, report.
+
+    bench run                                   # default scenario, on brokers it starts itself
+    bench run --scenario dsbs                   # the DSBS study's matrix
+    bench run --bootstrap 127.0.0.1:7101 --scenario quick   # against a running cluster
+    bench run --scenario quick --size 100,1K --batch 1,50   # flags override (lists sweep)
+    bench analyze results/<run>                 # re-run the Spark analysis and the report
+    bench compare results/<a> results/<b>       # two runs side by side
+    bench scenarios [NAME]                      # scenarios, their parameters and cells
+
+A run writes results/<time>-<scenario>/ (or --out DIR): run.json, cells.jsonl, events/,
+analysis.json, summary.csv, report.md and PNG plots.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+import re
+import shlex
+import sys
+import time
+
+import click
+
+from bench.scenarios import DEFAULT_BROKERS, KNOBS, SCENARIOS, BenchError, format_size, get_scenario, parse_size
+
+__all__ = ["main"]
+
+
+def _friendly(f):
+    """BenchError -> one clear line and exit code 1; Ctrl-C -> exit 130."""
+    @functools.wraps(f)
+    def wrapper(*args, **kwargs):
+        try:
+            return f(*args, **kwargs)
+        except BenchError as exc:
+            raise click.ClickException(str(exc)) from None
+        except KeyboardInterrupt:
+            click.echo("interrupted", err=True)
+            sys.exit(130)
+    return wrapper
+
+
+def _list_of(conv):
+    def parse(ctx, param, value):
+        if value is None:
+            return None
+        try:
+            return [conv(v.strip()) for v in str(value).split(",") if v.strip()]
+        except (ValueError, BenchError) as exc:
+            raise click.BadParameter(str(exc)) from None
+    return parse
+
+
+def _acks(v: str) -> str:
+    if v not in ("0", "1", "all"):
+        raise ValueError(f"acks must be 0, 1 or all, not {v!r}")
+    return v
+
+
+def _mode(v: str) -> str:
+    if v not in ("split", "streaming"):
+        raise ValueError(f"mode must be split or streaming, not {v!r}")
+    return v
+
+
+def _count(v: str) -> int:
+    return int(float(v.replace("_", "").upper().replace("K", "e3").replace("M", "e6")))
+
+
+# (option, knob, converter, help); every one accepts a comma list to sweep
+_KNOB_OPTIONS = [
+    ("--size", "message_bytes", parse_size, "message size, e.g. 32, 1K"),
+    ("--batch", "batch", _count, "records per produce request (0 = send() + linger)"),
+    ("--linger-ms", "linger_ms", int, "client linger for --batch 0"),
+    ("--batch-bytes", "batch_bytes", parse_size, "client batch size in bytes for --batch 0"),
+    ("--acks", "acks", _acks, "0, 1 or all"),
+    ("--in-flight", "in_flight", int, "produce requests in flight per partition"),
+    ("--key-space", "key_space", _count, "distinct keys with --keys"),
+    ("--producers", "producers", int, "producer processes"),
+    ("--consumers", "consumers", int, "consumer processes"),
+    ("--partitions", "partitions", int, "partitions of each cell's topic"),
+    ("--replication-factor", "replication_factor", int, "replicas per partition"),
+    ("--messages", "messages", _count, "messages per cell, all producers together (0 = use --duration-s)"),
+    ("--max-bytes", "max_bytes", parse_size, "cap messages x size per cell, e.g. 256M (0 = no cap)"),
+    ("--duration-s", "duration_s", float, "send for this long (with --messages 0)"),
+    ("--rate", "rate", _count, "target records/s, all producers together (0 = as fast as possible)"),
+    ("--mode", "mode", _mode, "split (produce, then consume) or streaming (both at once)"),
+]
+
+
+def _knob_options(f):
+    for opt, knob, conv, help_ in reversed(_KNOB_OPTIONS):
+        f = click.option(opt, knob, callback=_list_of(conv), default=None, help=help_ + " [list sweeps]")(f)
+    f = click.option("--keys/--no-keys", "keys", default=None, help="keyed records (murmur2 partitioning) or none")(f)
+    f = click.option("--group", "group", default=None, help="consumer group id (needs broker support)")(f)
+    return f
+
+
+def _overrides(kw: dict) -> dict:
+    out = {}
+    for knob in KNOBS:
+        v = kw.pop(knob, None)
+        if v is None:
+            continue
+        out[knob] = v if isinstance(v, list) else [v]
+    return out
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+def main() -> None:
+    """bench: workloads against a broker-mesh cluster, analysed by Spark into a report."""
+
+
+@main.command()
+@click.option("--scenario", "-s", default="default", show_default=True, help="see `bench scenarios`")
+@click.option("--bootstrap", "-b", default=None, help="HOST:PORT of a running cluster (default: start our own)")
+@click.option("--brokers", type=click.IntRange(1), default=DEFAULT_BROKERS, show_default=True,
+              help="brokers to start when no --bootstrap is given")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
+              help="run directory (default results/<time>-<scenario>)")
+@click.option("--master", default=None, help="Spark master URL for the analysis (default local[2])")
+@click.option("--skip-analysis", is_flag=True, help="record events only; analyse later with `bench analyze`")
+@click.option("--keep-topics", is_flag=True, help="do not delete each cell's topic afterwards")
+@click.option("--timeout-s", type=float, default=900, show_default=True, help="limit per phase of a cell")
+@click.option("--connect-timeout-s", type=float, default=5, show_default=True,
+              help="how long to wait for --bootstrap to answer")
+@click.option("--progress/--no-progress", default=None, help="live progress bars (default: when on a terminal)")
+@_knob_options
+@_friendly
+def run(scenario, bootstrap, brokers, out_dir, master, skip_analysis, keep_topics, timeout_s, connect_timeout_s,
+        progress, **kw) -> None:
+    """Run a scenario, analyse it with Spark and write the report."""
+    from bench.cluster import LocalCluster, check_reachable
+    from bench.driver import check_group_support, run_cell
+    from bench.events import environment, now_iso, write_run_json
+
+    sc = get_scenario(scenario).with_overrides(_overrides(kw))
+    cells = sc.cells()
+    if any(c.workload.group for c in cells):
+        check_group_support()
+    if not skip_analysis:
+        from bench.analysis import check_java
+        check_java()  # fail now, not after a long run
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    out_dir = out_dir or os.path.join("results", f"{stamp}-{scenario}")
+    if os.path.exists(os.path.join(out_dir, "cells.jsonl")):
+        raise BenchError(f"{out_dir} already holds a run; choose another --out")
+    os.makedirs(out_dir, exist_ok=True)
+    run_id = re.sub(r"[^A-Za-z0-9._-]", "-", os.path.basename(os.path.abspath(out_dir)))[:80]
+    show = progress if progress is not None else sys.stderr.isatty()
+    info = {
+        "scenario": sc.name, "description": sc.description, "notes": sc.notes, "paper": sc.paper,
+        "command": "bench " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
+        "base": dataclasses.asdict(sc.base), "sweeps": [dict(s) for s in sc.sweeps],
+        "cells": [{"cell": c.id, "label": c.label, **dataclasses.asdict(c.workload)} for c in cells],
+        "started": now_iso(), "environment": environment(), "status": "running",
+    }
+    click.echo(f"bench: scenario {sc.name}, {len(cells)} cell(s) -> {out_dir}")
+    cluster = None
+    t0 = time.monotonic()
+    try:
+        if bootstrap:
+            found = check_reachable(bootstrap, connect_timeout_s)
+            info["cluster"] = {"started_by_bench": False, "bootstrap": bootstrap, "brokers": len(found)}
+        else:
+            cluster = LocalCluster(brokers, os.path.join(out_dir, "brokers")).start()
+            bootstrap = cluster.bootstrap
+            info["cluster"] = {"started_by_bench": True, "bootstrap": bootstrap, "brokers": brokers}
+            click.echo(f"bench: started {brokers} broker(s) at {bootstrap}")
+        write_run_json(out_dir, info)
+        bar = None
+        if show and len(cells) > 1:
+            from tqdm import tqdm
+            bar = tqdm(total=len(cells), desc="cells", unit="cell", position=0, dynamic_ncols=True)
+        say = bar.write if bar is not None else click.echo
+        for cell in cells:
+            r = run_cell(cell, bootstrap, out_dir, run_id, quiet=not show, timeout_s=timeout_s,
+                         keep_topic=keep_topics, echo=say)
+            w = cell.workload
+            rps = r.produced / max(r.produce_s, 1e-9)  # a live glimpse; the report has Spark's numbers
+            line = f"{cell.id:<28} produced {r.produced:>9,} in {r.produce_s:7.2f} s ({rps:>10,.0f} rec/s)"
+            if w.consumers:
+                line += f", consumed {r.consumed:>9,} in {r.consume_s:7.2f} s"
+            say(line)
+            if bar is not None:
+                bar.update(1)
+        if bar is not None:
+            bar.close()
+    except BaseException as exc:
+        info["status"] = f"failed: {type(exc).__name__}: {exc}"
+        write_run_json(out_dir, info)
+        raise
+    finally:
+        if cluster is not None:
+            cluster.stop()
+    info["workload_s"] = round(time.monotonic() - t0, 3)
+    info["status"] = "recorded"
+    write_run_json(out_dir, info)
+    click.echo(f"bench: workload done in {info['workload_s']:.1f} s; events in {os.path.join(out_dir, 'events')}")
+    if skip_analysis:
+        click.echo(f"bench: analyse with `bench analyze {out_dir}`")
+        return
+    _analyze_and_report(out_dir, master)
+
+
+def _analyze_and_report(run_dir: str, master: str | None) -> None:
+    from bench.analysis import analyze, spark_session
+    from bench.events import read_run_json, write_run_json
+    from bench.report import write_report
+    if not os.path.isdir(run_dir):
+        raise BenchError(f"{run_dir} is not a directory")
+    try:
+        info = read_run_json(run_dir)
+    except (OSError, ValueError):
+        raise BenchError(f"{run_dir} has no readable run.json: not a bench run directory") from None
+    t0 = time.monotonic()
+    click.echo(f"bench: analysing with Spark ({master or 'local[2]'})...")
+    spark = spark_session(master)
+    try:
+        res = analyze(run_dir, spark=spark)
+    finally:
+        spark.stop()
+    res["master"] = master or "local[2]"
+    info["analysis_s"] = round(time.monotonic() - t0, 3)
+    info["status"] = "analysed"
+    write_run_json(run_dir, info)
+    path = write_report(run_dir, res, info)
+    click.echo(f"bench: analysis took {info['analysis_s']:.1f} s")
+    click.echo(f"bench: report: {path}")
+
+
+@main.command()
+@click.argument("run_dir", type=click.Path(exists=True, file_okay=False))
+@click.option("--master", default=None, help="Spark master URL (default local[2])")
+@_friendly
+def analyze(run_dir, master) -> None:
+    """Re-run the Spark analysis of RUN_DIR's recorded events and rewrite its report."""
+    from bench.analysis import check_java
+    check_java()
+    _analyze_and_report(run_dir, master)
+
+
+@main.command()
+@click.argument("a", type=click.Path(exists=True))
+@click.argument("b", type=click.Path(exists=True))
+@_friendly
+def compare(a, b) -> None:
+    """Two runs' summaries side by side, with ratios B/A."""
+    from bench.report import compare_runs
+    click.echo(compare_runs(a, b), nl=False)
+
+
+@main.command()
+@click.argument("name", required=False)
+@_friendly
+def scenarios(name) -> None:
+    """List scenarios and their parameters (with NAME: its cells too)."""
+    names = [name] if name else list(SCENARIOS)
+    for n in names:
+        sc = get_scenario(n)
+        cells = sc.cells()
+        click.echo(f"{sc.name}: {sc.description} [{len(cells)} cell(s)]")
+        base = dataclasses.asdict(sc.base)
+        swept = {k for s in sc.sweeps for k in s}
+        click.echo("    " + ", ".join(f"{k}={_show(k, v)}" for k, v in base.items() if k not in swept))
+        for s in sc.sweeps:
+            click.echo("    sweep: " + "; ".join(f"{k} in {', '.join(_show(k, x) for x in v)}" for k, v in s.items()))
+        if name:
+            for c in cells:
+                w = c.workload
+                amount = f"{w.messages:,} messages" if w.messages else f"{w.duration_s:g} s"
+                click.echo(f"      {c.id:<28} {c.label:<34} {amount}")
+    if not name:
+        click.echo("\nFlags of `bench run` override any parameter; a comma list sweeps it (e.g. --size 32,1K).")
+
+
+def _show(k: str, v) -> str:
+    return format_size(v) if k in ("message_bytes", "batch_bytes") else str(v)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,172 @@
+"""Replication on a real 3-broker cluster of this machine.
+
+    python -m bench.replication [--records 1000000] [--kills 10] [--skip throughput,failover,latency,idle]
+
+1. throughput: one producer process, bulk ``send_batch`` (1000 x 100-byte records per batch),
+   acks=all, RF 3, 6 partitions;
+2. failover: a producer writes one record at a time (acks=all) to a 1-partition RF-3 topic;
+   kill -9 the leader and time until the first write acknowledged by the new leader
+   (then restart the old one and wait until it leads again); --kills times;
+3. latency: 10,000 records/s (acks=all, RF 3) for 10 s; end-to-end = consumer receive time
+   minus the producer's record timestamp, per record; produce ack latency per send;
+4. idle: 1,000 partitions x RF 3, no traffic: replication messages sent per broker per second.
+"""
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+from mesh.client import Admin, Consumer, Producer, TopicPartition
+from tests.harness import Cluster, wait_until
+
+
+def pct(xs, q):
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(q * len(xs)))]
+
+
+def _bulk(addr, topic, records, out):
+    values = [b"x" * 100] * 1000
+    with Producer(addr, acks="all", max_in_flight=8) as p:
+        t0 = time.perf_counter()
+        futs = []
+        for i in range(records // 1000):
+            futs.append(p.send_batch(topic, values, partition=i % 6))
+            if len(futs) > 64:
+                futs.pop(0).result(60)
+        for f in futs:
+            f.result(60)
+        out.put(time.perf_counter() - t0)
+
+
+def throughput(c, records):
+    with Admin(c.bootstrap) as a:
+        a.create_topic("tput", partitions=6, replication_factor=3)
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    p = ctx.Process(target=_bulk, args=(c.bootstrap, "tput", records, q))
+    p.start()
+    dt = q.get(timeout=600)
+    p.join()
+    print(f"throughput: {records} records acks=all RF3 in {dt:.2f} s = {records / dt:,.0f} records/s, "
+          f"{records * 100 / dt / 1e6:.1f} MB/s", flush=True)
+
+
+def failover(c, kills):
+    with Admin(c.bootstrap) as a:
+        a.create_topic("fo", partitions=1, replication_factor=3)
+    times = []
+    with Producer(c.bootstrap, acks="all", linger_ms=0, retry_backoff_ms=20, retry_backoff_max_ms=100,
+                  request_timeout_ms=500) as p:
+        for k in range(kills):
+            with Admin(c.bootstrap) as a:
+                t = a.describe_topic("fo")["partitions"][0]
+            victim = next(b for b in c.brokers if b.node_id == t["leader"])
+            p.send("fo", b"warm").get(10)
+            t0 = time.monotonic()
+            victim.kill()
+            while True:
+                md = p.send("fo", b"probe").get(30)
+                with Admin(",".join(b.address for b in c.brokers if b is not victim)) as a:
+                    now_leader = a.describe_topic("fo")["partitions"][0]["leader"]
+                if now_leader not in (None, victim.node_id):
+                    break
+            times.append(time.monotonic() - t0)
+            print(f"kill {k + 1}: leader {victim.node_id} killed; first acknowledged write on "
+                  f"{now_leader} after {times[-1]:.2f} s (offset {md.offset})", flush=True)
+            victim.start()
+            c.wait_converged()
+            with Admin(c.bootstrap) as a:  # leadership returns to the preferred replica
+                wait_until(lambda: a.describe_topic("fo")["partitions"][0]["leader"] == t["replicas"][0], 60,
+                           "preferred leader back")
+    print(f"failover over {len(times)} kills: p50 {statistics.median(times):.2f} s, max {max(times):.2f} s", flush=True)
+
+
+def _consume_latency(addr, topic, n, out):
+    lat = []
+    with Consumer(topic, bootstrap=addr, auto_offset_reset="latest", fetch_max_wait_ms=100) as c:
+        for tp in c.assignment():
+            c.position(tp)
+        out.put("ready")
+        while len(lat) < n:
+            for recs in c.poll_batches(1000):
+                now = time.time() * 1000
+                lat.extend(now - r.timestamp for r in recs)
+    out.put(lat)
+
+
+def latency(c, rate=10_000, seconds=10):
+    with Admin(c.bootstrap) as a:
+        a.create_topic("lat", partitions=3, replication_factor=3)
+    n = rate * seconds
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    cons = ctx.Process(target=_consume_latency, args=(c.bootstrap, "lat", n, q))
+    cons.start()
+    assert q.get(timeout=60) == "ready"
+    acks = []
+    with Producer(c.bootstrap, acks="all", linger_ms=1) as p:
+        t0 = time.perf_counter()
+        for i in range(n):
+            target = t0 + i / rate
+            while time.perf_counter() < target:
+                pass
+            sent = time.perf_counter()
+            p.send("lat", b"l" * 100).add_callback(lambda md, s=sent: acks.append((time.perf_counter() - s) * 1000))
+        p.flush()
+    lat = q.get(timeout=120)
+    cons.join()
+    print(f"latency at {rate} records/s acks=all RF3: end-to-end p50 {pct(lat, .5):.2f} ms, "
+          f"p99 {pct(lat, .99):.2f} ms, p99.9 {pct(lat, .999):.2f} ms; produce ack p50 {pct(acks, .5):.2f} ms, "
+          f"p99 {pct(acks, .99):.2f} ms", flush=True)
+
+
+def idle(c):
+    with Admin(c.bootstrap) as a:
+        for i in range(10):
+            a.create_topic(f"idle{i}", partitions=100, replication_factor=3, wait_s=60)
+    time.sleep(8)  # let elections, preferred-leader moves and catch-up settle before measuring idle
+
+    def sent():
+        out = {}
+        for b in c.brokers:
+            with Admin(b.address) as a:
+                me = next(x for x in a.metadata([]).brokers if x["id"] == b.node_id)
+                out[b.node_id] = me["peer_messages_sent"]
+        return out
+    s0, t0 = sent(), time.monotonic()
+    time.sleep(10)
+    s1, dt = sent(), time.monotonic() - t0
+    rates = {k: (s1[k] - s0[k]) / dt for k in s0}
+    print("idle, 1,000 partitions x RF 3 on 3 brokers: peer messages sent per broker per second "
+          "(replication + gossip): " + ", ".join(f"{k} {v:.0f}/s" for k, v in sorted(rates.items())), flush=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--records", type=int, default=1_000_000)
+    ap.add_argument("--kills", type=int, default=10)
+    ap.add_argument("--skip", default="")
+    args = ap.parse_args()
+    skip = set(args.skip.split(","))
+    c = Cluster(Path(tempfile.mkdtemp(prefix="mesh-repl-")), 3).start()
+    try:
+        if "throughput" not in skip:
+            throughput(c, args.records)
+        if "latency" not in skip:
+            latency(c)
+        if "failover" not in skip:
+            failover(c, args.kills)
+        if "idle" not in skip:
+            idle(c)
+    finally:
+        for b in c.brokers:
+            b.kill()
+
+
+if __name__ == "__main__":
+    main()
