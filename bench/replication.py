@@ -99,9 +99,12 @@ def _consume_latency(addr, topic, n, out):
     out.put(lat)
 
 
-def latency(c, rate=10_000, seconds=10):
+def latency(c, rate=10_000, seconds=10, settle_s=0):
     with Admin(c.bootstrap) as a:
         a.create_topic("lat", partitions=3, replication_factor=3)
+        print("leaders:", [(p["leader"], p["epoch"]) for p in a.describe_topic("lat")["partitions"]])
+        time.sleep(settle_s)
+        print("leaders:", [(p["leader"], p["epoch"]) for p in a.describe_topic("lat")["partitions"]])
     n = rate * seconds
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
@@ -151,6 +154,7 @@ def main() -> None:
     ap.add_argument("--records", type=int, default=1_000_000)
     ap.add_argument("--kills", type=int, default=10)
     ap.add_argument("--skip", default="")
+    ap.add_argument("--settle", type=float, default=0, help="seconds to wait after creating a topic")
     args = ap.parse_args()
     skip = set(args.skip.split(","))
     c = Cluster(Path(tempfile.mkdtemp(prefix="mesh-repl-")), 3).start()
@@ -158,7 +162,7 @@ def main() -> None:
         if "throughput" not in skip:
             throughput(c, args.records)
         if "latency" not in skip:
-            latency(c)
+            latency(c, settle_s=args.settle)
         if "failover" not in skip:
             failover(c, args.kills)
         if "idle" not in skip:

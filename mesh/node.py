@@ -42,6 +42,7 @@ from mesh.gossip import Gossip, GossipAck, GossipAck2, GossipConfig, GossipSyn
 from mesh.peers import PeerLinks, sender_address
 from mesh.producer_state import ProducerStates
 from mesh.replicas import REPLICATION_MESSAGES, ReplicaHost
+from mesh.replication import ReplicationConfig
 from mesh.wire import PROTOCOL_CLIENT, PROTOCOL_PEER, pack, unpack
 from storage.base import LogError
 from storage.log import Store
@@ -59,6 +60,9 @@ class NodeConfig:
     seeds: list[str] = field(default_factory=list)
     max_requests_per_turn: int = 512
     tick_ms: int = 50
+    # election timeouts are drawn from [election_ticks, 2 * election_ticks) ticks: 0.7-1.4 s,
+    # at least 7 heartbeats (every 2 ticks) without a word from the leader
+    election_ticks: int = 14
     retention_check_ms: int = 5_000
     gossip_interval_ms: int = 200
     # phi 4 after ~9.2 mean gaps between heartbeat news (~3.2 s with 5 nodes at 200 ms),
@@ -102,7 +106,9 @@ class Node:
         self.producers = ProducerStates(self.store)
         self.replicas = ReplicaHost(config.node_id, self.store, self.producers,
                                     random.Random(int.from_bytes(os.urandom(8), "big")),
-                                    self._send_to_node, self._publish_leadership, tick_ms=config.tick_ms)
+                                    self._send_to_node, self._publish_leadership,
+                                    ReplicationConfig(election_ticks=config.election_ticks),
+                                    tick_ms=config.tick_ms)
         self.replicas.reply = self._reply
         self.data = DataPath(self.store, self.catalog, self.replicas, self.producers, self._reply,
                              self._leader_address)

@@ -50,14 +50,16 @@ class ClusterView:
         return alive + rest
 
     def refresh(self, topics: list[str] | None = None) -> MetadataResponse:
+        """Ask up to three brokers at once; the first answer wins, so a dead broker that
+        gossip has not convicted yet costs nothing."""
+        addrs = self.addresses()
         last: Exception | None = None
-        for addr in self.addresses():
+        for i in range(0, len(addrs), 3):
             try:
-                resp, _ = self.transport.call(addr, MetadataRequest(topics), timeout_ms=self.timeout_ms)
+                resp, _ = self.transport.call_first(addrs[i:i + 3], MetadataRequest(topics),
+                                                    timeout_ms=min(self.timeout_ms, 2_000))
             except MeshError as exc:
                 last = exc
-                if exc.code == ErrorCode.TIMEOUT:
-                    self.transport.forget(addr)
                 continue
             self.brokers = {b["id"]: b for b in resp.brokers}
             for t in resp.topics:
@@ -66,8 +68,7 @@ class ClusterView:
                 else:
                     self.topics[t["name"]] = t
             return resp
-        raise MeshError(ErrorCode.BROKER_UNAVAILABLE,
-                        f"no broker answered ({', '.join(self.addresses())}): {last}")
+        raise MeshError(ErrorCode.BROKER_UNAVAILABLE, f"no broker answered ({', '.join(addrs)}): {last}")
 
     def topic(self, name: str, refresh: bool = True) -> dict:
         t = self.topics.get(name)

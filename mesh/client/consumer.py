@@ -47,6 +47,7 @@ class Consumer:
         # fetched, not yet returned: raw (topic, partition, batch, min offset) or decoded lists
         self._buffer: collections.deque = collections.deque()
         self._high_watermarks: dict[TopicPartition, int] = {}
+        self._next_refresh = 0.0
         self._closed = False
         self._group = None
         if group_id is not None:
@@ -83,6 +84,8 @@ class Consumer:
             raise MeshError(ErrorCode.INVALID_REQUEST, f"{tp} is not assigned")
         self._positions[tp] = offset
         self._drop_buffered(lambda x: x == tp)
+        if self._group is not None:
+            self._group.on_seek(tp, offset)
 
     def seek_to_beginning(self, *tps) -> None:
         for tp, off in self._list_offsets(list(tps) or self._assigned, EARLIEST).items():
@@ -101,6 +104,21 @@ class Consumer:
         if self._positions.get(tp) is None:
             self._reset_positions([tp])
         return self._positions[tp]
+
+    # -- consumer groups ------------------------------------------------------------------
+    def commit(self, offsets: dict | None = None) -> None:
+        """Commit ``offsets`` ({TopicPartition: offset or (offset, metadata)}; the offset is
+        the next one to read), or the position after every record returned so far. Returns
+        once the offsets are durable on the group's coordinator. Needs ``group_id``."""
+        if self._group is None:
+            raise MeshError(ErrorCode.INVALID_REQUEST, "commit() needs a consumer created with group_id")
+        self._group.commit(offsets)
+
+    def committed(self, tp) -> int | None:
+        """The group's committed offset of ``tp`` (None if nothing is committed)."""
+        if self._group is None:
+            raise MeshError(ErrorCode.INVALID_REQUEST, "committed() needs a consumer created with group_id")
+        return self._group.committed(TopicPartition(*tp))
 
     def end_offsets(self, tps) -> dict[TopicPartition, int]:
         return self._list_offsets([TopicPartition(*tp) for tp in tps], LATEST)
@@ -122,17 +140,46 @@ class Consumer:
         return TopicPartition(item[0], item[1])
 
     def _list_offsets(self, tps: list[TopicPartition], which: int) -> dict[TopicPartition, int]:
-        by_addr: dict[str, list] = collections.defaultdict(list)
-        for tp in tps:
-            addr = self.cluster.leader_address(tp.topic, tp.partition)
-            by_addr[addr].append([tp.topic, tp.partition, which])
-        out = {}
-        for addr, parts in by_addr.items():
-            resp, _ = self.transport.call(addr, ListOffsetsRequest(parts), timeout_ms=int(self.request_timeout_s * 1000))
-            for topic, partition, err, off, _leader in resp.parts:
-                if err:
-                    raise MeshError(err, f"list offsets of {topic}/{partition}")
-                out[TopicPartition(topic, partition)] = off
+        """Ask each partition's leader; retriable errors (no leader yet, leader moved) are
+        retried with a metadata refresh until the request timeout."""
+        out: dict[TopicPartition, int] = {}
+        pending = list(tps)
+        deadline = time.monotonic() + self.request_timeout_s
+        last: Exception | None = None
+        while pending:
+            by_addr: dict[str, list] = collections.defaultdict(list)
+            for tp in pending:
+                addr = self.cluster.leader_address(tp.topic, tp.partition)
+                if addr is not None:
+                    by_addr[addr].append([tp.topic, tp.partition, which])
+            retry = []
+            for addr, parts in by_addr.items():
+                try:
+                    resp, _ = self.transport.call(addr, ListOffsetsRequest(parts), timeout_ms=1000)
+                except MeshError as exc:
+                    if not exc.retriable:
+                        raise
+                    last = exc
+                    self.transport.forget(addr)
+                    retry.extend(TopicPartition(p[0], p[1]) for p in parts)
+                    continue
+                for topic, partition, err, off, leader in resp.parts:
+                    tp = TopicPartition(topic, partition)
+                    if err:
+                        if not retriable(err):
+                            raise MeshError(err, f"list offsets of {topic}/{partition}")
+                        last = MeshError(err, f"list offsets of {topic}/{partition}")
+                        retry.append(tp)
+                    else:
+                        out[tp] = off
+            retry.extend(tp for tp in pending if tp not in out and tp not in retry)
+            pending = retry
+            if pending:
+                if time.monotonic() > deadline:
+                    raise MeshError(ErrorCode.LEADER_NOT_AVAILABLE,
+                                    f"no leader answered for {pending[:3]}...: {last}")
+                time.sleep(0.05)  # backoff before asking again for a leader
+                self.cluster.refresh()
         return out
 
     def _reset_positions(self, tps: list[TopicPartition]) -> None:
@@ -146,17 +193,29 @@ class Consumer:
     # -- fetching -----------------------------------------------------------------------
     def _send_fetches(self) -> None:
         missing = [tp for tp, off in self._positions.items() if off is None]
+        if missing and self._group is not None:
+            missing = self._group.initial_positions(missing)   # the group's committed offsets
         if missing:
             self._reset_positions(missing)
         pending = {tp for _, _, offs in self._inflight.values() for tp in offs}
         by_addr: dict[str, dict] = collections.defaultdict(dict)
+        leaderless = False
         for tp, off in self._positions.items():
             if tp in pending:
                 continue
             addr = self.cluster.leader_address(tp.topic, tp.partition)
-            if addr is None or addr in self._busy_addrs:
+            if addr is None:
+                leaderless = True
+                continue
+            if addr in self._busy_addrs:
                 continue
             by_addr[addr][tp] = off
+        if leaderless and time.monotonic() >= self._next_refresh:
+            self._next_refresh = time.monotonic() + 0.2
+            try:
+                self.cluster.refresh()
+            except MeshError as exc:
+                log.debug("metadata refresh failed: %s", exc)
         for addr, offs in by_addr.items():
             req = FetchRequest([[tp.topic, tp.partition, off, self.part_max] for tp, off in offs.items()],
                                self.max_wait_ms, self.min_bytes, self.max_bytes)
@@ -236,6 +295,8 @@ class Consumer:
             for _addr, rid, resp, payload in self.transport.poll(max(0, int(left * 1000))):
                 if rid in self._inflight:
                     self._handle_fetch(rid, resp, payload)
+                elif self._group is not None:
+                    self._group.on_response(rid, resp)
             self._expire_fetches()
             if self._buffer:
                 self._send_fetches()  # prefetch the next while the caller works
@@ -263,8 +324,9 @@ class Consumer:
 
     def _expire_fetches(self) -> None:
         now = time.monotonic()
+        gone = self.transport.take_disconnected()
         for rid, (addr, sent, offs) in list(self._inflight.items()):
-            if now - sent > self.request_timeout_s + self.max_wait_ms / 1000:
+            if addr in gone or now - sent > self.request_timeout_s + self.max_wait_ms / 1000:
                 del self._inflight[rid]
                 self._busy_addrs.discard(addr)
                 self.transport.forget(addr)

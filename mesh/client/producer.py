@@ -80,7 +80,7 @@ class RecordFuture:
 class _Batch:
     __slots__ = ("topic", "partition", "values", "keys", "timestamps", "headers", "nbytes",
                  "created", "future", "payload", "seq", "attempts", "deadline", "sent_at",
-                 "producer_id", "closed")
+                 "producer_id", "closed", "sent_to")
 
     def __init__(self, topic: str, partition: int, now: float, delivery_s: float):
         self.topic, self.partition = topic, partition
@@ -98,6 +98,7 @@ class _Batch:
         self.sent_at = 0.0
         self.producer_id = -1
         self.closed = False
+        self.sent_to = ""
 
 
 class _Part:
@@ -397,6 +398,7 @@ class Producer:
                         self._encode(b, p)
                     b.attempts += 1
                     b.sent_at = now
+                    b.sent_to = addr
                     rid = transport.send(addr, ProduceRequest(b.topic, b.partition, self.acks,
                                                               int(self.request_timeout_s * 1000)), b.payload)
                     if self.acks == 0:
@@ -434,8 +436,17 @@ class Producer:
                     self._retry_later(p, by_rid, b, err)
                 else:
                     self._fail_partition(p, b, err)
-            # request timeouts: treat like a retriable error on that partition
+            # requests to a broker whose connection dropped, or that timed out: retriable
+            gone = transport.take_disconnected()
+            if gone:
+                need_refresh = True
             for rid, (b, p) in list(by_rid.items()):
+                if b.sent_to in gone:
+                    by_rid.pop(rid, None)
+                    p.inflight.pop(rid, None)
+                    self._retry_later(p, by_rid, b, MeshError(ErrorCode.BROKER_UNAVAILABLE,
+                                                              f"connection to {b.sent_to} dropped"))
+                    continue
                 if now - b.sent_at > self.request_timeout_s:
                     by_rid.pop(rid, None)
                     p.inflight.pop(rid, None)

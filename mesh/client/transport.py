@@ -13,6 +13,7 @@ import time
 from typing import Any
 
 import zmq
+from zmq.utils.monitor import parse_monitor_message
 
 from mesh.errors import ErrorCode, MeshError
 from mesh.messages import ErrorResponse
@@ -40,6 +41,9 @@ class Transport:
         self._hwm = hwm
         self._stash: dict[int, tuple[str, Any, Any]] = {}
         self._wakeup: zmq.Socket | None = None
+        self._monitors: dict[zmq.Socket, str] = {}
+        self._connected: set[str] = set()
+        self._disconnected: set[str] = set()
 
     def add_wakeup(self, sock: zmq.Socket) -> None:
         """Also wake ``poll`` when ``sock`` (an inproc PAIR) becomes readable; drained here."""
@@ -55,11 +59,34 @@ class Transport:
             s.setsockopt(zmq.RCVHWM, self._hwm)
             s.setsockopt(zmq.RECONNECT_IVL, 100)
             s.setsockopt(zmq.RECONNECT_IVL_MAX, 1000)
+            mon = s.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
             s.connect(f"tcp://{parse_address(addr)}")
             self._socks[addr] = s
             self._addr_of[s] = addr
+            self._monitors[mon] = addr
             self._poller.register(s, zmq.POLLIN)
+            self._poller.register(mon, zmq.POLLIN)
         return s
+
+    def take_disconnected(self) -> set[str]:
+        """Addresses whose connection dropped since the last call: requests in flight to
+        them will never be answered (a killed broker), so callers retry them now instead
+        of waiting for their timeout."""
+        out, self._disconnected = self._disconnected, set()
+        return out
+
+    def _on_monitor(self, mon: zmq.Socket) -> None:
+        addr = self._monitors[mon]
+        while True:
+            try:
+                ev = parse_monitor_message(mon.recv_multipart(zmq.NOBLOCK))
+            except zmq.Again:
+                return
+            if ev["event"] == zmq.EVENT_CONNECTED:
+                self._connected.add(addr)
+            elif ev["event"] == zmq.EVENT_DISCONNECTED and addr in self._connected:
+                self._connected.discard(addr)
+                self._disconnected.add(addr)
 
     def send(self, addr: str, msg, payload: bytes | None = None) -> int:
         rid = next(self._ids)
@@ -84,6 +111,9 @@ class Transport:
                     except zmq.Again:
                         break
                 continue
+            if sock in self._monitors:
+                self._on_monitor(sock)
+                continue
             addr = self._addr_of[sock]
             while True:
                 try:
@@ -96,6 +126,28 @@ class Transport:
                     continue  # a garbled response: the request will time out and be retried
                 out.append((addr, rid, msg, payload))
         return out
+
+    def call_first(self, addrs: list[str], msg, timeout_ms: int = 2_000):
+        """Send ``msg`` to every address; the first answer wins (metadata: any broker will
+        do, and a dead one must not cost a timeout). Raises MeshError on error or timeout."""
+        rids = {self.send(a, msg): a for a in addrs}
+        deadline = time.monotonic() + timeout_ms / 1000
+        last: MeshError | None = None
+        while rids:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            for a, r, resp, p in self.poll(int(left * 1000) + 1):
+                if r not in rids:
+                    continue  # a late answer to an earlier call: drop it
+                del rids[r]
+                if isinstance(resp, ErrorResponse):
+                    last = MeshError(resp.error, resp.message, leader=resp.leader)
+                    continue
+                return resp, p
+        for a in set(rids.values()):
+            self.forget(a)  # silent brokers: reconnect fresh next time
+        raise last or MeshError(ErrorCode.TIMEOUT, f"no answer from {', '.join(addrs)} within {timeout_ms} ms")
 
     def call(self, addr: str, msg, payload: bytes | None = None, timeout_ms: int = 10_000):
         """Send and wait for the answer; raises MeshError (TIMEOUT, or the response's code)."""
@@ -118,7 +170,14 @@ class Transport:
         if s is not None:
             self._poller.unregister(s)
             del self._addr_of[s]
+            for mon, a in list(self._monitors.items()):
+                if a == addr:
+                    self._poller.unregister(mon)
+                    del self._monitors[mon]
+                    s.disable_monitor()
+                    mon.close(linger=0)
             s.close(linger=linger_ms)
+            self._connected.discard(addr)
 
     def close(self, linger_ms: int = 0) -> None:
         """Close every socket; ``linger_ms`` lets queued one-way sends (acks=0) leave first."""

@@ -1,0 +1,572 @@
+"""The Spark sink: ``df.write.format("mesh")`` and ``df.writeStream.format("mesh")``.
+
+Theory of operation: exactly once by deterministic idempotent producers
+------------------------------------------------------------------------
+Tasks write their rows straight to the partition leaders (no detour through the driver),
+as an idempotent producer would: every record batch carries a producer id and the
+sequence number of its first record, and a leader drops a batch whose sequences it
+already has (``mesh.producer_state``; the dedup state is stored in the same LMDB
+transaction as the batch, and on followers it is rebuilt from the batch headers).
+
+The producer id is not random: it is a hash of
+
+    (query id, micro-batch id, Spark partition id, chunking options)
+
+for a streaming write (query id and batch id come from the task's local properties,
+which Spark sets for every micro-batch; the query id is stored in the checkpoint), and
+of (a random id made once per ``save()``, Spark partition id, ...) for a batch write.
+Rows are cut into record batches by count and bytes only, so the same rows give the
+same batches with the same sequence numbers. Whatever happened before, writing a task's
+rows again is harmless:
+
+* a task that failed half way and is retried re-sends its first batches; the leader
+  answers "already have them" (a remembered duplicate, or DUPLICATE_SEQUENCE for older
+  ones) and appends only what is missing. Should an earlier attempt have flushed a
+  shorter last batch (its input ended early, e.g. a cancelled task), a replayed batch
+  can straddle the broker's last sequence: DUPLICATE_SEQUENCE on a batch [f, l] is
+  therefore checked by sending record l alone, and if the broker is not yet there, the
+  batch's records go one by one (written ones come back as duplicates);
+* a driver that dies after the tasks wrote but before Spark wrote the micro-batch's
+  commit log entry restarts, replays the same micro-batch (same offsets, same rows, same
+  batch id, same task ids) and every batch is dropped as a duplicate.
+
+So ``commit(messages, batch_id)`` has nothing left to do: the dedup lives on the broker,
+which is also what survives a driver crash. What it needs: the rows of a task are the
+same on replay (true for this source and for deterministic transformations; not for a
+repartition by a random shuffle or non-deterministic UDFs), the same number of write
+tasks, the same ``maxBatchRecords`` / ``maxBatchBytes`` (they are part of the producer
+id, so changing them gives duplicates, never loss) and the same topic partition count
+(keyed placement). A batch ``save()`` that fails leaves what its finished tasks wrote:
+topics have no transactions.
+
+Columns: ``value`` (binary or string, required; null is written as empty), ``key``
+(binary or string: murmur2 placement, exactly the Java Kafka client's), ``partition``
+(int), ``headers`` (array<struct<key:string,value:binary>>), ``topic`` (string, used when
+no ``topic`` option is given), ``timestamp`` (timestamp). Other columns are ignored.
+Unkeyed rows without a partition go to one partition per batch, moving on after each
+batch (a deterministic sticky partitioner: task i starts at partition i).
+"""
+from __future__ import annotations
+
+import bisect
+import collections
+import hashlib
+import itertools
+import time
+import uuid
+
+from mesh.client.cluster import ClusterView
+from mesh.client.transport import Transport
+from mesh.errors import ErrorCode, MeshError, retriable
+from mesh.messages import ErrorResponse, ProduceRequest, ProduceResponse
+from mesh.partitioner import partition_for_key
+from mesh.records import encode_batch
+from mesh.spark_source import MeshOptions, MeshSparkError, _Cluster, _int_option, require_pyarrow
+from mesh.topics import BATCH_OVERHEAD_BYTES
+
+from pyspark.sql.datasource import DataSourceArrowWriter, DataSourceStreamArrowWriter, WriterCommitMessage
+
+__all__ = ["MeshSinkConfig", "MeshBatchWriter", "MeshStreamWriter", "MeshCommitMessage", "producer_id_for"]
+
+_ACKS = {"all": -1, "-1": -1, "1": 1}
+_MAX_IN_FLIGHT = 5          # per partition; the broker remembers the last 5 batches per producer
+_BUFFER_BYTES = 32 << 20    # encoded but unacknowledged, per task
+_BACKOFF_S = 0.1
+
+
+class MeshCommitMessage(WriterCommitMessage):
+    def __init__(self, producer_id: int, records: int, batches: int, duplicates: int, partitions: dict):
+        self.producer_id = producer_id
+        self.records = records          # rows this task wrote (including ones found already written)
+        self.batches = batches
+        self.duplicates = duplicates    # record batches the broker already had (a replay)
+        self.partitions = partitions    # {"topic/partition": records}
+
+    def __repr__(self) -> str:
+        return (f"MeshCommitMessage(records={self.records}, batches={self.batches}, "
+                f"duplicates={self.duplicates})")
+
+
+class MeshSinkConfig:
+    """What a write task needs: options and where each column is (plain data, pickled)."""
+
+    def __init__(self, options, schema):
+        opts = MeshOptions(options, sink=True)
+        self.bootstrap = opts.bootstrap
+        self.request_timeout_ms = opts.request_timeout_ms
+        raw = opts.raw
+        self.topic = opts.topics[0] if opts.topics else None
+        acks = raw.get("acks", "all").strip().lower()
+        if acks not in _ACKS:
+            raise MeshSparkError(f"option acks={acks!r}: use all or 1 (acks=0 cannot be exactly-once)")
+        self.acks = _ACKS[acks]
+        self.delivery_timeout_ms = _int_option(raw, "deliveryTimeoutMs", 120_000, 1)
+        self.max_batch_records = _int_option(raw, "maxBatchRecords", 10_000, 1)
+        self.max_batch_bytes = _int_option(raw, "maxBatchBytes", 512 << 10, 1024)
+        names = {f.name.lower(): f for f in schema.fields}
+        tname = {n: names[n].dataType.typeName() if n in names else None
+                 for n in ("value", "key", "partition", "headers", "topic", "timestamp")}
+        if tname["value"] not in ("binary", "string"):
+            have = ", ".join(f"{f.name} {f.dataType.simpleString()}" for f in schema.fields)
+            raise MeshSparkError("the mesh sink needs a column \"value\" of type binary or string "
+                                 f"(the DataFrame has: {have})")
+        want = {"key": ("binary", "string"), "partition": ("integer", "long", "short", "byte"),
+                "headers": ("array",), "topic": ("string",), "timestamp": ("timestamp", "timestamp_ntz")}
+        for col, ok in want.items():
+            if tname[col] is not None and tname[col] not in ok:
+                raise MeshSparkError(f"column {col!r} has type {names[col].dataType.simpleString()}; "
+                                     f"the mesh sink accepts {' or '.join(ok)}")
+        if tname["headers"]:
+            el = names["headers"].dataType.elementType.simpleString()
+            if el not in ("struct<key:string,value:binary>", "struct<key:string,value:string>"):
+                raise MeshSparkError(f"column 'headers' must be array<struct<key:string,value:binary>>, not "
+                                     f"{names['headers'].dataType.simpleString()}")
+        self.columns = {c: names[c].name for c in tname if tname[c] is not None}
+        if self.topic is None and "topic" not in self.columns:
+            raise MeshSparkError('say where to write: option "topic", or a string column "topic"')
+        if self.topic is not None:
+            self.columns.pop("topic", None)  # the option wins, as in Spark's Kafka sink
+        self._opts = opts
+
+    def check_topic(self) -> None:
+        """On the driver, before any task runs: the broker answers and the topic exists."""
+        if self.topic is None:
+            return
+        cluster = _Cluster(self._opts)
+        try:
+            cluster.partitions(required=True)
+        finally:
+            cluster.close()
+
+
+def producer_id_for(sink_key: str, task: int, cfg: MeshSinkConfig) -> int:
+    """A stable 62-bit producer id for one task of one write (see the module docstring)."""
+    ident = f"mesh-spark-sink/{sink_key}/{task}/{cfg.max_batch_records}/{cfg.max_batch_bytes}"
+    return int.from_bytes(hashlib.blake2b(ident.encode(), digest_size=8).digest(), "big") >> 2
+
+
+class MeshBatchWriter(DataSourceArrowWriter):
+    def __init__(self, cfg: MeshSinkConfig):
+        self.cfg = cfg
+        self.write_id = uuid.uuid4().hex  # made once on the driver: task retries share it
+
+    def write(self, iterator):
+        return write_task(self.cfg, f"batch/{self.write_id}", iterator)
+
+    def commit(self, messages) -> None:
+        pass  # records are in the topic already; see the module docstring
+
+    def abort(self, messages) -> None:
+        pass  # no transactions: what finished tasks wrote stays
+
+
+class MeshStreamWriter(DataSourceStreamArrowWriter):
+    def __init__(self, cfg: MeshSinkConfig):
+        self.cfg = cfg
+
+    def write(self, iterator):
+        from pyspark import TaskContext
+        tc = TaskContext.get()
+        query = tc.getLocalProperty("sql.streaming.queryId") if tc else None
+        batch = tc.getLocalProperty("streaming.sql.batchId") if tc else None
+        if not query or batch is None:
+            raise MeshSparkError("this Spark does not tell write tasks their streaming query id and batch id "
+                                 "(local properties sql.streaming.queryId / streaming.sql.batchId): the mesh "
+                                 "sink cannot write exactly once here")
+        return write_task(self.cfg, f"stream/{query}/{batch}", iterator)
+
+    def commit(self, messages, batchId) -> None:
+        pass  # deduplication happened on the brokers, keyed by (query, batch, task)
+
+    def abort(self, messages, batchId) -> None:
+        pass  # a replay of this batch writes only what is missing
+
+
+def write_task(cfg: MeshSinkConfig, sink_key: str, iterator) -> MeshCommitMessage:
+    pa = require_pyarrow()
+    from pyspark import TaskContext
+    tc = TaskContext.get()
+    task = tc.partitionId() if tc else 0
+    pid = producer_id_for(sink_key, task, cfg)
+    sender = _Sender(cfg, pid)
+    try:
+        router = _Router(cfg, sender, task, pa)
+        for rb in iterator:
+            if rb.num_rows:
+                router.add(rb)
+        router.close()
+        sender.flush()
+        return MeshCommitMessage(pid, sender.records, sender.batches, sender.duplicates,
+                                 {f"{t}/{p}": n for (t, p), n in sorted(sender.per_partition.items())})
+    finally:
+        sender.close()
+
+
+class _Open:
+    __slots__ = ("values", "keys", "timestamps", "headers", "nbytes")
+
+    def __init__(self):
+        self.values: list = []
+        self.keys: list | None = None
+        self.timestamps: list | None = None
+        self.headers: list | None = None
+        self.nbytes = 0
+
+
+class _Router:
+    """Rows -> (topic, partition) -> record batches cut by count and bytes only."""
+
+    def __init__(self, cfg: MeshSinkConfig, sender: "_Sender", task: int, pa):
+        self.cfg, self.sender, self.task, self.pa = cfg, sender, task, pa
+        self.open: dict[tuple[str, int], _Open] = {}
+        self.sticky: dict[str, int] = {}
+
+    def _bytes(self, col) -> list:
+        pa = self.pa
+        t = col.type
+        if pa.types.is_string(t):
+            col = col.cast(pa.binary())
+        elif pa.types.is_large_string(t):
+            col = col.cast(pa.large_binary())
+        return col.to_pylist()
+
+    def add(self, rb) -> None:
+        c = self.cfg.columns
+        values = self._bytes(rb.column(c["value"]))
+        keys = self._bytes(rb.column(c["key"])) if "key" in c else None
+        parts = rb.column(c["partition"]).to_pylist() if "partition" in c else None
+        topics = rb.column(c["topic"]).to_pylist() if "topic" in c else None
+        headers = None
+        if "headers" in c:
+            headers = [[[h["key"] or "", h["value"].encode() if isinstance(h["value"], str) else (h["value"] or b"")]
+                        for h in hs if h is not None] or None if hs else None
+                       for hs in rb.column(c["headers"]).to_pylist()]
+        ts = None
+        if "timestamp" in c:
+            us = rb.column(c["timestamp"]).cast(self.pa.int64()).to_pylist()
+            ts = [None if x is None else x // 1000 for x in us]
+        topic = self.cfg.topic
+        if keys is None and parts is None and topics is None and headers is None and ts is None:
+            self._add_values(topic, values)
+            return
+        for i, v in enumerate(values):
+            t = topic if topics is None else topics[i]
+            if t is None:
+                raise MeshSparkError("a row has a null 'topic' and no topic option is given")
+            k = keys[i] if keys is not None else None
+            p = parts[i] if parts is not None else None
+            n = self.sender.num_partitions(t)
+            if p is not None:
+                if not 0 <= p < n:
+                    raise MeshSparkError(f"row {i}: partition {p} does not exist: topic {t!r} has "
+                                         f"partitions 0..{n - 1}")
+            elif k is not None:
+                p = partition_for_key(k, n)
+            h = headers[i] if headers is not None else None
+            self._append(t, p, v if v is not None else b"", k, ts[i] if ts is not None else None, h)
+
+    def _add_values(self, t: str, values: list) -> None:
+        """Fast path for value-only rows (unkeyed, sticky): whole runs of rows per batch, cut
+        exactly where the row-by-row path would cut them."""
+        if None in values:
+            values = [b"" if v is None else v for v in values]
+        cost = list(itertools.accumulate(map((8).__add__, map(len, values))))  # bytes up to row i
+        limit = self.sender.batch_bytes(t)
+        n = self.sender.num_partitions(t)
+        i, total = 0, len(values)
+        while i < total:
+            tp = (t, (self.task + self.sticky.get(t, 0)) % n)
+            o = self.open.get(tp)
+            if o is None:
+                o = self.open[tp] = _Open()
+            base = cost[i - 1] if i else 0
+            fit = bisect.bisect_right(cost, base + limit - o.nbytes, i, total) - i
+            k = min(fit, self.cfg.max_batch_records - len(o.values))
+            if k == 0:
+                if not o.values:
+                    raise MeshSparkError(f"a record of {cost[i] - base} bytes is larger than a batch may be "
+                                         f"({limit} bytes: maxBatchBytes / topic {t!r} max.message.bytes)")
+                self._close(tp)
+                continue
+            o.values.extend(values[i:i + k])
+            for col in (o.keys, o.timestamps):
+                if col is not None:
+                    col.extend(itertools.repeat(None, k))
+            if o.headers is not None:
+                o.headers.extend([] for _ in range(k))
+            o.nbytes += cost[i + k - 1] - base
+            i += k
+            if len(o.values) >= self.cfg.max_batch_records:
+                self._close(tp)
+
+    def _append(self, t, p, v, k, ts, h) -> None:
+        size = len(v) + (len(k) if k else 0) + (sum(len(a) + len(b) for a, b in h) if h else 0) + 8
+        limit = self.sender.batch_bytes(t)
+        if size > limit:
+            raise MeshSparkError(f"a record of {size} bytes is larger than a batch may be ({limit} bytes: "
+                                 f"maxBatchBytes / topic {t!r} max.message.bytes)")
+        while True:  # p None: unkeyed, the sticky partition (which moves on when its batch closes)
+            tp = (t, p if p is not None else (self.task + self.sticky.get(t, 0)) % self.sender.num_partitions(t))
+            o = self.open.get(tp)
+            if o is None or o.nbytes + size <= limit:
+                break
+            self._close(tp)
+        if o is None:
+            o = self.open[tp] = _Open()
+        idx = len(o.values)
+        o.values.append(v)
+        if k is not None:
+            if o.keys is None:
+                o.keys = [None] * idx
+            o.keys.append(k)
+        elif o.keys is not None:
+            o.keys.append(None)
+        if ts is not None:
+            if o.timestamps is None:
+                o.timestamps = [None] * idx
+            o.timestamps.append(ts)
+        elif o.timestamps is not None:
+            o.timestamps.append(None)
+        if h:
+            if o.headers is None:
+                o.headers = [[] for _ in range(idx)]
+            o.headers.append(h)
+        elif o.headers is not None:
+            o.headers.append([])
+        o.nbytes += size
+        if len(o.values) >= self.cfg.max_batch_records:
+            self._close(tp)
+
+    def _close(self, tp) -> None:
+        o = self.open.pop(tp)
+        t, p = tp
+        n = self.sender.num_partitions(t)
+        if (self.task + self.sticky.get(t, 0)) % n == p:
+            self.sticky[t] = self.sticky.get(t, 0) + 1  # sticky: the next unkeyed rows move on
+        now_ms = int(time.time() * 1000)
+        ts = now_ms if o.timestamps is None else [now_ms if x is None else x for x in o.timestamps]
+        self.sender.submit(t, p, o.values, o.keys, ts, o.headers)
+
+    def close(self) -> None:
+        for tp in sorted(self.open):
+            self._close(tp)
+
+
+class _Chunk:
+    """One record batch with its fixed producer id and first sequence number."""
+    __slots__ = ("seq", "payload", "count", "rid", "sent_at", "acked", "cols", "probe")
+
+    def __init__(self, seq: int, payload: bytes, count: int, cols: tuple):
+        self.seq, self.payload, self.count, self.cols = seq, payload, count, cols
+        self.rid: int | None = None
+        self.sent_at = 0.0
+        self.acked = False
+        self.probe: _Chunk | None = None  # set while finding out how much of it is written
+
+    def single(self, i: int, producer_id: int) -> "_Chunk":
+        """Record ``i`` alone, as a one-record batch with its own sequence number."""
+        values, keys, ts, headers = self.cols
+        cols = ([values[i]], [keys[i]] if keys else None, ts if isinstance(ts, int) else [ts[i]],
+                [headers[i]] if headers else None)
+        return _Chunk(self.seq + i, encode_batch(*cols, producer_id=producer_id, base_sequence=self.seq + i),
+                      1, cols)
+
+
+class _PartState:
+    __slots__ = ("next_seq", "chunks", "backoff_until", "failures")
+
+    def __init__(self):
+        self.next_seq = 0
+        self.chunks: collections.deque[_Chunk] = collections.deque()  # unacknowledged, in order
+        self.backoff_until = 0.0
+        self.failures = 0
+
+
+class _Sender:
+    """Pipelined, ordered, retried produce requests under one fixed producer id."""
+
+    def __init__(self, cfg: MeshSinkConfig, producer_id: int):
+        self.cfg, self.producer_id = cfg, producer_id
+        self.transport = Transport()
+        self.cluster = ClusterView(self.transport, cfg.bootstrap, timeout_ms=cfg.request_timeout_ms)
+        self.parts: dict[tuple[str, int], _PartState] = {}
+        self.by_rid: dict[int, tuple[tuple[str, int], _Chunk]] = {}
+        self.buffered = 0
+        self.records = self.batches = self.duplicates = 0
+        self.per_partition: dict[tuple[str, int], int] = collections.Counter()
+        self._nparts: dict[str, int] = {}
+        self._limit: dict[str, int] = {}
+
+    def _topic(self, t: str) -> dict:
+        try:
+            return self.cluster.topic(t)
+        except MeshError as exc:
+            if exc.code == ErrorCode.UNKNOWN_TOPIC:
+                raise MeshSparkError(f"unknown topic {t!r} on the mesh cluster at {self.cfg.bootstrap}: "
+                                     "create it first (mesh topic create ...)") from None
+            if exc.code in (ErrorCode.BROKER_UNAVAILABLE, ErrorCode.TIMEOUT):
+                raise MeshSparkError(f"cannot reach any mesh broker at {self.cfg.bootstrap!r} (the \"bootstrap\" "
+                                     f"option): {exc}") from None
+            raise
+
+    def num_partitions(self, t: str) -> int:
+        n = self._nparts.get(t)
+        if n is None:
+            n = self._nparts[t] = len(self._topic(t)["partitions"])
+        return n
+
+    def batch_bytes(self, t: str) -> int:
+        lim = self._limit.get(t)
+        if lim is None:
+            topic_max = int(self._topic(t).get("config", {}).get("max.message.bytes", 1 << 20))
+            lim = self._limit[t] = min(self.cfg.max_batch_bytes, topic_max - BATCH_OVERHEAD_BYTES)
+        return lim
+
+    def submit(self, t: str, p: int, values, keys, ts, headers) -> None:
+        st = self.parts.get((t, p))
+        if st is None:
+            st = self.parts[(t, p)] = _PartState()
+        payload = encode_batch(values, keys, ts, headers, producer_id=self.producer_id,
+                               base_sequence=st.next_seq)
+        st.next_seq += len(values)
+        st.chunks.append(_Chunk(st.next_seq - len(values), payload, len(values), (values, keys, ts, headers)))
+        self.buffered += len(payload)
+        self._pump(0)
+        while self.buffered > _BUFFER_BYTES:
+            self._pump(50)
+
+    def flush(self) -> None:
+        deadline = time.monotonic() + self.cfg.delivery_timeout_ms / 1000
+        while any(st.chunks for st in self.parts.values()):
+            if time.monotonic() > deadline:
+                raise MeshSparkError(f"records not acknowledged within deliveryTimeoutMs="
+                                     f"{self.cfg.delivery_timeout_ms}")
+            self._pump(50)
+
+    def _pump(self, wait_ms: int) -> None:
+        now = time.monotonic()
+        for tp, st in self.parts.items():
+            if st.backoff_until > now:
+                continue
+            inflight = sum(1 for c in st.chunks if c.rid is not None)
+            for c in st.chunks:
+                if inflight >= _MAX_IN_FLIGHT:
+                    break
+                if c.rid is not None or c.acked:
+                    if c.probe is not None:
+                        break  # nothing after a batch whose fate is being found out
+                    continue
+                addr = self._leader(tp)
+                if addr is None:
+                    self._retry(tp, st, MeshError(ErrorCode.LEADER_NOT_AVAILABLE, f"no leader for {tp}"))
+                    break
+                c.rid = self.transport.send(addr, ProduceRequest(tp[0], tp[1], self.cfg.acks,
+                                                                 self.cfg.request_timeout_ms),
+                                            c.payload if c.probe is None else c.probe.payload)
+                c.sent_at = now
+                self.by_rid[c.rid] = (tp, c)
+                inflight += 1
+                if c.probe is not None:
+                    break
+        for _addr, rid, resp, _ in self.transport.poll(wait_ms):
+            entry = self.by_rid.pop(rid, None)
+            if entry is None:
+                continue  # an answer to an attempt given up on
+            tp, c = entry
+            c.rid = None
+            st = self.parts[tp]
+            err = resp.error if isinstance(resp, (ProduceResponse, ErrorResponse)) else ErrorCode.UNKNOWN
+            if c.probe is not None:
+                self._probed(tp, st, c, err)
+                continue
+            if err == ErrorCode.DUPLICATE_SEQUENCE and c.count > 1:
+                self._probe(tp, st, c)
+                continue
+            if err in (ErrorCode.NONE, ErrorCode.DUPLICATE_SEQUENCE):
+                # a one-record batch older than the broker's last sequence: written before
+                self._acked(tp, st, c, duplicate=err == ErrorCode.DUPLICATE_SEQUENCE)
+                continue
+            leader = getattr(resp, "leader", None)
+            e = MeshError(err, getattr(resp, "message", ""), leader=leader)
+            if leader:
+                self.cluster.set_leader(tp[0], tp[1], leader)
+            if not retriable(err):
+                raise MeshSparkError(f"writing to {tp[0]}/{tp[1]} failed: {e}")
+            self._retry(tp, st, e)
+        now = time.monotonic()
+        for rid, (tp, c) in list(self.by_rid.items()):
+            if rid in self.by_rid and now - c.sent_at > self.cfg.request_timeout_ms / 1000:
+                self._retry(tp, self.parts[tp], MeshError(ErrorCode.TIMEOUT, "no answer"))
+
+    def _probe(self, tp, st: _PartState, c: _Chunk) -> None:
+        """DUPLICATE_SEQUENCE for [f, l]: the broker has sequence f but remembers no batch
+        [f, l]. A replay cut differently (an attempt whose input ended early flushed a short
+        last batch) can straddle the broker's last sequence, so ask about record l alone;
+        until then nothing after this batch is sent."""
+        for x in st.chunks:
+            if x.rid is not None:
+                self.by_rid.pop(x.rid, None)
+                x.rid = None
+        c.probe = c.single(c.count - 1, self.producer_id)
+
+    def _probed(self, tp, st: _PartState, c: _Chunk, err: int) -> None:
+        if err in (ErrorCode.NONE, ErrorCode.DUPLICATE_SEQUENCE):
+            # record l was the next to append, or is older than the last sequence: either
+            # way every record of the batch is written now
+            c.probe = None
+            self._acked(tp, st, c, duplicate=True)
+        elif err == ErrorCode.OUT_OF_ORDER_SEQUENCE:
+            # the broker's last sequence is inside [f, l): send the records one by one; the
+            # written ones come back as duplicates, the rest are appended in order
+            singles = [c.single(i, self.producer_id) for i in range(c.count)]
+            chunks = list(st.chunks)
+            i = chunks.index(c)
+            st.chunks = collections.deque(chunks[:i] + singles + chunks[i + 1:])
+            self.buffered += sum(len(x.payload) for x in singles) - len(c.payload)
+        elif retriable(err):
+            self._retry(tp, st, MeshError(err, "probe"))
+        else:
+            raise MeshSparkError(f"writing to {tp[0]}/{tp[1]} failed: {ErrorCode(err).name}")
+
+    def _acked(self, tp, st: _PartState, c: _Chunk, duplicate: bool) -> None:
+        c.acked = True
+        self.batches += 1
+        self.duplicates += duplicate
+        self.records += c.count
+        self.per_partition[tp] += c.count
+        st.failures = 0
+        while st.chunks and st.chunks[0].acked:
+            self.buffered -= len(st.chunks.popleft().payload)
+
+    def _retry(self, tp, st: _PartState, err: MeshError) -> None:
+        """Send every unacknowledged batch of ``tp`` again, in order, after a backoff: the
+        broker drops the ones it has, so order and exactly-once both hold."""
+        st.failures += 1
+        if st.failures > 50:
+            raise MeshSparkError(f"writing to {tp[0]}/{tp[1]} keeps failing: {err}")
+        for c in st.chunks:
+            if c.rid is not None:
+                self.by_rid.pop(c.rid, None)
+                c.rid = None
+        st.backoff_until = time.monotonic() + min(1.0, _BACKOFF_S * st.failures)
+        if err.code in (ErrorCode.TIMEOUT, ErrorCode.BROKER_UNAVAILABLE):
+            try:
+                self.transport.forget(self._leader(tp) or "")
+            except MeshError:
+                pass
+        if not err.leader:
+            try:
+                self.cluster.refresh([tp[0]])
+            except MeshError:
+                pass  # try again after the backoff
+
+    def _leader(self, tp) -> str | None:
+        try:
+            return self.cluster.leader_address(*tp)
+        except MeshError as exc:
+            if exc.retriable:
+                return None
+            raise
+
+    def close(self) -> None:
+        self.transport.close()
