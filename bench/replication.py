@@ -113,13 +113,18 @@ def latency(c, rate=10_000, seconds=10, settle_s=0):
     assert q.get(timeout=60) == "ready"
     acks = []
     with Producer(c.bootstrap, acks="all", linger_ms=1) as p:
+        # paced with sleeps, one small burst per millisecond: a busy-wait would hold the GIL
+        # and starve the producer's own I/O thread (and take a core from the brokers)
         t0 = time.perf_counter()
-        for i in range(n):
-            target = t0 + i / rate
-            while time.perf_counter() < target:
-                pass
-            sent = time.perf_counter()
-            p.send("lat", b"l" * 100).add_callback(lambda md, s=sent: acks.append((time.perf_counter() - s) * 1000))
+        i = 0
+        while i < n:
+            due = min(n, int((time.perf_counter() - t0) * rate) + 1)
+            while i < due:
+                sent = time.perf_counter()
+                p.send("lat", b"l" * 100).add_callback(
+                    lambda md, s=sent: acks.append((time.perf_counter() - s) * 1000))
+                i += 1
+            time.sleep(0.001)
         p.flush()
     lat = q.get(timeout=120)
     cons.join()

@@ -232,19 +232,23 @@ class StoreBase:
             return self.log_start(pid)
         self._save_undo(pid)
         new_start = st[0]
-        for base, v in list(self._head_batches(pid, max_batches)):
+        doomed = []
+        for base, v in self._head_batches(pid, max_batches):  # stops at the first batch kept
             count = struct.unpack_from(">I", v, 20)[0]
             max_ts = struct.unpack_from(">Q", v, 32)[0]
             end = base + count
             if end >= st[1] or (keep_from is not None and end > keep_from):
                 break
             too_old = retention_ms is not None and retention_ms >= 0 and max_ts < now_ms - retention_ms
-            too_big = retention_bytes is not None and retention_bytes >= 0 and st[2] > retention_bytes
+            too_big = (retention_bytes is not None and retention_bytes >= 0
+                       and st[2] - sum(n for _, n in doomed) > retention_bytes)
             if not (too_old or too_big):
                 break
-            self._del_batch(pid, base)
-            st[2] -= len(v)
+            doomed.append((base, len(v)))
             new_start = end
+        for base, n in doomed:
+            self._del_batch(pid, base)
+            st[2] -= n
         if new_start != st[0]:
             st[0] = new_start
             self.put("meta", b"logstart:%d" % pid, str(new_start).encode())
