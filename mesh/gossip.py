@@ -180,6 +180,16 @@ class GossipConfig:
         if self.heartbeat_interval_ms < 0 or self.stall_threshold_ms < 0:
             raise ValueError("GossipConfig: negative interval")
 
+    @classmethod
+    def lan(cls, **overrides) -> "GossipConfig":
+        """The preset the broker uses (memberlist's DefaultLANConfig idea): brokers on one
+        low-loss network. phi 4 is reached after ~9.2 mean gaps between heartbeat news
+        (~3.2 s in a 5-node cluster at 200 ms); one more second of suspicion and a killed
+        node is DEAD in ~4 s. Checked by the stall-hour simulation (1% loss, a node stalling
+        1 s in every 10 s: no false conviction). On lossy networks (5% loss and more) it
+        flaps; the conservative defaults do not."""
+        return cls(**{"phi_threshold": 4.0, "dead_after_ms": 1_000, **overrides})
+
     @property
     def effective_heartbeat_ms(self) -> int:
         return self.heartbeat_interval_ms or self.interval_ms

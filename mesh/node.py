@@ -65,10 +65,6 @@ class NodeConfig:
     election_ticks: int = 14
     retention_check_ms: int = 5_000
     gossip_interval_ms: int = 200
-    # phi 4 after ~9.2 mean gaps between heartbeat news (~3.2 s with 5 nodes at 200 ms),
-    # then 1 s of suspicion: a killed node is declared dead in about 4.2 s
-    phi_threshold: float = 4.0
-    dead_after_ms: int = 1_000
     stats_every_ms: int = 1_000
     map_size_bytes: int = 64 << 30
     sync: bool = True
@@ -98,8 +94,7 @@ class Node:
         seeds = [s for s in config.seeds if s != self.address]
         self.gossip = Gossip(config.node_id, self.address, gen, seeds,
                              random.Random(int.from_bytes(os.urandom(8), "big")),
-                             GossipConfig(interval_ms=config.gossip_interval_ms, dead_after_ms=config.dead_after_ms,
-                                          phi_threshold=config.phi_threshold), _now_ms(),
+                             GossipConfig.lan(interval_ms=config.gossip_interval_ms), _now_ms(),
                              snapshot=snapshot)
         self.gossip.set_local("member", {"address": self.address, "text_port": config.text_port})
         self.catalog = Catalog(config.node_id, self.gossip, self.store)

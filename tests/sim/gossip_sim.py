@@ -506,10 +506,11 @@ def _start_cluster(sim: Simulation, ids: list[str]) -> list[Gossip]:
 
 def scenario_stall_hour(nodes: int = 10, seed: int = 7, loss: float = 0.01, *, dup: float = 0.0,
                         hours: float = 1.0, stall_ms: int = 1000, stall_every_ms: int = 10_000,
-                        wire: bool = True) -> Report:
+                        wire: bool = True, lan: bool = False) -> Report:
     """An hour of a small cluster with loss and metadata churn; one node stalls ``stall_ms``
-    in every ``stall_every_ms``. Then one node crashes: detection time, then collection."""
-    cfg = GossipConfig(tombstone_gc_ms=120_000)
+    in every ``stall_every_ms``. Then one node crashes: detection time, then collection.
+    ``lan``: the broker's preset (``GossipConfig.lan``) instead of the defaults."""
+    cfg = GossipConfig.lan(tombstone_gc_ms=120_000) if lan else GossipConfig(tombstone_gc_ms=120_000)
     report = Report("stall-hour", _argv("stall-hour", nodes, seed, loss, dup=dup,
                                         hours=hours if hours != 1.0 else None))
     sim = Simulation(seed, cfg, NetConfig(loss=loss, dup=dup), wire=wire, full_check_every=3)

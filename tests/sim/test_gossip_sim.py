@@ -35,8 +35,9 @@ def test_join_storm_of_100_through_one_seed():
     assert m["false convictions"] == 0
 
 
-def test_an_hour_with_loss_and_a_stalling_node_convicts_nobody_falsely():
-    m = ok(run_scenario("stall-hour", nodes=10, seed=7, loss=0.01, hours=1.0, wire=False))
+@pytest.mark.parametrize("lan", [False, True], ids=["defaults", "broker-lan-preset"])
+def test_an_hour_with_loss_and_a_stalling_node_convicts_nobody_falsely(lan):
+    m = ok(run_scenario("stall-hour", nodes=10, seed=7, loss=0.01, hours=1.0, wire=False, lan=lan))
     assert m["false convictions"] == 0
     assert m["local stalls detected by the staller"] >= 300
     assert m["dead node collected everywhere"] is True
