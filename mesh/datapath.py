@@ -102,7 +102,10 @@ class DataPath:
             elif req.acks != 0:
                 self.reply(ident, rid, m.ProduceResponse(0, base_offset=dup))
             return
-        base, epoch = self.replicas.append_position(pid)
+        try:
+            base, epoch = self.replicas.append_position(pid)
+        except MeshError as exc:  # the core names leaders by node id; clients need an address
+            raise MeshError(exc.code, exc.message, leader=self.leader_of(t, req.partition))
         try:
             staged_base, end = self.store.stage_append(pid, payload, epoch, h.record_count)
         except LogError as exc:  # the turn is doomed; commit_turn fails its other requests

@@ -1,4 +1,7 @@
-"""Consumer groups: the coordinator's state machine, its wire messages, and the member side.
+"""Consumer groups: the coordinator's state machine and its wire messages.
+
+The member side is ``mesh.group_member.GroupMemberState``; the node shell that drives the
+coordinator is ``mesh.group_service``; the client shell is ``mesh.client.group``.
 
 Theory of operation
 -------------------
@@ -33,7 +36,7 @@ Rules, and why they keep two members from ever holding one partition:
   such a member has accepted an answer of that epoch, so it holds everything given to it
   up to then, and a partition missing from its list is truly gone. A delayed or duplicated
   older heartbeat cannot release anything.
-* Members (``GroupMemberState``) take given partitions at once, accept an answer only if
+* Members (``mesh.group_member.GroupMemberState``) take given partitions at once, accept an answer only if
   its epoch is not older than theirs, and from an answer of their own epoch only *remove*
   partitions, so a delayed answer cannot hand back a partition already released.
 * Leaving member ids are never reused (64 random bits from the injected ``rng``), so a
@@ -59,6 +62,10 @@ partitions (``assigned`` or ``revoking``: members commit while revoking), or fro
 allows. Success returns ``PersistOffsets``; the shell makes it durable, then replies, then
 gossips it. ``GROUP_RESET_OFFSETS`` is refused while the group has members.
 
+Pacing: every heartbeat answer says when to heartbeat next: ``heartbeat_interval_ms``
+while the group is stable, ``reconcile_heartbeat_interval_ms`` (100 ms) while partitions
+are waiting to move, so a hand-over takes a few round trips rather than a few intervals.
+
 Public API (sans-I/O: time is ``now_ms``, randomness the injected ``rng``)::
 
     coord = GroupCoordinator(GroupConfig(), random.Random(seed), now_ms=now)
@@ -75,7 +82,7 @@ before sending the response; calls ``tick`` every loop turn and ``set_topic_part
 when metadata changes; when the live broker set changes, calls ``drop_group`` for groups
 no longer hashed here and ``begin_takeover`` (then ``load_offsets`` for groups that are).
 
-The client drives a ``GroupMemberState`` (see its docstring).
+The client drives a ``mesh.group_member.GroupMemberState`` (see its docstring).
 
 Errors: UNKNOWN_MEMBER (the id is gone: drop everything, rejoin), FENCED_EPOCH (this
 member is out: drop everything, rejoin), ILLEGAL_GENERATION on a commit (the epoch is
@@ -91,7 +98,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable
 
 from mesh.assignors import ASSIGNORS, DEFAULT_ASSIGNOR, TopicPartition, assign
-from mesh.errors import ErrorCode, MeshError, retriable
+from mesh.errors import ErrorCode, MeshError
 from mesh.wire import message
 
 __all__ = [
@@ -292,6 +299,9 @@ class MemberRemoved:
 @dataclass(frozen=True, slots=True)
 class GroupConfig:
     heartbeat_interval_ms: int = 1_000
+    # while a group is reconciling (partitions waiting to move), members are asked to
+    # heartbeat this often, so a hand-over takes a few round trips, not a few intervals
+    reconcile_heartbeat_interval_ms: int = 100
     min_session_timeout_ms: int = 100
     max_session_timeout_ms: int = 30_000
     max_rebalance_timeout_ms: int = 300_000
@@ -310,8 +320,8 @@ class GroupConfig:
             raise ValueError(f"unknown assignor {self.default_assignor!r}")
         if not 0 < self.min_session_timeout_ms <= self.max_session_timeout_ms:
             raise ValueError("need 0 < min_session_timeout_ms <= max_session_timeout_ms")
-        if self.heartbeat_interval_ms <= 0:
-            raise ValueError("heartbeat_interval_ms must be positive")
+        if self.heartbeat_interval_ms <= 0 or self.reconcile_heartbeat_interval_ms <= 0:
+            raise ValueError("heartbeat intervals must be positive")
 
     @property
     def grace_ms(self) -> int:
@@ -486,13 +496,29 @@ class GroupCoordinator:
             if any(topic in m.topics for m in group.members.values() if not m.fenced):
                 self._bump(group)
 
-    def load_offsets(self, group_id: str, offsets: Iterable[tuple[str, int, int, str]]) -> None:
+    def load_offsets(self, group_id: str, offsets: Iterable[tuple[str, int, int, str]],
+                     replace: bool = False) -> None:
         """Committed offsets from gossip (the shell picks the winners), when taking a group
-        over. Only partitions with no offset here are filled: while this node coordinates
-        the group its own commits are the newest, and gossip may lag behind them."""
+        over. By default only partitions with no offset here are filled: while this node
+        coordinates the group its own commits are the newest, and gossip may lag behind
+        them. ``replace``: the shell knows these are newer (a later commit made through
+        another broker, e.g. the previous coordinator's last ones arriving late)."""
         group = self._group(group_id, create=True)
         for topic, partition, offset, metadata in offsets:
-            group.offsets.setdefault((topic, partition), (offset, metadata))
+            if replace:
+                group.offsets[(topic, partition)] = (offset, metadata)
+            else:
+                group.offsets.setdefault((topic, partition), (offset, metadata))
+        self._maybe_forget(group)
+
+    def discard_offsets(self, group_id: str, partitions: Iterable[TopicPartition]) -> None:
+        """Forget committed offsets (the shell could not make a commit durable and restores
+        what it had: it discards, then ``load_offsets(replace=True)`` the old values)."""
+        group = self._groups.get(group_id)
+        if group is None:
+            return
+        for tp in partitions:
+            group.offsets.pop((tp[0], tp[1]), None)
         self._maybe_forget(group)
 
     def begin_takeover(self, now_ms: int) -> None:
@@ -532,6 +558,10 @@ class GroupCoordinator:
             {"group_id": g.group_id, "state": g.state(), "members": len(g.members),
              "group_epoch": g.epoch}
             for g in (self._groups[gid] for gid in sorted(self._groups))])
+
+    def has_group(self, group_id: str) -> bool:
+        """True while the group has members or committed offsets here."""
+        return group_id in self._groups
 
     def committed(self, group_id: str) -> dict[TopicPartition, tuple[int, str]]:
         group = self._groups.get(group_id)
@@ -605,7 +635,13 @@ class GroupCoordinator:
         return GroupHeartbeatResponse(
             error=0, member_id=member.member_id, member_epoch=member.epoch,
             assignment=_wire_partitions(member.assigned),
-            heartbeat_interval_ms=cfg.heartbeat_interval_ms, group_epoch=group.epoch), []
+            heartbeat_interval_ms=self._heartbeat_interval_ms(group), group_epoch=group.epoch), []
+
+    def _heartbeat_interval_ms(self, group: _Group) -> int:
+        cfg = self.config
+        if group.state() == "stable":
+            return cfg.heartbeat_interval_ms
+        return min(cfg.heartbeat_interval_ms, cfg.reconcile_heartbeat_interval_ms)
 
     def _join(self, group: _Group, topics: frozenset[str], assignor: str, req: GroupHeartbeat,
               now_ms: int) -> _Member:
@@ -774,226 +810,10 @@ class GroupCoordinator:
 
 
 # ---------------------------------------------------------------------------------------
-# The member side
+# The member side lives in mesh.group_member; these names stay importable from here.
 
-@dataclass(frozen=True, slots=True)
-class MemberChanges:
-    """What the client must do after feeding the member state an input.
-
-    * ``assigned``: now held; fetch their committed offsets and start consuming;
-    * ``revoke``: stop consuming them, commit their offsets, then call ``revoked()``
-      (each partition is reported once);
-    * ``lost``: already dropped (the membership ended); stop at once and do not commit;
-    * ``send``: fire-and-forget requests (leaves for member ids this member abandoned).
-    """
-    assigned: tuple[TopicPartition, ...] = ()
-    revoke: tuple[TopicPartition, ...] = ()
-    lost: tuple[TopicPartition, ...] = ()
-    send: tuple[GroupHeartbeat, ...] = ()
-
-
-_NO_CHANGES = MemberChanges()
-_ABANDONED_IDS_KEPT = 64
-
-
-class GroupMemberState:
-    """Sans-I/O member side of the heartbeat protocol, for the client library.
-
-    Each loop turn: ``poll(now)``; if ``heartbeat_due(now)``, send ``heartbeat(now)`` and
-    remember when; feed the answer to ``on_heartbeat_response(resp, sent_ms, now)`` (or
-    ``on_heartbeat_failed(sent_ms, now)`` on a timeout or transport error). Act on every
-    ``MemberChanges`` returned. ``leave()`` before closing.
-
-    The member fences itself: once ``session_timeout_ms - fence_margin_ms`` have passed since
-    it sent its last acknowledged heartbeat, it drops everything (``lost``) and rejoins under
-    a new id, because by then the coordinator may have handed its partitions on. Answers
-    older than that are ignored for the same reason.
-    """
-
-    def __init__(self, group_id: str, topics: Iterable[str], *, assignor: str = "",
-                 session_timeout_ms: int = 10_000, rebalance_timeout_ms: int = 60_000,
-                 request_timeout_ms: int | None = None, fence_margin_ms: int | None = None,
-                 retry_backoff_ms: int = 100):
-        self.group_id = _check_group_id(group_id)
-        self.topics = sorted(set(topics))
-        self.assignor = assignor
-        self.session_timeout_ms = session_timeout_ms
-        self.rebalance_timeout_ms = rebalance_timeout_ms
-        margin = session_timeout_ms // 10 if fence_margin_ms is None else fence_margin_ms
-        self.fence_ms = session_timeout_ms - margin
-        if self.fence_ms <= 0:
-            raise ValueError("fence margin must be smaller than the session timeout")
-        self.request_timeout_ms = request_timeout_ms or max(1, session_timeout_ms // 3)
-        self.retry_backoff_ms = retry_backoff_ms
-        self.heartbeat_interval_ms = max(1, session_timeout_ms // 3)
-        self.member_id = ""
-        self.member_epoch = JOIN_EPOCH
-        self._owned: set[TopicPartition] = set()
-        self._target: set[TopicPartition] = set()
-        self._revoke_told: set[TopicPartition] = set()
-        self._last_ok_sent_ms: int | None = None
-        self._next_heartbeat_ms = 0
-        self._urgent = False
-        self._inflight_sent_ms: int | None = None
-        self._abandoned: collections.deque[str] = collections.deque(maxlen=_ABANDONED_IDS_KEPT)
-        self._closed = False
-
-    # -- views ----------------------------------------------------------------------------
-
-    @property
-    def owned(self) -> frozenset[TopicPartition]:
-        """Everything held right now, including partitions being revoked."""
-        return frozenset(self._owned)
-
-    @property
-    def assignment(self) -> frozenset[TopicPartition]:
-        """What the coordinator lets this member keep."""
-        return frozenset(self._target)
-
-    @property
-    def revoking(self) -> frozenset[TopicPartition]:
-        return frozenset(self._owned - self._target)
-
-    # -- inputs ---------------------------------------------------------------------------
-
-    def subscribe(self, topics: Iterable[str]) -> None:
-        self.topics = sorted(set(topics))
-        self._urgent = True
-
-    def heartbeat_due(self, now_ms: int) -> bool:
-        """One heartbeat in flight at a time (until ``request_timeout_ms``), except that news
-        the coordinator is waiting for (a release, a new subscription) goes out at once."""
-        if self._closed:
-            return False
-        if self._urgent:
-            return True
-        if self._inflight_sent_ms is not None and now_ms - self._inflight_sent_ms < self.request_timeout_ms:
-            return False
-        return now_ms >= self._next_heartbeat_ms
-
-    def next_deadline_ms(self) -> int:
-        """When ``poll`` or ``heartbeat_due`` may next have something to do (for a loop's wait)."""
-        due = 0 if self._urgent else self._next_heartbeat_ms
-        if self._inflight_sent_ms is not None:
-            due = max(due, self._inflight_sent_ms + self.request_timeout_ms)
-        if self.member_id and self._last_ok_sent_ms is not None:
-            due = min(due, self._last_ok_sent_ms + self.fence_ms)
-        return due
-
-    def heartbeat(self, now_ms: int) -> GroupHeartbeat:
-        self._inflight_sent_ms = now_ms
-        self._urgent = False
-        return GroupHeartbeat(self.group_id, self.member_id, self.member_epoch, list(self.topics),
-                              _wire_partitions(self._owned), self.assignor,
-                              self.session_timeout_ms, self.rebalance_timeout_ms)
-
-    def poll(self, now_ms: int) -> MemberChanges:
-        """Fence ourselves when the session may have ended at the coordinator."""
-        if self.member_id and self._last_ok_sent_ms is not None \
-                and now_ms - self._last_ok_sent_ms >= self.fence_ms:
-            return self._abandon(send_leave=True)
-        return _NO_CHANGES
-
-    def on_heartbeat_failed(self, sent_ms: int, now_ms: int) -> None:
-        if self._inflight_sent_ms == sent_ms:
-            self._inflight_sent_ms = None
-            self._next_heartbeat_ms = now_ms + self.retry_backoff_ms
-
-    def on_heartbeat_response(self, resp: GroupHeartbeatResponse, sent_ms: int,
-                              now_ms: int) -> MemberChanges:
-        if self._inflight_sent_ms == sent_ms:
-            self._inflight_sent_ms = None
-        fresh = now_ms - sent_ms < self.fence_ms   # older: our session may have ended since
-        joined = resp.error == ErrorCode.NONE and resp.member_epoch != LEAVE_EPOCH
-        if resp.member_id != self.member_id or self._closed:
-            if not joined or resp.member_id in self._abandoned:
-                return _NO_CHANGES   # about an id we gave up, or an error for an older join
-            if self.member_id or not fresh or self._closed:
-                # An extra join answer (a retried join, or one from before we re-joined):
-                # that id is a ghost holding partitions; tell the coordinator to free it.
-                self._abandoned.append(resp.member_id)
-                return MemberChanges(send=(self._leave_request(resp.member_id),))
-            self.member_id = resp.member_id   # our join answer
-            self._last_ok_sent_ms = sent_ms
-        if resp.error != ErrorCode.NONE:
-            return self._on_error(resp, now_ms)
-        if not joined or not fresh:
-            return _NO_CHANGES
-        self._last_ok_sent_ms = max(self._last_ok_sent_ms or sent_ms, sent_ms)
-        self.heartbeat_interval_ms = max(1, resp.heartbeat_interval_ms or self.heartbeat_interval_ms)
-        self._next_heartbeat_ms = now_ms + min(self.heartbeat_interval_ms, self.fence_ms // 3 or 1)
-        if resp.member_epoch < self.member_epoch:
-            return _NO_CHANGES
-        given = {(t, p) for t, p in resp.assignment}
-        if resp.member_epoch > self.member_epoch:
-            self.member_epoch = resp.member_epoch
-            self._target = given
-        else:
-            self._target &= given   # an answer of our own epoch can only take away
-        new = tuple(sorted(self._target - self._owned))
-        self._owned.update(new)
-        revoke = tuple(sorted(self._owned - self._target - self._revoke_told))
-        self._revoke_told.update(revoke)
-        return MemberChanges(assigned=new, revoke=revoke) if new or revoke else _NO_CHANGES
-
-    def revoked(self, partitions: Iterable[TopicPartition]) -> None:
-        """The client stopped consuming these (after committing): report it at once."""
-        for tp in partitions:
-            tp = (tp[0], tp[1])
-            if tp in self._owned and tp not in self._target:
-                self._owned.discard(tp)
-                self._revoke_told.discard(tp)
-        self._urgent = True
-
-    def leave(self) -> tuple[GroupHeartbeat | None, MemberChanges]:
-        """Leave the group for good: everything held is dropped (commit first if you want
-        to); send the request if there is one (no need to wait for its answer)."""
-        member_id = self.member_id
-        changes = self._abandon(send_leave=False)
-        self._closed = True
-        return (self._leave_request(member_id) if member_id else None), changes
-
-    def commit(self, offsets: Iterable[tuple[str, int, int, str]]) -> GroupCommit:
-        """A commit request for partitions this member holds (``(topic, partition, offset,
-        metadata)``); ILLEGAL_GENERATION in reply: heartbeat, then retry what is still held."""
-        offsets = [[t, p, o, m] for t, p, o, m in offsets]
-        if not self.member_id:
-            raise MeshError(ErrorCode.UNKNOWN_MEMBER, "not a member of the group yet")
-        for t, p, _, _ in offsets:
-            if (t, p) not in self._owned:
-                raise MeshError(ErrorCode.ILLEGAL_GENERATION, f"this member does not hold {t}/{p}")
-        return GroupCommit(self.group_id, self.member_id, self.member_epoch, offsets)
-
-    # -- internals ------------------------------------------------------------------------
-
-    def _on_error(self, resp: GroupHeartbeatResponse, now_ms: int) -> MemberChanges:
-        code = ErrorCode(resp.error)
-        if code in (ErrorCode.UNKNOWN_MEMBER, ErrorCode.FENCED_EPOCH):
-            # Final for this id however late it comes: ids are never reused. A fenced id may
-            # still hold partitions at the coordinator: leaving frees them at once.
-            return self._abandon(send_leave=code == ErrorCode.FENCED_EPOCH)
-        if retriable(code):
-            self._next_heartbeat_ms = now_ms + self.retry_backoff_ms
-            return _NO_CHANGES
-        raise MeshError(code, resp.message)
-
-    def _abandon(self, send_leave: bool) -> MemberChanges:
-        """Drop everything and start over under a new id."""
-        lost = tuple(sorted(self._owned))
-        send = ()
-        if self.member_id:
-            self._abandoned.append(self.member_id)
-            if send_leave:
-                send = (self._leave_request(self.member_id),)
-        self.member_id, self.member_epoch = "", JOIN_EPOCH
-        self._owned.clear()
-        self._target.clear()
-        self._revoke_told.clear()
-        self._last_ok_sent_ms = None
-        self._inflight_sent_ms = None
-        self._next_heartbeat_ms = 0
-        return MemberChanges(lost=lost, send=send)
-
-    def _leave_request(self, member_id: str) -> GroupHeartbeat:
-        return GroupHeartbeat(self.group_id, member_id, LEAVE_EPOCH, [], [], self.assignor,
-                              self.session_timeout_ms, self.rebalance_timeout_ms)
+def __getattr__(name: str):
+    if name in ("GroupMemberState", "MemberChanges"):
+        from mesh import group_member
+        return getattr(group_member, name)
+    raise AttributeError(f"module 'mesh.groups' has no attribute {name!r}")

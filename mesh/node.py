@@ -70,6 +70,8 @@ class NodeConfig:
     sync: bool = True
     hwm_messages: int = 10_000
     text_port: int | None = None
+    group_max_session_timeout_ms: int = 10_000   # also the takeover grace of a new coordinator
+    group_heartbeat_interval_ms: int = 500
 
 
 def _now_ms() -> int:
@@ -166,6 +168,9 @@ class Node:
                 if self.text is not None and self.text.socket is not None and self.text.socket in events:
                     self.text.on_readable()
                 self._after_turn()
+            if self.text is not None:
+                self.text.close()  # subscriptions commit and leave their groups first
+                self.text = None
             self._send(self.gossip.leave(_now_ms()))  # graceful: peers see LEFT at once
             log.info("node %s leaving the cluster", self.node_id)
         finally:

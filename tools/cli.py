@@ -1,4 +1,4 @@
-"""The ``mesh`` command line: node, topic, produce, consume, cluster (kafka-topics / kcat style).
+"""The ``mesh`` command line: node, topic, produce, consume, group, cluster (kafka-topics / kcat style).
 
 Every client command takes ``--bootstrap HOST:PORT`` (default: $MESH_BOOTSTRAP, else
 127.0.0.1:7101). Errors are printed as one line ``error: CODE: reason`` with exit code 1.
@@ -57,7 +57,12 @@ def main(verbose: int) -> None:
               help="size limit of the LMDB log (a full store refuses writes, keeps serving reads)")
 @click.option("--retention-check-ms", type=int, default=5_000, show_default=True,
               help="how often retention runs")
-def node(node_id, data_dir, bind, seeds, text_port, max_storage_bytes, retention_check_ms) -> None:
+@click.option("--group-max-session-ms", type=int,
+              default=lambda: int(os.environ.get("MESH_GROUP_MAX_SESSION_MS", 10_000)),
+              show_default="10000 or $MESH_GROUP_MAX_SESSION_MS",
+              help="longest consumer session allowed; also how long a new group coordinator waits")
+def node(node_id, data_dir, bind, seeds, text_port, max_storage_bytes, retention_check_ms,
+         group_max_session_ms) -> None:
     """Run a broker node in the foreground (SIGTERM/SIGINT stop it cleanly)."""
     from mesh.node import Node, NodeConfig
     logging.getLogger().setLevel(logging.INFO)
@@ -66,7 +71,8 @@ def node(node_id, data_dir, bind, seeds, text_port, max_storage_bytes, retention
     try:
         n = Node(NodeConfig(node_id=node_id, bind=bind, data_dir=data_dir, seeds=list(seeds),
                             map_size_bytes=max_storage_bytes, text_port=text_port,
-                            retention_check_ms=retention_check_ms))
+                            retention_check_ms=retention_check_ms,
+                            group_max_session_timeout_ms=group_max_session_ms))
     except Exception as exc:
         click.echo(f"error: cannot start node {node_id}: {exc}", err=True)
         sys.exit(1)
@@ -200,14 +206,25 @@ def _text(b: bytes | None) -> str:
 @click.option("--timeout-ms", type=int, default=None, help="exit when no record arrives for this long")
 @click.option("--format", "-f", "fmt", default="{value}", show_default=True,
               help="fields: {topic} {partition} {offset} {timestamp} {key} {value} {headers}")
-@click.option("--group", "-g", default=None, help="consume as a member of this consumer group")
+@click.option("--group", "-g", default=None,
+              help="consume as a member of this consumer group (members share the partitions; "
+                   "--from-beginning applies where the group has no committed offset)")
+@click.option("--session-timeout-ms", type=click.IntRange(100), default=10_000, show_default=True,
+              help="with --group: a member silent this long loses its partitions")
+@click.option("--auto-commit-interval-ms", type=click.IntRange(0), default=5_000, show_default=True,
+              help="with --group: commit what was printed this often (and on exit)")
 @_bootstrap_option
 @_friendly
-def consume(topic_name, from_beginning, offset, partition, count, timeout_ms, fmt, group, bootstrap) -> None:
+def consume(topic_name, from_beginning, offset, partition, count, timeout_ms, fmt, group, session_timeout_ms,
+            auto_commit_interval_ms, bootstrap) -> None:
     """Print records of a topic, one per line."""
     from mesh.client import Consumer, TopicPartition
+    if group and (partition is not None or offset is not None):
+        raise click.UsageError("--group shares the topic's partitions among the group's members: "
+                               "it cannot be combined with --partition or --offset")
     reset = "earliest" if from_beginning else "latest"
-    kwargs = {"group_id": group} if group else {}
+    kwargs = {"group_id": group, "session_timeout_ms": session_timeout_ms,
+              "auto_commit_interval_ms": auto_commit_interval_ms} if group else {}
     consumer = Consumer(bootstrap=bootstrap, auto_offset_reset=reset, **kwargs)
     try:
         if group:
@@ -242,6 +259,83 @@ def consume(topic_name, from_beginning, offset, partition, count, timeout_ms, fm
         pass
     finally:
         consumer.close()
+
+
+# -- groups ----------------------------------------------------------------------------
+@main.group()
+def group() -> None:
+    """Consumer groups: list, describe (members, assignment, offsets, lag), reset offsets."""
+
+
+@group.command("list")
+@click.option("--json", "as_json", is_flag=True, help="machine-readable output")
+@_bootstrap_option
+@_friendly
+def group_list(as_json, bootstrap) -> None:
+    """Every group a live broker knows: coordinated there, or with committed offsets."""
+    from mesh.client.group import GroupAdmin
+    with GroupAdmin(bootstrap) as admin:
+        groups = admin.list_groups()
+    if as_json:
+        click.echo(json.dumps(groups, indent=2, sort_keys=True))
+        return
+    click.echo(f"{'group':<24} {'coordinator':<12} {'state':<12} {'members':>7} {'epoch':>6}")
+    for g in groups:
+        members = "-" if g.get("members", -1) < 0 else g["members"]
+        epoch = "-" if g.get("group_epoch", -1) < 0 else g["group_epoch"]
+        click.echo(f"{g['group_id']:<24} {str(g.get('coordinator')):<12} {g['state']:<12} {members:>7} {epoch:>6}")
+
+
+@group.command("describe")
+@click.argument("group_id", metavar="GROUP")
+@click.option("--json", "as_json", is_flag=True, help="machine-readable output")
+@_bootstrap_option
+@_friendly
+def group_describe(group_id, as_json, bootstrap) -> None:
+    """Members, assignment, and per partition: committed offset, log end, lag."""
+    from mesh.client.group import GroupAdmin
+    with GroupAdmin(bootstrap) as admin:
+        d = admin.describe(group_id)
+    if as_json:
+        click.echo(json.dumps(d, indent=2, sort_keys=True))
+        return
+    click.echo(f"Group: {d['group_id']}  Coordinator: {d['coordinator']}  State: {d['state']}  "
+               f"Epoch: {d['group_epoch']}  Assignor: {d['assignor'] or '-'}")
+    if d["members"]:
+        click.echo(f"{'member':<18} {'epoch':>5} {'partitions':>10}  assigned (revoking)")
+        for m in d["members"]:
+            assigned = ",".join(f"{t}/{p}" for t, p in m["assigned"]) or "-"
+            revoking = ",".join(f"{t}/{p}" for t, p in m["revoking"])
+            click.echo(f"{m['member_id']:<18} {m['member_epoch']:>5} {len(m['assigned']):>10}  {assigned}"
+                       + (f" ({revoking})" if revoking else "") + ("  FENCED" if m.get("fenced") else ""))
+    click.echo(f"{'topic':<20} {'partition':>9} {'committed':>10} {'log_end':>10} {'lag':>8}  member")
+    for p in d["partitions"]:
+        committed = "-" if p["committed"] < 0 else p["committed"]
+        lag = "-" if p["lag"] is None else p["lag"]
+        click.echo(f"{p['topic']:<20} {p['partition']:>9} {committed:>10} {p['log_end']:>10} {lag:>8}  "
+                   f"{p['member'] or '-'}")
+
+
+@group.command("reset-offsets")
+@click.argument("group_id", metavar="GROUP")
+@click.option("--topic", "-t", "topic_name", required=True)
+@click.option("--partition", "-p", "partitions", type=click.IntRange(0), multiple=True,
+              help="only these partitions (repeatable; default all)")
+@click.option("--to-earliest", "to", flag_value="earliest", help="the log start of each partition")
+@click.option("--to-latest", "to", flag_value="latest", help="the log end of each partition")
+@click.option("--to-offset", type=click.IntRange(0), default=None, help="this offset (clamped to each log)")
+@_bootstrap_option
+@_friendly
+def group_reset_offsets(group_id, topic_name, partitions, to, to_offset, bootstrap) -> None:
+    """Set a group's committed offsets (only while the group has no members)."""
+    if (to is None) == (to_offset is None):
+        raise click.UsageError("give exactly one of --to-earliest, --to-latest, --to-offset N")
+    from mesh.client.group import GroupAdmin
+    with GroupAdmin(bootstrap) as admin:
+        done = admin.reset_offsets(group_id, topic_name, to if to is not None else to_offset,
+                                   list(partitions) or None)
+    for tp, off in sorted(done.items()):
+        click.echo(f"{tp.topic} {tp.partition} {off}")
 
 
 # -- cluster ---------------------------------------------------------------------------

@@ -9,6 +9,7 @@ import random
 from typing import NamedTuple
 
 from mesh.errors import ErrorCode, MeshError
+from mesh.client.transport import parse_address
 from mesh.messages import MetadataRequest, MetadataResponse
 
 __all__ = ["ClusterView", "TopicPartition", "PartitionInfo"]
@@ -91,6 +92,12 @@ class ClusterView:
         return parts[partition].get("leader_address")
 
     def set_leader(self, topic: str, partition: int, address: str) -> None:
+        """Follow a NOT_LEADER hint; a hint that is not HOST:PORT is ignored (the next
+        metadata refresh will say)."""
+        try:
+            parse_address(address)
+        except (ValueError, AttributeError):
+            return
         t = self.topics.get(topic)
         if t and 0 <= partition < len(t["partitions"]):
             t["partitions"][partition]["leader_address"] = address

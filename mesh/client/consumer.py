@@ -288,15 +288,13 @@ class Consumer:
             self._group.maybe_heartbeat()
         while True:
             if self._buffer:
+                if self._group is not None:
+                    self._receive(0)  # group answers must not wait for the buffer to drain
                 self._send_fetches()  # prefetch the next while the caller works
                 return self._take(limit)
             self._send_fetches()
             left = deadline - time.monotonic()
-            for _addr, rid, resp, payload in self.transport.poll(max(0, int(left * 1000))):
-                if rid in self._inflight:
-                    self._handle_fetch(rid, resp, payload)
-                elif self._group is not None:
-                    self._group.on_response(rid, resp)
+            self._receive(max(0, int(left * 1000)))
             self._expire_fetches()
             if self._buffer:
                 self._send_fetches()  # prefetch the next while the caller works
@@ -305,6 +303,13 @@ class Consumer:
                 return []
             if self._group is not None:
                 self._group.maybe_heartbeat()
+
+    def _receive(self, timeout_ms: int) -> None:
+        for _addr, rid, resp, payload in self.transport.poll(timeout_ms):
+            if rid in self._inflight:
+                self._handle_fetch(rid, resp, payload)
+            elif self._group is not None:
+                self._group.on_response(rid, resp)
 
     def _take(self, limit: int) -> list[list[Record]]:
         out, n = [], 0

@@ -1,0 +1,242 @@
+"""The node-side group service over a fake node: persist-then-reply-then-gossip, the merged
+offset view (latest commit wins), failover with adoption, reload after a crash."""
+from __future__ import annotations
+
+import pytest
+
+from mesh import group_service as gs
+from mesh.errors import ErrorCode
+from mesh.gossip import Member
+from mesh.groups import (
+    GroupCommit, GroupDescribe, GroupFetchOffsets, GroupFindCoordinator, GroupHeartbeat, GroupList,
+    GroupResetOffsets,
+)
+from mesh.rendezvous import coordinator_for
+from storage.memory import MemoryStore
+
+
+class World:
+    """Gossip as every node sees it at once: namespaces, statuses, a clock, an event log."""
+
+    def __init__(self):
+        self.ns: dict[str, dict[str, tuple[int, object]]] = {}
+        self.status: dict[str, str] = {}
+        self.now_ms = 1_000_000
+        self.events: list[str] = []
+
+
+class FakeGossip:
+    def __init__(self, world: World, node_id: str):
+        self.world, self.node_id = world, node_id
+        world.ns.setdefault(node_id, {})
+        world.status[node_id] = "alive"
+
+    def members(self, now_ms):
+        return [Member(n, f"{n}:1", 1, self.world.status[n], 0, 0, 0.0, max((v for v, _ in ns.values()), default=0))
+                for n, ns in sorted(self.world.ns.items())]
+
+    def node_items(self, node_id, prefix=""):
+        return {k: v for k, (_, v) in sorted(self.world.ns.get(node_id, {}).items()) if k.startswith(prefix)}
+
+    def entry_version(self, node_id, key):
+        e = self.world.ns.get(node_id, {}).get(key)
+        return None if e is None else (1, e[0], False)
+
+    def set_local(self, key, value):
+        ns = self.world.ns[self.node_id]
+        version = max((v for v, _ in ns.values()), default=0) + 1
+        ns[key] = (version, value)
+        self.world.events.append(f"gossip {key}")
+
+
+class LoggingStore(MemoryStore):
+    def __init__(self, world):
+        super().__init__()
+        self.world = world
+
+    def put(self, db, key, value):
+        super().put(db, key, value)
+        self.world.events.append(f"put {db}")
+
+
+class FakeData:
+    def __init__(self, store, world):
+        self.store, self.world, self.ok = store, world, True
+
+    def commit_turn(self):
+        if not self.ok:
+            self.store.rollback()
+            return False
+        self.store.commit()
+        self.world.events.append("sync")
+        return True
+
+
+class Cfg:
+    seeds = ["elsewhere:1"]
+    group_max_session_timeout_ms = 1_000
+    group_heartbeat_interval_ms = 100
+
+
+class FakeNode:
+    def __init__(self, world: World, node_id: str, store=None):
+        self.node_id, self.address, self.cfg = node_id, f"{node_id}:1", Cfg()
+        self.gossip = FakeGossip(world, node_id)
+        self.store = store or LoggingStore(world)
+        self.store.world = world
+        self.data = FakeData(self.store, world)
+        self.catalog = type("Catalog", (), {"topics": {"t": {"partitions": 4}}})()
+        self.replies: list = []
+        self.world = world
+        self.groups = gs.GroupService(self)
+        self.groups.on_cluster_change(world.now_ms)
+
+    def _reply(self, ident, rid, msg):
+        self.world.events.append(f"reply {type(msg).__name__}")
+        self.replies.append(msg)
+
+    def _address_of(self, node_id):
+        return f"{node_id}:1"
+
+    def ask(self, msg):
+        self.groups.handle(b"client", 1, msg)
+        return self.replies[-1]
+
+
+@pytest.fixture
+def world(monkeypatch):
+    w = World()
+    monkeypatch.setattr(gs, "_now_ms", lambda: w.now_ms)
+    return w
+
+
+def group_on(node: str, nodes: list[str]) -> str:
+    return next(g for g in (f"g{i}" for i in range(1000)) if coordinator_for(g, nodes) == node)
+
+
+def past_grace(world: World) -> None:
+    world.now_ms += 2 * Cfg.group_max_session_timeout_ms
+
+
+def join(node: FakeNode, group: str):
+    r = node.ask(GroupHeartbeat(group, "", 0, ["t"], [], "", 1_000))
+    assert r.error == 0, r
+    return r
+
+
+def test_commit_is_synced_then_answered_then_gossiped(world):
+    a = FakeNode(world, "a")
+    past_grace(world)
+    g = group_on("a", ["a"])
+    r = join(a, g)
+    world.events.clear()
+    resp = a.ask(GroupCommit(g, r.member_id, r.member_epoch, [["t", 0, 5, "m"], ["t", 1, 7, ""]]))
+    assert resp.error == 0
+    assert world.events == ["put offsets", "put offsets", "sync", "reply GroupCommitResponse",
+                            f"gossip off/{g}/t/0"]
+    (value,) = a.gossip.node_items("a", "off/").values()
+    assert value["g"] == g and value["t"] == "t" and {p: v[:2] for p, v in value["o"].items()} == \
+        {"0": [5, "m"], "1": [7, ""]}
+    assert a.ask(GroupFetchOffsets(g, [["t", 0], ["t", 2]])).offsets == [["t", 0, 5, "m"], ["t", 2, -1, ""]]
+
+
+def test_a_commit_that_cannot_be_synced_is_refused_and_undone(world):
+    a = FakeNode(world, "a")
+    past_grace(world)
+    g = group_on("a", ["a"])
+    r = join(a, g)
+    assert a.ask(GroupCommit(g, r.member_id, r.member_epoch, [["t", 0, 5, ""]])).error == 0
+    a.data.ok = False
+    world.events.clear()
+    resp = a.ask(GroupCommit(g, r.member_id, r.member_epoch, [["t", 0, 9, ""], ["t", 1, 3, ""]]))
+    assert resp.error == ErrorCode.STORAGE_ERROR
+    assert not [e for e in world.events if e.startswith("gossip")]
+    assert a.ask(GroupFetchOffsets(g, None)).offsets == [["t", 0, 5, ""]]
+
+
+def test_other_brokers_redirect_and_answer_offsets_from_gossip(world):
+    a, b = FakeNode(world, "a"), FakeNode(world, "b")
+    for n in (a, b):
+        n.groups.on_cluster_change(world.now_ms)
+    past_grace(world)
+    g = group_on("a", ["a", "b"])
+    r = join(a, g)
+    assert a.ask(GroupCommit(g, r.member_id, r.member_epoch, [["t", 2, 11, ""]])).error == 0
+    b.groups.on_cluster_change(world.now_ms)
+    found = b.ask(GroupFindCoordinator(g))
+    assert (found.error, found.node_id, found.address) == (0, "a", "a:1")
+    moved = b.ask(GroupHeartbeat(g, "", 0, ["t"], []))
+    assert moved.error == ErrorCode.COORDINATOR_MOVED and moved.coordinator == "a"
+    fetched = b.ask(GroupFetchOffsets(g, None))
+    assert fetched.error == ErrorCode.COORDINATOR_MOVED and fetched.offsets == [["t", 2, 11, ""]]
+    described = b.ask(GroupDescribe(g))
+    assert described.coordinator == "a" and described.offsets == [["t", 2, 11, ""]]
+    listed = b.ask(GroupList()).groups
+    assert listed == [{"group_id": g, "state": "unknown", "members": -1, "group_epoch": -1, "coordinator": "a"}]
+    assert a.ask(GroupDescribe(g)).coordinator == "a"
+
+
+def test_merged_view_latest_commit_wins(world):
+    a, b = FakeNode(world, "a"), FakeNode(world, "b")
+    # two namespaces disagree (a failover happened): the later stamp wins, then the higher offset
+    a.gossip.set_local("off/x/t/0", {"g": "x", "t": "t", "o": {"0": [50, "", 1000], "1": [9, "", 2000]}})
+    b.gossip.set_local("off/x/t/0", {"g": "x", "t": "t", "o": {"0": [40, "", 1001], "1": [8, "", 2000]}})
+    a.gossip.set_local("off/x/t/junk", {"g": "x", "t": "t", "o": {"2": ["bad"]}})
+    a.groups.on_cluster_change(world.now_ms)
+    assert {tp: v[0] for tp, v in a.groups.committed("x").items()} == {("t", 0): 40, ("t", 1): 9}
+
+
+def test_failover_takes_over_adopts_offsets_and_holds_partitions_for_the_grace(world):
+    a, b = FakeNode(world, "a"), FakeNode(world, "b")
+    for n in (a, b):
+        n.groups.on_cluster_change(world.now_ms)
+    g = group_on("a", ["a", "b"])
+    assert coordinator_for(g, ["b"]) == "b"
+    world.now_ms += 5_000    # past the start grace
+    r = join(a, g)
+    assert r.assignment  # a coordinator past its grace gives partitions at once
+    a.ask(GroupCommit(g, r.member_id, r.member_epoch, [["t", p, 10 + p, ""] for _, p in r.assignment]))
+    world.status["a"] = "dead"
+    b.groups.on_cluster_change(world.now_ms)
+    committed = b.ask(GroupFetchOffsets(g, None))
+    assert committed.error == 0 and committed.offsets == [["t", p, 10 + p, ""] for _, p in r.assignment]
+    # adopted: durable here and in b's own namespace
+    assert len(b.store.items("offsets")) == len(r.assignment)
+    assert b.gossip.node_items("b", "off/")
+    # a member joining now gets nothing until the grace (the max session timeout) ends
+    r2 = join(b, g)
+    assert r2.assignment == []
+    world.now_ms += 1_000
+    r3 = b.ask(GroupHeartbeat(g, r2.member_id, r2.member_epoch, ["t"], [], "", 1_000))
+    assert sorted(tuple(x) for x in r3.assignment) == [("t", p) for p in range(4)]
+    # a late commit of the old coordinator, newer than what b holds, replaces it
+    world.now_ms += 1
+    a.gossip.set_local(f"off/{g}/t/0", {"g": g, "t": "t", "o": {"0": [99, "", 10 ** 13]}})
+    b.groups.on_cluster_change(world.now_ms)
+    assert b.ask(GroupFetchOffsets(g, [["t", 0]])).offsets == [["t", 0, 99, ""]]
+    # a comes back: the group moves back and b forgets its members
+    world.status["a"] = "alive"
+    b.groups.on_cluster_change(world.now_ms)
+    assert b.ask(GroupHeartbeat(g, r2.member_id, r3.member_epoch, ["t"], [])).error == ErrorCode.COORDINATOR_MOVED
+    assert b.ask(GroupList()).groups[0]["state"] == "unknown"
+
+
+def test_offsets_survive_a_crash_and_are_published_again(world):
+    a = FakeNode(world, "a")
+    past_grace(world)
+    g = group_on("a", ["a"])
+    r = join(a, g)
+    a.ask(GroupCommit(g, r.member_id, r.member_epoch, [["t", 3, 42, "meta"]]))
+    a.ask(GroupResetOffsets(g, [["t", 1, 1]]))   # refused: the group has a member
+    assert a.replies[-1].error == ErrorCode.INVALID_REQUEST
+    world.ns["a"] = {}     # a new life starts with an empty namespace
+    again = FakeNode(world, "a", store=a.store.crash())
+    assert again.ask(GroupFetchOffsets(g, [["t", 3]])).offsets == [["t", 3, 42, "meta"]]
+    assert again.gossip.node_items("a", "off/")
+
+
+def test_bad_group_ids_get_a_clear_error(world):
+    a = FakeNode(world, "a")
+    for msg in (GroupFindCoordinator(""), GroupFetchOffsets("x" * 300, None), GroupDescribe("")):
+        assert a.ask(msg).error == ErrorCode.INVALID_REQUEST
+    assert a.groups.handles(GroupList()) and not a.groups.handles(object())
