@@ -20,7 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from mesh.client import Admin, Consumer, Producer, TopicPartition
+from mesh.client import Admin, Consumer, Producer
 from tests.harness import Cluster, wait_until
 
 

@@ -27,7 +27,7 @@ from typing import Callable
 import msgpack
 
 from mesh import messages as m
-from mesh.errors import ErrorCode, MeshError
+from mesh.errors import ErrorCode
 from mesh.records import parse_header
 from mesh.replication import ReplicaManager, ReplicationConfig
 from mesh.replication_log import Append, PersistState, ResetLog, Truncate

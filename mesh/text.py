@@ -56,7 +56,7 @@ import time
 
 import zmq
 
-from mesh.errors import ErrorCode, MeshError
+from mesh.errors import MeshError
 
 __all__ = ["TextGateway", "parse_message", "parse_partitions", "MAX_LINE_BYTES"]
 

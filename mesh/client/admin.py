@@ -8,14 +8,29 @@ from mesh.client.transport import Transport
 from mesh.errors import ErrorCode, MeshError
 from mesh.messages import CreateTopicRequest, DeleteTopicRequest, MetadataRequest
 
-__all__ = ["Admin"]
+__all__ = ["Admin", "ClientBase"]
 
 
-class Admin:
+class ClientBase:
+    """A synchronous client: a transport, a cluster view, a context manager."""
+
     def __init__(self, bootstrap: str = "127.0.0.1:7101", request_timeout_ms: int = 10_000):
         self.transport = Transport()
         self.cluster = ClusterView(self.transport, bootstrap, timeout_ms=request_timeout_ms)
         self.timeout_ms = request_timeout_ms
+
+    def close(self) -> None:
+        self.transport.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+class Admin(ClientBase):
+    """Topics and cluster metadata."""
 
     def _call(self, msg):
         """Send to the first broker that answers (any broker can serve admin requests)."""
@@ -73,12 +88,3 @@ class Admin:
 
     def brokers(self) -> list[dict]:
         return self.metadata([]).brokers
-
-    def close(self) -> None:
-        self.transport.close()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()

@@ -15,7 +15,7 @@ import time
 from mesh.client.cluster import ClusterView, TopicPartition
 from mesh.client.transport import Transport
 from mesh.errors import ErrorCode, MeshError, retriable
-from mesh.messages import EARLIEST, LATEST, ErrorResponse, FetchRequest, FetchResponse, ListOffsetsRequest
+from mesh.messages import EARLIEST, LATEST, ErrorResponse, FetchRequest, ListOffsetsRequest
 from mesh.records import Record, iter_batches, parse_header, records_from
 
 __all__ = ["Consumer", "TopicPartition"]

@@ -35,6 +35,7 @@ import logging
 import time
 from typing import Callable, Iterable
 
+from mesh.client.admin import ClientBase
 from mesh.client.cluster import ClusterView, TopicPartition
 from mesh.client.transport import Transport
 from mesh.errors import ErrorCode, MeshError, retriable
@@ -502,22 +503,11 @@ class GroupMembership:
             raise MeshError(ErrorCode.ILLEGAL_GENERATION, f"not committed: this member does not hold {missing}")
 
 
-class GroupAdmin:
+class GroupAdmin(ClientBase):
     """List, describe and reset consumer groups (what ``mesh group`` does)."""
 
     def __init__(self, bootstrap: str = "127.0.0.1:7101", request_timeout_ms: int = 5_000):
-        self.transport = Transport()
-        self.cluster = ClusterView(self.transport, bootstrap, timeout_ms=request_timeout_ms)
-        self.timeout_ms = request_timeout_ms
-
-    def close(self) -> None:
-        self.transport.close()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
+        super().__init__(bootstrap, request_timeout_ms)
 
     def _coordinator(self, group_id: str) -> _Coordinator:
         return _Coordinator(self.transport, self.cluster, group_id)

@@ -30,7 +30,7 @@ import zmq
 from mesh.client.cluster import ClusterView
 from mesh.client.transport import Transport
 from mesh.errors import ErrorCode, MeshError, retriable
-from mesh.messages import ErrorResponse, ProduceRequest, ProduceResponse
+from mesh.messages import ProduceRequest, ProduceResponse
 from mesh.partitioner import partition_for_key
 from mesh.records import encode_batch
 from mesh.topics import MAX_RECORD_BYTES
