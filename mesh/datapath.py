@@ -118,6 +118,7 @@ class DataPath:
     def commit_turn(self) -> bool:
         """Commit the turn (one sync) and answer its produce requests. False if it failed."""
         staged, self._staged = self._staged, []
+        self.replicas.before_commit(self.store.has_writes())
         try:
             self.store.commit()
         except (StorageFull, LogError) as exc:
@@ -235,7 +236,7 @@ class DataPath:
                 for pid in t["pids"]:
                     if pid is not None and pid in self.replicas.hosted():
                         self.store.stage_retention(pid, now_ms, c["retention.ms"], c["retention.bytes"],
-                                                   keep_from=self.replicas.commit_offset(pid))
+                                                   keep_from=self.replicas.persisted_commit(pid))
             self.store.commit()
         except LogError as exc:
             log.error("retention pass failed: %s", exc)

@@ -105,6 +105,9 @@ class ReplicaHost:
         self._truncated: dict[int, int] = {}
         self._waiters: dict[int, list[_AckWaiter]] = {}
         self._last_tick = time.monotonic()
+        self._persisted: dict[int, PersistState] = {}
+        self._lazy: dict[int, PersistState] = {}
+        self._next_lazy_flush = 0.0
         self.reply: Callable | None = None  # set by the node: reply(ident, rid, msg)
 
     # -- partitions ---------------------------------------------------------------------
@@ -117,6 +120,8 @@ class ReplicaHost:
 
     def add(self, pid: int, replicas: list[str]) -> None:
         state = self._load_state(pid)
+        if state is not None:
+            self._persisted[pid] = state
         self.core.add_partition(pid, replicas, state, self.store.log_end(pid))
         self._replicas[pid] = tuple(replicas)
         if replicas[0] == self.node_id:
@@ -127,6 +132,8 @@ class ReplicaHost:
     def remove(self, pid: int) -> None:
         self.core.remove_partition(pid)
         self._replicas.pop(pid, None)
+        self._persisted.pop(pid, None)
+        self._lazy.pop(pid, None)
         self._fail_waiters(pid, ErrorCode.UNKNOWN_TOPIC, "the partition was deleted")
         if self.store.get("repl", _STATE_KEY.pack(pid)) is not None:
             self.store.delete("repl", _STATE_KEY.pack(pid))
@@ -151,11 +158,35 @@ class ReplicaHost:
                 self.producers.truncate(op.pid, 0)
                 self._truncated[op.pid] = min(op.start_offset, self._truncated.get(op.pid, op.start_offset))
         for st in ready.persist:
-            self.store.put("repl", _STATE_KEY.pack(st.pid),
-                           msgpack.packb([st.term, st.vote, st.commit, [list(e) for e in st.epoch_cache]]))
+            last = self._persisted.get(st.pid)
+            if last is not None and (last.term, last.vote, last.epoch_cache) == (st.term, st.vote, st.epoch_cache):
+                # only the commit offset moved: Raft's commit index is volatile state, a stale
+                # one on disk is safe, so it rides along with the next real write (no sync of its own)
+                self._lazy[st.pid] = st
+                continue
+            self._write_state(st)
         self._held.extend(ready.messages)
         self._committed.update(ready.committed)
         self._leadership.update(ready.leadership)
+
+    def _write_state(self, st: PersistState) -> None:
+        self.store.put("repl", _STATE_KEY.pack(st.pid),
+                       msgpack.packb([st.term, st.vote, st.commit, [list(e) for e in st.epoch_cache]]))
+        self._persisted[st.pid] = st
+        self._lazy.pop(st.pid, None)
+
+    def before_commit(self, store_has_writes: bool) -> None:
+        """Write deferred commit offsets when the turn syncs anyway, or once a second."""
+        now = time.monotonic()
+        if self._lazy and (store_has_writes or now >= self._next_lazy_flush):
+            self._next_lazy_flush = now + 1.0
+            for st in list(self._lazy.values()):
+                self._write_state(st)
+
+    def persisted_commit(self, pid: int) -> int:
+        """The commit offset on disk: retention may delete only below it."""
+        st = self._persisted.get(pid)
+        return st.commit if st is not None else 0
 
     def step(self, src_node: str, msg, payload) -> None:
         self.apply(self.core.step(src_node, msg, payload))
@@ -239,6 +270,8 @@ class ReplicaHost:
         """The turn's commit failed after the core saw it: start the core again from disk."""
         log.warning("rebuilding the replication core from storage after a failed commit")
         self._held, self._committed, self._leadership, self._appended, self._truncated = [], {}, {}, {}, {}
+        self._lazy = {}
+        self._persisted = {pid: st for pid in self._replicas if (st := self._load_state(pid)) is not None}
         for pid in list(self._waiters):
             self._fail_waiters(pid, ErrorCode.STORAGE_ERROR, "the write could not be made durable")
         self.core = ReplicaManager(self.node_id, self.rng, self.cfg, StoreReader(self.store))

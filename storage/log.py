@@ -125,6 +125,10 @@ class Store(StoreBase):
     def delete(self, db: str, key: bytes) -> None:
         self._txn().delete(key, db=self.dbs[db])
 
+    def has_writes(self) -> bool:
+        """True if this turn staged anything (its commit will sync)."""
+        return self._wtxn is not None
+
     def _commit_txn(self) -> None:
         txn, self._wtxn = self._wtxn, None
         if txn is None:

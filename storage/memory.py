@@ -71,6 +71,9 @@ class MemoryStore(StoreBase):
     def items(self, db, prefix=b""):
         return sorted((k, v) for k, v in self._durable[db].items() if k.startswith(prefix))
 
+    def has_writes(self) -> bool:
+        return self._staged is not None
+
     def _commit_txn(self):
         if self._staged is None:
             return
