@@ -17,7 +17,6 @@ TOPIC_DEFAULTS: dict[str, int] = {
     "retention.ms": 7 * 24 * 3600 * 1000,
     "retention.bytes": -1,
     "max.message.bytes": MAX_RECORD_BYTES + BATCH_OVERHEAD_BYTES,
-    "min.insync.replicas": 1,
 }
 
 
