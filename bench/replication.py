@@ -9,7 +9,9 @@
    (then restart the old one and wait until it leads again); --kills times;
 3. latency: 10,000 records/s (acks=all, RF 3) for 10 s; end-to-end = consumer receive time
    minus the producer's record timestamp, per record; produce ack latency per send;
-4. idle: 1,000 partitions x RF 3, no traffic: replication messages sent per broker per second.
+4. idle: 1,000 partitions x RF 3, no traffic: replication messages sent per broker per second;
+5. roundtrip: one record at a time (send, wait for the ack) for RF 1 / acks=1, RF 3 / acks=1
+   and RF 3 / acks=all: the latency floor without batching or queueing.
 """
 from __future__ import annotations
 
@@ -133,6 +135,22 @@ def latency(c, rate=10_000, seconds=10, settle_s=0):
           f"p99 {pct(acks, .99):.2f} ms", flush=True)
 
 
+def roundtrip(c, n=300):
+    with Admin(c.bootstrap) as a:
+        a.create_topic("rt1", partitions=1, replication_factor=1)
+        a.create_topic("rt3", partitions=1, replication_factor=3)
+    for topic, acks in (("rt1", 1), ("rt3", 1), ("rt3", "all")):
+        with Producer(c.bootstrap, acks=acks, linger_ms=0) as p:
+            p.send(topic, b"warm").get(10)
+            ts = []
+            for _ in range(n):
+                t = time.perf_counter()
+                p.send(topic, b"x" * 100).get(10)
+                ts.append((time.perf_counter() - t) * 1000)
+        print(f"round trip, {topic[-1] == '3' and 'RF 3' or 'RF 1'}, acks={acks}: p50 {pct(ts, .5):.2f} ms, "
+              f"p99 {pct(ts, .99):.2f} ms", flush=True)
+
+
 def idle(c):
     with Admin(c.bootstrap) as a:
         for i in range(10):
@@ -170,6 +188,8 @@ def main() -> None:
             latency(c, settle_s=args.settle)
         if "failover" not in skip:
             failover(c, args.kills)
+        if "roundtrip" not in skip:
+            roundtrip(c)
         if "idle" not in skip:
             idle(c)
     finally:
