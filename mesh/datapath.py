@@ -118,8 +118,8 @@ class DataPath:
     def commit_turn(self) -> bool:
         """Commit the turn (one sync) and answer its produce requests. False if it failed."""
         staged, self._staged = self._staged, []
-        self.replicas.before_commit(self.store.has_writes())
         try:
+            self.replicas.before_commit(self.store.has_writes())
             self.store.commit()
         except (StorageFull, LogError) as exc:
             self.producers.rollback()

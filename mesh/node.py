@@ -167,7 +167,11 @@ class Node:
                     self._drain()
                 if self.text is not None and self.text.socket is not None and self.text.socket in events:
                     self.text.on_readable()
-                self._after_turn()
+                try:
+                    self._after_turn()
+                except LogError as exc:  # e.g. a full disk: fail the turn, not the broker
+                    log.error("storage error, turn rolled back: %s", exc)
+                    self.data.commit_turn()  # fails: rolls back, rebuilds the replication core
             if self.text is not None:
                 self.text.close()  # subscriptions commit and leave their groups first
                 self.text = None

@@ -83,18 +83,34 @@ class Store(StoreBase):
         self._put(key_of(pid, base), batch, self._log)
 
     def _put(self, key: bytes, value: bytes, db) -> None:
-        """A put; a full map dooms the whole turn (LMDB requires the txn to be aborted)."""
+        """A put. Any LMDB error dooms the whole turn (LMDB requires the txn to be aborted):
+        it is remembered, every later write of the turn is refused with it, and ``commit``
+        raises it after rolling the turn back."""
+        if self._failed is not None:
+            raise self._failed
         try:
             self._txn().put(key, value, db=db)
         except lmdb.MapFullError as exc:
             self._failed = StorageFull(f"log store full (limit {self.env.info()['map_size']} bytes)")
+            raise self._failed from exc
+        except lmdb.Error as exc:
+            self._failed = LogError(f"write failed: {exc}")
             raise self._failed from exc
 
     def _get_batch(self, pid: int, base: int):
         return self._txn().get(key_of(pid, base), db=self._log)
 
     def _del_batch(self, pid: int, base: int) -> None:
-        self._txn().delete(key_of(pid, base), db=self._log)
+        self._delete(key_of(pid, base), self._log)
+
+    def _delete(self, key: bytes, db) -> None:
+        if self._failed is not None:
+            raise self._failed
+        try:
+            self._txn().delete(key, db=db)
+        except lmdb.Error as exc:
+            self._failed = LogError(f"delete failed: {exc}")
+            raise self._failed from exc
 
     def _bases_from(self, pid: int, offset: int) -> list[int]:
         """Base offsets of batches of ``pid`` whose base >= offset (committed or staged)."""
@@ -123,7 +139,7 @@ class Store(StoreBase):
         self._put(key, value, self.dbs[db])
 
     def delete(self, db: str, key: bytes) -> None:
-        self._txn().delete(key, db=self.dbs[db])
+        self._delete(key, self.dbs[db])
 
     def has_writes(self) -> bool:
         """True if this turn staged anything (its commit will sync)."""
