@@ -54,13 +54,12 @@ class Catalog:
                 continue
             t = dict(t)
             t["key"] = f"{t['name']}#{t['uuid']}"
-            t["pids"] = []
-            for p, reps in enumerate(t["replicas"]):
-                if self.node_id in reps:
+            # pids[p]: the partition's id if this node holds a replica, else None
+            t["pids"] = [cluster_pid(t["uuid"], p) if self.node_id in reps else None
+                         for p, reps in enumerate(t["replicas"])]
+            for p, pid in enumerate(t["pids"]):
+                if pid is not None:
                     wanted[(t["key"], p)] = (t["name"], p)
-                    t["pids"].append(None)  # filled below
-                else:
-                    t["pids"].append(None)
             topics[t["name"]] = t
         before = set(self.local)
         for tkey, p, pid in self.store.partitions():
@@ -70,8 +69,7 @@ class Catalog:
         self.store.commit()
         local: dict[int, tuple[str, int]] = {}
         for (tkey, p), (name, _) in wanted.items():
-            pid = self.store.partition_id(tkey, p, pid=cluster_pid(topics[name]["uuid"], p))
-            topics[name]["pids"][p] = pid
+            pid = self.store.partition_id(tkey, p, pid=topics[name]["pids"][p])
             local[pid] = (name, p)
         self.topics = topics
         self.local = local

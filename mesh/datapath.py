@@ -193,9 +193,6 @@ class DataPath:
         self.reply(w.ident, w.rid, m.FetchResponse(parts), b"".join(chunks))
         return True
 
-    def grown(self, pids) -> None:
-        self._grown.update(pids)
-
     def after_turn(self) -> None:
         if self._grown:
             grown, self._grown = self._grown, set()
@@ -234,7 +231,7 @@ class DataPath:
             for t in self.catalog.topics.values():
                 c = t["config"]
                 for pid in t["pids"]:
-                    if pid is not None and pid in self.replicas.hosted():
+                    if pid is not None and self.replicas.hosts(pid):
                         self.store.stage_retention(pid, now_ms, c["retention.ms"], c["retention.bytes"],
                                                    keep_from=self.replicas.persisted_commit(pid))
             self.store.commit()

@@ -376,7 +376,7 @@ class Node:
         """(leader node id or None, epoch): from the local replica if there is one, else
         the highest-epoch claim gossiped by a live replica."""
         pid = t["pids"][partition]
-        if pid is not None and pid in self.replicas.hosted():
+        if pid is not None and self.replicas.hosts(pid):
             leader, epoch = self.replicas.leader(pid)
             if leader is not None:
                 return leader, epoch

@@ -160,7 +160,7 @@ def _array_len(buf, pos: int) -> int:
 
 def patch_batch(buf: bytes, base_offset: int, leader_epoch: int) -> bytes:
     """The leader's only edit: set base offset and epoch (outside the CRC)."""
-    return _PREFIX.pack(base_offset, leader_epoch) + buf[12:]
+    return b"".join((_PREFIX.pack(base_offset, leader_epoch), memoryview(buf)[12:]))  # one copy
 
 
 def iter_batches(buf, verify_crc: bool = True) -> Iterator[tuple[BatchHeader, memoryview]]:

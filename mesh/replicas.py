@@ -138,8 +138,8 @@ class ReplicaHost:
         if self.store.get("repl", _STATE_KEY.pack(pid)) is not None:
             self.store.delete("repl", _STATE_KEY.pack(pid))
 
-    def hosted(self) -> set[int]:
-        return set(self._replicas)
+    def hosts(self, pid: int) -> bool:
+        return pid in self._replicas
 
     # -- inputs -------------------------------------------------------------------------
     def apply(self, ready) -> None:

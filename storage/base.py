@@ -1,9 +1,9 @@
 """What every store shares: per-partition offsets, staging, group commit, retention.
 
-A partition is named by a small integer id (``pid``), registered once per (topic,
-partition) in the ``meta`` database. For each pid the store keeps in memory
-``[log_start, log_end, size_bytes]`` (rebuilt from the keys on recovery) and the synced end
-(``synced_end``): what a crash cannot take back.
+A partition is named by an integer id (``pid``, chosen by the cluster), registered once per
+(topic, partition) in the ``meta`` database. For each pid the store keeps in memory
+``[log_start, log_end, size_bytes]`` (rebuilt from the keys on recovery). Between turns
+everything in memory is durable; within a turn ``log_end`` includes what is staged.
 
 Group commit: ``stage_append`` assigns offsets and stages writes in the turn's transaction;
 ``commit()`` makes the whole turn durable with one sync. If the commit fails (disk full,
@@ -47,7 +47,6 @@ class StoreBase:
 
     def __init__(self) -> None:
         self._parts: dict[int, list[int]] = {}   # pid -> [start, end, size_bytes]
-        self._synced: dict[int, int] = {}
         self._undo: dict[int, list[int]] | None = None
         self._pid_cache: dict[tuple[str, int], int] = {}
 
@@ -97,7 +96,6 @@ class StoreBase:
         for k, _ in self.items("producers", struct.pack(">Q", pid)):
             self.delete("producers", k)
         self._parts.pop(pid, None)
-        self._synced.pop(pid, None)
         self._pid_cache.pop((topic, partition), None)
 
     def _try_delete_meta(self, key: bytes) -> None:
@@ -112,9 +110,6 @@ class StoreBase:
     def log_end(self, pid: int) -> int:
         st = self._parts.get(pid)
         return st[1] if st else 0
-
-    def synced_end(self, pid: int) -> int:
-        return self._synced.get(pid, 0)
 
     def size_bytes(self, pid: int) -> int:
         st = self._parts.get(pid)
@@ -188,13 +183,6 @@ class StoreBase:
         except Exception:
             self.rollback()
             raise
-        if self._undo:
-            for pid in self._undo:
-                st = self._parts.get(pid)
-                if st is None:
-                    self._synced.pop(pid, None)
-                else:
-                    self._synced[pid] = st[1]
         self._undo = None
 
     def rollback(self) -> None:

@@ -71,7 +71,6 @@ class Store(StoreBase):
                     if st[2] == 0:  # empty log: keep offsets where they were
                         st[0] = st[1] = max(st[1], floor)
                     st[0] = max(st[0], floor)
-        self._synced = {pid: st[1] for pid, st in self._parts.items()}
 
     # -- write path (one transaction per loop turn) -----------------------------------
     def _txn(self) -> lmdb.Transaction:
@@ -216,6 +215,3 @@ class Store(StoreBase):
     def close(self) -> None:
         self._abort_txn()
         self.env.close()
-
-    def disk_bytes(self) -> int:
-        return os.path.getsize(os.path.join(self.path, "data.mdb"))

@@ -129,7 +129,6 @@ class MemoryStore(StoreBase):
                 st[0] = max(st[0], int(v))
                 if st[2] == 0:
                     st[1] = max(st[1], st[0])
-        fresh._synced = {pid: st[1] for pid, st in fresh._parts.items()}
         return fresh
 
     def close(self):

@@ -158,7 +158,8 @@ def topic_delete(name, bootstrap) -> None:
 @click.argument("topic_name", metavar="TOPIC")
 @click.option("--key-separator", "-K", default=None, help="split each line into KEY<sep>VALUE")
 @click.option("--partition", "-p", type=int, default=None, help="send every record to this partition")
-@click.option("--acks", type=click.Choice(["0", "1", "all"]), default="1", show_default=True)
+@click.option("--acks", type=click.Choice(["0", "1", "all"]), default="all", show_default=True,
+              help="all: a quorum of replicas synced it; 1: the leader did; 0: no answer")
 @click.option("--header", "-H", "headers", multiple=True, help="name=value header on every record")
 @click.option("--linger-ms", type=int, default=5, show_default=True)
 @_bootstrap_option

@@ -119,7 +119,7 @@ def _new_producer_id() -> int:
 
 
 class Producer:
-    def __init__(self, bootstrap: str = "127.0.0.1:7101", *, acks="1", linger_ms: int = 5,
+    def __init__(self, bootstrap: str = "127.0.0.1:7101", *, acks="all", linger_ms: int = 5,
                  batch_size: int = 64 << 10, max_in_flight: int = 5, retries: int = 20,
                  retry_backoff_ms: int = 100, retry_backoff_max_ms: int = 1000,
                  request_timeout_ms: int = 10_000, delivery_timeout_ms: int = 60_000,
