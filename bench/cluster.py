@@ -42,7 +42,7 @@ def _metadata(address: str, timeout_ms: int):
 
 def check_reachable(bootstrap: str, timeout_s: float = 5.0) -> list[dict]:
     """The brokers the cluster reports, or BenchError saying none answered."""
-    from mesh.errors import MeshError
+    from mesh.wire.errors import MeshError
     try:
         from mesh.client.transport import parse_address
         for a in bootstrap.split(","):
@@ -68,7 +68,7 @@ def check_reachable(bootstrap: str, timeout_s: float = 5.0) -> list[dict]:
 def create_topic(bootstrap: str, name: str, partitions: int, replication_factor: int,
                  config: dict | None = None, timeout_s: float = 20.0) -> None:
     from mesh.client import Admin
-    from mesh.errors import MeshError
+    from mesh.wire.errors import MeshError
     with Admin(bootstrap) as a:
         try:
             a.create_topic(name, partitions, replication_factor, config or {})
@@ -91,7 +91,7 @@ def create_topic(bootstrap: str, name: str, partitions: int, replication_factor:
 
 def delete_topic(bootstrap: str, name: str) -> None:
     from mesh.client import Admin
-    from mesh.errors import MeshError
+    from mesh.wire.errors import MeshError
     try:
         with Admin(bootstrap, request_timeout_ms=10_000) as a:
             a.delete_topic(name)
@@ -146,7 +146,7 @@ class LocalCluster:
             return ""
 
     def _wait_ready(self, timeout_s: float) -> None:
-        from mesh.errors import MeshError
+        from mesh.wire.errors import MeshError
         deadline = time.monotonic() + timeout_s
         pending = list(self.procs)
         while pending:

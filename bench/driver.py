@@ -58,7 +58,7 @@ def check_group_support() -> None:
 
 def _partitions(client, topic: str, timeout_s: float = 60.0) -> int:
     """The topic's partition count, retrying while a busy broker is slow to answer."""
-    from mesh.errors import MeshError
+    from mesh.wire.errors import MeshError
     deadline = time.monotonic() + timeout_s
     while True:
         try:
@@ -94,7 +94,7 @@ class CellResult:
 
 # -- workers (run in spawned processes) ----------------------------------------------------
 def _key_pools(partitions: int, key_space: int) -> list[list[bytes]]:
-    from mesh.partitioner import partition_for_key
+    from mesh.wire.partitioner import partition_for_key
     pools: list[list[bytes]] = [[] for _ in range(partitions)]
     i = 0
     while any(not p for p in pools) or i < key_space:

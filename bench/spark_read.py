@@ -89,7 +89,7 @@ def _ceiling(spark, records: int, size: int, partitions: int, runs: int) -> floa
 
         def read(self, part):
             import pyarrow as pa
-            from mesh.spark_source import _arrow_schema
+            from mesh.spark.source import _arrow_schema
             s = _arrow_schema()
             left = records // partitions + (part.value < records % partitions)
             n = min(left, 100_000)
@@ -107,7 +107,7 @@ def _ceiling(spark, records: int, size: int, partitions: int, runs: int) -> floa
             return "mesh_bench_ceiling"
 
         def schema(self):
-            from mesh.spark_source import spark_schema
+            from mesh.spark.source import spark_schema
             return spark_schema()
 
         def reader(self, schema):

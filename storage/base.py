@@ -15,7 +15,7 @@ from __future__ import annotations
 import struct
 import zlib
 
-from mesh.records import HEADER_SIZE, patch_batch
+from mesh.wire.records import HEADER_SIZE, patch_batch
 
 __all__ = ["StoreBase", "LogError", "StorageFull", "CorruptBatch", "key_of", "unkey"]
 
@@ -140,7 +140,7 @@ class StoreBase:
     def stage_replica_append(self, pid: int, batches: bytes) -> int:
         """Stage batches that already carry their offsets (a follower's append); returns the
         new end. The batches must start at the current end."""
-        from mesh.records import iter_batches
+        from mesh.wire.records import iter_batches
         self._save_undo(pid)
         st = self._parts.setdefault(pid, [0, 0, 0])
         for h, mv in iter_batches(batches):

@@ -13,7 +13,7 @@ import sys
 
 import click
 
-from mesh.errors import MeshError
+from mesh.wire.errors import MeshError
 
 DEFAULT_BOOTSTRAP = "127.0.0.1:7101"
 
@@ -64,7 +64,7 @@ def main(verbose: int) -> None:
 def node(node_id, data_dir, bind, seeds, text_port, max_storage_bytes, retention_check_ms,
          group_max_session_ms) -> None:
     """Run a broker node in the foreground (SIGTERM/SIGINT stop it cleanly)."""
-    from mesh.node import Node, NodeConfig
+    from mesh.node.loop import Node, NodeConfig
     logging.getLogger().setLevel(logging.INFO)
     for h in logging.getLogger().handlers:
         h.setFormatter(logging.Formatter(f"%(asctime)s %(levelname)s [{node_id}] %(name)s: %(message)s"))

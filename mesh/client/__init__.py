@@ -4,8 +4,8 @@ from mesh.client.cluster import TopicPartition
 from mesh.client.consumer import Consumer
 from mesh.client.group import GroupAdmin
 from mesh.client.producer import Producer, RecordFuture, RecordMetadata
-from mesh.errors import ErrorCode, MeshError
-from mesh.records import Record
+from mesh.wire.errors import ErrorCode, MeshError
+from mesh.wire.records import Record
 
 __all__ = ["Admin", "Consumer", "GroupAdmin", "Producer", "RecordFuture", "RecordMetadata", "Record",
            "TopicPartition", "ErrorCode", "MeshError"]

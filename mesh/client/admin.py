@@ -5,8 +5,8 @@ import time
 
 from mesh.client.cluster import ClusterView
 from mesh.client.transport import Transport
-from mesh.errors import ErrorCode, MeshError
-from mesh.messages import CreateTopicRequest, DeleteTopicRequest, MetadataRequest
+from mesh.wire.errors import ErrorCode, MeshError
+from mesh.wire.messages import CreateTopicRequest, DeleteTopicRequest, MetadataRequest
 
 __all__ = ["Admin", "ClientBase"]
 

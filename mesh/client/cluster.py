@@ -8,9 +8,9 @@ from __future__ import annotations
 import random
 from typing import NamedTuple
 
-from mesh.errors import ErrorCode, MeshError
+from mesh.wire.errors import ErrorCode, MeshError
 from mesh.client.transport import parse_address
-from mesh.messages import MetadataRequest, MetadataResponse
+from mesh.wire.messages import MetadataRequest, MetadataResponse
 
 __all__ = ["ClusterView", "TopicPartition", "PartitionInfo"]
 

@@ -4,7 +4,7 @@ I/O happens in the caller's thread, inside ``poll()`` (as kafka-python does). On
 kept in flight per leader broker, covering every assigned partition that broker leads, so
 the next data is usually already on its way while the caller processes the last.
 Records come back in offset order per partition; batches are checked (CRC) and decoded
-in bulk (``mesh.records.records_from``).
+in bulk (``mesh.wire.records.records_from``).
 """
 from __future__ import annotations
 
@@ -14,9 +14,9 @@ import time
 
 from mesh.client.cluster import ClusterView, TopicPartition
 from mesh.client.transport import Transport
-from mesh.errors import ErrorCode, MeshError, retriable
-from mesh.messages import EARLIEST, LATEST, ErrorResponse, FetchRequest, ListOffsetsRequest
-from mesh.records import Record, iter_batches, parse_header, records_from
+from mesh.wire.errors import ErrorCode, MeshError, retriable
+from mesh.wire.messages import EARLIEST, LATEST, ErrorResponse, FetchRequest, ListOffsetsRequest
+from mesh.wire.records import Record, iter_batches, parse_header, records_from
 
 __all__ = ["Consumer", "TopicPartition"]
 

@@ -1,7 +1,7 @@
 """Consumer groups on the client: the member's shell, and the group admin calls.
 
 ``GroupMembership`` is what a ``Consumer(group_id=...)`` uses; it drives the sans-I/O
-``mesh.group_member.GroupMemberState`` with the consumer's own transport, in the caller's
+``mesh.groups.member.GroupMemberState`` with the consumer's own transport, in the caller's
 thread, inside ``poll()`` (there is no background thread):
 
 * heartbeats go out from ``poll()``; their answers arrive with the fetch responses. **Call
@@ -38,13 +38,13 @@ from typing import Callable, Iterable
 from mesh.client.admin import ClientBase
 from mesh.client.cluster import ClusterView, TopicPartition
 from mesh.client.transport import Transport
-from mesh.errors import ErrorCode, MeshError, retriable
-from mesh.group_member import GroupMemberState, MemberChanges
-from mesh.groups import (
+from mesh.wire.errors import ErrorCode, MeshError, retriable
+from mesh.groups.member import GroupMemberState, MemberChanges
+from mesh.groups.coordinator import (
     LEAVE_EPOCH, GroupCommit, GroupCommitResponse, GroupDescribe, GroupFetchOffsets,
     GroupFindCoordinator, GroupHeartbeatResponse, GroupList, GroupResetOffsets,
 )
-from mesh.messages import EARLIEST, LATEST, ListOffsetsRequest
+from mesh.wire.messages import EARLIEST, LATEST, ListOffsetsRequest
 
 __all__ = ["GroupMembership", "GroupAdmin"]
 

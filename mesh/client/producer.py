@@ -29,11 +29,11 @@ import zmq
 
 from mesh.client.cluster import ClusterView
 from mesh.client.transport import Transport
-from mesh.errors import ErrorCode, MeshError, retriable
-from mesh.messages import ProduceRequest, ProduceResponse
-from mesh.partitioner import partition_for_key
-from mesh.records import encode_batch
-from mesh.topics import MAX_RECORD_BYTES
+from mesh.wire.errors import ErrorCode, MeshError, retriable
+from mesh.wire.messages import ProduceRequest, ProduceResponse
+from mesh.wire.partitioner import partition_for_key
+from mesh.wire.records import encode_batch
+from mesh.wire.topic_config import MAX_RECORD_BYTES
 
 __all__ = ["Producer", "RecordMetadata", "RecordFuture"]
 
@@ -131,7 +131,7 @@ class Producer:
         self.acks = _ACKS[acks]
         self.linger_s = linger_ms / 1000
         self.batch_size = batch_size
-        from mesh.producer_state import RECENT_BATCHES
+        from mesh.node.producer_state import RECENT_BATCHES
         if enable_idempotence and not 1 <= max_in_flight <= RECENT_BATCHES:
             raise ValueError(f"max_in_flight must be 1..{RECENT_BATCHES} with idempotence "
                              f"(the broker remembers that many batches per producer)")

@@ -15,9 +15,11 @@ from typing import Any
 import zmq
 from zmq.utils.monitor import parse_monitor_message
 
-from mesh.errors import ErrorCode, MeshError
-from mesh.messages import ErrorResponse
-from mesh.wire import PROTOCOL_CLIENT, pack, unpack
+from mesh.wire.errors import ErrorCode, MeshError
+from mesh.wire.messages import ErrorResponse
+from mesh.wire.codec import PROTOCOL_CLIENT, pack, unpack
+
+_MONITOR_IDS = itertools.count(1)  # process-wide: inproc names are per context
 
 __all__ = ["Transport", "parse_address"]
 
@@ -59,7 +61,10 @@ class Transport:
             s.setsockopt(zmq.RCVHWM, self._hwm)
             s.setsockopt(zmq.RECONNECT_IVL, 100)
             s.setsockopt(zmq.RECONNECT_IVL_MAX, 1000)
-            mon = s.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
+            # A unique inproc name: pyzmq's default (the socket's fd) can collide with a
+            # monitor of a closed socket that is still being torn down.
+            mon = s.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED,
+                                       addr=f"inproc://mesh-monitor-{next(_MONITOR_IDS)}")
             s.connect(f"tcp://{parse_address(addr)}")
             self._socks[addr] = s
             self._addr_of[s] = addr

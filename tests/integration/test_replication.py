@@ -13,7 +13,7 @@ import time
 import pytest
 
 from mesh.client import Admin, Consumer, ErrorCode, MeshError, Producer, TopicPartition
-from mesh.records import iter_batches, records_from
+from mesh.wire.records import iter_batches, records_from
 from storage.log import Store
 from tests.harness import Cluster, wait_until
 

@@ -13,11 +13,11 @@ import pytest
 import zmq
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from mesh import messages as m
+from mesh.wire import messages as m
 from mesh.client import Admin, Consumer, ErrorCode, MeshError, Producer, TopicPartition
 from mesh.client.transport import Transport
-from mesh.records import encode_batch
-from mesh.wire import PROTOCOL_CLIENT, pack, unpack
+from mesh.wire.records import encode_batch
+from mesh.wire.codec import PROTOCOL_CLIENT, pack, unpack
 from tests.harness import ROOT, BrokerProcess, wait_until
 
 pytestmark = pytest.mark.integration
@@ -61,7 +61,7 @@ def test_produce_100k_and_consume_in_order(broker):
 
 
 def test_keys_land_where_kafka_puts_them(broker):
-    from mesh.partitioner import partition_for_key
+    from mesh.wire.partitioner import partition_for_key
     with Admin(broker.address) as a:
         a.create_topic("keyed", partitions=5)
     with Producer(broker.address) as p:

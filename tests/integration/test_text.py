@@ -11,7 +11,7 @@ import time
 import pytest
 
 from mesh.client import Admin, Consumer
-from mesh.partitioner import partition_for_key
+from mesh.wire.partitioner import partition_for_key
 from tests.harness import BrokerProcess, free_port, wait_until
 
 pytestmark = pytest.mark.integration

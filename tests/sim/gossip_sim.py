@@ -1,4 +1,4 @@
-"""Deterministic simulator for mesh.gossip: the simulator owns time and the network.
+"""Deterministic simulator for mesh.gossip.core: the simulator owns time and the network.
 
     python -m tests.sim.gossip_sim --nodes 1000 --seed 7 [--loss 0.1]
         [--scenario spread|join-storm|stall-hour|partition|tombstones|idle]
@@ -10,7 +10,7 @@ by the order in which events were scheduled, so a run is a pure function of its 
 its arguments (no hash ordering, no wall clock). The network draws loss, delay,
 duplication and partitions from one seeded ``random.Random``; each node gets its own
 ``random.Random`` seeded from (seed, node id). In *wire mode* every message is encoded
-with ``mesh.wire`` and decoded on delivery, exactly as the shell would, and its bytes are
+with ``mesh.wire.codec`` and decoded on delivery, exactly as the shell would, and its bytes are
 counted. A node can crash, restart from its snapshot with a higher generation, or stall
 (its ticks and deliveries wait until the stall ends, like a SIGSTOPped process).
 
@@ -34,8 +34,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from mesh.gossip import ALIVE, DEAD, LEFT, SUSPECT, Gossip, GossipConfig
-from mesh.wire import decode_body, encode_body
+from mesh.gossip.core import ALIVE, DEAD, LEFT, SUSPECT, Gossip, GossipConfig
+from mesh.wire.codec import decode_body, encode_body
 
 __all__ = ["NetConfig", "Simulation", "Report", "SCENARIOS", "run_scenario", "main", "ROOT"]
 

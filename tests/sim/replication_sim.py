@@ -1,4 +1,4 @@
-"""Deterministic simulator for mesh.replication: N brokers x P partitions, one seed.
+"""Deterministic simulator for mesh.raft.manager: N brokers x P partitions, one seed.
 
     python -m tests.sim.replication_sim --seed 7 --steps 3000 [--brokers 3 --partitions 8]
     python -m tests.sim.replication_sim --seed 0 --seeds 1000 --steps 2000
@@ -19,7 +19,7 @@ incarnation, seeded from strings: a run is a pure function of its arguments.
 - Storage twin (``Store``): per partition a list of batches, durable and staged, plus the
   persisted ``PersistState``. Batches are self-describing byte strings (base, count,
   epoch, data), so the twin checks every ``Append`` the core asks for.
-- Network: every message is encoded with ``mesh.wire`` and decoded on delivery; loss,
+- Network: every message is encoded with ``mesh.wire.codec`` and decoded on delivery; loss,
   duplication, delay, slow messages (reordering), partitions (splits, isolation, one-way
   links), crashes (at a turn boundary or mid-turn), restarts from the durable twin, pauses
   (SIGSTOP: no ticks, messages queue, then a burst of ticks) and retention (the head of a
@@ -53,11 +53,11 @@ import sys
 import time
 from dataclasses import dataclass
 
-from mesh.errors import MeshError
-from mesh.replication import (
+from mesh.wire.errors import MeshError
+from mesh.raft.manager import (
     Append, PersistState, ReplicaManager, ReplicationConfig, ResetLog, Role, Truncate,
 )
-from mesh.wire import decode_body, encode_body, op_of
+from mesh.wire.codec import decode_body, encode_body, op_of
 
 __all__ = [
     "SimConfig", "Sim", "SimFailure", "Store", "PartLog", "run", "main", "encode_batch",
@@ -843,7 +843,7 @@ def idle_messages_per_sec(brokers: int = 3, partitions: int = 1000, rf: int = 3,
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m tests.sim.replication_sim",
-                                description="Deterministic simulation of mesh.replication.")
+                                description="Deterministic simulation of mesh.raft.manager.")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--seeds", type=int, default=1, help="run this many seeds from --seed")
     p.add_argument("--steps", type=int, default=2000, help="broker turns with faults before the heal")

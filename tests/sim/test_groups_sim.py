@@ -28,8 +28,8 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from mesh.errors import ErrorCode
-from mesh.groups import (
+from mesh.wire.errors import ErrorCode
+from mesh.groups.coordinator import (
     GroupCommit, GroupConfig, GroupCoordinator, GroupMemberState, PersistOffsets, error_response,
 )
 

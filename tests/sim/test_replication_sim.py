@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from mesh.replication_raft import Partition, Role
-from mesh.replication_wire import VoteRespRow
+from mesh.raft.partition import Partition, Role
+from mesh.raft.messages import VoteRespRow
 from tests.sim.replication_sim import (
     SimConfig, SimFailure, expected_idle_messages_per_sec, idle_messages_per_sec, main, run,
 )

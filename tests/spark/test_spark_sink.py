@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from mesh.partitioner import partition_for_key
+from mesh.wire.partitioner import partition_for_key
 from tests.spark.conftest import consume_all, produce
 
 pytestmark = pytest.mark.spark
@@ -36,7 +36,7 @@ def test_rows_are_cut_into_the_same_record_batches_however_spark_chunks_them(key
 
     import pyarrow as pa
 
-    from mesh.spark_sink import _Router
+    from mesh.spark.sink import _Router
 
     class Cfg:
         topic = "t"
@@ -74,8 +74,8 @@ def test_a_replayed_task_appends_only_what_is_missing(broker, new_topic, monkeyp
     import pyarrow as pa
     from pyspark.sql.types import BinaryType, StructField, StructType
 
-    from mesh import spark_sink
-    from mesh.spark_sink import MeshSinkConfig, write_task
+    from mesh.spark import sink as spark_sink
+    from mesh.spark.sink import MeshSinkConfig, write_task
 
     topic = new_topic(2)
     fields = [StructField("value", BinaryType())] + ([StructField("key", BinaryType())] if keyed else [])

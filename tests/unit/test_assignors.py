@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mesh.assignors import ASSIGNORS, assign
+from mesh.groups.assignors import ASSIGNORS, assign
 
 ALL = sorted(ASSIGNORS)
 

@@ -1,4 +1,4 @@
-"""mesh.detector: phi-accrual suspicion from heartbeat arrivals (no clocks: times are ints)."""
+"""mesh.gossip.detector: phi-accrual suspicion from heartbeat arrivals (no clocks: times are ints)."""
 from __future__ import annotations
 
 import math
@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mesh.detector import LOG10_E, FailureDetector
+from mesh.gossip.detector import LOG10_E, FailureDetector
 
 
 def fd(**kw) -> FailureDetector:

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from mesh import group_service as gs
-from mesh.errors import ErrorCode
-from mesh.gossip import Member
-from mesh.groups import (
+from mesh.node import group_host as gs
+from mesh.wire.errors import ErrorCode
+from mesh.gossip.core import Member
+from mesh.groups.coordinator import (
     GroupCommit, GroupDescribe, GroupFetchOffsets, GroupFindCoordinator, GroupHeartbeat, GroupList,
     GroupResetOffsets,
 )
-from mesh.rendezvous import coordinator_for
+from mesh.groups.rendezvous import coordinator_for
 from storage.memory import MemoryStore
 
 

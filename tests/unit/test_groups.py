@@ -5,14 +5,14 @@ import random
 
 import pytest
 
-from mesh.errors import ErrorCode
-from mesh.groups import (
+from mesh.wire.errors import ErrorCode
+from mesh.groups.coordinator import (
     GroupCommit, GroupConfig, GroupCoordinator, GroupDescribe, GroupFetchOffsets,
     GroupFindCoordinator, GroupHeartbeat, GroupHeartbeatResponse, GroupList, GroupMemberState,
     GroupResetOffsets, MemberRemoved, PersistOffsets, error_response,
 )
-from mesh.rendezvous import coordinator_for, ranked_nodes
-from mesh.wire import decode_body, encode_body
+from mesh.groups.rendezvous import coordinator_for, ranked_nodes
+from mesh.wire.codec import decode_body, encode_body
 
 G = "g"
 SESSION_MS = 1_000

@@ -2,7 +2,7 @@ import collections
 
 import pytest
 
-from mesh.placement import place_replicas
+from mesh.cluster.placement import place_replicas
 
 
 @pytest.mark.parametrize("parts,rf,n", [(12, 3, 3), (12, 3, 5), (7, 2, 3), (1, 1, 1), (100, 3, 7)])

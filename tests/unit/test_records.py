@@ -3,9 +3,9 @@ import zlib
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from mesh.errors import ErrorCode, MeshError
-from mesh.partitioner import murmur2, partition_for_key
-from mesh.records import (HEADER_SIZE, encode_batch, iter_batches, parse_header, patch_batch,
+from mesh.wire.errors import ErrorCode, MeshError
+from mesh.wire.partitioner import murmur2, partition_for_key
+from mesh.wire.records import (HEADER_SIZE, encode_batch, iter_batches, parse_header, patch_batch,
                           records_from, validate_batch)
 
 record = st.tuples(st.one_of(st.none(), st.binary(max_size=20)), st.binary(max_size=50),

@@ -1,4 +1,4 @@
-"""mesh.replication: one test per rule, on a tiny hand-driven network (etcd-raft style).
+"""mesh.raft.manager: one test per rule, on a tiny hand-driven network (etcd-raft style).
 
 ``Net`` plays the shell for a few brokers: each ``Ready`` is applied to an in-memory store
 (``tests.sim.replication_sim.Store``) and made durable at once, messages go through the
@@ -11,13 +11,13 @@ import random
 
 import pytest
 
-from mesh.errors import ErrorCode, MeshError
-from mesh.replication import (
+from mesh.wire.errors import ErrorCode, MeshError
+from mesh.raft.manager import (
     Append, EpochCache, PersistState, ReplAppend, ReplHeartbeat, ReplHeartbeatResp, ReplVote,
     ReplicaManager, ReplicationConfig, ResetLog, Role, Truncate,
 )
-from mesh.replication_wire import AppendRow, HeartbeatRow, VoteRow
-from mesh.wire import decode_body, encode_body, op_of
+from mesh.raft.messages import AppendRow, HeartbeatRow, VoteRow
+from mesh.wire.codec import decode_body, encode_body, op_of
 from tests.sim.replication_sim import Store, encode_batch, iter_batches
 
 CFG = ReplicationConfig(heartbeat_ticks=1, election_ticks=10, retransmit_ticks=5, auto_rebalance=False,

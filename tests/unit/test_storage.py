@@ -1,7 +1,7 @@
 """The LMDB store and its in-memory twin behave the same (parametrized over both)."""
 import pytest
 
-from mesh.records import encode_batch, parse_header, records_from
+from mesh.wire.records import encode_batch, parse_header, records_from
 from storage.base import CorruptBatch, StorageFull
 from storage.log import Store
 from storage.memory import MemoryStore

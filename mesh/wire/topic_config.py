@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import re
 
-from mesh.errors import ErrorCode, MeshError
+from mesh.wire.errors import ErrorCode, MeshError
 
 __all__ = ["TOPIC_DEFAULTS", "validate_topic_name", "normalize_config", "MAX_PARTITIONS"]
 

@@ -15,13 +15,13 @@ from __future__ import annotations
 import logging
 import uuid as uuidlib
 
-from mesh.errors import ErrorCode, MeshError
-from mesh.placement import place_replicas
-from mesh.topics import MAX_PARTITIONS, normalize_config, validate_topic_name
+from mesh.wire.errors import ErrorCode, MeshError
+from mesh.cluster.placement import place_replicas
+from mesh.wire.topic_config import MAX_PARTITIONS, normalize_config, validate_topic_name
 
 __all__ = ["Catalog", "TOPIC_PREFIX", "cluster_pid"]
 
-log = logging.getLogger("mesh.catalog")
+log = logging.getLogger("mesh.cluster.catalog")
 TOPIC_PREFIX = "topic/"
 
 

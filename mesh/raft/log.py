@@ -11,7 +11,7 @@ strictly increasing in both (Kafka's leader-epoch checkpoint file). From it:
 - ``last_epoch()``: with the end offset, how up to date a log is (vote comparisons).
 
 An entry may start *at* the log end with no batch after it yet: the epoch marker a new
-leader writes instead of a no-op batch (see ``mesh.replication``, "commit after an
+leader writes instead of a no-op batch (see ``mesh.raft.manager``, "commit after an
 election"). Two entries never share a start: a later epoch assigned at the same offset
 replaces the earlier one (that epoch never appended anything).
 

@@ -5,7 +5,7 @@ Theory of operation: exactly once by deterministic idempotent producers
 Tasks write their rows straight to the partition leaders (no detour through the driver),
 as an idempotent producer would: every record batch carries a producer id and the
 sequence number of its first record, and a leader drops a batch whose sequences it
-already has (``mesh.producer_state``; the dedup state is stored in the same LMDB
+already has (``mesh.node.producer_state``; the dedup state is stored in the same LMDB
 transaction as the batch, and on followers it is rebuilt from the batch headers).
 
 The producer id is not random: it is a hash of
@@ -57,12 +57,12 @@ import uuid
 
 from mesh.client.cluster import ClusterView
 from mesh.client.transport import Transport
-from mesh.errors import ErrorCode, MeshError, retriable
-from mesh.messages import ErrorResponse, ProduceRequest, ProduceResponse
-from mesh.partitioner import partition_for_key
-from mesh.records import encode_batch
-from mesh.spark_source import MeshOptions, MeshSparkError, _Cluster, _int_option, require_pyarrow
-from mesh.topics import BATCH_OVERHEAD_BYTES
+from mesh.wire.errors import ErrorCode, MeshError, retriable
+from mesh.wire.messages import ErrorResponse, ProduceRequest, ProduceResponse
+from mesh.wire.partitioner import partition_for_key
+from mesh.wire.records import encode_batch
+from mesh.spark.source import MeshOptions, MeshSparkError, _Cluster, _int_option, require_pyarrow
+from mesh.wire.topic_config import BATCH_OVERHEAD_BYTES
 
 from pyspark.sql.datasource import DataSourceArrowWriter, DataSourceStreamArrowWriter, WriterCommitMessage
 

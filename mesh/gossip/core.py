@@ -36,7 +36,7 @@ R3 Tombstones are collected ``tombstone_gc_ms`` after a node stored them; the no
    records the highest collected version as the origin's *gc version*. A peer whose
    ``max(max version, gc version)`` is below my gc version may still hold a key whose
    tombstone is gone, so it gets a *reset*: its copy is replaced by mine.
-R4 Liveness: an origin's heartbeat moving feeds a phi-accrual detector (mesh.detector).
+R4 Liveness: an origin's heartbeat moving feeds a phi-accrual detector (mesh.gossip.detector).
    ALIVE -> SUSPECT when phi > ``phi_threshold``; SUSPECT -> DEAD after
    ``dead_after_ms`` more; SUSPECT/DEAD -> ALIVE only when its heartbeat moves or a
    newer generation appears. An origin learned second-hand (or restored from a
@@ -77,9 +77,9 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any, Iterable
 
-from mesh.detector import FailureDetector
-from mesh.effects import Send
-from mesh.wire import message
+from mesh.gossip.detector import FailureDetector
+from mesh.wire.effects import Send
+from mesh.wire.codec import message
 
 __all__ = [
     "GossipSyn", "GossipAck", "GossipAck2",

@@ -12,7 +12,7 @@ A ZeroMQ message (after the ROUTER identity) is a list of frames::
     [protocol/version, request id, operation, msgpack body, optional raw payload]
 
 ``PROTOCOL_CLIENT`` is spoken by clients, ``PROTOCOL_PEER`` between brokers. The raw
-payload frame carries record batches as opaque bytes (see ``mesh.records``).
+payload frame carries record batches as opaque bytes (see ``mesh.wire.records``).
 """
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from typing import Any, Callable
 
 import msgpack
 
-from mesh.errors import ErrorCode, MeshError
+from mesh.wire.errors import ErrorCode, MeshError
 
 __all__ = [
     "PROTOCOL_CLIENT", "PROTOCOL_PEER", "REGISTRY", "message", "encode_body", "decode_body",

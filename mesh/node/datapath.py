@@ -20,16 +20,16 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-from mesh import messages as m
-from mesh import records
-from mesh.errors import ErrorCode, MeshError
-from mesh.producer_state import ProducerStates
-from mesh.topics import MAX_PARTITIONS
+from mesh.wire import messages as m
+from mesh.wire import records
+from mesh.wire.errors import ErrorCode, MeshError
+from mesh.node.producer_state import ProducerStates
+from mesh.wire.topic_config import MAX_PARTITIONS
 from storage.base import CorruptBatch, LogError, StorageFull
 
 __all__ = ["DataPath"]
 
-log = logging.getLogger("mesh.datapath")
+log = logging.getLogger("mesh.node.datapath")
 
 
 @dataclass

@@ -5,7 +5,7 @@ Theory of operation
 
 Every partition's replicas (a list of node ids, the first one preferred as leader) form
 their own Raft group; terms are Kafka's leader epochs. ``ReplicaManager`` hosts all the
-partition replicas of one broker (``mesh.replication_raft.Partition`` each) and is
+partition replicas of one broker (``mesh.raft.partition.Partition`` each) and is
 sans-I/O: time is ``tick()``, randomness an injected ``random.Random``, storage a
 ``LogReader`` for reads and effects for writes, the network rows in and ``Send`` effects
 out. Files: ``replication_wire`` (messages), ``replication_log`` (epoch cache, effects,
@@ -137,11 +137,11 @@ import random
 from dataclasses import dataclass, field
 from typing import Any
 
-from mesh.effects import Send
-from mesh.errors import ErrorCode, MeshError
-from mesh.replication_log import Append, EpochCache, LogReader, PersistState, ResetLog, Truncate
-from mesh.replication_raft import Partition, Role
-from mesh.replication_wire import (
+from mesh.wire.effects import Send
+from mesh.wire.errors import ErrorCode, MeshError
+from mesh.raft.log import Append, EpochCache, LogReader, PersistState, ResetLog, Truncate
+from mesh.raft.partition import Partition, Role
+from mesh.raft.messages import (
     AppendRespRow, AppendRow, HeartbeatRespRow, HeartbeatRow, MESSAGE_OF, ReplAppend, ReplAppendResp,
     ReplHeartbeat, ReplHeartbeatResp, ReplTimeoutNow, ReplVote, ReplVoteResp, TimeoutNowRow,
     VoteRespRow, VoteRow, parse_rows,
@@ -194,7 +194,7 @@ class Ready:
     """What one call asks of the shell (see "Shell contract" above)."""
     log_ops: list = field(default_factory=list)       # Append | Truncate | ResetLog, in order
     persist: list = field(default_factory=list)       # PersistState, one per changed partition
-    messages: list = field(default_factory=list)      # mesh.effects.Send
+    messages: list = field(default_factory=list)      # mesh.wire.effects.Send
     committed: dict = field(default_factory=dict)     # pid -> new commit offset
     leadership: dict = field(default_factory=dict)    # pid -> (leader node id | None, epoch)
 

@@ -21,8 +21,8 @@ import typing
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from mesh.errors import ErrorCode, MeshError
-from mesh.wire import message
+from mesh.wire.errors import ErrorCode, MeshError
+from mesh.wire.codec import message
 
 __all__ = [
     "AppendRow", "AppendRespRow", "HeartbeatRow", "HeartbeatRespRow", "VoteRow", "VoteRespRow",

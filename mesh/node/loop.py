@@ -3,7 +3,7 @@
 Theory of operation
 -------------------
 Clients and peers connect to the node's ROUTER with DEALER sockets; the first frame after
-the identity names the protocol (``mesh.wire``). Each loop turn:
+the identity names the protocol (``mesh.wire.codec``). Each loop turn:
 
 1. drain ready messages from the ROUTER (at most ``max_requests_per_turn``, so one busy
    client cannot starve the loop's other duties): client requests go to their handler
@@ -34,22 +34,22 @@ from dataclasses import dataclass, field
 import msgpack
 import zmq
 
-from mesh import messages as m
-from mesh.catalog import Catalog
-from mesh.datapath import DataPath
-from mesh.errors import ErrorCode, MeshError
-from mesh.gossip import Gossip, GossipAck, GossipAck2, GossipConfig, GossipSyn
-from mesh.peers import PeerLinks, sender_address
-from mesh.producer_state import ProducerStates
-from mesh.replicas import REPLICATION_MESSAGES, ReplicaHost
-from mesh.replication import ReplicationConfig
-from mesh.wire import PROTOCOL_CLIENT, PROTOCOL_PEER, pack, unpack
+from mesh.wire import messages as m
+from mesh.cluster.catalog import Catalog
+from mesh.node.datapath import DataPath
+from mesh.wire.errors import ErrorCode, MeshError
+from mesh.gossip.core import Gossip, GossipAck, GossipAck2, GossipConfig, GossipSyn
+from mesh.node.peers import PeerLinks, sender_address
+from mesh.node.producer_state import ProducerStates
+from mesh.node.raft_host import REPLICATION_MESSAGES, ReplicaHost
+from mesh.raft.manager import ReplicationConfig
+from mesh.wire.codec import PROTOCOL_CLIENT, PROTOCOL_PEER, pack, unpack
 from storage.base import LogError
 from storage.log import Store
 
 __all__ = ["NodeConfig", "Node"]
 
-log = logging.getLogger("mesh.node")
+log = logging.getLogger("mesh.node.loop")
 
 
 @dataclass
@@ -131,13 +131,13 @@ class Node:
         self.groups = None
         self.text = None
         try:
-            from mesh.group_service import GroupService
+            from mesh.node.group_host import GroupService
         except ImportError:
             GroupService = None
         if GroupService is not None:
             self.groups = GroupService(self)
         if config.text_port is not None:
-            from mesh.text import TextGateway
+            from mesh.gateway.text import TextGateway
             self.text = TextGateway(self, config.text_port)
         self._reconcile()
 

@@ -1,5 +1,5 @@
 """Client protocol messages (``mesh/1``). Peer-protocol messages live beside their cores
-(``mesh.gossip``, ``mesh.replication``, ``mesh.groups``) and share the same registry.
+(``mesh.gossip.core``, ``mesh.raft.manager``, ``mesh.groups.coordinator``) and share the same registry.
 
 Every response carries ``error`` (an ``ErrorCode``) and ``message`` (human-readable); a
 ``leader`` hint (an address) comes with NOT_LEADER.
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from mesh.wire import message
+from mesh.wire.codec import message
 
 __all__ = [
     "ErrorResponse", "ProduceRequest", "ProduceResponse", "FetchRequest", "FetchResponse",

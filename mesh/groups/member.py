@@ -3,7 +3,7 @@
 Theory of operation
 -------------------
 ``GroupMemberState`` is the member's half of the protocol whose coordinator half is
-``mesh.groups.GroupCoordinator`` (read that module's docstring first: the rules that keep two
+``mesh.groups.coordinator.GroupCoordinator`` (read that module's docstring first: the rules that keep two
 members from ever holding one partition are stated there). The member:
 
 * takes partitions the moment an answer gives them, and accepts an answer only if its
@@ -24,9 +24,9 @@ import collections
 from dataclasses import dataclass
 from typing import Iterable
 
-from mesh.assignors import TopicPartition
-from mesh.errors import ErrorCode, MeshError, retriable
-from mesh.groups import (
+from mesh.groups.assignors import TopicPartition
+from mesh.wire.errors import ErrorCode, MeshError, retriable
+from mesh.groups.coordinator import (
     JOIN_EPOCH, LEAVE_EPOCH, GroupCommit, GroupHeartbeat, GroupHeartbeatResponse,
     _check_group_id, _wire_partitions,
 )

@@ -16,11 +16,11 @@ import logging
 
 import zmq
 
-from mesh.wire import PROTOCOL_PEER, pack
+from mesh.wire.codec import PROTOCOL_PEER, pack
 
 __all__ = ["PeerLinks", "sender_address", "PEER_PREFIX"]
 
-log = logging.getLogger("mesh.peers")
+log = logging.getLogger("mesh.node.peers")
 PEER_PREFIX = b"peer:"
 
 

@@ -36,7 +36,7 @@ Source options (names as in Spark's Kafka source where the meaning is the same):
 Sink options: bootstrap, topic (else a "topic" column), acks (all | 1, default all),
 maxBatchRecords (10000), maxBatchBytes (512 KiB), deliveryTimeoutMs (120000),
 requestTimeoutMs. Columns: value (required), key, partition, headers, topic, timestamp.
-Exactly-once writes: see ``mesh.spark_sink``.
+Exactly-once writes: see ``mesh.spark.sink``.
 
 Lag: each micro-batch's progress carries, per source, ``endOffset`` and
 ``latestOffset`` (what the brokers had); ``lag(progress)`` returns the difference.
@@ -52,8 +52,8 @@ import json
 
 from pyspark.sql.datasource import DataSource
 
-from mesh.spark_sink import MeshBatchWriter, MeshSinkConfig, MeshStreamWriter
-from mesh.spark_source import (
+from mesh.spark.sink import MeshBatchWriter, MeshSinkConfig, MeshStreamWriter
+from mesh.spark.source import (
     SCHEMA_DDL, MeshBatchReader, MeshOptions, MeshSparkError, MeshStreamReader, require_pyarrow, spark_schema,
 )
 

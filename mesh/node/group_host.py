@@ -1,9 +1,9 @@
-"""The node's consumer-group service: the coordinator core (``mesh.groups``) in the shell.
+"""The node's consumer-group service: the coordinator core (``mesh.groups.coordinator``) in the shell.
 
 Theory of operation
 -------------------
 Every broker runs one ``GroupCoordinator`` and answers GROUP_* requests for the groups that
-``mesh.rendezvous.coordinator_for`` hashes to it over the *coordination set*: the brokers
+``mesh.groups.rendezvous.coordinator_for`` hashes to it over the *coordination set*: the brokers
 its gossip view does not hold DEAD or LEFT (ALIVE and SUSPECT both count, so a broker that
 misses a few heartbeats does not bounce its groups around; a killed broker loses its groups
 once it is convicted, ~4 s). Any broker answers GROUP_FIND_COORDINATOR from the same view;
@@ -65,19 +65,19 @@ from typing import Any
 
 import msgpack
 
-from mesh.errors import ErrorCode, MeshError
-from mesh.groups import (
+from mesh.wire.errors import ErrorCode, MeshError
+from mesh.groups.coordinator import (
     GroupCommit, GroupConfig, GroupCoordinator, GroupDescribe, GroupDescribeResponse,
     GroupFetchOffsets, GroupFetchOffsetsResponse, GroupFindCoordinator,
     GroupFindCoordinatorResponse, GroupHeartbeat, GroupList, GroupListResponse,
     GroupResetOffsets, MemberRemoved, PersistOffsets, _check_group_id, error_response,
 )
-from mesh.rendezvous import coordinator_for
+from mesh.groups.rendezvous import coordinator_for
 from storage.base import LogError
 
 __all__ = ["GroupService", "GOSSIP_PREFIX", "OFFSETS_DB", "CHUNK_PARTITIONS"]
 
-log = logging.getLogger("mesh.groups")
+log = logging.getLogger("mesh.groups.coordinator")
 
 OFFSETS_DB = "offsets"
 GOSSIP_PREFIX = "off/"
@@ -116,7 +116,7 @@ def _now_ms() -> int:
 
 
 def _clock_of(node):
-    """The node's own clock (``mesh.node._now_ms``): the core must see one time scale, and
+    """The node's own clock (``mesh.node.loop._now_ms``): the core must see one time scale, and
     the node passes the same clock's readings to ``tick`` and ``on_cluster_change``."""
     fn = getattr(sys.modules.get(type(node).__module__), "_now_ms", None)
     return fn if callable(fn) else (lambda: _now_ms())

@@ -1,7 +1,7 @@
-"""One partition's Raft state machine (one replica). Driven by ``mesh.replication``.
+"""One partition's Raft state machine (one replica). Driven by ``mesh.raft.manager``.
 
 Roles are step functions, not flags (etcd-raft): ``_step`` and ``_tick`` are swapped by
-``_become_*``. Every input is a row (see ``mesh.replication_wire``) already routed to this
+``_become_*``. Every input is a row (see ``mesh.raft.messages``) already routed to this
 partition; every output goes through ``host`` (the ``ReplicaManager``), which coalesces
 rows per peer and collects storage effects into the ``Ready``.
 
@@ -37,9 +37,9 @@ import enum
 from collections import deque
 from typing import Any
 
-from mesh.errors import ErrorCode, MeshError
-from mesh.replication_log import Append, EpochCache, ResetLog, Truncate
-from mesh.replication_wire import (
+from mesh.wire.errors import ErrorCode, MeshError
+from mesh.raft.log import Append, EpochCache, ResetLog, Truncate
+from mesh.raft.messages import (
     AppendRespRow, AppendRow, HeartbeatRespRow, HeartbeatRow, TimeoutNowRow, VoteRespRow, VoteRow,
 )
 

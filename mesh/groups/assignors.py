@@ -18,7 +18,7 @@ topic. Results are deterministic: members and partitions are always visited in s
 order, never in set or dict order.
 
 Assignors only compute a *target*. Moving from the old target to the new one safely
-(revoke first, hand over only once released) is the coordinator's job (``mesh.groups``),
+(revoke first, hand over only once released) is the coordinator's job (``mesh.groups.coordinator``),
 so the "eager" shapes below (range, round-robin) are exactly as safe as the sticky one;
 they just move more partitions on every change.
 

@@ -42,9 +42,9 @@ from typing import Iterator
 
 from mesh.client.admin import Admin
 from mesh.client.transport import Transport
-from mesh.errors import ErrorCode, MeshError, retriable
-from mesh.messages import EARLIEST, LATEST, ErrorResponse, FetchRequest, ListOffsetsRequest
-from mesh.records import ATTR_CONTROL, decode_batch, iter_batches
+from mesh.wire.errors import ErrorCode, MeshError, retriable
+from mesh.wire.messages import EARLIEST, LATEST, ErrorResponse, FetchRequest, ListOffsetsRequest
+from mesh.wire.records import ATTR_CONTROL, decode_batch, iter_batches
 
 import pyspark
 

@@ -56,11 +56,11 @@ import time
 
 import zmq
 
-from mesh.errors import MeshError
+from mesh.wire.errors import MeshError
 
 __all__ = ["TextGateway", "parse_message", "parse_partitions", "MAX_LINE_BYTES"]
 
-log = logging.getLogger("mesh.text")
+log = logging.getLogger("mesh.gateway.text")
 
 MAX_LINE_BYTES = (1 << 20) + (64 << 10)
 MAX_CONNECTIONS = 256

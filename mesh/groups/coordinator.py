@@ -1,7 +1,7 @@
 """Consumer groups: the coordinator's state machine and its wire messages.
 
-The member side is ``mesh.group_member.GroupMemberState``; the node shell that drives the
-coordinator is ``mesh.group_service``; the client shell is ``mesh.client.group``.
+The member side is ``mesh.groups.member.GroupMemberState``; the node shell that drives the
+coordinator is ``mesh.node.group_host``; the client shell is ``mesh.client.group``.
 
 Theory of operation
 -------------------
@@ -9,14 +9,14 @@ Modelled on Kafka's KIP-848 ("next generation" rebalance): assignment is compute
 server, members learn it from their heartbeats, and partitions move incrementally.
 
 A member heartbeats ``GROUP_HEARTBEAT`` to the group's coordinator (the broker chosen by
-``mesh.rendezvous.coordinator_for``) with its subscription and the partitions it holds
+``mesh.groups.rendezvous.coordinator_for``) with its subscription and the partitions it holds
 right now. Member id ``""`` with epoch 0 joins (the coordinator makes up the id); epoch
 -1 leaves. The answer carries the member's id, its *member epoch* and the partitions it
 may hold.
 
 Per group the coordinator keeps the members, the *group epoch* (bumped on every change of
 membership, subscriptions, assignor, or the partition count of a subscribed topic), the
-*target assignment* (recomputed by the assignor at every bump, ``mesh.assignors``), and
+*target assignment* (recomputed by the assignor at every bump, ``mesh.groups.assignors``), and
 per member what it has been *given* (``assigned``) and what it has been told to give back
 but has not yet reported released (``revoking``). When a member heartbeats:
 
@@ -36,7 +36,7 @@ Rules, and why they keep two members from ever holding one partition:
   such a member has accepted an answer of that epoch, so it holds everything given to it
   up to then, and a partition missing from its list is truly gone. A delayed or duplicated
   older heartbeat cannot release anything.
-* Members (``mesh.group_member.GroupMemberState``) take given partitions at once, accept an answer only if
+* Members (``mesh.groups.member.GroupMemberState``) take given partitions at once, accept an answer only if
   its epoch is not older than theirs, and from an answer of their own epoch only *remove*
   partitions, so a delayed answer cannot hand back a partition already released.
 * Leaving member ids are never reused (64 random bits from the injected ``rng``), so a
@@ -82,7 +82,7 @@ before sending the response; calls ``tick`` every loop turn and ``set_topic_part
 when metadata changes; when the live broker set changes, calls ``drop_group`` for groups
 no longer hashed here and ``begin_takeover`` (then ``load_offsets`` for groups that are).
 
-The client drives a ``mesh.group_member.GroupMemberState`` (see its docstring).
+The client drives a ``mesh.groups.member.GroupMemberState`` (see its docstring).
 
 Errors: UNKNOWN_MEMBER (the id is gone: drop everything, rejoin), FENCED_EPOCH (this
 member is out: drop everything, rejoin), ILLEGAL_GENERATION on a commit (the epoch is
@@ -97,9 +97,9 @@ import random
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
-from mesh.assignors import ASSIGNORS, DEFAULT_ASSIGNOR, TopicPartition, assign
-from mesh.errors import ErrorCode, MeshError
-from mesh.wire import message
+from mesh.groups.assignors import ASSIGNORS, DEFAULT_ASSIGNOR, TopicPartition, assign
+from mesh.wire.errors import ErrorCode, MeshError
+from mesh.wire.codec import message
 
 __all__ = [
     "GroupHeartbeat", "GroupHeartbeatResponse", "GroupCommit", "GroupCommitResponse",
@@ -237,7 +237,7 @@ class GroupListResponse:
 @message("GROUP_FIND_COORDINATOR")
 @dataclass(frozen=True, slots=True)
 class GroupFindCoordinator:
-    """Answered by the shell from its gossip view with ``mesh.rendezvous.coordinator_for``."""
+    """Answered by the shell from its gossip view with ``mesh.groups.rendezvous.coordinator_for``."""
     group_id: str
 
 
@@ -810,10 +810,10 @@ class GroupCoordinator:
 
 
 # ---------------------------------------------------------------------------------------
-# The member side lives in mesh.group_member; these names stay importable from here.
+# The member side lives in mesh.groups.member; these names stay importable from here.
 
 def __getattr__(name: str):
     if name in ("GroupMemberState", "MemberChanges"):
-        from mesh import group_member
+        from mesh.groups import member as group_member
         return getattr(group_member, name)
-    raise AttributeError(f"module 'mesh.groups' has no attribute {name!r}")
+    raise AttributeError(f"module 'mesh.groups.coordinator' has no attribute {name!r}")

@@ -17,8 +17,8 @@ import struct
 
 import msgpack
 
-from mesh.errors import ErrorCode, MeshError
-from mesh.records import BatchHeader
+from mesh.wire.errors import ErrorCode, MeshError
+from mesh.wire.records import BatchHeader
 
 __all__ = ["ProducerStates", "RECENT_BATCHES"]
 
@@ -79,7 +79,7 @@ class ProducerStates:
 
     def stage_replicated(self, pid: int, batches) -> None:
         """A follower's append: learn sequences from the batch headers (already offset)."""
-        from mesh.records import iter_batches
+        from mesh.wire.records import iter_batches
         for h, _ in iter_batches(batches, verify_crc=False):
             if h.producer_id >= 0:
                 self.stage(pid, h, h.base_offset)

@@ -35,7 +35,7 @@ from typing import Iterator, NamedTuple, Sequence
 
 import msgpack
 
-from mesh.errors import ErrorCode, MeshError
+from mesh.wire.errors import ErrorCode, MeshError
 
 __all__ = [
     "HEADER_SIZE", "BatchHeader", "Record", "encode_batch", "decode_batch", "parse_header",

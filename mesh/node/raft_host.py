@@ -1,4 +1,4 @@
-"""The shell side of partition replication: runs ``mesh.replication.ReplicaManager`` inside
+"""The shell side of partition replication: runs ``mesh.raft.manager.ReplicaManager`` inside
 the node loop, following its shell contract (see that module's docstring).
 
 Per loop turn:
@@ -26,21 +26,21 @@ from typing import Callable
 
 import msgpack
 
-from mesh import messages as m
-from mesh.errors import ErrorCode
-from mesh.records import parse_header
-from mesh.replication import ReplicaManager, ReplicationConfig
-from mesh.replication_log import Append, PersistState, ResetLog, Truncate
+from mesh.wire import messages as m
+from mesh.wire.errors import ErrorCode
+from mesh.wire.records import parse_header
+from mesh.raft.manager import ReplicaManager, ReplicationConfig
+from mesh.raft.log import Append, PersistState, ResetLog, Truncate
 from storage.base import CorruptBatch
 
 __all__ = ["ReplicaHost", "StoreReader", "REPLICATION_MESSAGES"]
 
-log = logging.getLogger("mesh.replicas")
+log = logging.getLogger("mesh.node.raft_host")
 _STATE_KEY = struct.Struct(">Q")
 
 
 def _replication_messages() -> tuple:
-    from mesh import replication_wire as w
+    from mesh.raft import messages as w
     return tuple(cls for cls in vars(w).values()
                  if isinstance(cls, type) and getattr(cls, "OP", b"").startswith(b"REPL_"))
 
