@@ -133,7 +133,7 @@ def run(scenario, bootstrap, brokers, out_dir, master, skip_analysis, keep_topic
         progress, **kw) -> None:
     """Run a scenario, analyse it with Spark and write the report."""
     from bench.cluster import LocalCluster, check_reachable
-    from bench.driver import check_group_support, run_cell
+    from bench.cell import check_group_support, run_cell
     from bench.events import environment, now_iso, write_run_json
 
     sc = get_scenario(scenario).with_overrides(_overrides(kw))

@@ -1,43 +1,24 @@
 """Brokers for a benchmark: start our own in a temporary directory, or check a running one.
 
-``LocalCluster(n)`` starts ``n`` broker processes (``python -m tools.cli node``) on free
-127.0.0.1 ports, each with its data in a fresh temporary directory, broker 2..n seeding
-from broker 1 (as the Procfile does). It waits until every broker answers and, for
-n > 1, until every broker's metadata lists all n (the cluster has formed by gossip).
-Logs go to ``<log_dir>/<id>.log``; data is deleted on ``stop()``.
+``LocalCluster(n)`` is the shared launcher's ``Cluster`` (``mesh.testing.launcher``): ``n``
+broker processes on free 127.0.0.1 ports, broker 2..n seeding from broker 1 (as the
+Procfile does), started until every broker answers and lists all n alive. Here their
+data is in a fresh temporary directory, deleted on ``stop()``; logs go to
+``<log_dir>/<id>.log``; failures are ``BenchError``s.
 
 Topics are created through ``Admin`` with the requested replication factor; a broker
 that cannot place that many replicas answers with its own error, which is passed on.
 """
 from __future__ import annotations
 
-import os
 import shutil
-import signal
-import socket
-import subprocess
-import sys
 import tempfile
 import time
 
 from bench.scenarios import BenchError
+from mesh.testing.launcher import BrokerExited, Cluster
 
-__all__ = ["LocalCluster", "check_reachable", "create_topic", "delete_topic", "free_port"]
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _metadata(address: str, timeout_ms: int):
-    """One broker's own metadata answer (not the cluster view's first responder)."""
-    from mesh.client import Admin
-    with Admin(address, request_timeout_ms=timeout_ms) as a:
-        return a.metadata([])
+__all__ = ["LocalCluster", "check_reachable", "create_topic", "delete_topic"]
 
 
 def check_reachable(bootstrap: str, timeout_s: float = 5.0) -> list[dict]:
@@ -99,93 +80,39 @@ def delete_topic(bootstrap: str, name: str) -> None:
         pass  # best effort: a leftover topic costs disk, not correctness
 
 
-class LocalCluster:
+class LocalCluster(Cluster):
+    """``n`` brokers started by bench: data in a fresh temporary directory (deleted on
+    ``stop()``), logs in ``log_dir``, each broker in its own session (a Ctrl-C reaches
+    bench, which stops them). Failures to come up are ``BenchError``s."""
+
     def __init__(self, n: int, log_dir: str, extra_args: list[str] | None = None):
         if n < 1:
             raise BenchError("--brokers must be at least 1")
         self.n = n
         self.log_dir = log_dir
-        self.extra_args = extra_args or []
-        self.data_root: str | None = None
-        self.procs: list[tuple[str, str, subprocess.Popen, str]] = []  # (id, address, proc, log)
-
-    @property
-    def bootstrap(self) -> str:
-        return ",".join(addr for _, addr, _, _ in self.procs)
+        self.data_root: str | None = tempfile.mkdtemp(prefix="mesh-bench-")
+        super().__init__(self.data_root, n, extra_args, log_dir=log_dir, new_session=True)
 
     def start(self, timeout_s: float = 30.0) -> "LocalCluster":
-        os.makedirs(self.log_dir, exist_ok=True)
-        self.data_root = tempfile.mkdtemp(prefix="mesh-bench-")
-        first = None
         try:
-            for i in range(1, self.n + 1):
-                node_id = f"n{i}"
-                addr = f"127.0.0.1:{free_port()}"
-                log_path = os.path.join(self.log_dir, f"{node_id}.log")
-                cmd = [sys.executable, "-m", "tools.cli", "node", "--id", node_id,
-                       "--data", os.path.join(self.data_root, node_id), "--bind", addr]
-                if first:
-                    cmd += ["--seed", first]
-                cmd += self.extra_args
-                with open(log_path, "ab") as log:
-                    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
-                                            start_new_session=True)
-                self.procs.append((node_id, addr, proc, log_path))
-                first = first or addr
-            self._wait_ready(timeout_s)
+            super().start(timeout_s)
+        except BrokerExited as exc:
+            self.stop()
+            raise BenchError(str(exc)) from None
+        except AssertionError as exc:  # a deadline passed
+            self.stop()
+            hint = ""
+            if self.n > 1:
+                hint = (" (multi-broker clusters need gossip; this build may serve single brokers only: "
+                        "use --brokers 1)")
+            raise BenchError(f"brokers not ready: {exc}{hint}") from None
         except BaseException:
             self.stop()
             raise
         return self
 
-    def _tail(self, log_path: str) -> str:
-        try:
-            with open(log_path, "rb") as f:
-                return f.read().decode(errors="replace")[-2000:]
-        except OSError:
-            return ""
-
-    def _wait_ready(self, timeout_s: float) -> None:
-        from mesh.wire.errors import MeshError
-        deadline = time.monotonic() + timeout_s
-        pending = list(self.procs)
-        while pending:
-            node_id, addr, proc, log_path = pending[0]
-            if proc.poll() is not None:
-                raise BenchError(f"broker {node_id} exited with code {proc.returncode}:\n{self._tail(log_path)}")
-            try:
-                meta = _metadata(addr, 300)
-                if len(meta.brokers) >= self.n:
-                    pending.pop(0)
-                    continue
-                why = f"its metadata lists {len(meta.brokers)} of {self.n} brokers"
-            except MeshError as exc:
-                why = str(exc)
-            if time.monotonic() > deadline:
-                hint = ""
-                if self.n > 1:
-                    hint = (" (multi-broker clusters need gossip; this build may serve single brokers only: "
-                            "use --brokers 1)")
-                raise BenchError(f"broker {node_id} on {addr} not ready after {timeout_s:.0f} s: {why}{hint}")
-            time.sleep(0.05)  # polling interval of a deadline loop
-
-    def stop(self) -> None:
-        for _, _, proc, _ in self.procs:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        for _, _, proc, _ in self.procs:
-            try:
-                proc.wait(15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(5)
-        self.procs.clear()
+    def stop(self, timeout_s: float = 15.0) -> None:
+        super().stop(timeout_s)
         if self.data_root:
             shutil.rmtree(self.data_root, ignore_errors=True)
             self.data_root = None
-
-    def __enter__(self) -> "LocalCluster":
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.stop()

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 from mesh.client import Admin
-from tests.harness import BrokerProcess, Cluster, wait_until
+from mesh.testing.launcher import BrokerProcess, Cluster, wait_until
 
 
 def brokers(addr):

@@ -2,7 +2,7 @@
 
     python bench/gossip_scale.py [--seed 7] [--skip-10k]
 
-Runs the deterministic simulator (tests/sim/gossip_sim.py) on the real gossip core:
+Runs the deterministic simulator (mesh/testing/gossip_scenarios.py) on the real gossip core:
 
   1. 1,000 nodes, fanout 1, no loss            target <= 12 rounds
   2. 1,000 nodes, fanout 1, 10% message loss   target <= 14 rounds
@@ -17,7 +17,7 @@ does not change dissemination (heartbeats ride in digests, never in deltas; the
 memory and some minutes.
 
 Exit status 1 if a target is missed. Every line can be reproduced on its own with
-``python -m tests.sim.gossip_sim --scenario spread --nodes N --seed S [--loss L]``.
+``python -m mesh.testing.gossip_scenarios --scenario spread --nodes N --seed S [--loss L]``.
 """
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from tests.sim.gossip_sim import run_scenario  # noqa: E402
+from mesh.testing.gossip_scenarios import run_scenario  # noqa: E402
 
 RUNS = [
     # (label, nodes, loss, target rounds)

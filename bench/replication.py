@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 from mesh.client import Admin, Consumer, Producer
-from tests.harness import Cluster, wait_until
+from mesh.testing.launcher import Cluster, wait_until
 
 
 def pct(xs, q):
@@ -193,8 +193,7 @@ def main() -> None:
         if "idle" not in skip:
             idle(c)
     finally:
-        for b in c.brokers:
-            b.kill()
+        c.kill()
 
 
 if __name__ == "__main__":

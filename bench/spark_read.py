@@ -24,19 +24,13 @@ import argparse
 import json
 import os
 import shutil
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
 import time
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from mesh.testing.launcher import BrokerProcess
 
 
 def _pct(xs: list[float], q: float) -> float:
@@ -89,8 +83,8 @@ def _ceiling(spark, records: int, size: int, partitions: int, runs: int) -> floa
 
         def read(self, part):
             import pyarrow as pa
-            from mesh.spark.source import _arrow_schema
-            s = _arrow_schema()
+            from mesh.spark.arrow import arrow_schema
+            s = arrow_schema()
             left = records // partitions + (part.value < records % partitions)
             n = min(left, 100_000)
             cols = [pa.nulls(n, s.types[0]), pa.array([b"x" * size] * n, s.types[1]),
@@ -107,7 +101,7 @@ def _ceiling(spark, records: int, size: int, partitions: int, runs: int) -> floa
             return "mesh_bench_ceiling"
 
         def schema(self):
-            from mesh.spark.source import spark_schema
+            from mesh.spark.arrow import spark_schema
             return spark_schema()
 
         def reader(self, schema):
@@ -211,23 +205,12 @@ def _stream(spark, addr: str, tmp: str, batches: int, per_batch: int) -> dict:
 def run(args) -> dict:
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     tmp = tempfile.mkdtemp(prefix="mesh-spark-bench-")
-    addr = f"127.0.0.1:{free_port()}"
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    log = open(os.path.join(tmp, "broker.log"), "wb")
-    broker = subprocess.Popen([sys.executable, "-m", "tools.cli", "node", "--id", "b1", "--data",
-                               os.path.join(tmp, "b1"), "--bind", addr], cwd=root, stdout=log, stderr=log)
+    broker = BrokerProcess("b1", os.path.join(tmp, "b1"), log_path=os.path.join(tmp, "broker.log"))
+    addr = broker.address
     spark = None
     try:
+        broker.start()
         from mesh.client import Admin
-        deadline = time.monotonic() + 20
-        while True:  # wait until the broker answers
-            try:
-                with Admin(addr, request_timeout_ms=300) as a:
-                    a.metadata([])
-                break
-            except Exception:
-                if time.monotonic() > deadline or broker.poll() is not None:
-                    raise
         with Admin(addr) as a:
             a.create_topic("bench", partitions=args.partitions)
         dt = _fill(addr, "bench", args.records, args.size, args.partitions)
@@ -261,9 +244,7 @@ def run(args) -> dict:
     finally:
         if spark is not None:
             spark.stop()
-        broker.terminate()
-        broker.wait(10)
-        log.close()
+        broker.stop()
         shutil.rmtree(tmp, ignore_errors=True)
 
 

@@ -16,17 +16,10 @@ import json
 import multiprocessing as mp
 import os
 import shutil
-import socket
-import subprocess
-import sys
 import tempfile
 import time
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from mesh.testing.launcher import BrokerProcess
 
 
 def _bulk_producer(addr, topic, partitions, records, size, batch, acks, out):
@@ -83,24 +76,15 @@ def _consumer(addr, topic, records, size, out):
 
 def run(args) -> list[dict]:
     tmp = tempfile.mkdtemp(prefix="mesh-bench-")
-    port = free_port()
-    addr = f"127.0.0.1:{port}"
-    broker = subprocess.Popen([sys.executable, "-m", "tools.cli", "node", "--id", "b1", "--data",
-                               os.path.join(tmp, "b1"), "--bind", addr],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    broker = BrokerProcess("b1", os.path.join(tmp, "b1"))
+    addr = broker.address
     results = []
     try:
+        broker.start()
         from mesh.client import Admin
-        deadline = time.monotonic() + 20
-        while True:
-            try:
-                with Admin(addr, request_timeout_ms=500) as a:
-                    a.create_topic("bench", args.partitions)
-                    a.create_topic("bench-send", args.partitions)
-                break
-            except Exception:
-                if time.monotonic() > deadline:
-                    raise
+        with Admin(addr) as a:
+            a.create_topic("bench", args.partitions)
+            a.create_topic("bench-send", args.partitions)
         ctx = mp.get_context("spawn")
         out = ctx.Queue()
         acks = "all" if args.acks == "all" else int(args.acks)
@@ -120,8 +104,7 @@ def run(args) -> list[dict]:
             print(f"{name:>15}: {n:>9} records in {dt:6.2f} s = {n / dt:>10,.0f} records/s, "
                   f"{nbytes / dt / 1e6:6.1f} MB/s", flush=True)
     finally:
-        broker.terminate()
-        broker.wait(10)
+        broker.stop()
         shutil.rmtree(tmp, ignore_errors=True)
     return results
 

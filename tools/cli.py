@@ -274,7 +274,7 @@ def group() -> None:
 @_friendly
 def group_list(as_json, bootstrap) -> None:
     """Every group a live broker knows: coordinated there, or with committed offsets."""
-    from mesh.client.group import GroupAdmin
+    from mesh.client.group_admin import GroupAdmin
     with GroupAdmin(bootstrap) as admin:
         groups = admin.list_groups()
     if as_json:
@@ -294,7 +294,7 @@ def group_list(as_json, bootstrap) -> None:
 @_friendly
 def group_describe(group_id, as_json, bootstrap) -> None:
     """Members, assignment, and per partition: committed offset, log end, lag."""
-    from mesh.client.group import GroupAdmin
+    from mesh.client.group_admin import GroupAdmin
     with GroupAdmin(bootstrap) as admin:
         d = admin.describe(group_id)
     if as_json:
@@ -331,7 +331,7 @@ def group_reset_offsets(group_id, topic_name, partitions, to, to_offset, bootstr
     """Set a group's committed offsets (only while the group has no members)."""
     if (to is None) == (to_offset is None):
         raise click.UsageError("give exactly one of --to-earliest, --to-latest, --to-offset N")
-    from mesh.client.group import GroupAdmin
+    from mesh.client.group_admin import GroupAdmin
     with GroupAdmin(bootstrap) as admin:
         done = admin.reset_offsets(group_id, topic_name, to if to is not None else to_offset,
                                    list(partitions) or None)

@@ -15,7 +15,7 @@ import time
 from mesh.client.cluster import ClusterView, TopicPartition
 from mesh.client.transport import Transport
 from mesh.wire.errors import ErrorCode, MeshError, retriable
-from mesh.wire.messages import EARLIEST, LATEST, ErrorResponse, FetchRequest, ListOffsetsRequest
+from mesh.wire.messages import EARLIEST, LATEST, ErrorResponse, FetchRequest
 from mesh.wire.records import Record, iter_batches, parse_header, records_from
 
 __all__ = ["Consumer", "TopicPartition"]
@@ -142,45 +142,7 @@ class Consumer:
     def _list_offsets(self, tps: list[TopicPartition], which: int) -> dict[TopicPartition, int]:
         """Ask each partition's leader; retriable errors (no leader yet, leader moved) are
         retried with a metadata refresh until the request timeout."""
-        out: dict[TopicPartition, int] = {}
-        pending = list(tps)
-        deadline = time.monotonic() + self.request_timeout_s
-        last: Exception | None = None
-        while pending:
-            by_addr: dict[str, list] = collections.defaultdict(list)
-            for tp in pending:
-                addr = self.cluster.leader_address(tp.topic, tp.partition)
-                if addr is not None:
-                    by_addr[addr].append([tp.topic, tp.partition, which])
-            retry = []
-            for addr, parts in by_addr.items():
-                try:
-                    resp, _ = self.transport.call(addr, ListOffsetsRequest(parts), timeout_ms=1000)
-                except MeshError as exc:
-                    if not exc.retriable:
-                        raise
-                    last = exc
-                    self.transport.forget(addr)
-                    retry.extend(TopicPartition(p[0], p[1]) for p in parts)
-                    continue
-                for topic, partition, err, off, leader in resp.parts:
-                    tp = TopicPartition(topic, partition)
-                    if err:
-                        if not retriable(err):
-                            raise MeshError(err, f"list offsets of {topic}/{partition}")
-                        last = MeshError(err, f"list offsets of {topic}/{partition}")
-                        retry.append(tp)
-                    else:
-                        out[tp] = off
-            retry.extend(tp for tp in pending if tp not in out and tp not in retry)
-            pending = retry
-            if pending:
-                if time.monotonic() > deadline:
-                    raise MeshError(ErrorCode.LEADER_NOT_AVAILABLE,
-                                    f"no leader answered for {pending[:3]}...: {last}")
-                time.sleep(0.05)  # backoff before asking again for a leader
-                self.cluster.refresh()
-        return out
+        return self.cluster.list_offsets(tps, which, timeout_ms=int(self.request_timeout_s * 1000))
 
     def _reset_positions(self, tps: list[TopicPartition]) -> None:
         if self.auto_offset_reset == "none":

@@ -27,7 +27,7 @@ committed. **At-most-once**: ``enable_auto_commit=False`` and ``commit()`` right
 The coordinator is found with ``GROUP_FIND_COORDINATOR`` (any broker answers) and
 followed on COORDINATOR_MOVED or when it stops answering.
 
-``GroupAdmin`` lists, describes and resets groups (the ``mesh group`` commands).
+``GroupAdmin`` (``mesh.client.group_admin``) lists, describes and resets groups.
 """
 from __future__ import annotations
 
@@ -35,24 +35,19 @@ import logging
 import time
 from typing import Callable, Iterable
 
-from mesh.client.admin import ClientBase
-from mesh.client.cluster import ClusterView, TopicPartition
+from mesh.client.cluster import TopicPartition
+from mesh.client.coordinator import MOVED as _MOVED, Coordinator
 from mesh.client.transport import Transport
 from mesh.wire.errors import ErrorCode, MeshError, retriable
-from mesh.groups.member import GroupMemberState, MemberChanges
-from mesh.groups.coordinator import (
-    LEAVE_EPOCH, GroupCommit, GroupCommitResponse, GroupDescribe, GroupFetchOffsets,
-    GroupFindCoordinator, GroupHeartbeatResponse, GroupList, GroupResetOffsets,
+from mesh.groups import (
+    LEAVE_EPOCH, GroupCommit, GroupCommitResponse, GroupFetchOffsets, GroupHeartbeatResponse,
+    GroupMemberState, MemberChanges,
 )
-from mesh.wire.messages import EARLIEST, LATEST, ListOffsetsRequest
 
-__all__ = ["GroupMembership", "GroupAdmin"]
+__all__ = ["GroupMembership"]
 
 log = logging.getLogger("mesh.group")
 
-_MOVED = (ErrorCode.COORDINATOR_MOVED, ErrorCode.COORDINATOR_NOT_AVAILABLE)
-_FIND_TIMEOUT_MS = 1_000
-_FIND_BACKOFF_MAX_MS = 1_000
 _COMMIT_ATTEMPTS = 4
 
 
@@ -62,80 +57,6 @@ def _ms() -> int:
 
 def _tp(tp) -> TopicPartition:
     return TopicPartition(tp[0], tp[1])
-
-
-class _Coordinator:
-    """Finds the group's coordinator and remembers it until it moves or stops answering."""
-
-    def __init__(self, transport: Transport, cluster: ClusterView, group_id: str):
-        self.transport = transport
-        self.cluster = cluster
-        self.group_id = group_id
-        self.node_id: str | None = None
-        self.address: str | None = None
-        self._next_try_ms = 0
-        self._backoff_ms = 50
-
-    def get(self, now_ms: int | None = None, wait: bool = False) -> str | None:
-        """The coordinator's address, asking the brokers if unknown (rate-limited unless
-        ``wait``); None if no broker could say."""
-        if self.address is not None:
-            return self.address
-        now_ms = _ms() if now_ms is None else now_ms
-        if not wait and now_ms < self._next_try_ms:
-            return None
-        last = None
-        for addr in self.cluster.addresses():
-            try:
-                resp, _ = self.transport.call(addr, GroupFindCoordinator(self.group_id), timeout_ms=_FIND_TIMEOUT_MS)
-            except MeshError as exc:
-                last = exc
-                continue
-            if resp.error == ErrorCode.NONE:
-                self.node_id, self.address = resp.node_id, resp.address
-                self._backoff_ms = 50
-                return self.address
-            last = MeshError(resp.error, resp.message)
-            if not retriable(resp.error):
-                raise last
-        log.debug("group %s: no coordinator found yet: %s", self.group_id, last)
-        self._next_try_ms = _ms() + self._backoff_ms
-        self._backoff_ms = min(2 * self._backoff_ms, _FIND_BACKOFF_MAX_MS)
-        try:
-            self.cluster.refresh()
-        except MeshError:
-            pass
-        return None
-
-    def moved(self, hint: str | None) -> None:
-        """COORDINATOR_MOVED (with the new coordinator's node id) or no answer."""
-        self.node_id = self.address = None
-        broker = self.cluster.brokers.get(hint) if hint else None
-        if broker and broker.get("address") and broker.get("status", "alive") in ("alive", "suspect"):
-            self.node_id, self.address = hint, broker["address"]
-
-    def call(self, msg, timeout_ms: int, attempts: int = 3):
-        """Send to the coordinator, following COORDINATOR_MOVED; the typed response."""
-        last: MeshError | None = None
-        for _ in range(attempts):
-            addr = self.get(wait=True)
-            if addr is None:
-                last = MeshError(ErrorCode.COORDINATOR_NOT_AVAILABLE, f"no coordinator for group {self.group_id!r}")
-                continue
-            try:
-                resp, _ = self.transport.call(addr, msg, timeout_ms=timeout_ms)
-            except MeshError as exc:
-                if not exc.retriable:
-                    raise
-                last = exc
-                self.moved(None)
-                continue
-            if resp.error in _MOVED:
-                last = MeshError(resp.error, resp.message)
-                self.moved(getattr(resp, "coordinator", None))
-                continue
-            return resp
-        raise last or MeshError(ErrorCode.COORDINATOR_NOT_AVAILABLE, "no coordinator")
 
 
 class GroupMembership:
@@ -164,7 +85,7 @@ class GroupMembership:
         self.state = GroupMemberState(group_id, [], assignor=assignor, session_timeout_ms=session_timeout_ms,
                                       rebalance_timeout_ms=rebalance_timeout_ms)
         self.request_timeout_ms = request_timeout_ms or self.state.request_timeout_ms
-        self.coordinator = _Coordinator(self.transport, consumer.cluster, group_id)
+        self.coordinator = Coordinator(self.transport, consumer.cluster, group_id)
         self.enable_auto_commit = enable_auto_commit
         self.auto_commit_interval_ms = auto_commit_interval_ms
         self.commit_on_close = commit_on_close
@@ -501,149 +422,3 @@ class GroupMembership:
             raise last
         if missing:
             raise MeshError(ErrorCode.ILLEGAL_GENERATION, f"not committed: this member does not hold {missing}")
-
-
-class GroupAdmin(ClientBase):
-    """List, describe and reset consumer groups (what ``mesh group`` does)."""
-
-    def __init__(self, bootstrap: str = "127.0.0.1:7101", request_timeout_ms: int = 5_000):
-        super().__init__(bootstrap, request_timeout_ms)
-
-    def _coordinator(self, group_id: str) -> _Coordinator:
-        return _Coordinator(self.transport, self.cluster, group_id)
-
-    def list_groups(self) -> list[dict]:
-        """Every group any live broker knows (coordinated there, or with offsets in gossip):
-        [{group_id, coordinator, state, members, group_epoch}], by group id."""
-        self.cluster.refresh([])
-        out: dict[str, dict] = {}
-        for b in sorted(self.cluster.brokers.values(), key=lambda b: b["id"]):
-            if b.get("status", "alive") != "alive":
-                continue
-            try:
-                resp, _ = self.transport.call(b["address"], GroupList(), timeout_ms=self.timeout_ms)
-            except MeshError as exc:
-                log.warning("broker %s did not list its groups: %s", b["id"], exc)
-                continue
-            for g in resp.groups:
-                known = out.get(g["group_id"])
-                authoritative = g.get("coordinator") == b["id"] and g.get("state") != "unknown"
-                if known is None or authoritative:
-                    out[g["group_id"]] = dict(g)
-        return [out[k] for k in sorted(out)]
-
-    def describe(self, group_id: str) -> dict:
-        """The coordinator's view (members, assignment, committed offsets) plus log end and
-        lag per partition. If the coordinator cannot be reached, the offsets come from any
-        broker's gossip view and ``state`` is "unknown"."""
-        try:
-            resp = self._coordinator(group_id).call(GroupDescribe(group_id), timeout_ms=self.timeout_ms)
-            if resp.error:
-                raise MeshError(resp.error, resp.message)
-            d = {"group_id": group_id, "coordinator": resp.coordinator, "state": resp.state,
-                 "group_epoch": resp.group_epoch, "assignor": resp.assignor, "members": resp.members,
-                 "offsets": resp.offsets}
-        except MeshError as exc:
-            if exc.code not in (ErrorCode.TIMEOUT, *_MOVED):
-                raise
-            d = self._describe_from_gossip(group_id)
-        owner = {}
-        for m in d["members"]:
-            for t, p in m.get("assigned", []) + m.get("revoking", []):
-                owner[(t, p)] = m["member_id"]
-        committed = {(t, p): off for t, p, off, _ in d["offsets"]}
-        tps = sorted(set(committed) | set(owner))
-        ends = self._log_ends(tps)
-        d["partitions"] = [
-            {"topic": t, "partition": p, "member": owner.get((t, p)), "committed": committed.get((t, p), -1),
-             "log_end": ends.get((t, p), -1),
-             "lag": (ends[(t, p)] - max(committed.get((t, p), -1), 0)) if ends.get((t, p), -1) >= 0 else None}
-            for t, p in tps]
-        return d
-
-    def _describe_from_gossip(self, group_id: str) -> dict:
-        last = None
-        for addr in self.cluster.addresses():
-            try:
-                resp, _ = self.transport.call(addr, GroupDescribe(group_id), timeout_ms=self.timeout_ms)
-            except MeshError as exc:
-                last = exc
-                continue
-            return {"group_id": group_id, "coordinator": resp.coordinator, "state": "unknown",
-                    "group_epoch": -1, "assignor": "", "members": [], "offsets": resp.offsets}
-        raise MeshError(ErrorCode.BROKER_UNAVAILABLE, f"no broker answered: {last}")
-
-    def _log_ends(self, tps: list) -> dict[tuple[str, int], int]:
-        """Log end (readable end) per partition, asked of each leader; gossip stats otherwise."""
-        if not tps:
-            return {}
-        md = self.cluster.refresh(sorted({t for t, _ in tps}))
-        ends, by_leader = {}, {}
-        for t in md.topics:
-            for p in t.get("partitions", []):
-                if (t["name"], p["partition"]) in set(tps):
-                    ends[(t["name"], p["partition"])] = p["high_watermark"]
-                    if p.get("leader_address"):
-                        by_leader.setdefault(p["leader_address"], []).append([t["name"], p["partition"], LATEST])
-        for addr, parts in by_leader.items():
-            try:
-                resp, _ = self.transport.call(addr, ListOffsetsRequest(parts), timeout_ms=self.timeout_ms)
-            except MeshError:
-                continue
-            for topic, partition, err, off, _ in resp.parts:
-                if not err:
-                    ends[(topic, partition)] = off
-        return ends
-
-    def committed(self, group_id: str) -> dict[TopicPartition, int]:
-        resp = self._coordinator(group_id).call(GroupFetchOffsets(group_id, None), timeout_ms=self.timeout_ms)
-        if resp.error:
-            raise MeshError(resp.error, resp.message)
-        return {TopicPartition(t, p): off for t, p, off, _ in resp.offsets}
-
-    def reset_offsets(self, group_id: str, topic: str, to: str | int,
-                      partitions: list[int] | None = None) -> dict[TopicPartition, int]:
-        """Set the group's committed offsets of ``topic`` to "earliest", "latest" or an
-        offset (clamped to each partition's [log start, log end]). Refused while the group
-        has members. Returns what was set."""
-        md = self.cluster.refresh([topic])
-        (t,) = md.topics
-        if t.get("error"):
-            raise MeshError(t["error"], f"unknown topic {topic!r}")
-        parts = partitions if partitions is not None else [p["partition"] for p in t["partitions"]]
-        for p in parts:
-            if not 0 <= p < len(t["partitions"]):
-                raise MeshError(ErrorCode.UNKNOWN_PARTITION, f"topic {topic!r} has no partition {p}")
-        starts = self._list_offsets(t, parts, EARLIEST)
-        ends = self._list_offsets(t, parts, LATEST)
-        target = {}
-        for p in parts:
-            if to == "earliest":
-                off = starts[p]
-            elif to == "latest":
-                off = ends[p]
-            else:
-                off = min(max(int(to), starts[p]), ends[p])
-            target[TopicPartition(topic, p)] = off
-        resp = self._coordinator(group_id).call(
-            GroupResetOffsets(group_id, [[tp.topic, tp.partition, off] for tp, off in sorted(target.items())]),
-            timeout_ms=self.timeout_ms)
-        if resp.error:
-            raise MeshError(resp.error, resp.message)
-        return target
-
-    def _list_offsets(self, t: dict, parts: list[int], which: int) -> dict[int, int]:
-        by_leader: dict[str, list] = {}
-        for p in parts:
-            addr = t["partitions"][p].get("leader_address")
-            if addr is None:
-                raise MeshError(ErrorCode.LEADER_NOT_AVAILABLE, f"{t['name']}/{p} has no live leader")
-            by_leader.setdefault(addr, []).append([t["name"], p, which])
-        out = {}
-        for addr, req in by_leader.items():
-            resp, _ = self.transport.call(addr, ListOffsetsRequest(req), timeout_ms=self.timeout_ms)
-            for _, partition, err, off, _ in resp.parts:
-                if err:
-                    raise MeshError(err, f"list offsets of {t['name']}/{partition}")
-                out[partition] = off
-        return out

@@ -12,7 +12,8 @@ order, after a backoff and a metadata refresh; the leader drops the ones it alre
 (answering with their original offsets). A batch fails for good after ``retries`` attempts
 or ``delivery_timeout_ms``, or at once on a non-retriable error; then the partition's later
 queued batches fail too (their order could not be kept) and the partition restarts its
-sequence under a fresh producer id.
+sequence under a fresh producer id. Those rules live in the sans-I/O
+``mesh.client.sequencer``, which this I/O thread drives (so does the Spark sink).
 """
 from __future__ import annotations
 
@@ -28,8 +29,9 @@ from typing import NamedTuple
 import zmq
 
 from mesh.client.cluster import ClusterView
+from mesh.client.sequencer import DONE, RetryPolicy, SeqBatch, Sequencer
 from mesh.client.transport import Transport
-from mesh.wire.errors import ErrorCode, MeshError, retriable
+from mesh.wire.errors import ErrorCode, MeshError
 from mesh.wire.messages import ProduceRequest, ProduceResponse
 from mesh.wire.partitioner import partition_for_key
 from mesh.wire.records import encode_batch
@@ -77,12 +79,13 @@ class RecordFuture:
         return self
 
 
-class _Batch:
+class _Batch(SeqBatch):
+    """One batch of records of one partition; the sequencer's state is in ``SeqBatch``."""
     __slots__ = ("topic", "partition", "values", "keys", "timestamps", "headers", "nbytes",
-                 "created", "future", "payload", "seq", "attempts", "deadline", "sent_at",
-                 "producer_id", "closed", "sent_to")
+                 "created", "future", "payload", "closed")
 
     def __init__(self, topic: str, partition: int, now: float, delivery_s: float):
+        super().__init__(0, (now + delivery_s) * 1000)
         self.topic, self.partition = topic, partition
         self.values: list = []
         self.keys: list | None = None
@@ -92,26 +95,7 @@ class _Batch:
         self.created = now
         self.future: Future = Future()
         self.payload: bytes | None = None
-        self.seq = -1
-        self.attempts = 0
-        self.deadline = now + delivery_s
-        self.sent_at = 0.0
-        self.producer_id = -1
         self.closed = False
-        self.sent_to = ""
-
-
-class _Part:
-    """I/O-thread state of one partition."""
-    __slots__ = ("queue", "inflight", "backoff_until", "next_seq", "producer_id", "backoff_s")
-
-    def __init__(self, producer_id: int):
-        self.queue: collections.deque[_Batch] = collections.deque()   # ready, not sent
-        self.inflight: dict[int, _Batch] = {}                         # rid -> batch, in send order
-        self.backoff_until = 0.0
-        self.backoff_s = 0.0
-        self.next_seq = 0
-        self.producer_id = producer_id
 
 
 def _new_producer_id() -> int:
@@ -124,8 +108,7 @@ class Producer:
                  retry_backoff_ms: int = 100, retry_backoff_max_ms: int = 1000,
                  request_timeout_ms: int = 10_000, delivery_timeout_ms: int = 60_000,
                  buffer_memory: int = 64 << 20, max_block_ms: int = 60_000,
-                 max_record_bytes: int = MAX_RECORD_BYTES, enable_idempotence: bool = True,
-                 client_id: str = ""):
+                 max_record_bytes: int = MAX_RECORD_BYTES, enable_idempotence: bool = True):
         if acks not in _ACKS:
             raise ValueError(f"acks must be 0, 1 or 'all', not {acks!r}")
         self.acks = _ACKS[acks]
@@ -152,7 +135,6 @@ class Producer:
         self._buffered = 0
         self._sticky: dict[str, int] = {}
         self._partitions: dict[str, int] = {}
-        self._flush_requested = 0
         self._closed = False
         self._unfinished: set[_Batch] = set()
         self._rng = random.Random()
@@ -284,6 +266,7 @@ class Producer:
             if self._sticky.get(b.topic) == b.partition and n > 1:
                 self._sticky[b.topic] = (b.partition + 1 + self._rng.randrange(n - 1)) % n
         b.closed = True
+        b.count = len(b.values)
         self._ready.append(b)
         self._wake()
 
@@ -342,11 +325,13 @@ class Producer:
     def _io_loop(self) -> None:
         transport = Transport()
         io_cluster = ClusterView(transport, self._bootstrap)
-        self._io_cluster = io_cluster
-        parts: dict[tuple[str, int], _Part] = {}
-        by_rid: dict[int, tuple[_Batch, _Part]] = {}
         transport.add_wakeup(self._wake_rx)
-        base_pid = _new_producer_id()
+        policy = RetryPolicy(max_in_flight=self.max_in_flight, retries=self.retries,
+                             backoff_ms=self.backoff_s * 1000, backoff_max_ms=self.backoff_max_s * 1000,
+                             jitter=0.2)
+        seq = Sequencer(policy, producer_id=_new_producer_id() if self.idempotent else -1,
+                        new_producer_id=_new_producer_id if self.idempotent else None, rng=self._rng)
+        timeout_ms = self.request_timeout_s * 1000
         need_refresh = False
         while True:
             now = time.monotonic()
@@ -359,11 +344,7 @@ class Producer:
                 closing = self._closed
                 next_linger = min((b.created + self.linger_s for b in self._open.values()), default=None)
             for b in ready:
-                tp = (b.topic, b.partition)
-                p = parts.get(tp)
-                if p is None:
-                    p = parts[tp] = _Part(base_pid if self.idempotent else -1)
-                p.queue.append(b)
+                seq.append((b.topic, b.partition), b)
             if need_refresh:
                 need_refresh = False
                 try:
@@ -371,136 +352,69 @@ class Producer:
                 except MeshError as exc:
                     log.debug("metadata refresh failed: %s", exc)
             # send what may be sent
-            for tp, p in parts.items():
-                if not p.queue or p.backoff_until > now:
-                    continue
-                while p.queue and len(p.inflight) < self.max_in_flight:
-                    b = p.queue[0]
-                    if b.deadline <= now:
-                        p.queue.popleft()
-                        self._fail_partition(p, b, MeshError(ErrorCode.TIMEOUT, "delivery_timeout_ms passed"))
-                        continue
+            now_ms = now * 1000
+            for tp in seq.partitions():
+                while (b := seq.next_to_send(tp, now_ms)) is not None:
                     try:
                         addr = io_cluster.leader_address(b.topic, b.partition)
                     except MeshError as exc:
-                        if exc.retriable or exc.code == ErrorCode.UNKNOWN_TOPIC:
-                            addr = None
-                        else:
-                            p.queue.popleft()
-                            self._fail_partition(p, b, exc)
+                        if not (exc.retriable or exc.code == ErrorCode.UNKNOWN_TOPIC):
+                            seq.fail(tp, b, exc)
                             continue
+                        addr = None
                     if addr is None:
-                        self._retry_later(p, by_rid, b, MeshError(ErrorCode.LEADER_NOT_AVAILABLE, "no leader known"))
+                        seq.retry(tp, b, MeshError(ErrorCode.LEADER_NOT_AVAILABLE, "no leader known"), now_ms)
                         need_refresh = True
                         break
-                    p.queue.popleft()
-                    if b.payload is None or b.producer_id != p.producer_id:
-                        self._encode(b, p)
-                    b.attempts += 1
-                    b.sent_at = now
-                    b.sent_to = addr
-                    rid = transport.send(addr, ProduceRequest(b.topic, b.partition, self.acks,
-                                                              int(self.request_timeout_s * 1000)), b.payload)
-                    if self.acks == 0:
-                        self._finish(b, base=-1)
-                        continue
-                    p.inflight[rid] = b
-                    by_rid[rid] = (b, p)
-            if closing and not by_rid and not any(p.queue for p in parts.values()) and not self._unfinished:
+                    if seq.assign(tp, b) or b.payload is None:
+                        b.payload = encode_batch(b.values, b.keys, b.timestamps, b.headers,
+                                                 producer_id=b.producer_id, base_sequence=b.seq)
+                    rid = transport.send(addr, ProduceRequest(b.topic, b.partition, self.acks, int(timeout_ms)),
+                                         b.payload)
+                    seq.sent(tp, b, rid if self.acks != 0 else None, now_ms, addr)
+            self._finish_done(seq)
+            if closing and not seq.busy() and not self._unfinished:
                 break
             # wait for answers, wake-ups, lingers, timeouts
             timeout_s = 0.1
             if next_linger is not None:
                 timeout_s = min(timeout_s, max(0.0, next_linger - now))
-            backoffs = [p.backoff_until for p in parts.values() if p.queue and p.backoff_until > now]
-            if backoffs:
-                timeout_s = min(timeout_s, max(0.0, min(backoffs) - now))
+            backoff_ms = seq.next_backoff_ms(now_ms)
+            if backoff_ms is not None:
+                timeout_s = min(timeout_s, max(0.0, backoff_ms / 1000 - now))
             responses = transport.poll(int(timeout_s * 1000) + 1)
-            now = time.monotonic()
+            now_ms = time.monotonic() * 1000
             for addr, rid, resp, _ in responses:
-                entry = by_rid.pop(rid, None)
-                if entry is None:
-                    continue  # answer to an attempt we already gave up on
-                b, p = entry
-                p.inflight.pop(rid, None)
-                if isinstance(resp, ProduceResponse) and resp.error == 0:
-                    p.backoff_s = 0.0
-                    self._finish(b, base=resp.base_offset)
-                    continue
-                err = MeshError(resp.error, getattr(resp, "message", ""), leader=getattr(resp, "leader", None))
-                if err.leader:
-                    io_cluster.set_leader(b.topic, b.partition, err.leader)
+                ok = isinstance(resp, ProduceResponse) and resp.error == 0
+                leader = getattr(resp, "leader", None)
+                out = seq.on_reply(rid, ErrorCode.NONE if ok else resp.error, now_ms,
+                                   base_offset=resp.base_offset if ok else -1,
+                                   message=getattr(resp, "message", ""), leader=leader)
+                if out is None or out.action == DONE:
+                    continue  # an answer to an attempt given up on, or a success
+                if leader:
+                    io_cluster.set_leader(out.tp[0], out.tp[1], leader)
                 else:
                     need_refresh = True
-                if retriable(err.code):
-                    self._retry_later(p, by_rid, b, err)
-                else:
-                    self._fail_partition(p, b, err)
             # requests to a broker whose connection dropped, or that timed out: retriable
             gone = transport.take_disconnected()
             if gone:
                 need_refresh = True
-            for rid, (b, p) in list(by_rid.items()):
-                if b.sent_to in gone:
-                    by_rid.pop(rid, None)
-                    p.inflight.pop(rid, None)
-                    self._retry_later(p, by_rid, b, MeshError(ErrorCode.BROKER_UNAVAILABLE,
-                                                              f"connection to {b.sent_to} dropped"))
-                    continue
-                if now - b.sent_at > self.request_timeout_s:
-                    by_rid.pop(rid, None)
-                    p.inflight.pop(rid, None)
+            for (topic, partition), b, err in seq.expire(now_ms, timeout_ms, gone):
+                if err.code == ErrorCode.TIMEOUT:
                     try:
-                        transport.forget(io_cluster.leader_address(b.topic, b.partition) or "")
+                        transport.forget(io_cluster.leader_address(topic, partition) or "")
                     except MeshError:
                         pass
                     need_refresh = True
-                    self._retry_later(p, by_rid, b, MeshError(ErrorCode.TIMEOUT,
-                                                              f"no answer within {self.request_timeout_s} s"))
+                log.debug("retrying %s/%d after %s", topic, partition, err)
+            self._finish_done(seq)
         transport.close(linger_ms=2000 if self.acks == 0 else 0)  # acks=0: let queued sends leave
         self._wake_rx.close(linger=0)
 
-    def _encode(self, b: _Batch, p: _Part) -> None:
-        if self.idempotent:
-            if b.seq < 0 or b.producer_id != p.producer_id:
-                b.seq = p.next_seq
-                p.next_seq += len(b.values)
-            b.producer_id = p.producer_id
-        b.payload = encode_batch(b.values, b.keys, b.timestamps, b.headers,
-                                 producer_id=b.producer_id if self.idempotent else -1,
-                                 base_sequence=b.seq if self.idempotent else -1)
-
-    def _retry_later(self, p: _Part, by_rid: dict, b: _Batch, err: MeshError) -> None:
-        """Put ``b`` and every later in-flight batch of its partition back at the front of
-        the queue, in sequence order, and back off."""
-        if b.attempts > self.retries or time.monotonic() >= b.deadline:
-            self._fail_partition(p, b, err)
-            return
-        back = [b] + [x for x in p.inflight.values()]
-        for rid in list(p.inflight):
-            by_rid.pop(rid, None)
-        p.inflight.clear()
-        back.extend(p.queue)
-        back.sort(key=lambda x: (x.seq < 0, x.seq))
-        seen, uniq = set(), []
-        for x in back:
-            if id(x) not in seen:
-                seen.add(id(x))
-                uniq.append(x)
-        p.queue = collections.deque(uniq)
-        p.backoff_s = min(self.backoff_max_s, max(self.backoff_s, p.backoff_s * 2))
-        p.backoff_until = time.monotonic() + p.backoff_s * (0.8 + 0.4 * self._rng.random())
-        log.debug("retrying %s/%d after %s", b.topic, b.partition, err)
-
-    def _fail_partition(self, p: _Part, b: _Batch, err: MeshError) -> None:
-        """``b`` failed for good: so do the partition's later queued batches (order could not
-        be kept); the partition restarts its sequence under a new producer id."""
-        self._finish(b, exc=err)
-        while p.queue:
-            self._finish(p.queue.popleft(), exc=MeshError(err.code, f"an earlier batch failed: {err.message}"))
-        if self.idempotent:
-            p.producer_id = _new_producer_id()
-            p.next_seq = 0
+    def _finish_done(self, seq: Sequencer) -> None:
+        for d in seq.take_done():
+            self._finish(d.batch, base=d.base_offset, exc=d.error)
 
     def _finish(self, b: _Batch, base: int = -1, exc: BaseException | None = None) -> None:
         with self._lock:

@@ -13,7 +13,8 @@ STREAM socket (raw TCP) bound to ``<node host>:<text port>`` and serves it with 
 client library (``Producer``, ``Consumer`` with a group) pointed at the node's own address,
 so the node loop never blocks on it and the text protocol gets exactly the semantics of
 the Python client (partitioning, leader redirects, groups, commits). The node polls
-nothing for it (``socket`` is None).
+nothing for it. Parsing lines and formatting replies is ``mesh.gateway.protocol`` (pure);
+this module holds the connections, the subscriptions and the socket.
 
 ``<message>``: a JSON object with any of ``Header``, ``Key``, ``Body``, e.g.
 ``{"Header": "h", "Key": "124", "Body": "Hello World!"}``, is a record whose key is
@@ -48,21 +49,24 @@ pipelined PUBS lines of one read are sent together, then answered in order.
 """
 from __future__ import annotations
 
-import base64
-import json
 import logging
 import threading
-import time
+from typing import Callable
 
 import zmq
 
+from mesh.gateway.protocol import (
+    BYE, END, MAX_LINE_BYTES, NOT_UTF8, BadCommand, Cons, Help, Invalid, Pubs, Quit, Subs,
+    error_line, help_lines, line_too_long, mesh_error_line, ok_published, ok_subscribed,
+    parse_command, parse_message, parse_offset, parse_partitions, record_line, timeout_line,
+)
+from mesh.node.clock import now_ms as _monotonic_ms
 from mesh.wire.errors import MeshError
 
-__all__ = ["TextGateway", "parse_message", "parse_partitions", "MAX_LINE_BYTES"]
+__all__ = ["TextGateway"]
 
 log = logging.getLogger("mesh.gateway.text")
 
-MAX_LINE_BYTES = (1 << 20) + (64 << 10)
 MAX_CONNECTIONS = 256
 MAX_SUBSCRIPTIONS_PER_CONNECTION = 16
 CONS_MAX_RECORDS = 1000
@@ -71,76 +75,6 @@ CONS_WAIT_MS = 500
 PUBS_TIMEOUT_S = 15.0
 POLL_MS = 100
 SESSION_TIMEOUT_MS = 10_000
-HELP = ["PUBS <topic> <message>                    -> OK <partition> <offset>",
-        "SUBS <topic> <group> [<partitions>]       -> OK <subscription id>",
-        "CONS <topic> <subscription id> [<offset>] -> records, then END",
-        "QUIT"]
-
-
-class _Bad(Exception):
-    """A bad command line: answered ``ERR <reason>``."""
-
-
-def parse_message(text: str) -> tuple[bytes | None, bytes, list]:
-    """(key, value, headers) of a PUBS message (see the module docstring)."""
-    if text.startswith("{"):
-        try:
-            obj = json.loads(text)
-        except ValueError:
-            obj = None
-        if isinstance(obj, dict):
-            fields = {k.lower(): v for k, v in obj.items() if isinstance(k, str)}
-            if fields.keys() & {"header", "key", "body"}:
-                key = fields.get("key")
-                body = fields.get("body", "")
-                header = fields.get("header")
-                if header is None:
-                    headers = []
-                elif isinstance(header, dict):
-                    headers = [(str(k), _text_bytes(v)) for k, v in header.items()]
-                else:
-                    headers = [("Header", _text_bytes(header))]
-                return (None if key is None else _text_bytes(key)), _text_bytes(body), headers
-    return None, text.encode(), []
-
-
-def _text_bytes(v) -> bytes:
-    return (v if isinstance(v, str) else json.dumps(v, separators=(",", ":"))).encode()
-
-
-def parse_partitions(spec: str, count: int) -> list[int]:
-    """``0,3,5-7`` -> [0, 3, 5, 6, 7], each within [0, count)."""
-    out: set[int] = set()
-    for part in spec.split(","):
-        lo, dash, hi = part.strip().partition("-")
-        if not lo.isdigit() or (dash and not hi.isdigit()):
-            raise _Bad(f"partitions must look like 0,3,5-7, not {spec[:40]!r}")
-        a, b = int(lo), int(hi) if dash else int(lo)
-        if a > b or b >= count:
-            raise _Bad(f"partitions {part!r}: the topic has partitions 0..{count - 1}")
-        out.update(range(a, b + 1))
-    return sorted(out)
-
-
-def _record_line(r) -> bytes:
-    obj: dict = {}
-    if r.key is not None:
-        obj["Key"] = _decode(r.key)
-    if r.headers:
-        if len(r.headers) == 1 and r.headers[0][0] == "Header":
-            obj["Header"] = _decode(r.headers[0][1])
-        else:
-            obj["Header"] = {k: _decode(v) for k, v in r.headers}
-    try:
-        obj["Body"] = r.value.decode()
-    except UnicodeDecodeError:
-        obj["BodyBase64"] = base64.b64encode(r.value).decode()
-    obj["Timestamp"] = r.timestamp
-    return f"{r.partition} {r.offset} {json.dumps(obj, ensure_ascii=False)}".encode()
-
-
-def _decode(b: bytes) -> str:
-    return b.decode(errors="replace")
 
 
 class _Subscription:
@@ -165,19 +99,23 @@ class _Connection:
 
 
 class TextGateway:
-    """Serves the text protocol for ``node`` on ``port`` (see the module docstring)."""
+    """Serves the text protocol on ``port`` for the node at ``address`` (see the module docstring)."""
 
-    def __init__(self, node, port: int):
-        self.node = node
-        self.address = node.address
-        host = node.address.rpartition(":")[0] or "127.0.0.1"
+    def __init__(self, address: str, port: int, max_session_timeout_ms: int = SESSION_TIMEOUT_MS,
+                 now_ms: Callable[[], int] = _monotonic_ms):
+        """Serve on ``port`` of ``address``'s host, as a client of the node at ``address``.
+        ``max_session_timeout_ms``: the node's limit for group sessions (subscriptions ask
+        for 10 s, or less if the node allows less); ``now_ms``: the node's monotonic clock."""
+        self.address = address
+        self.max_session_timeout_ms = max_session_timeout_ms
+        self.now_ms = now_ms
+        host = address.rpartition(":")[0] or "127.0.0.1"
         self._sock = zmq.Context.instance().socket(zmq.STREAM)
         self._sock.setsockopt(zmq.LINGER, 0)
         self._sock.setsockopt(zmq.SNDHWM, 10_000)
         self._sock.setsockopt(zmq.RCVHWM, 10_000)
         self._sock.bind(f"tcp://{host}:{port}")
         self.port = port
-        self.socket = None   # served by our own thread: the node loop polls nothing
         self._conns: dict[bytes, _Connection] = {}
         self._producer = None
         self._next_sub = 1
@@ -187,9 +125,6 @@ class TextGateway:
         log.info("text protocol on %s:%d", host, port)
 
     # -- node hooks ---------------------------------------------------------------------
-    def on_readable(self) -> None:
-        """Unused: the gateway's own thread serves the socket."""
-
     def close(self) -> None:
         self._stop.set()
         if self._thread.is_alive() and self._thread is not threading.current_thread():
@@ -259,13 +194,13 @@ class TextGateway:
                     conn.buf.clear()
                     conn.discarding = True
                     self._flush_pubs(pubs, out)
-                    out.append(f"ERR line longer than {MAX_LINE_BYTES} bytes".encode())
+                    out.append(line_too_long())
                 break
             raw = bytes(conn.buf[:nl])
             del conn.buf[:nl + 1]
             if len(raw) > MAX_LINE_BYTES:
                 self._flush_pubs(pubs, out)
-                out.append(f"ERR line longer than {MAX_LINE_BYTES} bytes".encode())
+                out.append(line_too_long())
                 continue
             line = raw.rstrip(b"\r")
             if not line.strip():
@@ -274,36 +209,34 @@ class TextGateway:
                 text = line.decode()
             except UnicodeDecodeError:
                 self._flush_pubs(pubs, out)
-                out.append(b"ERR the line is not UTF-8")
+                out.append(NOT_UTF8)
                 continue
-            cmd, _, rest = text.lstrip().partition(" ")
-            cmd = cmd.upper()
-            if cmd == "PUBS":
-                pubs.append(self._pubs(rest))
+            cmd = parse_command(text)
+            if isinstance(cmd, Pubs) or (isinstance(cmd, Invalid) and cmd.verb == "PUBS"):
+                pubs.append(self._pubs(cmd))   # answered in order, after the batch is sent
                 continue
             self._flush_pubs(pubs, out)
-            if cmd == "QUIT":
-                out.append(b"BYE")
+            if isinstance(cmd, Quit):
+                out.append(BYE)
                 self._write(conn, out)
                 self._drop(conn, graceful=True)
                 return
             try:
-                if cmd == "SUBS":
-                    out.append(self._subs(conn, rest))
-                elif cmd == "CONS":
-                    out.extend(self._cons(conn, rest))
-                elif cmd == "HELP":
-                    out.extend(h.encode() for h in HELP)
-                    out.append(b"END")
-                else:
-                    raise _Bad(f"unknown command {cmd[:20]!r}; try HELP")
-            except _Bad as exc:
-                out.append(f"ERR {exc}".encode())
+                if isinstance(cmd, Invalid):
+                    raise BadCommand(cmd.reason)
+                if isinstance(cmd, Subs):
+                    out.append(self._subs(conn, cmd))
+                elif isinstance(cmd, Cons):
+                    out.extend(self._cons(conn, cmd))
+                elif isinstance(cmd, Help):
+                    out.extend(help_lines())
+            except BadCommand as exc:
+                out.append(error_line(exc))
             except MeshError as exc:
-                out.append(f"ERR {exc.code.name}: {exc.message}".encode())
+                out.append(mesh_error_line(exc))
             except Exception as exc:  # a bug: answer it, keep the connection and the gateway
                 log.exception("text command %r failed", text[:80])
-                out.append(f"ERR internal error: {exc}".encode())
+                out.append(error_line(f"internal error: {exc}"))
         self._flush_pubs(pubs, out)
         self._write(conn, out)
 
@@ -328,54 +261,51 @@ class TextGateway:
             self._send_raw(conn.ident, b"")   # STREAM: an empty frame closes the TCP connection
 
     # -- commands -----------------------------------------------------------------------
-    def _pubs(self, rest: str):
-        topic, _, message = rest.partition(" ")
-        if not topic or not message:
-            return _Bad("usage: PUBS <topic> <message>")
-        key, value, headers = parse_message(message)
+    def _pubs(self, cmd: Pubs | Invalid):
+        """The future of the send, or the error to answer in its place."""
+        if isinstance(cmd, Invalid):
+            return BadCommand(cmd.reason)
+        key, value, headers = parse_message(cmd.message)
         try:
-            return self._producer_().send(topic, value, key=key, headers=headers or None)
+            return self._producer_().send(cmd.topic, value, key=key, headers=headers or None)
         except MeshError as exc:
             return exc
 
     def _flush_pubs(self, pubs: list, out: list[bytes]) -> None:
         for item in pubs:
-            if isinstance(item, _Bad):
-                out.append(f"ERR {item}".encode())
+            if isinstance(item, BadCommand):
+                out.append(error_line(item))
             elif isinstance(item, MeshError):
-                out.append(f"ERR {item.code.name}: {item.message}".encode())
+                out.append(mesh_error_line(item))
             else:
                 try:
                     md = item.get(timeout=PUBS_TIMEOUT_S)
-                    out.append(f"OK {md.partition} {md.offset}".encode())
+                    out.append(ok_published(md.partition, md.offset))
                 except MeshError as exc:
-                    out.append(f"ERR {exc.code.name}: {exc.message}".encode())
+                    out.append(mesh_error_line(exc))
                 except Exception as exc:   # a timeout of the future
-                    out.append(f"ERR TIMEOUT: {exc or 'no acknowledgement'}".encode())
+                    out.append(timeout_line(exc))
         pubs.clear()
 
     def _producer_(self):
         if self._producer is None:
             from mesh.client import Producer
             self._producer = Producer(self.address, acks=1, linger_ms=1, delivery_timeout_ms=10_000,
-                                      request_timeout_ms=5_000, client_id="text-gateway")
+                                      request_timeout_ms=5_000)
         return self._producer
 
-    def _subs(self, conn: _Connection, rest: str) -> bytes:
-        args = rest.split()
-        if len(args) not in (2, 3):
-            raise _Bad("usage: SUBS <topic> <group> [<partitions>]")
+    def _subs(self, conn: _Connection, cmd: Subs) -> bytes:
         if len(conn.subs) >= MAX_SUBSCRIPTIONS_PER_CONNECTION:
-            raise _Bad(f"at most {MAX_SUBSCRIPTIONS_PER_CONNECTION} subscriptions per connection")
-        topic, group = args[0], args[1]
+            raise BadCommand(f"at most {MAX_SUBSCRIPTIONS_PER_CONNECTION} subscriptions per connection")
+        topic, group = cmd.topic, cmd.group
         from mesh.client import Consumer
         consumer = Consumer(bootstrap=self.address, auto_offset_reset="earliest", group_id=group,
                             enable_auto_commit=True, auto_commit_interval_ms=0, commit_on_close=False,
                             session_timeout_ms=self._session_timeout_ms())
         try:
             count = consumer.cluster.partitions(topic)
-            if len(args) == 3:
-                consumer.assign([(topic, p) for p in parse_partitions(args[2], count)])
+            if cmd.partitions is not None:
+                consumer.assign([(topic, p) for p in parse_partitions(cmd.partitions, count)])
             else:
                 consumer.subscribe([topic])
         except BaseException:
@@ -384,38 +314,32 @@ class TextGateway:
         sub_id = str(self._next_sub)
         self._next_sub += 1
         conn.subs[sub_id] = _Subscription(sub_id, topic, group, consumer)
-        return f"OK {sub_id}".encode()
+        return ok_subscribed(sub_id)
 
     def _session_timeout_ms(self) -> int:
         """10 s, or less if this node allows less (members may not ask for more)."""
-        groups = getattr(self.node, "groups", None)
-        limit = groups.config.max_session_timeout_ms if groups is not None else SESSION_TIMEOUT_MS
-        return min(SESSION_TIMEOUT_MS, limit)
+        return min(SESSION_TIMEOUT_MS, self.max_session_timeout_ms)
 
-    def _cons(self, conn: _Connection, rest: str) -> list[bytes]:
-        args = rest.split()
-        if len(args) not in (2, 3):
-            raise _Bad("usage: CONS <topic> <subscription id> [<offset>]")
-        sub = conn.subs.get(args[1])
+    def _cons(self, conn: _Connection, cmd: Cons) -> list[bytes]:
+        sub = conn.subs.get(cmd.subscription)
         if sub is None:
-            raise _Bad(f"no subscription {args[1][:20]!r} on this connection (SUBS first)")
-        if sub.topic != args[0]:
-            raise _Bad(f"subscription {sub.id} is for topic {sub.topic!r}, not {args[0][:60]!r}")
+            raise BadCommand(f"no subscription {cmd.subscription[:20]!r} on this connection (SUBS first)")
+        if sub.topic != cmd.topic:
+            raise BadCommand(f"subscription {sub.id} is for topic {sub.topic!r}, not {cmd.topic[:60]!r}")
         consumer = sub.consumer
-        if len(args) == 3:
-            if not args[2].isdigit():
-                raise _Bad(f"offset must be a non-negative integer, not {args[2][:20]!r}")
+        if cmd.offset is not None:
+            offset = parse_offset(cmd.offset)
             held = consumer.assignment()
             if not held:
-                raise _Bad("the subscription holds no partition yet (the group is assigning): retry")
+                raise BadCommand("the subscription holds no partition yet (the group is assigning): retry")
             for tp in held:
-                consumer.seek(tp, int(args[2]))
+                consumer.seek(tp, offset)
         out: list[bytes] = []
         size = 0
         cut: set = set()   # partitions sought back to their first record not sent
-        deadline = time.monotonic() + CONS_WAIT_MS / 1000
+        deadline_ms = self.now_ms() + CONS_WAIT_MS
         while not out:
-            left_ms = int((deadline - time.monotonic()) * 1000)
+            left_ms = deadline_ms - self.now_ms()
             if left_ms <= 0:
                 break
             for recs in consumer.poll_batches(timeout_ms=left_ms, max_records=CONS_MAX_RECORDS):
@@ -427,8 +351,8 @@ class TextGateway:
                         consumer.seek(tp, r.offset)
                         cut.add(tp)
                         break
-                    line = _record_line(r)
+                    line = record_line(r)
                     out.append(line)
                     size += len(line) + 1
-        out.append(b"END")
+        out.append(END)
         return out

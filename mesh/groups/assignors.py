@@ -40,10 +40,11 @@ import collections
 import heapq
 from typing import Callable, Mapping
 
-__all__ = ["TopicPartition", "Assignment", "ASSIGNORS", "DEFAULT_ASSIGNOR", "assign",
+from mesh.wire.types import TopicPartition
+
+__all__ = ["Assignment", "ASSIGNORS", "DEFAULT_ASSIGNOR", "assign",
            "range_assign", "round_robin_assign", "cooperative_sticky_assign"]
 
-TopicPartition = tuple[str, int]
 Assignment = dict[str, frozenset[TopicPartition]]
 Assignor = Callable[[Mapping[str, frozenset[str]], Mapping[str, int],
                      Mapping[str, frozenset[TopicPartition]]], Assignment]

@@ -1,7 +1,12 @@
-"""Consumer groups: the coordinator's state machine and its wire messages.
+"""Consumer groups: the coordinator's state machine (request handlers, tick, queries).
 
-The member side is ``mesh.groups.member.GroupMemberState``; the node shell that drives the
-coordinator is ``mesh.node.group_host``; the client shell is ``mesh.client.group``.
+The package, by concern: the wire messages and the checks of their input are in
+``mesh.groups.messages``; the configuration, per-group records and effects in
+``mesh.groups.state``; the pure transitions of a group's assignment (bump, reconcile,
+fence, remove, expire) in ``mesh.groups.rebalance``; the assignors in
+``mesh.groups.assignors``. The member side is ``mesh.groups.member.GroupMemberState``; the
+node shell that drives the coordinator is ``mesh.node.group_host`` (with the pure offsets
+logic of ``mesh.groups.offsets``); the client shell is ``mesh.client.group``.
 
 Theory of operation
 -------------------
@@ -71,7 +76,7 @@ Public API (sans-I/O: time is ``now_ms``, randomness the injected ``rng``)::
     coord = GroupCoordinator(GroupConfig(), random.Random(seed), now_ms=now)
     coord.set_topic_partitions("orders", 12)           # from the metadata view
     coord.load_offsets("g", [("orders", 0, 42, "")])    # from gossip, on taking over
-    response, effects = coord.handle(request, now_ms)   # any GROUP_* request below
+    response, effects = coord.handle(request, now_ms)   # any GROUP_* request (messages)
     effects = coord.tick(now_ms)                        # expire sessions, fence laggards
     coord.describe("g"), coord.list_groups(), coord.drop_group("g"), coord.begin_takeover(now)
 
@@ -81,6 +86,7 @@ coordinator=node)``; answers GROUP_FIND_COORDINATOR itself; carries out ``Persis
 before sending the response; calls ``tick`` every loop turn and ``set_topic_partitions``
 when metadata changes; when the live broker set changes, calls ``drop_group`` for groups
 no longer hashed here and ``begin_takeover`` (then ``load_offsets`` for groups that are).
+``mesh.groups.offsets`` makes those decisions for the node's shell (``mesh.node.group_host``).
 
 The client drives a ``mesh.groups.member.GroupMemberState`` (see its docstring).
 
@@ -92,339 +98,23 @@ COORDINATOR_NOT_AVAILABLE come from the shell (``error_response``).
 """
 from __future__ import annotations
 
-import collections
 import random
-from dataclasses import dataclass, field
 from typing import Any, Iterable
 
-from mesh.groups.assignors import ASSIGNORS, DEFAULT_ASSIGNOR, TopicPartition, assign
+from mesh.groups import rebalance
+from mesh.groups.assignors import ASSIGNORS
+from mesh.groups.messages import (
+    JOIN_EPOCH, LEAVE_EPOCH, MAX_PARTITIONS_PER_TOPIC, GroupCommit, GroupCommitResponse,
+    GroupDescribe, GroupDescribeResponse, GroupFetchOffsets, GroupFetchOffsetsResponse,
+    GroupHeartbeat, GroupHeartbeatResponse, GroupList, GroupListResponse, GroupResetOffsets,
+    GroupResetOffsetsResponse, check_group_id, check_int, check_list, check_offsets,
+    check_partitions, check_topic, error_response, invalid, wire_partitions,
+)
+from mesh.groups.state import GroupConfig, GroupRecord, MemberRecord, MemberRemoved, PersistOffsets
 from mesh.wire.errors import ErrorCode, MeshError
-from mesh.wire.codec import message
+from mesh.wire.types import TopicPartition
 
-__all__ = [
-    "GroupHeartbeat", "GroupHeartbeatResponse", "GroupCommit", "GroupCommitResponse",
-    "GroupFetchOffsets", "GroupFetchOffsetsResponse", "GroupResetOffsets",
-    "GroupResetOffsetsResponse", "GroupDescribe", "GroupDescribeResponse", "GroupList",
-    "GroupListResponse", "GroupFindCoordinator", "GroupFindCoordinatorResponse",
-    "PersistOffsets", "MemberRemoved", "GroupConfig", "GroupCoordinator", "error_response",
-    "MemberChanges", "GroupMemberState", "JOIN_EPOCH", "LEAVE_EPOCH",
-]
-
-JOIN_EPOCH = 0
-LEAVE_EPOCH = -1
-MAX_GROUP_ID_CHARS = 255
-MAX_TOPIC_CHARS = 249
-MAX_PARTITIONS_PER_TOPIC = 10_000
-
-
-# ---------------------------------------------------------------------------------------
-# Wire messages. Partitions travel as [topic, partition] pairs, offsets as
-# [topic, partition, offset, metadata]. Every response has `error` and `message`;
-# `coordinator` is a hint (node id) that comes with COORDINATOR_MOVED.
-
-@message("GROUP_HEARTBEAT")
-@dataclass(frozen=True, slots=True)
-class GroupHeartbeat:
-    group_id: str
-    member_id: str            # "" to join
-    member_epoch: int         # JOIN_EPOCH to join, LEAVE_EPOCH to leave, else the last received
-    topics: list              # subscribed topic names
-    owned: list               # [[topic, partition], ...] held now, including ones being revoked
-    assignor: str = ""        # "" lets the coordinator choose
-    session_timeout_ms: int = 10_000
-    rebalance_timeout_ms: int = 60_000
-
-
-@message("GROUP_HEARTBEAT_R")
-@dataclass(frozen=True, slots=True)
-class GroupHeartbeatResponse:
-    error: int
-    message: str = ""
-    member_id: str = ""
-    member_epoch: int = LEAVE_EPOCH
-    assignment: list = field(default_factory=list)   # [[topic, partition], ...] to hold
-    heartbeat_interval_ms: int = 0
-    group_epoch: int = -1
-    coordinator: str | None = None
-
-
-@message("GROUP_COMMIT")
-@dataclass(frozen=True, slots=True)
-class GroupCommit:
-    group_id: str
-    member_id: str            # "" with epoch -1: a simple (manually assigned) consumer
-    member_epoch: int
-    offsets: list             # [[topic, partition, offset, metadata], ...]
-
-
-@message("GROUP_COMMIT_R")
-@dataclass(frozen=True, slots=True)
-class GroupCommitResponse:
-    error: int
-    message: str = ""
-    coordinator: str | None = None
-
-
-@message("GROUP_FETCH_OFFSETS")
-@dataclass(frozen=True, slots=True)
-class GroupFetchOffsets:
-    group_id: str
-    partitions: list | None = None   # [[topic, partition], ...]; None: all committed
-
-
-@message("GROUP_FETCH_OFFSETS_R")
-@dataclass(frozen=True, slots=True)
-class GroupFetchOffsetsResponse:
-    error: int
-    message: str = ""
-    offsets: list = field(default_factory=list)   # offset -1 where nothing is committed
-    coordinator: str | None = None
-
-
-@message("GROUP_RESET_OFFSETS")
-@dataclass(frozen=True, slots=True)
-class GroupResetOffsets:
-    group_id: str
-    offsets: list             # [[topic, partition, offset], ...] (the shell resolves earliest/latest)
-
-
-@message("GROUP_RESET_OFFSETS_R")
-@dataclass(frozen=True, slots=True)
-class GroupResetOffsetsResponse:
-    error: int
-    message: str = ""
-    coordinator: str | None = None
-
-
-@message("GROUP_DESCRIBE")
-@dataclass(frozen=True, slots=True)
-class GroupDescribe:
-    group_id: str
-
-
-@message("GROUP_DESCRIBE_R")
-@dataclass(frozen=True, slots=True)
-class GroupDescribeResponse:
-    """members: [{member_id, member_epoch, topics, assignor, assigned, revoking, target,
-    fenced, session_timeout_ms, last_heartbeat_ms}]; offsets: [[topic, partition, offset,
-    metadata]]. The shell may add log end and lag per offset."""
-    error: int
-    message: str = ""
-    group_id: str = ""
-    state: str = "dead"       # empty | reconciling | stable | dead (unknown here)
-    group_epoch: int = -1
-    assignor: str = ""
-    members: list = field(default_factory=list)
-    offsets: list = field(default_factory=list)
-    coordinator: str | None = None
-
-
-@message("GROUP_LIST")
-@dataclass(frozen=True, slots=True)
-class GroupList:
-    pass
-
-
-@message("GROUP_LIST_R")
-@dataclass(frozen=True, slots=True)
-class GroupListResponse:
-    """groups: [{group_id, state, members, group_epoch}] for the groups this broker coordinates."""
-    error: int
-    message: str = ""
-    groups: list = field(default_factory=list)
-
-
-@message("GROUP_FIND_COORDINATOR")
-@dataclass(frozen=True, slots=True)
-class GroupFindCoordinator:
-    """Answered by the shell from its gossip view with ``mesh.groups.rendezvous.coordinator_for``."""
-    group_id: str
-
-
-@message("GROUP_FIND_COORDINATOR_R")
-@dataclass(frozen=True, slots=True)
-class GroupFindCoordinatorResponse:
-    error: int
-    message: str = ""
-    node_id: str = ""
-    address: str = ""
-
-
-_RESPONSE_OF: dict[type, type] = {
-    GroupHeartbeat: GroupHeartbeatResponse,
-    GroupCommit: GroupCommitResponse,
-    GroupFetchOffsets: GroupFetchOffsetsResponse,
-    GroupResetOffsets: GroupResetOffsetsResponse,
-    GroupDescribe: GroupDescribeResponse,
-    GroupList: GroupListResponse,
-    GroupFindCoordinator: GroupFindCoordinatorResponse,
-}
-
-
-def error_response(request: Any, code: ErrorCode | int, text: str = "",
-                   coordinator: str | None = None) -> Any:
-    """The error answer to any GROUP_* request (the shell uses it for COORDINATOR_MOVED)."""
-    cls = _RESPONSE_OF[type(request)]
-    kwargs: dict[str, Any] = {"error": int(code), "message": text or ErrorCode(code).name}
-    if "coordinator" in cls.__dataclass_fields__:
-        kwargs["coordinator"] = coordinator
-    if cls is GroupHeartbeatResponse:  # the member matches answers by id
-        kwargs["member_id"] = request.member_id if isinstance(request.member_id, str) else ""
-    if cls is GroupDescribeResponse and isinstance(request.group_id, str):
-        kwargs["group_id"] = request.group_id
-    return cls(**kwargs)
-
-
-# ---------------------------------------------------------------------------------------
-# Effects
-
-@dataclass(frozen=True, slots=True)
-class PersistOffsets:
-    """Make these offsets durable, then answer the request, then gossip them."""
-    group_id: str
-    offsets: tuple[tuple[str, int, int, str], ...]   # (topic, partition, offset, metadata)
-
-
-@dataclass(frozen=True, slots=True)
-class MemberRemoved:
-    """For the log: a member was removed or fenced by ``tick``."""
-    group_id: str
-    member_id: str
-    reason: str
-
-
-# ---------------------------------------------------------------------------------------
-# Configuration and validation
-
-@dataclass(frozen=True, slots=True)
-class GroupConfig:
-    heartbeat_interval_ms: int = 1_000
-    # while a group is reconciling (partitions waiting to move), members are asked to
-    # heartbeat this often, so a hand-over takes a few round trips, not a few intervals
-    reconcile_heartbeat_interval_ms: int = 100
-    min_session_timeout_ms: int = 100
-    max_session_timeout_ms: int = 30_000
-    max_rebalance_timeout_ms: int = 300_000
-    takeover_grace_ms: int | None = None        # None: max_session_timeout_ms
-    default_assignor: str = DEFAULT_ASSIGNOR
-    max_groups: int = 10_000
-    max_members_per_group: int = 1_000
-    max_topics_per_member: int = 1_000
-    max_partitions_per_request: int = 100_000
-    max_offsets_per_group: int = 100_000
-    max_metadata_chars: int = 4_096
-    max_topics: int = 100_000
-
-    def __post_init__(self):
-        if self.default_assignor not in ASSIGNORS:
-            raise ValueError(f"unknown assignor {self.default_assignor!r}")
-        if not 0 < self.min_session_timeout_ms <= self.max_session_timeout_ms:
-            raise ValueError("need 0 < min_session_timeout_ms <= max_session_timeout_ms")
-        if self.heartbeat_interval_ms <= 0 or self.reconcile_heartbeat_interval_ms <= 0:
-            raise ValueError("heartbeat intervals must be positive")
-
-    @property
-    def grace_ms(self) -> int:
-        return self.max_session_timeout_ms if self.takeover_grace_ms is None else self.takeover_grace_ms
-
-
-def _invalid(text: str) -> MeshError:
-    return MeshError(ErrorCode.INVALID_REQUEST, text)
-
-
-def _check_group_id(group_id: Any) -> str:
-    if not isinstance(group_id, str) or not 0 < len(group_id) <= MAX_GROUP_ID_CHARS:
-        raise _invalid(f"group id must be 1-{MAX_GROUP_ID_CHARS} characters")
-    return group_id
-
-
-def _check_topic(topic: Any) -> str:
-    if not isinstance(topic, str) or not 0 < len(topic) <= MAX_TOPIC_CHARS:
-        raise _invalid(f"topic must be a string of 1-{MAX_TOPIC_CHARS} characters, got {topic!r:.60}")
-    return topic
-
-
-def _check_int(value: Any, low: int, high: int, what: str) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
-        raise _invalid(f"{what} must be an integer in [{low}, {high}], got {value!r:.40}")
-    return value
-
-
-def _check_list(items: Any, limit: int, what: str) -> list:
-    if not isinstance(items, (list, tuple)):
-        raise _invalid(f"{what} must be a list")
-    if len(items) > limit:
-        raise _invalid(f"{what}: {len(items)} entries, at most {limit}")
-    return list(items)
-
-
-def _check_partitions(items: Any, limit: int, what: str) -> set[TopicPartition]:
-    out = set()
-    for item in _check_list(items, limit, what):
-        if not isinstance(item, (list, tuple)) or len(item) != 2:
-            raise _invalid(f"{what}: each entry must be [topic, partition]")
-        out.add((_check_topic(item[0]), _check_int(item[1], 0, (1 << 31) - 1, "partition")))
-    return out
-
-
-def _check_offsets(items: Any, limit: int, max_metadata_chars: int,
-                   with_metadata: bool) -> list[tuple[str, int, int, str]]:
-    width = 4 if with_metadata else 3
-    out: dict[TopicPartition, tuple[str, int, int, str]] = {}
-    for item in _check_list(items, limit, "offsets"):
-        if not isinstance(item, (list, tuple)) or len(item) != width:
-            fields = "[topic, partition, offset, metadata]" if with_metadata else "[topic, partition, offset]"
-            raise _invalid(f"offsets: each entry must be {fields}")
-        topic = _check_topic(item[0])
-        partition = _check_int(item[1], 0, (1 << 31) - 1, "partition")
-        offset = _check_int(item[2], 0, (1 << 63) - 1, "offset")
-        metadata = item[3] if with_metadata else ""
-        if not isinstance(metadata, str) or len(metadata) > max_metadata_chars:
-            raise _invalid(f"offset metadata must be a string of at most {max_metadata_chars} characters")
-        out[(topic, partition)] = (topic, partition, offset, metadata)
-    return [out[tp] for tp in sorted(out)]
-
-
-def _wire_partitions(parts: Iterable[TopicPartition]) -> list:
-    return [[t, p] for t, p in sorted(parts)]
-
-
-# ---------------------------------------------------------------------------------------
-# The coordinator
-
-@dataclass(slots=True)
-class _Member:
-    member_id: str
-    topics: frozenset[str]
-    assignor: str
-    session_timeout_ms: int
-    rebalance_timeout_ms: int
-    last_heartbeat_ms: int
-    epoch: int = 1
-    assigned: set[TopicPartition] = field(default_factory=set)
-    revoking: set[TopicPartition] = field(default_factory=set)
-    revoke_since_ms: int | None = None   # when it was first told to revoke what is revoking
-    fenced: bool = False                 # out of the group; holds its partitions until its session ends
-
-
-@dataclass(slots=True)
-class _Group:
-    group_id: str
-    epoch: int = 0
-    assignor: str = ""
-    members: dict[str, _Member] = field(default_factory=dict)
-    target: dict[str, frozenset[TopicPartition]] = field(default_factory=dict)
-    owners: dict[TopicPartition, str] = field(default_factory=dict)   # assigned or revoking
-    offsets: dict[TopicPartition, tuple[int, str]] = field(default_factory=dict)
-    hold_until_ms: int = 0   # no partitions given before this (takeover grace)
-
-    def state(self) -> str:
-        if not self.members:
-            return "empty"
-        for m in self.members.values():
-            if m.fenced or m.revoking or m.assigned != self.target.get(m.member_id, frozenset()):
-                return "reconciling"
-        return "stable"
+__all__ = ["GroupCoordinator"]
 
 
 class GroupCoordinator:
@@ -436,7 +126,7 @@ class GroupCoordinator:
             raise ValueError("GroupCoordinator needs an injected random.Random (member ids)")
         self.config = config or GroupConfig()
         self._rng = rng
-        self._groups: dict[str, _Group] = {}
+        self._groups: dict[str, GroupRecord] = {}
         self._topic_partitions: dict[str, int] = {}
         self._takeover_until_ms = now_ms + self.config.grace_ms
         self._handlers = {
@@ -468,7 +158,8 @@ class GroupCoordinator:
             group = self._groups[group_id]
             for member_id in sorted(group.members):
                 was_fenced = group.members[member_id].fenced
-                outcome = self._expire(group, group.members[member_id], now_ms)
+                outcome = rebalance.expire(group, group.members[member_id], now_ms,
+                                           self._topic_partitions)
                 if outcome == "removed":
                     effects.append(MemberRemoved(group_id, member_id,
                                                  "fenced member's session ended" if was_fenced
@@ -481,8 +172,8 @@ class GroupCoordinator:
     def set_topic_partitions(self, topic: str, partitions: int) -> None:
         """The partition count of ``topic`` (0: the topic is gone). Groups subscribed to it
         get a new epoch and target when it changes."""
-        _check_topic(topic)
-        _check_int(partitions, 0, MAX_PARTITIONS_PER_TOPIC, "partitions")
+        check_topic(topic)
+        check_int(partitions, 0, MAX_PARTITIONS_PER_TOPIC, "partitions")
         if self._topic_partitions.get(topic, 0) == partitions:
             return
         if partitions == 0:
@@ -494,7 +185,7 @@ class GroupCoordinator:
         for group_id in sorted(self._groups):
             group = self._groups[group_id]
             if any(topic in m.topics for m in group.members.values() if not m.fenced):
-                self._bump(group)
+                rebalance.bump(group, self._topic_partitions)
 
     def load_offsets(self, group_id: str, offsets: Iterable[tuple[str, int, int, str]],
                      replace: bool = False) -> None:
@@ -542,9 +233,9 @@ class GroupCoordinator:
             m = group.members[member_id]
             members.append({
                 "member_id": member_id, "member_epoch": m.epoch, "topics": sorted(m.topics),
-                "assignor": m.assignor, "assigned": _wire_partitions(m.assigned),
-                "revoking": _wire_partitions(m.revoking),
-                "target": _wire_partitions(group.target.get(member_id, ())),
+                "assignor": m.assignor, "assigned": wire_partitions(m.assigned),
+                "revoking": wire_partitions(m.revoking),
+                "target": wire_partitions(group.target.get(member_id, ())),
                 "fenced": m.fenced, "session_timeout_ms": m.session_timeout_ms,
                 "last_heartbeat_ms": m.last_heartbeat_ms,
             })
@@ -584,12 +275,12 @@ class GroupCoordinator:
 
     def _heartbeat(self, req: GroupHeartbeat, now_ms: int) -> tuple[GroupHeartbeatResponse, list]:
         cfg = self.config
-        group_id = _check_group_id(req.group_id)
+        group_id = check_group_id(req.group_id)
         if req.member_epoch == LEAVE_EPOCH:
             return self._leave(group_id, req.member_id), []
-        topics = frozenset(_check_topic(t) for t in
-                           _check_list(req.topics, cfg.max_topics_per_member, "topics"))
-        owned = _check_partitions(req.owned, cfg.max_partitions_per_request, "owned")
+        topics = frozenset(check_topic(t) for t in
+                           check_list(req.topics, cfg.max_topics_per_member, "topics"))
+        owned = check_partitions(req.owned, cfg.max_partitions_per_request, "owned")
         assignor = req.assignor or cfg.default_assignor
         if assignor not in ASSIGNORS:
             raise MeshError(ErrorCode.INVALID_CONFIG,
@@ -603,13 +294,14 @@ class GroupCoordinator:
                             f"rebalance_timeout_ms must be in [1, {cfg.max_rebalance_timeout_ms}]")
         if req.member_id == "":
             if req.member_epoch != JOIN_EPOCH or owned:
-                raise _invalid("a joining member sends member epoch 0 and owns nothing")
+                raise invalid("a joining member sends member epoch 0 and owns nothing")
             group = self._group(group_id, create=True)
             member = self._join(group, topics, assignor, req, now_ms)
         else:
             group = self._groups.get(group_id)
             member = group.members.get(req.member_id) if group else None
-            if member is not None and self._expire(group, member, now_ms) == "removed":
+            if member is not None and \
+                    rebalance.expire(group, member, now_ms, self._topic_partitions) == "removed":
                 member = None
             if member is None:
                 raise MeshError(ErrorCode.UNKNOWN_MEMBER,
@@ -618,7 +310,7 @@ class GroupCoordinator:
                 raise MeshError(ErrorCode.FENCED_EPOCH, f"member {req.member_id} was fenced: rejoin")
             if req.member_epoch > member.epoch or (req.member_epoch == member.epoch
                                                     and not owned <= member.assigned | member.revoking):
-                self._fence(group, member)
+                rebalance.fence(group, member, self._topic_partitions)
                 raise MeshError(ErrorCode.FENCED_EPOCH,
                                 f"member {req.member_id} sent epoch {req.member_epoch} or partitions "
                                 f"it was never given (epoch {member.epoch}): rejoin")
@@ -628,35 +320,35 @@ class GroupCoordinator:
                 member.rebalance_timeout_ms = req.rebalance_timeout_ms
                 if member.topics != topics or member.assignor != assignor:
                     member.topics, member.assignor = topics, assignor
-                    self._bump(group)
-                self._reconcile(group, member, owned, now_ms)
+                    rebalance.bump(group, self._topic_partitions)
+                rebalance.reconcile(group, member, owned, now_ms)
             else:  # a late or repeated request: its `owned` may be stale, believe nothing
-                self._reconcile(group, member, None, now_ms)
+                rebalance.reconcile(group, member, None, now_ms)
         return GroupHeartbeatResponse(
             error=0, member_id=member.member_id, member_epoch=member.epoch,
-            assignment=_wire_partitions(member.assigned),
+            assignment=wire_partitions(member.assigned),
             heartbeat_interval_ms=self._heartbeat_interval_ms(group), group_epoch=group.epoch), []
 
-    def _heartbeat_interval_ms(self, group: _Group) -> int:
+    def _heartbeat_interval_ms(self, group: GroupRecord) -> int:
         cfg = self.config
         if group.state() == "stable":
             return cfg.heartbeat_interval_ms
         return min(cfg.heartbeat_interval_ms, cfg.reconcile_heartbeat_interval_ms)
 
-    def _join(self, group: _Group, topics: frozenset[str], assignor: str, req: GroupHeartbeat,
-              now_ms: int) -> _Member:
+    def _join(self, group: GroupRecord, topics: frozenset[str], assignor: str, req: GroupHeartbeat,
+              now_ms: int) -> MemberRecord:
         if len(group.members) >= self.config.max_members_per_group:
-            raise _invalid(f"group {group.group_id!r} is full ({len(group.members)} members)")
+            raise invalid(f"group {group.group_id!r} is full ({len(group.members)} members)")
         member_id = f"{self._rng.getrandbits(64):016x}"
         while member_id in group.members:  # pragma: no cover - 64 random bits
             member_id = f"{self._rng.getrandbits(64):016x}"
         if not group.members and now_ms < self._takeover_until_ms:
             group.hold_until_ms = self._takeover_until_ms
-        member = _Member(member_id, topics, assignor, req.session_timeout_ms,
+        member = MemberRecord(member_id, topics, assignor, req.session_timeout_ms,
                          req.rebalance_timeout_ms, last_heartbeat_ms=now_ms)
         group.members[member_id] = member
-        self._bump(group)
-        self._reconcile(group, member, set(), now_ms)
+        rebalance.bump(group, self._topic_partitions)
+        rebalance.reconcile(group, member, set(), now_ms)
         return member
 
     def _leave(self, group_id: str, member_id: Any) -> GroupHeartbeatResponse:
@@ -664,76 +356,16 @@ class GroupCoordinator:
         group = self._groups.get(group_id)
         member = group.members.get(member_id) if group and isinstance(member_id, str) else None
         if member is not None:
-            self._remove(group, member)
+            rebalance.remove(group, member, self._topic_partitions)
             self._maybe_forget(group)
         return GroupHeartbeatResponse(error=0, member_id=member_id if isinstance(member_id, str) else "",
                                       member_epoch=LEAVE_EPOCH)
 
-    def _reconcile(self, group: _Group, m: _Member, owned: set[TopicPartition] | None,
-                   now_ms: int) -> None:
-        if owned is not None:
-            for tp in sorted(m.revoking - owned):
-                m.revoking.discard(tp)
-                del group.owners[tp]
-        target = group.target.get(m.member_id, frozenset())
-        drop = m.assigned - target
-        if drop:
-            m.assigned -= drop
-            m.revoking |= drop
-        if not m.revoking:
-            m.revoke_since_ms = None
-            if now_ms >= group.hold_until_ms:
-                grant = [tp for tp in sorted(target - m.assigned) if tp not in group.owners]
-                if grant:
-                    m.assigned.update(grant)
-                    for tp in grant:
-                        group.owners[tp] = m.member_id
-                    m.epoch += 1
-        elif m.revoke_since_ms is None:
-            m.revoke_since_ms = now_ms
-
-    def _bump(self, group: _Group) -> None:
-        """Membership or subscriptions changed: new group epoch, new target assignment."""
-        group.epoch += 1
-        active = {mid: m for mid, m in group.members.items() if not m.fenced}
-        if not active:
-            group.target = {}
-            return
-        votes = collections.Counter(m.assignor for m in active.values())
-        group.assignor = min(votes, key=lambda name: (-votes[name], name))
-        group.target = assign(group.assignor, {mid: m.topics for mid, m in active.items()},
-                              self._topic_partitions,
-                              {mid: group.target.get(mid, frozenset()) for mid in active})
-
-    def _fence(self, group: _Group, m: _Member) -> None:
-        """Out of the assignment now; its partitions stay held until its session ends."""
-        if not m.fenced:
-            m.fenced = True
-            self._bump(group)
-
-    def _remove(self, group: _Group, m: _Member) -> None:
-        for tp in m.assigned | m.revoking:
-            del group.owners[tp]
-        del group.members[m.member_id]
-        if not m.fenced:
-            self._bump(group)
-
-    def _expire(self, group: _Group, m: _Member, now_ms: int) -> str | None:
-        """Apply the session and rebalance timeouts to one member: "removed", "fenced" or None."""
-        if now_ms - m.last_heartbeat_ms > m.session_timeout_ms:
-            self._remove(group, m)
-            return "removed"
-        if (not m.fenced and m.revoke_since_ms is not None
-                and now_ms - m.revoke_since_ms > m.rebalance_timeout_ms):
-            self._fence(group, m)
-            return "fenced"
-        return None
-
     # -- offsets --------------------------------------------------------------------------
 
     def _commit(self, req: GroupCommit, now_ms: int) -> tuple[GroupCommitResponse, list]:
-        group_id = _check_group_id(req.group_id)
-        offsets = _check_offsets(req.offsets, self.config.max_partitions_per_request,
+        group_id = check_group_id(req.group_id)
+        offsets = check_offsets(req.offsets, self.config.max_partitions_per_request,
                                  self.config.max_metadata_chars, with_metadata=True)
         group = self._groups.get(group_id)
         if req.member_id == "" and req.member_epoch == LEAVE_EPOCH:
@@ -759,12 +391,12 @@ class GroupCoordinator:
         return self._write_offsets(group_id, offsets)
 
     def _reset_offsets(self, req: GroupResetOffsets, now_ms: int) -> tuple[GroupResetOffsetsResponse, list]:
-        group_id = _check_group_id(req.group_id)
-        offsets = _check_offsets(req.offsets, self.config.max_partitions_per_request,
+        group_id = check_group_id(req.group_id)
+        offsets = check_offsets(req.offsets, self.config.max_partitions_per_request,
                                  self.config.max_metadata_chars, with_metadata=False)
         group = self._groups.get(group_id)
         if group is not None and group.members:
-            raise _invalid(f"group {group_id!r} has {len(group.members)} members: offsets can be "
+            raise invalid(f"group {group_id!r} has {len(group.members)} members: offsets can be "
                            "reset only when it has none (stop its consumers first)")
         response, effects = self._write_offsets(group_id, offsets)
         return GroupResetOffsetsResponse(error=response.error, message=response.message), effects
@@ -773,20 +405,20 @@ class GroupCoordinator:
         group = self._group(group_id, create=True)
         new = sum(1 for t, p, _, _ in offsets if (t, p) not in group.offsets)
         if len(group.offsets) + new > self.config.max_offsets_per_group:
-            raise _invalid(f"group {group_id!r} would hold more than "
+            raise invalid(f"group {group_id!r} would hold more than "
                            f"{self.config.max_offsets_per_group} committed offsets")
         for topic, partition, offset, metadata in offsets:
             group.offsets[(topic, partition)] = (offset, metadata)
         return GroupCommitResponse(error=0), [PersistOffsets(group_id, tuple(offsets))]
 
     def _fetch_offsets(self, req: GroupFetchOffsets, now_ms: int) -> tuple[GroupFetchOffsetsResponse, list]:
-        group_id = _check_group_id(req.group_id)
+        group_id = check_group_id(req.group_id)
         group = self._groups.get(group_id)
         stored = group.offsets if group else {}
         if req.partitions is None:
             wanted = sorted(stored)
         else:
-            wanted = sorted(_check_partitions(req.partitions, self.config.max_partitions_per_request,
+            wanted = sorted(check_partitions(req.partitions, self.config.max_partitions_per_request,
                                               "partitions"))
         out = []
         for tp in wanted:
@@ -796,24 +428,14 @@ class GroupCoordinator:
 
     # -- group table ----------------------------------------------------------------------
 
-    def _group(self, group_id: str, create: bool) -> _Group:
+    def _group(self, group_id: str, create: bool) -> GroupRecord:
         group = self._groups.get(group_id)
         if group is None and create:
             if len(self._groups) >= self.config.max_groups:
-                raise _invalid(f"this coordinator already holds {self.config.max_groups} groups")
-            group = self._groups[group_id] = _Group(group_id)
+                raise invalid(f"this coordinator already holds {self.config.max_groups} groups")
+            group = self._groups[group_id] = GroupRecord(group_id)
         return group
 
-    def _maybe_forget(self, group: _Group) -> None:
+    def _maybe_forget(self, group: GroupRecord) -> None:
         if not group.members and not group.offsets:
             self._groups.pop(group.group_id, None)
-
-
-# ---------------------------------------------------------------------------------------
-# The member side lives in mesh.groups.member; these names stay importable from here.
-
-def __getattr__(name: str):
-    if name in ("GroupMemberState", "MemberChanges"):
-        from mesh.groups import member as group_member
-        return getattr(group_member, name)
-    raise AttributeError(f"module 'mesh.groups.coordinator' has no attribute {name!r}")

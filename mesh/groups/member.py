@@ -24,14 +24,15 @@ import collections
 from dataclasses import dataclass
 from typing import Iterable
 
-from mesh.groups.assignors import TopicPartition
-from mesh.wire.errors import ErrorCode, MeshError, retriable
-from mesh.groups.coordinator import (
+from mesh.groups.messages import (
     JOIN_EPOCH, LEAVE_EPOCH, GroupCommit, GroupHeartbeat, GroupHeartbeatResponse,
-    _check_group_id, _wire_partitions,
+    check_group_id, wire_partitions,
 )
+from mesh.wire.errors import ErrorCode, MeshError, retriable
+from mesh.wire.types import TopicPartition
 
 __all__ = ["MemberChanges", "GroupMemberState"]
+
 
 @dataclass(frozen=True, slots=True)
 class MemberChanges:
@@ -71,7 +72,7 @@ class GroupMemberState:
                  session_timeout_ms: int = 10_000, rebalance_timeout_ms: int = 60_000,
                  request_timeout_ms: int | None = None, fence_margin_ms: int | None = None,
                  retry_backoff_ms: int = 100):
-        self.group_id = _check_group_id(group_id)
+        self.group_id = check_group_id(group_id)
         self.topics = sorted(set(topics))
         self.assignor = assignor
         self.session_timeout_ms = session_timeout_ms
@@ -128,20 +129,11 @@ class GroupMemberState:
             return False
         return now_ms >= self._next_heartbeat_ms
 
-    def next_deadline_ms(self) -> int:
-        """When ``poll`` or ``heartbeat_due`` may next have something to do (for a loop's wait)."""
-        due = 0 if self._urgent else self._next_heartbeat_ms
-        if self._inflight_sent_ms is not None:
-            due = max(due, self._inflight_sent_ms + self.request_timeout_ms)
-        if self.member_id and self._last_ok_sent_ms is not None:
-            due = min(due, self._last_ok_sent_ms + self.fence_ms)
-        return due
-
     def heartbeat(self, now_ms: int) -> GroupHeartbeat:
         self._inflight_sent_ms = now_ms
         self._urgent = False
         return GroupHeartbeat(self.group_id, self.member_id, self.member_epoch, list(self.topics),
-                              _wire_partitions(self._owned), self.assignor,
+                              wire_partitions(self._owned), self.assignor,
                               self.session_timeout_ms, self.rebalance_timeout_ms)
 
     def poll(self, now_ms: int) -> MemberChanges:

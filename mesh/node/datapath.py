@@ -16,14 +16,16 @@ from __future__ import annotations
 
 import heapq
 import logging
-import time
 from dataclasses import dataclass
 from typing import Callable
 
+from mesh.cluster.catalog import Topic
+from mesh.node.clock import now_ms as _monotonic_ms
 from mesh.wire import messages as m
 from mesh.wire import records
 from mesh.wire.errors import ErrorCode, MeshError
 from mesh.node.producer_state import ProducerStates
+from mesh.node.raft_host import ReplicaHost
 from mesh.wire.topic_config import MAX_PARTITIONS
 from storage.base import CorruptBatch, LogError, StorageFull
 
@@ -48,19 +50,21 @@ class _Waiter:
     ident: bytes
     rid: int
     req: m.FetchRequest
-    deadline: float
+    deadline_ms: int
     pids: tuple
     done: bool = False
 
     def __lt__(self, other):  # heap order
-        return self.deadline < other.deadline
+        return self.deadline_ms < other.deadline_ms
 
 
 class DataPath:
-    def __init__(self, store, catalog, replicas, producers: ProducerStates, reply: Callable,
-                 leader_of: Callable):
-        """``leader_of(topic dict, partition) -> (address or None)`` names the leader of a
-        partition this node does not lead."""
+    def __init__(self, store, catalog, replicas: ReplicaHost, producers: ProducerStates, reply: Callable,
+                 leader_of: Callable[[Topic, int], str | None],
+                 now_ms: Callable[[], int] = _monotonic_ms):
+        """``leader_of(topic, partition) -> address or None`` names the leader of a
+        partition this node does not lead; ``now_ms``: the node's monotonic clock."""
+        self.now_ms = now_ms
         self.store = store
         self.catalog = catalog
         self.replicas = replicas
@@ -73,7 +77,7 @@ class DataPath:
         self._grown: set[int] = set()
 
     # -- helpers ------------------------------------------------------------------------
-    def local_partition(self, topic: str, partition: int) -> tuple[dict, int]:
+    def local_partition(self, topic: str, partition: int) -> tuple[Topic, int]:
         """(topic, pid) of a partition this node leads; NOT_LEADER with a hint otherwise."""
         t, pid = self.catalog.partition(topic, partition)
         if pid is None or not self.replicas.is_leader(pid):
@@ -83,8 +87,9 @@ class DataPath:
             raise MeshError(ErrorCode.NOT_LEADER, f"{topic}/{partition} is led by {addr}", leader=addr)
         return t, pid
 
-    def next_deadline(self) -> float | None:
-        return self._deadlines[0].deadline if self._deadlines else None
+    def next_deadline_ms(self) -> int | None:
+        """When the earliest parked fetch times out (``now_ms`` scale), None if none is parked."""
+        return self._deadlines[0].deadline_ms if self._deadlines else None
 
     # -- produce ------------------------------------------------------------------------
     def on_produce(self, ident, rid, req: m.ProduceRequest, payload) -> None:
@@ -93,7 +98,7 @@ class DataPath:
         t, pid = self.local_partition(req.topic, req.partition)
         if payload is None:
             raise MeshError(ErrorCode.INVALID_REQUEST, "produce request has no record batch frame")
-        h = records.validate_batch(payload, t["config"]["max.message.bytes"])
+        h = records.validate_batch(payload, t.config["max.message.bytes"])
         dup = self.producers.check(pid, h)
         if dup is not None:  # a retry of a batch we already have: answer as before
             end = dup + h.record_count
@@ -151,7 +156,7 @@ class DataPath:
                 pids.append(self.local_partition(part[0], part[1])[1])
             except MeshError:
                 pass
-        w = _Waiter(ident, rid, req, time.monotonic() + max(0, req.max_wait_ms) / 1000, tuple(pids))
+        w = _Waiter(ident, rid, req, self.now_ms() + max(0, req.max_wait_ms), tuple(pids))
         if not self._answer_fetch(w, force=req.max_wait_ms <= 0):
             for pid in pids:
                 self._waiters.setdefault(pid, []).append(w)
@@ -198,8 +203,8 @@ class DataPath:
             grown, self._grown = self._grown, set()
             self._wake(grown)
         self.replicas.expire()
-        now = time.monotonic()
-        while self._deadlines and self._deadlines[0].deadline <= now:
+        now = self.now_ms()
+        while self._deadlines and self._deadlines[0].deadline_ms <= now:
             w = heapq.heappop(self._deadlines)
             if not w.done:
                 self._answer_fetch(w, force=True)
@@ -229,8 +234,8 @@ class DataPath:
     def enforce_retention(self, now_ms: int) -> None:
         try:
             for t in self.catalog.topics.values():
-                c = t["config"]
-                for pid in t["pids"]:
+                c = t.config
+                for pid in t.pids:
                     if pid is not None and self.replicas.hosts(pid):
                         self.store.stage_retention(pid, now_ms, c["retention.ms"], c["retention.bytes"],
                                                    keep_from=self.replicas.persisted_commit(pid))

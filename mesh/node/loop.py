@@ -3,17 +3,35 @@
 Theory of operation
 -------------------
 Clients and peers connect to the node's ROUTER with DEALER sockets; the first frame after
-the identity names the protocol (``mesh.wire.codec``). Each loop turn:
+the identity names the protocol (``mesh.wire.codec``). The loop decides nothing itself: it
+moves messages between the socket, the cores (gossip, raft, groups) and the store, in this
+order each turn (``run``, then ``_after_turn``):
 
-1. drain ready messages from the ROUTER (at most ``max_requests_per_turn``, so one busy
-   client cannot starve the loop's other duties): client requests go to their handler
-   (admin, metadata, ``DataPath`` for produce and fetch), peer messages to their core;
-2. commit the turn's LMDB transaction with one sync (group commit), then answer the
-   staged produce requests (``DataPath.commit_turn``);
-3. tick the gossip core (it starts a round when one is due), send its effects;
+1. wait for the ROUTER, at most until the next deadline (a loop tick, the gossip core's
+   next round, the earliest parked fetch);
+2. drain ready messages (at most ``max_requests_per_turn``, so one busy client cannot
+   starve the loop's other duties). Client requests go to their handler
+   (``mesh.node.handlers``: admin and metadata, which commit on their own; the data path
+   for produce, staged in the turn's transaction, and fetch; the group host for GROUP_*).
+   Peer messages go to their core: gossip answers are sent at once (gossip keeps nothing
+   that must be durable first), replication effects are staged and their sends held;
+3. tick the gossip core (it starts a round when one is due) and send its effects; tick
+   the replication cores that are due (effects staged, sends held);
 4. if the gossip state moved (not on mere heartbeats): reconcile the topic catalog
-   (create/drop local partitions) and persist the gossip snapshot;
-5. wake parked fetches whose partitions grew, expire long polls, run retention.
+   (create/drop local partitions), tell the group host (coordination and offsets may
+   have moved) and stage the gossip snapshot;
+5. publish this node's partition stats to gossip (every ``stats_every_ms``);
+6. tick the group host;
+7. every ``retention_check_ms``, run retention (``DataPath.enforce_retention``); it
+   commits on its own, and that commit also carries what the turn staged so far;
+8. commit the turn's LMDB transaction with one sync (group commit), then answer the
+   staged produce requests, send the held replication messages, publish leadership
+   changes and answer acks=all requests now committed (``DataPath.commit_turn``);
+9. wake parked fetches whose partitions grew, expire acks=all waits, answer fetches whose
+   wait is over (``DataPath.after_turn``).
+
+A storage error in steps 3-9 fails the turn, not the broker: the transaction is rolled back
+and the replication core rebuilt from disk (it had run ahead of it).
 
 Nothing a client sends can crash the loop: every request runs inside a guard that turns
 any failure into an error response (logged once per client and code). Peer messages get
@@ -28,22 +46,27 @@ import logging
 import os
 import random
 import signal
-import time
 from dataclasses import dataclass, field
 
 import msgpack
 import zmq
 
-from mesh.wire import messages as m
+from mesh.cluster import keys
 from mesh.cluster.catalog import Catalog
+from mesh.cluster.leaders import lead_claims
+from mesh.gossip import Gossip, GossipAck, GossipAck2, GossipConfig, GossipSyn
+from mesh.node.clock import SYSTEM_CLOCK, Clock
 from mesh.node.datapath import DataPath
-from mesh.wire.errors import ErrorCode, MeshError
-from mesh.gossip.core import Gossip, GossipAck, GossipAck2, GossipConfig, GossipSyn
+from mesh.node.directory import Directory
+from mesh.node.group_host import GroupHost, GroupHostConfig
+from mesh.node.handlers import ClientHandlers
 from mesh.node.peers import PeerLinks, sender_address
 from mesh.node.producer_state import ProducerStates
 from mesh.node.raft_host import REPLICATION_MESSAGES, ReplicaHost
-from mesh.raft.manager import ReplicationConfig
+from mesh.raft import ReplicationConfig
+from mesh.wire import messages as m
 from mesh.wire.codec import PROTOCOL_CLIENT, PROTOCOL_PEER, pack, unpack
+from mesh.wire.errors import ErrorCode, MeshError
 from storage.base import LogError
 from storage.log import Store
 
@@ -74,15 +97,14 @@ class NodeConfig:
     group_heartbeat_interval_ms: int = 500
 
 
-def _now_ms() -> int:
-    """Wall-clock ms for the gossip core: its register stamps are compared across nodes and
-    its snapshot outlives the process (a jump only pauses failure detection)."""
-    return time.time_ns() // 1_000_000
+def _seeded_rng() -> random.Random:
+    return random.Random(int.from_bytes(os.urandom(8), "big"))
 
 
 class Node:
-    def __init__(self, config: NodeConfig):
+    def __init__(self, config: NodeConfig, clock: Clock = SYSTEM_CLOCK):
         self.cfg = config
+        self.clock = clock
         self.node_id = config.node_id
         self.address = config.bind
         self.store = Store(config.data_dir, map_size=config.map_size_bytes, sync=config.sync)
@@ -94,22 +116,21 @@ class Node:
         raw = self.store.get("gossip", b"snapshot")
         snapshot = msgpack.unpackb(raw, raw=False, strict_map_key=False) if raw else None
         seeds = [s for s in config.seeds if s != self.address]
-        self.gossip = Gossip(config.node_id, self.address, gen, seeds,
-                             random.Random(int.from_bytes(os.urandom(8), "big")),
-                             GossipConfig.lan(interval_ms=config.gossip_interval_ms), _now_ms(),
+        self.gossip = Gossip(config.node_id, self.address, gen, seeds, _seeded_rng(),
+                             GossipConfig.lan(interval_ms=config.gossip_interval_ms), clock.wall_ms(),
                              snapshot=snapshot)
-        self.gossip.set_local("member", {"address": self.address, "text_port": config.text_port})
+        self.gossip.set_local(keys.MEMBER_KEY, {"address": self.address, "text_port": config.text_port})
         self.catalog = Catalog(config.node_id, self.gossip, self.store)
         self.producers = ProducerStates(self.store)
-        self.replicas = ReplicaHost(config.node_id, self.store, self.producers,
-                                    random.Random(int.from_bytes(os.urandom(8), "big")),
+        self.replicas = ReplicaHost(config.node_id, self.store, self.producers, _seeded_rng(),
                                     self._send_to_node, self._publish_leadership,
                                     ReplicationConfig(election_ticks=config.election_ticks),
-                                    tick_ms=config.tick_ms)
+                                    tick_ms=config.tick_ms, now_ms=clock.now_ms)
         self.replicas.reply = self._reply
+        self.directory = Directory(config.node_id, self.address, self.gossip, clock.wall_ms,
+                                   self._local_leader)
         self.data = DataPath(self.store, self.catalog, self.replicas, self.producers, self._reply,
-                             self._leader_address)
-        self._node_of_address: dict[str, str] = {}
+                             self.directory.leader_address, now_ms=clock.now_ms)
         self.ctx = zmq.Context.instance()
         self.router = self.ctx.socket(zmq.ROUTER)
         self.router.setsockopt(zmq.ROUTER_MANDATORY, 1)
@@ -119,26 +140,30 @@ class Node:
         self.router.setsockopt(zmq.LINGER, 0)
         self.router.bind(f"tcp://{config.bind}")
         self.peers = PeerLinks(self.ctx, self.address, config.hwm_messages)
+        self.handlers = ClientHandlers(node_id=config.node_id, gossip=self.gossip, catalog=self.catalog,
+                                       directory=self.directory, store=self.store, replicas=self.replicas,
+                                       data=self.data, peers=self.peers, reply=self._reply, clock=clock,
+                                       apply_cluster_change=self._apply_cluster_change)
         self._running = False
         self._logged: set[tuple[bytes, int]] = set()
-        self._next_retention = 0.0
+        self._next_retention_ms = 0
         self._seen_version = -1
         self._next_stats_ms = 0
         self._last_stats: dict = {}
         self._isolated_logged = False
-        # consumer groups (mesh/group_service.py) and the telnet text gateway (mesh/text.py)
-        # plug in here; each owns its own module and is driven by the hooks below
-        self.groups = None
-        self.text = None
-        try:
-            from mesh.node.group_host import GroupService
-        except ImportError:
-            GroupService = None
-        if GroupService is not None:
-            self.groups = GroupService(self)
+        self.groups = GroupHost(
+            config.node_id, store=self.store, commit_turn=self.data.commit_turn, gossip=self.gossip,
+            reply=self._reply, address_of=self.directory.address_of,
+            topic_partitions=lambda: {name: t.partitions for name, t in self.catalog.topics.items()},
+            clock=clock, rng=_seeded_rng(), seeded=bool(config.seeds),
+            config=GroupHostConfig(max_session_timeout_ms=config.group_max_session_timeout_ms,
+                                   heartbeat_interval_ms=config.group_heartbeat_interval_ms))
+        self.text = None   # the telnet text gateway: a client of this node on its own thread
         if config.text_port is not None:
             from mesh.gateway.text import TextGateway
-            self.text = TextGateway(self, config.text_port)
+            self.text = TextGateway(self.address, config.text_port,
+                                    max_session_timeout_ms=config.group_max_session_timeout_ms,
+                                    now_ms=clock.now_ms)
         self._reconcile()
 
     # -- lifecycle ----------------------------------------------------------------------
@@ -155,8 +180,6 @@ class Node:
                  self.generation, self.address, self.cfg.data_dir, ",".join(self.cfg.seeds) or "none")
         poller = zmq.Poller()
         poller.register(self.router, zmq.POLLIN)
-        if self.text is not None and self.text.socket is not None:
-            poller.register(self.text.socket, zmq.POLLIN)
         try:
             while self._running:
                 try:
@@ -165,8 +188,6 @@ class Node:
                     continue
                 if self.router in events:
                     self._drain()
-                if self.text is not None and self.text.socket is not None and self.text.socket in events:
-                    self.text.on_readable()
                 try:
                     self._after_turn()
                 except LogError as exc:  # e.g. a full disk: fail the turn, not the broker
@@ -175,7 +196,7 @@ class Node:
             if self.text is not None:
                 self.text.close()  # subscriptions commit and leave their groups first
                 self.text = None
-            self._send(self.gossip.leave(_now_ms()))  # graceful: peers see LEFT at once
+            self._send(self.gossip.leave(self.clock.wall_ms()))  # graceful: peers see LEFT at once
             log.info("node %s leaving the cluster", self.node_id)
         finally:
             self.close()
@@ -195,12 +216,11 @@ class Node:
 
     # -- loop ---------------------------------------------------------------------------
     def _poll_timeout_ms(self) -> int:
-        now = time.monotonic()
         t = self.cfg.tick_ms
-        d = self.data.next_deadline()
+        d = self.data.next_deadline_ms()
         if d is not None:
-            t = min(t, max(0, int((d - now) * 1000) + 1))
-        return max(0, min(t, self.gossip.next_tick_ms - _now_ms()))
+            t = min(t, max(0, d - self.clock.now_ms() + 1))
+        return max(0, min(t, self.gossip.next_tick_ms - self.clock.wall_ms()))
 
     def _drain(self) -> None:
         router = self.router
@@ -212,7 +232,7 @@ class Node:
             self._handle(frames)
 
     def _after_turn(self) -> None:
-        now_ms = _now_ms()
+        now_ms = self.clock.wall_ms()
         self._send(self.gossip.tick(now_ms))
         self.replicas.tick_due()
         if self.gossip.version != self._seen_version:
@@ -226,12 +246,11 @@ class Node:
         if isolated and not self._isolated_logged and self.cfg.seeds:
             log.warning("no live peer known: retrying seeds %s with backoff", ",".join(self.cfg.seeds))
         self._isolated_logged = isolated
-        if self.groups is not None:
-            self.groups.tick(now_ms)
-        now = time.monotonic()
-        if now >= self._next_retention:
-            self._next_retention = now + self.cfg.retention_check_ms / 1000
-            self.data.enforce_retention(int(time.time() * 1000))
+        self.groups.tick(now_ms)
+        mono_ms = self.clock.now_ms()
+        if mono_ms >= self._next_retention_ms:
+            self._next_retention_ms = mono_ms + self.cfg.retention_check_ms
+            self.data.enforce_retention(self.clock.wall_ms())
         self.data.commit_turn()  # the turn's one sync; then acks, replication sends, wake-ups
         self.data.after_turn()
 
@@ -240,26 +259,29 @@ class Node:
             self.peers.send(e.dest, e.msg, e.payload)
 
     def _send_to_node(self, node_id: str, msg, payload) -> None:
-        addr = self._address_of(node_id)
+        addr = self.directory.address_of(node_id)
         if addr is not None:
             self.peers.send(addr, msg, payload or None)
 
+    def _local_leader(self, pid: int) -> tuple[str | None, int] | None:
+        return self.replicas.leader(pid) if self.replicas.hosts(pid) else None
+
+    def _epoch_if_leading(self, pid: int) -> int | None:
+        return self.replicas.leader(pid)[1] if self.replicas.is_leader(pid) else None
+
     def _publish_leadership(self, pid: int, leader: str | None, epoch: int) -> None:
-        """Leaders announce themselves in gossip (``lead/<topic>``: {partition: epoch}), so
-        any broker can redirect a client."""
+        """Leaders announce themselves in gossip (``lead/<topic>``, see
+        ``mesh.cluster.leaders``), so any broker can redirect a client."""
         where = self.catalog.local.get(pid)
         if where is None:
             return
         name, _ = where
-        led = {}
         t = self.catalog.topics.get(name)
-        for p, q in enumerate(t["pids"] if t else []):
-            if q is not None and self.replicas.is_leader(q):
-                led[str(p)] = self.replicas.leader(q)[1]
+        led = lead_claims(t, self._epoch_if_leading) if t is not None else {}
         if led:
-            self.gossip.set_local("lead/" + name, led)
-        elif self.gossip.node_items(self.node_id, "lead/" + name):
-            self.gossip.delete_local("lead/" + name)
+            self.gossip.set_local(keys.lead_key(name), led)
+        elif self.gossip.node_items(self.node_id, keys.lead_key(name)):
+            self.gossip.delete_local(keys.lead_key(name))
         if leader is not None:
             log.info("%s/%d: leader %s, epoch %d", name, where[1], leader, epoch)
 
@@ -272,8 +294,13 @@ class Node:
         for pid in sorted(added):
             self.replicas.add(pid, self.catalog.replicas_of(pid))
             log.info("now hosting %s/%d", *self.catalog.local[pid])
-        if self.groups is not None:
-            self.groups.on_cluster_change(_now_ms())
+        self.groups.on_cluster_change(self.clock.wall_ms())
+
+    def _apply_cluster_change(self) -> bool:
+        """After an admin change to gossip: reconcile, persist, commit. False if not durable."""
+        self._reconcile()
+        self._persist_snapshot()
+        return self.data.commit_turn()
 
     def _persist_snapshot(self) -> None:
         """Stage the gossip state into the turn's transaction, so a restart comes back
@@ -285,15 +312,15 @@ class Node:
             log.warning("could not persist the gossip snapshot: %s", exc)
 
     def _publish_stats(self) -> None:
-        """Offsets of the partitions served here, so any broker can describe them."""
-        stats = {}
+        """Offsets of the partitions led here (``stats``), so any broker can describe them."""
+        stats: dict[str, dict[str, list[int]]] = {}
         for pid, (name, p) in sorted(self.catalog.local.items()):
             if self.replicas.is_leader(pid):
                 stats.setdefault(name, {})[str(p)] = [self.store.log_start(pid), self.store.log_end(pid),
                                                       self.replicas.commit_offset(pid)]
         if stats != self._last_stats:
             self._last_stats = stats
-            self.gossip.set_local("stats", stats)
+            self.gossip.set_local(keys.STATS_KEY, stats)
 
     # -- dispatch -----------------------------------------------------------------------
     def _handle(self, frames: list) -> None:
@@ -306,10 +333,10 @@ class Node:
             if len(frames) >= 3 and len(frames[2]) == 8:
                 rid = int.from_bytes(frames[2], "big")
             protocol, rid, msg, payload = unpack(frames[1:])
-            handler = self._handlers.get(type(msg))
+            handler = self.handlers.handler_for(msg)
             if handler is not None:
-                handler(self, ident, rid, msg, payload)
-            elif self.groups is not None and self.groups.handles(msg):
+                handler(ident, rid, msg, payload)
+            elif self.groups.handles(msg):
                 self.groups.handle(ident, rid, msg)
             else:
                 raise MeshError(ErrorCode.INVALID_REQUEST, f"{type(msg).__name__} is not a request")
@@ -326,9 +353,9 @@ class Node:
                 raise MeshError(ErrorCode.INVALID_REQUEST, "peer message without a peer identity")
             _, _, msg, payload = unpack(frames[1:])
             if isinstance(msg, (GossipSyn, GossipAck, GossipAck2)):
-                self._send(self.gossip.receive(src, msg, _now_ms()))
+                self._send(self.gossip.receive(src, msg, self.clock.wall_ms()))
             elif isinstance(msg, REPLICATION_MESSAGES):
-                node = self._node_at(src)
+                node = self.directory.node_at(src)
                 if node is not None:  # not yet known through gossip: the sender will retry
                     self.replicas.step(node, msg, payload)
             else:
@@ -353,129 +380,3 @@ class Node:
         except zmq.ZMQError as exc:  # client gone (EHOSTUNREACH) or its pipe is full (EAGAIN)
             log.debug("dropping reply to %s: %s", bytes(ident).hex(), exc)
 
-    # -- cluster view -------------------------------------------------------------------
-    def _live(self) -> list[str]:
-        return self.gossip.live_members(_now_ms())
-
-    def _address_of(self, node_id: str) -> str | None:
-        if node_id == self.node_id:
-            return self.address
-        for mem in self.gossip.members(_now_ms()):
-            if mem.node_id == node_id:
-                return mem.address
-        return None
-
-    def _node_at(self, address: str) -> str | None:
-        node = self._node_of_address.get(address)
-        if node is None:
-            self._node_of_address = {mem.address: mem.node_id for mem in self.gossip.members(_now_ms())}
-            node = self._node_of_address.get(address)
-        return node
-
-    def _leader(self, t: dict, partition: int) -> tuple[str | None, int]:
-        """(leader node id or None, epoch): from the local replica if there is one, else
-        the highest-epoch claim gossiped by a live replica."""
-        pid = t["pids"][partition]
-        if pid is not None and self.replicas.hosts(pid):
-            leader, epoch = self.replicas.leader(pid)
-            if leader is not None:
-                return leader, epoch
-        best: tuple[str | None, int] = (None, -1)
-        live = set(self._live())
-        for node in t["replicas"][partition]:
-            if node in live and node != self.node_id:
-                epoch = self.gossip.node_items(node, "lead/" + t["name"]).get("lead/" + t["name"], {}).get(str(partition))
-                if epoch is not None and epoch > best[1]:
-                    best = (node, epoch)
-        return best
-
-    def _leader_address(self, t: dict, partition: int) -> str | None:
-        leader, _ = self._leader(t, partition)
-        return self._address_of(leader) if leader else None
-
-    # -- admin and metadata -------------------------------------------------------------
-    def on_create_topic(self, ident, rid, req: m.CreateTopicRequest, payload) -> None:
-        self.data.commit_turn()  # admin changes never share a transaction with staged appends
-        self.catalog.create(req.name, req.partitions, req.replication_factor, req.config, self._live())
-        self._reconcile()
-        self._persist_snapshot()
-        if not self.data.commit_turn():
-            raise MeshError(ErrorCode.STORAGE_ERROR, "topic created but not persisted here (storage error)")
-        log.info("created topic %s with %d partitions", req.name, req.partitions)
-        self._reply(ident, rid, m.CreateTopicResponse(0))
-
-    def on_delete_topic(self, ident, rid, req: m.DeleteTopicRequest, payload) -> None:
-        self.data.commit_turn()
-        self.catalog.delete(req.name)
-        self._reconcile()
-        self._persist_snapshot()
-        if not self.data.commit_turn():
-            raise MeshError(ErrorCode.STORAGE_ERROR, "topic deleted but not persisted here (storage error)")
-        log.info("deleted topic %s", req.name)
-        self._reply(ident, rid, m.DeleteTopicResponse(0))
-
-    def on_metadata(self, ident, rid, req: m.MetadataRequest, payload) -> None:
-        now = _now_ms()
-        members = self.gossip.members(now)
-        live = set(self.gossip.live_members(now))
-        brokers = []
-        stats: dict[str, dict] = {}
-        for mem in members:
-            age = None if mem.last_heard_ms is None else now - mem.last_heard_ms
-            entry = {"id": mem.node_id, "address": mem.address, "status": mem.status,
-                     "generation": mem.generation, "heartbeat_age_ms": age}
-            if mem.node_id == self.node_id:
-                entry.update(heartbeat_age_ms=0, peer_messages_sent=self.peers.sent,
-                             peer_bytes_sent=self.peers.bytes_sent, peer_messages_dropped=self.peers.dropped)
-            brokers.append(entry)
-            stats[mem.node_id] = self.gossip.node_items(mem.node_id, "stats").get("stats") or {}
-        names = sorted(self.catalog.topics) if req.topics is None else list(req.topics)
-        topics = []
-        for name in names:
-            t = self.catalog.topics.get(name)
-            if t is None:
-                topics.append({"name": name, "error": int(ErrorCode.UNKNOWN_TOPIC)})
-                continue
-            parts = []
-            for p, reps in enumerate(t["replicas"]):
-                leader, epoch = self._leader(t, p)
-                pid = t["pids"][p]
-                if pid is not None and leader == self.node_id:
-                    start, end, hw = self.store.log_start(pid), self.store.log_end(pid), self.replicas.commit_offset(pid)
-                    isr = self.replicas.isr(pid)
-                else:
-                    start, end, hw = (stats.get(leader, {}).get(name, {}).get(str(p)) or [-1, -1, -1])
-                    isr = [r for r in reps if r in live]
-                parts.append({"partition": p, "leader": leader,
-                              "leader_address": self._address_of(leader) if leader else None,
-                              "epoch": max(epoch, 0), "replicas": reps, "isr": isr,
-                              "log_start": start, "log_end": end, "high_watermark": hw})
-            topics.append({"name": name, "error": 0, "config": t["config"],
-                           "replication_factor": t["replication_factor"], "partitions": parts})
-        self._reply(ident, rid, m.MetadataResponse(0, brokers, topics, self.node_id))
-
-    def on_list_offsets(self, ident, rid, req: m.ListOffsetsRequest, payload) -> None:
-        out = []
-        for topic, partition, which in req.parts:
-            try:
-                _, pid = self.data.local_partition(topic, partition)
-                off = self.store.log_start(pid) if which == m.EARLIEST else self.replicas.commit_offset(pid)
-                out.append([topic, partition, 0, off, None])
-            except MeshError as exc:
-                out.append([topic, partition, int(exc.code), -1, exc.leader])
-        self._reply(ident, rid, m.ListOffsetsResponse(out))
-
-    def on_produce(self, ident, rid, req, payload) -> None:
-        self.data.on_produce(ident, rid, req, payload)
-
-    def on_fetch(self, ident, rid, req, payload) -> None:
-        self.data.on_fetch(ident, rid, req, payload)
-
-    _handlers = {
-        m.ProduceRequest: on_produce,
-        m.FetchRequest: on_fetch,
-        m.MetadataRequest: on_metadata,
-        m.CreateTopicRequest: on_create_topic,
-        m.DeleteTopicRequest: on_delete_topic,
-        m.ListOffsetsRequest: on_list_offsets,
-    }

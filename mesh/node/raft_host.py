@@ -19,19 +19,23 @@ their ``timeout_ms`` passes (all retriable; the idempotent producer makes retrie
 from __future__ import annotations
 
 import logging
+import random
 import struct
-import time
 from dataclasses import dataclass
 from typing import Callable
 
 import msgpack
 
 from mesh.wire import messages as m
+from mesh.wire.effects import Send
 from mesh.wire.errors import ErrorCode
 from mesh.wire.records import parse_header
-from mesh.raft.manager import ReplicaManager, ReplicationConfig
-from mesh.raft.log import Append, PersistState, ResetLog, Truncate
-from storage.base import CorruptBatch
+from mesh.raft import (
+    PEER_MESSAGES, Append, PersistState, Ready, ReplicaManager, ReplicationConfig, ResetLog, Truncate,
+)
+from mesh.node.clock import now_ms as _monotonic_ms
+from mesh.node.producer_state import ProducerStates
+from storage.base import CorruptBatch, StoreBase
 
 __all__ = ["ReplicaHost", "StoreReader", "REPLICATION_MESSAGES"]
 
@@ -39,20 +43,14 @@ log = logging.getLogger("mesh.node.raft_host")
 _STATE_KEY = struct.Struct(">Q")
 
 
-def _replication_messages() -> tuple:
-    from mesh.raft import messages as w
-    return tuple(cls for cls in vars(w).values()
-                 if isinstance(cls, type) and getattr(cls, "OP", b"").startswith(b"REPL_"))
-
-
-REPLICATION_MESSAGES = _replication_messages()
+REPLICATION_MESSAGES: tuple[type, ...] = PEER_MESSAGES  # what the node loop routes to ``step``
 
 
 class StoreReader:
     """The core's ``LogReader`` over the store: committed batches only (the core sends
     staged data on a later flush). A batch that fails its CRC is not replicated."""
 
-    def __init__(self, store):
+    def __init__(self, store: StoreBase) -> None:
         self.store = store
 
     def read(self, pid: int, from_offset: int, to_offset: int, max_bytes: int) -> tuple[bytes, int]:
@@ -79,15 +77,20 @@ class _AckWaiter:
     rid: int
     base: int
     end: int
-    deadline: float
+    deadline_ms: int
     done: bool = False
 
 
 class ReplicaHost:
-    def __init__(self, node_id: str, store, producers, rng, send: Callable, publish: Callable,
-                 config: ReplicationConfig | None = None, tick_ms: int = 50):
+    def __init__(self, node_id: str, store: StoreBase, producers: ProducerStates, rng: random.Random,
+                 send: Callable[[str, object, bytes | None], None],
+                 publish: Callable[[int, str | None, int], None],
+                 config: ReplicationConfig | None = None, tick_ms: int = 50,
+                 now_ms: Callable[[], int] = _monotonic_ms) -> None:
         """``send(dest node id, msg, payload)`` delivers to a peer; ``publish(pid, leader,
-        epoch)`` is told about leadership changes (the node gossips them)."""
+        epoch)`` is told about leadership changes (the node gossips them); ``now_ms``: the
+        node's monotonic clock (ticks, ack deadlines, lazy state writes)."""
+        self.now_ms = now_ms
         self.node_id = node_id
         self.store = store
         self.producers = producers
@@ -98,17 +101,17 @@ class ReplicaHost:
         self._publish = publish
         self.core = ReplicaManager(node_id, rng, self.cfg, StoreReader(store))
         self._replicas: dict[int, tuple[str, ...]] = {}
-        self._held: list = []
+        self._held: list[Send] = []
         self._committed: dict[int, int] = {}
-        self._leadership: dict[int, tuple] = {}
+        self._leadership: dict[int, tuple[str | None, int]] = {}
         self._appended: dict[int, int] = {}
         self._truncated: dict[int, int] = {}
         self._waiters: dict[int, list[_AckWaiter]] = {}
-        self._last_tick = time.monotonic()
+        self._last_tick_ms = now_ms()
         self._persisted: dict[int, PersistState] = {}
         self._lazy: dict[int, PersistState] = {}
-        self._next_lazy_flush = 0.0
-        self.reply: Callable | None = None  # set by the node: reply(ident, rid, msg)
+        self._next_lazy_flush_ms = 0
+        self.reply: Callable[[bytes, int, object], None] | None = None  # set by the node: reply(ident, rid, msg)
 
     # -- partitions ---------------------------------------------------------------------
     def _load_state(self, pid: int) -> PersistState | None:
@@ -142,7 +145,7 @@ class ReplicaHost:
         return pid in self._replicas
 
     # -- inputs -------------------------------------------------------------------------
-    def apply(self, ready) -> None:
+    def apply(self, ready: Ready) -> None:
         """Carry out a Ready's storage effects in the turn's transaction; hold the rest."""
         for op in ready.log_ops:
             if isinstance(op, Append):
@@ -177,9 +180,9 @@ class ReplicaHost:
 
     def before_commit(self, store_has_writes: bool) -> None:
         """Write deferred commit offsets when the turn syncs anyway, or once a second."""
-        now = time.monotonic()
-        if self._lazy and (store_has_writes or now >= self._next_lazy_flush):
-            self._next_lazy_flush = now + 1.0
+        now = self.now_ms()
+        if self._lazy and (store_has_writes or now >= self._next_lazy_flush_ms):
+            self._next_lazy_flush_ms = now + 1000
             for st in list(self._lazy.values()):
                 self._write_state(st)
 
@@ -188,15 +191,14 @@ class ReplicaHost:
         st = self._persisted.get(pid)
         return st.commit if st is not None else 0
 
-    def step(self, src_node: str, msg, payload) -> None:
+    def step(self, src_node: str, msg: object, payload: bytes | None) -> None:
         self.apply(self.core.step(src_node, msg, payload))
 
     def tick_due(self) -> None:
-        now = time.monotonic()
-        n = int((now - self._last_tick) * 1000 // self.tick_ms)
+        n = (self.now_ms() - self._last_tick_ms) // self.tick_ms
         if n <= 0:
             return
-        self._last_tick += n * self.tick_ms / 1000
+        self._last_tick_ms += n * self.tick_ms
         for _ in range(min(n, 10)):  # after a stall, a few ticks, not a storm
             self.apply(self.core.tick())
 
@@ -210,7 +212,7 @@ class ReplicaHost:
     def park_ack(self, pid: int, ident: bytes, rid: int, base: int, end: int, timeout_ms: int) -> None:
         """An acks=all produce request staged this turn: answer when committed."""
         self._waiters.setdefault(pid, []).append(
-            _AckWaiter(ident, rid, base, end, time.monotonic() + max(0, timeout_ms) / 1000))
+            _AckWaiter(ident, rid, base, end, self.now_ms() + max(0, timeout_ms)))
 
     # -- after the turn's sync ----------------------------------------------------------
     def after_commit(self, ok: bool) -> set[int]:
@@ -246,12 +248,13 @@ class ReplicaHost:
         return set(committed)
 
     def expire(self) -> None:
-        now = time.monotonic()
+        now = self.now_ms()
         for pid in list(self._waiters):
             self._fail_waiters(pid, ErrorCode.TIMEOUT, "not acknowledged by a quorum in time",
-                               lambda w: w.deadline <= now)
+                               lambda w: w.deadline_ms <= now)
 
-    def _fail_waiters(self, pid: int, code: ErrorCode, why: str, pred=lambda w: True) -> None:
+    def _fail_waiters(self, pid: int, code: ErrorCode, why: str,
+                      pred: Callable[[_AckWaiter], bool] = lambda w: True) -> None:
         for w in self._waiters.get(pid, ()):
             if not w.done and pred(w):
                 w.done = True

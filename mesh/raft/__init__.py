@@ -1,0 +1,30 @@
+"""Partition replication: Raft per partition, coalesced per broker pair (MultiRaft).
+
+A pure, sans-I/O core (no clock, socket, thread or global random): the node's raft host
+(``mesh.node.raft_host``) feeds it peer messages and ticks and carries out the ``Ready``
+it returns, persisting before it sends. Read ``mesh.raft.manager`` first (theory of
+operation and the shell contract), then:
+
+    manager.py    ReplicaManager: every replica one broker hosts; coalescing; the Ready
+    partition.py  Partition: one replica's Raft state machine (roles as step functions)
+    progress.py   the leader's view of each follower (probe / replicate, inflight window)
+    quorum.py     majorities, the commit offset (high watermark), vote tallies
+    log.py        the epoch cache, the storage effects, the LogReader protocol
+    messages.py   the peer protocol: one row per partition, one message per kind and peer
+    config.py     ReplicationConfig
+"""
+from mesh.raft.config import ReplicationConfig
+from mesh.raft.log import Append, EpochCache, LogOp, LogReader, PersistState, ResetLog, Truncate
+from mesh.raft.manager import Ready, ReplicaManager
+from mesh.raft.messages import (
+    PEER_MESSAGES, PeerMessage, ReplAppend, ReplAppendResp, ReplHeartbeat, ReplHeartbeatResp,
+    ReplTimeoutNow, ReplVote, ReplVoteResp,
+)
+from mesh.raft.partition import Role
+
+__all__ = [
+    "ReplicaManager", "ReplicationConfig", "Ready", "Role",
+    "Append", "Truncate", "ResetLog", "LogOp", "PersistState", "EpochCache", "LogReader",
+    "PEER_MESSAGES", "PeerMessage", "ReplAppend", "ReplAppendResp", "ReplHeartbeat",
+    "ReplHeartbeatResp", "ReplVote", "ReplVoteResp", "ReplTimeoutNow",
+]

@@ -23,15 +23,15 @@ from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Iterable, Protocol, TypeAlias
 
-__all__ = ["EpochCache", "Append", "Truncate", "ResetLog", "PersistState", "LogReader"]
+__all__ = ["EpochCache", "Append", "Truncate", "ResetLog", "LogOp", "PersistState", "LogReader"]
 
 
 class EpochCache:
     __slots__ = ("_epochs", "_starts")
 
-    def __init__(self, entries=()) -> None:
+    def __init__(self, entries: Iterable[tuple[int, int]] = ()) -> None:
         self._epochs: list[int] = []
         self._starts: list[int] = []
         for epoch, start in entries:
@@ -138,6 +138,9 @@ class ResetLog:
     start_offset: int
 
 
+LogOp: TypeAlias = Append | Truncate | ResetLog  # a storage effect, applied in order
+
+
 @dataclass(frozen=True, slots=True)
 class PersistState:
     """The partition's replication state; the shell stores it (one small record per
@@ -147,7 +150,7 @@ class PersistState:
     term: int
     vote: str | None
     commit: int
-    epoch_cache: tuple  # ((epoch, start_offset), ...)
+    epoch_cache: tuple[tuple[int, int], ...]  # ((epoch, start_offset), ...)
 
 
 class LogReader(Protocol):

@@ -8,9 +8,12 @@ their own Raft group; terms are Kafka's leader epochs. ``ReplicaManager`` hosts 
 partition replicas of one broker (``mesh.raft.partition.Partition`` each) and is
 sans-I/O: time is ``tick()``, randomness an injected ``random.Random``, storage a
 ``LogReader`` for reads and effects for writes, the network rows in and ``Send`` effects
-out. Files: ``replication_wire`` (messages), ``replication_log`` (epoch cache, effects,
-reader protocol), ``replication_raft`` (one partition's state machine), this one (the
-public API, coalescing, the ``Ready``).
+out. Modules of ``mesh.raft``: ``messages`` (the peer protocol's rows and messages),
+``log`` (epoch cache, storage effects, the reader protocol), ``config``
+(``ReplicationConfig``), ``partition`` (one partition's state machine), ``progress`` (the
+leader's view of each follower: probe / replicate, the inflight window), ``quorum``
+(majorities, the commit offset, vote tallies), and this one (the public API, coalescing,
+the ``Ready``). The package exports the public API: ``from mesh.raft import ...``.
 
 - **Log and log matching.** The core never reads records. A log is an end offset and a
   leader-epoch cache ``[(epoch, start_offset), ...]``; record batches travel as opaque
@@ -135,68 +138,31 @@ from __future__ import annotations
 import bisect
 import random
 from dataclasses import dataclass, field
-from typing import Any
 
 from mesh.wire.effects import Send
 from mesh.wire.errors import ErrorCode, MeshError
-from mesh.raft.log import Append, EpochCache, LogReader, PersistState, ResetLog, Truncate
+from mesh.raft.config import ReplicationConfig
+from mesh.raft.log import EpochCache, LogOp, LogReader, PersistState
 from mesh.raft.partition import Partition, Role
 from mesh.raft.messages import (
-    AppendRespRow, AppendRow, HeartbeatRespRow, HeartbeatRow, MESSAGE_OF, ReplAppend, ReplAppendResp,
-    ReplHeartbeat, ReplHeartbeatResp, ReplTimeoutNow, ReplVote, ReplVoteResp, TimeoutNowRow,
-    VoteRespRow, VoteRow, parse_rows,
+    AppendRespRow, AppendRow, HeartbeatRespRow, HeartbeatRow, MESSAGE_OF, PeerRow, ReplAppend,
+    TimeoutNowRow, VoteRespRow, VoteRow, parse_rows,
 )
 
-__all__ = [
-    "ReplicaManager", "ReplicationConfig", "Ready", "Role", "LogReader", "EpochCache",
-    "Append", "Truncate", "ResetLog", "PersistState",
-    "ReplAppend", "ReplAppendResp", "ReplHeartbeat", "ReplHeartbeatResp", "ReplVote",
-    "ReplVoteResp", "ReplTimeoutNow",
-]
+__all__ = ["ReplicaManager", "Ready"]
 
 # Rows go out in this order within one Ready (votes first: they decide elections).
 _ROW_ORDER = (VoteRow, VoteRespRow, TimeoutNowRow, AppendRow, AppendRespRow, HeartbeatRow, HeartbeatRespRow)
 
 
-@dataclass(frozen=True, slots=True)
-class ReplicationConfig:
-    """Times are in ticks (the shell ticks every ``tick_ms``, e.g. 50 ms)."""
-    heartbeat_ticks: int = 2
-    election_ticks: int = 20            # timeouts are drawn from [election_ticks, 2 * election_ticks)
-    retransmit_ticks: int = 10          # an unacked append older than this is resent
-    rebalance_delay_ticks: int = 100    # lead this long before handing over to the preferred replica
-    isr_lag_ticks: int = 200            # a follower caught up within this many ticks is in sync
-    housekeeping_ticks: int = 100       # how often epoch caches are trimmed to the log start
-    pre_vote: bool = True
-    check_quorum: bool = True
-    auto_rebalance: bool = True
-    max_inflight_msgs: int = 16         # per follower
-    max_inflight_bytes: int = 8 << 20   # per follower
-    max_append_bytes: int = 1 << 20     # per append row (at least one batch)
-    max_message_bytes: int = 4 << 20    # payload of one coalesced REPL_APPEND
-    max_rows_per_message: int = 4096
-    max_partitions: int = 100_000
-    max_replicas: int = 9
-
-    def __post_init__(self) -> None:
-        if self.heartbeat_ticks < 1 or self.election_ticks < 2 * self.heartbeat_ticks + 1:
-            raise MeshError(ErrorCode.INVALID_CONFIG,
-                            "need heartbeat_ticks >= 1 and election_ticks > 2 * heartbeat_ticks")
-        for name in ("retransmit_ticks", "rebalance_delay_ticks", "isr_lag_ticks", "housekeeping_ticks",
-                     "max_inflight_msgs", "max_inflight_bytes", "max_append_bytes", "max_message_bytes",
-                     "max_rows_per_message", "max_partitions", "max_replicas"):
-            if getattr(self, name) < 1:
-                raise MeshError(ErrorCode.INVALID_CONFIG, f"{name} must be positive")
-
-
 @dataclass(slots=True)
 class Ready:
     """What one call asks of the shell (see "Shell contract" above)."""
-    log_ops: list = field(default_factory=list)       # Append | Truncate | ResetLog, in order
-    persist: list = field(default_factory=list)       # PersistState, one per changed partition
-    messages: list = field(default_factory=list)      # mesh.wire.effects.Send
-    committed: dict = field(default_factory=dict)     # pid -> new commit offset
-    leadership: dict = field(default_factory=dict)    # pid -> (leader node id | None, epoch)
+    log_ops: list[LogOp] = field(default_factory=list)          # Append | Truncate | ResetLog, in order
+    persist: list[PersistState] = field(default_factory=list)   # one per changed partition
+    messages: list[Send] = field(default_factory=list)          # to peers, after the fsync
+    committed: dict[int, int] = field(default_factory=dict)     # pid -> new commit offset
+    leadership: dict[int, tuple[str | None, int]] = field(default_factory=dict)  # pid -> (leader | None, epoch)
 
     def __bool__(self) -> bool:
         return bool(self.log_ops or self.persist or self.messages or self.committed or self.leadership)
@@ -216,9 +182,9 @@ class ReplicaManager:
         self.now_tick = 0                             # ticks since start
         self._parts: dict[int, Partition] = {}
         self._pids: list[int] = []                    # sorted: deterministic iteration
-        self._rows: dict[str, dict[type, list]] = {}  # dest -> row type -> rows
+        self._rows: dict[str, dict[type, list[PeerRow]]] = {}  # dest -> row type -> rows
         self._payloads: dict[str, list[bytes]] = {}   # dest -> payload of each AppendRow
-        self._log_ops: list = []
+        self._log_ops: list[LogOp] = []
         self._persist: set[int] = set()
         self._committed: set[int] = set()
         self._leader_dirty: set[int] = set()
@@ -277,7 +243,7 @@ class ReplicaManager:
         self._send_data()
         return self._ready()
 
-    def step(self, src: str, msg: Any, payload: bytes | None = None) -> Ready:
+    def step(self, src: str, msg: object, payload: bytes | None = None) -> Ready:
         """Feed one replication message from peer ``src``."""
         rows = parse_rows(msg)
         chunks: list[bytes] | None = None
@@ -292,7 +258,7 @@ class ReplicaManager:
         return self._ready()
 
     @staticmethod
-    def _split_payload(rows: list, payload: bytes) -> list[bytes]:
+    def _split_payload(rows: list[AppendRow], payload: bytes) -> list[bytes]:
         total = 0
         for r in rows:
             if (r.prev_offset < 0 or r.end_offset < r.prev_offset
@@ -382,8 +348,8 @@ class ReplicaManager:
     def leaders(self) -> list[int]:
         return [pid for pid in self._pids if self._parts[pid].role is Role.LEADER]
 
-    # -- the host interface used by Partition ------------------------------------------
-    def send(self, dest: str, row: tuple, payload: bytes = b"") -> None:
+    # -- the host interface used by Partition (mesh.raft.partition.PartitionHost) ---------
+    def send(self, dest: str, row: PeerRow, payload: bytes = b"") -> None:
         by_type = self._rows.get(dest)
         if by_type is None:
             by_type = self._rows[dest] = {}
@@ -394,7 +360,7 @@ class ReplicaManager:
         if type(row) is AppendRow:
             self._payloads.setdefault(dest, []).append(payload)
 
-    def log_op(self, op: Append | Truncate | ResetLog) -> None:
+    def log_op(self, op: LogOp) -> None:
         self._log_ops.append(op)
 
     def state_changed(self, p: Partition) -> None:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import typing
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import NamedTuple, TypeAlias
 
 from mesh.wire.errors import ErrorCode, MeshError
 from mesh.wire.codec import message
@@ -27,8 +27,8 @@ from mesh.wire.codec import message
 __all__ = [
     "AppendRow", "AppendRespRow", "HeartbeatRow", "HeartbeatRespRow", "VoteRow", "VoteRespRow",
     "TimeoutNowRow", "ReplAppend", "ReplAppendResp", "ReplHeartbeat", "ReplHeartbeatResp",
-    "ReplVote", "ReplVoteResp", "ReplTimeoutNow", "ROW_OF", "MESSAGE_OF", "parse_rows",
-    "MAX_ROWS_PER_MESSAGE",
+    "ReplVote", "ReplVoteResp", "ReplTimeoutNow", "PeerRow", "PeerMessage", "PEER_MESSAGES",
+    "ROW_OF", "MESSAGE_OF", "parse_rows", "MAX_ROWS_PER_MESSAGE",
 ]
 
 MAX_ROWS_PER_MESSAGE = 65_536  # a hard bound on what a peer may send; the sender splits far below it
@@ -106,51 +106,63 @@ class TimeoutNowRow(NamedTuple):
 @message("REPL_APPEND")
 @dataclass(frozen=True, slots=True)
 class ReplAppend:
-    rows: list  # of AppendRow; the payload frame holds the rows' batches back to back
+    rows: list[AppendRow]  # the payload frame holds the rows' batches back to back
 
 
 @message("REPL_APPEND_R")
 @dataclass(frozen=True, slots=True)
 class ReplAppendResp:
-    rows: list  # of AppendRespRow
+    rows: list[AppendRespRow]
 
 
 @message("REPL_HEARTBEAT")
 @dataclass(frozen=True, slots=True)
 class ReplHeartbeat:
-    rows: list  # of HeartbeatRow
+    rows: list[HeartbeatRow]
 
 
 @message("REPL_HEARTBEAT_R")
 @dataclass(frozen=True, slots=True)
 class ReplHeartbeatResp:
-    rows: list  # of HeartbeatRespRow
+    rows: list[HeartbeatRespRow]
 
 
 @message("REPL_VOTE")
 @dataclass(frozen=True, slots=True)
 class ReplVote:
-    rows: list  # of VoteRow
+    rows: list[VoteRow]
 
 
 @message("REPL_VOTE_R")
 @dataclass(frozen=True, slots=True)
 class ReplVoteResp:
-    rows: list  # of VoteRespRow
+    rows: list[VoteRespRow]
 
 
 @message("REPL_TIMEOUT_NOW")
 @dataclass(frozen=True, slots=True)
 class ReplTimeoutNow:
-    rows: list  # of TimeoutNowRow
+    rows: list[TimeoutNowRow]
 
 
+PeerRow: TypeAlias = (
+    AppendRow | AppendRespRow | HeartbeatRow | HeartbeatRespRow | VoteRow | VoteRespRow | TimeoutNowRow
+)
+PeerMessage: TypeAlias = (
+    ReplAppend | ReplAppendResp | ReplHeartbeat | ReplHeartbeatResp | ReplVote | ReplVoteResp | ReplTimeoutNow
+)
+
+# Every message of the replication peer protocol (the node routes these to the raft host).
+PEER_MESSAGES: tuple[type, ...] = (
+    ReplAppend, ReplAppendResp, ReplHeartbeat, ReplHeartbeatResp, ReplVote, ReplVoteResp, ReplTimeoutNow,
+)
 MESSAGE_OF: dict[type, type] = {
     AppendRow: ReplAppend, AppendRespRow: ReplAppendResp, HeartbeatRow: ReplHeartbeat,
     HeartbeatRespRow: ReplHeartbeatResp, VoteRow: ReplVote, VoteRespRow: ReplVoteResp,
     TimeoutNowRow: ReplTimeoutNow,
 }
 ROW_OF: dict[type, type] = {msg: row for row, msg in MESSAGE_OF.items()}
+assert set(ROW_OF) == set(PEER_MESSAGES)
 
 
 def _field_types(row_type: type) -> tuple[type, ...]:
@@ -161,7 +173,7 @@ def _field_types(row_type: type) -> tuple[type, ...]:
 _FIELDS: dict[type, tuple[type, ...]] = {row: _field_types(row) for row in MESSAGE_OF}
 
 
-def parse_rows(msg: Any) -> list:
+def parse_rows(msg: object) -> list[PeerRow]:
     """The rows of a decoded replication message as row tuples; a malformed message raises
     MeshError(INVALID_REQUEST) naming the problem, before anything is applied."""
     row_type = ROW_OF.get(type(msg))

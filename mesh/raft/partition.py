@@ -2,8 +2,10 @@
 
 Roles are step functions, not flags (etcd-raft): ``_step`` and ``_tick`` are swapped by
 ``_become_*``. Every input is a row (see ``mesh.raft.messages``) already routed to this
-partition; every output goes through ``host`` (the ``ReplicaManager``), which coalesces
-rows per peer and collects storage effects into the ``Ready``.
+partition; every output goes through ``host`` (a ``PartitionHost``: the ``ReplicaManager``),
+which coalesces rows per peer and collects storage effects into the ``Ready``. A leader
+keeps what it knows of each follower in ``mesh.raft.progress`` (probe / replicate, the
+inflight window); majorities, the commit offset and vote tallies are ``mesh.raft.quorum``.
 
 Rules, in the order ``step`` applies them:
 
@@ -30,20 +32,27 @@ Rules, in the order ``step`` applies them:
    durably *and* that lies in a log holding this leader's epoch marker: followers count
    with the offset they acked in this term (acks leave after persisting), the leader with
    its synced offset, and only replicas at or past ``epoch_start`` count (Raft 5.4.2).
+5. Replication (leader). Each follower is probed (one append outstanding) until an ack
+   shows where the logs agree, then appends are pipelined within the inflight bounds; a
+   rejection or an append unacknowledged for ``retransmit_ticks`` probes again from the
+   last acked offset (``mesh.raft.progress``).
 """
 from __future__ import annotations
 
 import enum
-from collections import deque
-from typing import Any
+import random
+from typing import Protocol
 
 from mesh.wire.errors import ErrorCode, MeshError
-from mesh.raft.log import Append, EpochCache, ResetLog, Truncate
+from mesh.raft.config import ReplicationConfig
+from mesh.raft.log import Append, EpochCache, LogOp, LogReader, ResetLog, Truncate
 from mesh.raft.messages import (
-    AppendRespRow, AppendRow, HeartbeatRespRow, HeartbeatRow, TimeoutNowRow, VoteRespRow, VoteRow,
+    AppendRespRow, AppendRow, HeartbeatRespRow, HeartbeatRow, PeerRow, TimeoutNowRow, VoteRespRow, VoteRow,
 )
+from mesh.raft.progress import PROBE, REPLICATE, Progress, count_active
+from mesh.raft.quorum import VoteResult, committed_offset, majority, vote_result
 
-__all__ = ["Role", "Partition"]
+__all__ = ["Role", "Partition", "PartitionHost"]
 
 _NONE = int(ErrorCode.NONE)
 _FENCED = int(ErrorCode.FENCED_EPOCH)
@@ -56,53 +65,34 @@ class Role(str, enum.Enum):
     LEADER = "leader"
 
 
-PROBE = "probe"          # one message in flight; find where the follower's log agrees
-REPLICATE = "replicate"  # agreement known: pipeline batches, bounded in messages and bytes
+class PartitionHost(Protocol):
+    """What a ``Partition`` needs from the node-wide core that hosts it (the
+    ``ReplicaManager``): shared settings, time and randomness, the log reader, and sinks
+    for its outputs, which the host coalesces into the next ``Ready``."""
+    node_id: str
+    cfg: ReplicationConfig
+    rng: random.Random
+    now_tick: int
+    reader: LogReader
 
-
-class Progress:
-    """The leader's view of one follower (this term only)."""
-    __slots__ = ("match", "next", "state", "probe_sent", "probe_prev", "inflight",
-                 "inflight_bytes", "last_resp_tick", "caught_up_tick")
-
-    def __init__(self, next_offset: int, now: int) -> None:
-        self.match = 0                 # logs agree on [0, match) and the follower synced it
-        self.next = next_offset        # next offset to send from
-        self.state = PROBE
-        self.probe_sent = False
-        self.probe_prev = -1
-        self.inflight: deque[tuple[int, int, int]] = deque()  # (end_offset, bytes, sent tick)
-        self.inflight_bytes = 0
-        self.last_resp_tick = now      # a grace period of one election timeout
-        self.caught_up_tick = -(1 << 62)
-
-    def become_probe(self, next_offset: int) -> None:
-        self.state = PROBE
-        self.next = next_offset
-        self.probe_sent = False
-        self.inflight.clear()
-        self.inflight_bytes = 0
-
-    def become_replicate(self) -> None:
-        self.state = REPLICATE
-        self.next = self.match
-        self.probe_sent = False
-        self.inflight.clear()
-        self.inflight_bytes = 0
-
-    def free_to(self, offset: int) -> None:
-        while self.inflight and self.inflight[0][0] <= offset:
-            self.inflight_bytes -= self.inflight.popleft()[1]
-
-    def describe(self) -> dict:
-        return {"match": self.match, "next": self.next, "state": self.state,
-                "inflight": len(self.inflight), "inflight_bytes": self.inflight_bytes}
+    # Queue ``row`` for peer ``dest`` (with its batch bytes, for an ``AppendRow``).
+    def send(self, dest: str, row: PeerRow, payload: bytes = b"") -> None: ...
+    # A storage effect (Append, Truncate, ResetLog), in order.
+    def log_op(self, op: LogOp) -> None: ...
+    # Term, vote, commit or epoch cache changed: persist the partition's state.
+    def state_changed(self, p: Partition) -> None: ...
+    # The commit offset advanced.
+    def commit_changed(self, p: Partition) -> None: ...
+    # The leader or the term may have changed.
+    def leader_changed(self, p: Partition) -> None: ...
+    # There is data to send to followers on the next flush.
+    def want_flush(self, p: Partition) -> None: ...
 
 
 class Partition:
     """One replica of one partition."""
 
-    def __init__(self, host: Any, pid: int, replicas: tuple[str, ...], term: int,
+    def __init__(self, host: PartitionHost, pid: int, replicas: tuple[str, ...], term: int,
                  vote: str | None, commit: int, cache: EpochCache, end_offset: int) -> None:
         self.host = host
         self.cfg = host.cfg
@@ -110,7 +100,7 @@ class Partition:
         self.pid = pid
         self.replicas = replicas
         self.peers = tuple(r for r in replicas if r != self.node)
-        self.quorum = len(replicas) // 2 + 1
+        self.quorum = majority(len(replicas))
         self.term = term
         self.vote = vote
         self.cache = cache
@@ -132,7 +122,7 @@ class Partition:
         self._reset_timeout()
 
     # -- outputs -----------------------------------------------------------------------
-    def _send(self, dest: str, row: tuple, payload: bytes = b"") -> None:
+    def _send(self, dest: str, row: PeerRow, payload: bytes = b"") -> None:
         self.host.send(dest, row, payload)
 
     def _state_changed(self) -> None:
@@ -188,8 +178,7 @@ class Partition:
                 self.transfer_leadership(preferred)
 
     def _active(self, window_ticks: int) -> int:
-        now = self.host.now_tick
-        return 1 + sum(1 for pr in self.progress.values() if now - pr.last_resp_tick < window_ticks)
+        return count_active(self.progress.values(), self.host.now_tick, window_ticks)
 
     # -- role changes -------------------------------------------------------------------
     def _become_follower(self, term: int, leader: str | None) -> None:
@@ -233,14 +222,14 @@ class Partition:
 
     def _poll(self) -> bool:
         """Count votes; act if the election is decided. True if it was."""
-        granted = sum(1 for v in self.votes.values() if v)
-        if granted >= self.quorum:
+        result = vote_result(self.votes, len(self.replicas), self.quorum)
+        if result is VoteResult.WON:
             if self.role is Role.PRE_CANDIDATE:
                 self._campaign(pre=False)
             else:
                 self._become_leader()
             return True
-        if len(self.votes) - granted > len(self.replicas) - self.quorum:
+        if result is VoteResult.LOST:
             self._become_follower(self.term, None)
             return True
         return False
@@ -263,7 +252,7 @@ class Partition:
         self._maybe_commit()
 
     # -- input ---------------------------------------------------------------------------
-    def step(self, src: str, row: tuple, payload: bytes) -> None:
+    def step(self, src: str, row: PeerRow, payload: bytes) -> None:
         if src == self.node or src not in self.replicas:
             return
         kind = type(row)
@@ -312,7 +301,7 @@ class Partition:
         else:
             self._send(src, VoteRespRow(self.pid, self.term, _NONE, 0, row.pre_vote))
 
-    def _step_follower(self, src: str, row: tuple, payload: bytes) -> None:
+    def _step_follower(self, src: str, row: PeerRow, payload: bytes) -> None:
         kind = type(row)
         if kind is AppendRow:
             self.election_elapsed_ticks = 0
@@ -326,7 +315,7 @@ class Partition:
         elif kind is TimeoutNowRow:
             self._campaign(pre=False, transfer=True)
 
-    def _step_candidate(self, src: str, row: tuple, payload: bytes) -> None:
+    def _step_candidate(self, src: str, row: PeerRow, payload: bytes) -> None:
         kind = type(row)
         if kind is AppendRow or kind is HeartbeatRow:
             self._become_follower(self.term, src)  # a leader of our term exists
@@ -340,7 +329,7 @@ class Partition:
             self.votes.setdefault(src, bool(row.granted))
             self._poll()
 
-    def _step_leader(self, src: str, row: tuple, payload: bytes) -> None:
+    def _step_leader(self, src: str, row: PeerRow, payload: bytes) -> None:
         kind = type(row)
         if kind is AppendRespRow:
             self._handle_append_resp(src, row)
@@ -428,9 +417,7 @@ class Partition:
             m = row.offset
             if m > self.end:
                 return  # cannot be an answer to this leader
-            if m > pr.match:
-                pr.match = m
-                pr.free_to(m)
+            if pr.maybe_update(m):
                 self._maybe_commit()
             if pr.state == PROBE:
                 pr.become_replicate()
@@ -442,10 +429,8 @@ class Partition:
                     self._maybe_send_timeout_now()
         else:
             rejected = row.offset
-            if rejected < pr.match:
-                return  # stale
-            if pr.state == PROBE and (not pr.probe_sent or rejected != pr.probe_prev):
-                return  # an answer to an older probe
+            if pr.stale_rejection(rejected):
+                return
             nxt = min(row.hint_end, self.cache.end_for_epoch(row.hint_epoch, self.end))
             if nxt >= rejected:
                 # No progress (exact epoch caches always make some): the disagreement is at
@@ -462,7 +447,7 @@ class Partition:
         pr.last_resp_tick = now
         if pr.state == PROBE:
             pr.probe_sent = False  # the probe or its answer may be lost: retry
-        elif pr.inflight and now - pr.inflight[0][2] >= self.cfg.retransmit_ticks:
+        elif (oldest := pr.oldest_sent_tick()) is not None and now - oldest >= self.cfg.retransmit_ticks:
             pr.become_probe(pr.match)  # lost in flight: resend from what it acknowledged
         else:
             return
@@ -472,9 +457,9 @@ class Partition:
         if self.role is not Role.LEADER:
             return
         held = [self.synced] + [pr.match for pr in self.progress.values()]
-        held = sorted((h for h in held if h >= self.epoch_start), reverse=True)
-        if len(held) >= self.quorum:
-            self._set_commit(held[self.quorum - 1])
+        commit = committed_offset(held, self.epoch_start, self.quorum)
+        if commit is not None:
+            self._set_commit(commit)
 
     def send_appends(self) -> None:
         """Called by the manager's flush: fill every follower's pipeline."""
@@ -484,8 +469,7 @@ class Partition:
         for peer in self.peers:
             pr = self.progress[peer]
             if pr.state == REPLICATE:
-                while (pr.next < self.end and len(pr.inflight) < cfg.max_inflight_msgs
-                       and pr.inflight_bytes < cfg.max_inflight_bytes):
+                while pr.next < self.end and pr.can_send(cfg.max_inflight_msgs, cfg.max_inflight_bytes):
                     if self._send_append(peer, pr, data=True) < 0:
                         break  # fell behind our log start: now probing
             if pr.state == PROBE and not pr.probe_sent:
@@ -522,9 +506,7 @@ class Partition:
                         self.commit, len(payload), 0)
         self._send(peer, row, payload)
         if pr.state == REPLICATE:
-            pr.inflight.append((end, len(payload), self.host.now_tick))
-            pr.inflight_bytes += len(payload)
-            pr.next = end
+            pr.sent(end, len(payload), self.host.now_tick)
         return prev
 
     def campaign(self) -> None:
@@ -586,15 +568,7 @@ class Partition:
         if self.role is not Role.LEADER:
             return []
         now, lag = self.host.now_tick, self.cfg.isr_lag_ticks
-        out = []
-        for r in self.replicas:
-            if r == self.node:
-                out.append(r)
-                continue
-            pr = self.progress[r]
-            if now - pr.last_resp_tick <= lag and (pr.match >= self.end or now - pr.caught_up_tick <= lag):
-                out.append(r)
-        return out
+        return [r for r in self.replicas if r == self.node or self.progress[r].in_sync(now, lag, self.end)]
 
     def describe(self) -> dict:
         d = {

@@ -50,12 +50,12 @@ from __future__ import annotations
 
 import json
 
-from pyspark.sql.datasource import DataSource
-
+from mesh.spark.options import MeshOptions, MeshSparkError, require_pyarrow  # first: checks the pyspark version
+from mesh.spark.arrow import SCHEMA_DDL, spark_schema
 from mesh.spark.sink import MeshBatchWriter, MeshSinkConfig, MeshStreamWriter
-from mesh.spark.source import (
-    SCHEMA_DDL, MeshBatchReader, MeshOptions, MeshSparkError, MeshStreamReader, require_pyarrow, spark_schema,
-)
+from mesh.spark.source import MeshBatchReader, MeshStreamReader
+
+from pyspark.sql.datasource import DataSource
 
 __all__ = ["register", "MeshDataSource", "MeshSparkError", "lag", "SCHEMA_DDL", "check_workers"]
 

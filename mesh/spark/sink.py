@@ -30,6 +30,10 @@ rows again is harmless:
   commit log entry restarts, replays the same micro-batch (same offsets, same rows, same
   batch id, same task ids) and every batch is dropped as a duplicate.
 
+The rules of what to send, resend, probe and finish are the sans-I/O
+``mesh.client.sequencer`` (the same the ``Producer`` drives), run here with a fixed
+producer id, ``duplicates_are_written`` and a linear backoff.
+
 So ``commit(messages, batch_id)`` has nothing left to do: the dedup lives on the broker,
 which is also what survives a driver crash. What it needs: the rows of a task are the
 same on replay (true for this source and for deterministic transformations; not for a
@@ -56,12 +60,14 @@ import time
 import uuid
 
 from mesh.client.cluster import ClusterView
+from mesh.client.sequencer import RETRY, SPLIT, RetryPolicy, SeqBatch, Sequencer
 from mesh.client.transport import Transport
-from mesh.wire.errors import ErrorCode, MeshError, retriable
+from mesh.wire.errors import ErrorCode, MeshError
 from mesh.wire.messages import ErrorResponse, ProduceRequest, ProduceResponse
 from mesh.wire.partitioner import partition_for_key
 from mesh.wire.records import encode_batch
-from mesh.spark.source import MeshOptions, MeshSparkError, _Cluster, _int_option, require_pyarrow
+from mesh.spark.options import MeshOptions, MeshSparkError, _int_option, require_pyarrow
+from mesh.spark.source import _Cluster
 from mesh.wire.topic_config import BATCH_OVERHEAD_BYTES
 
 from pyspark.sql.datasource import DataSourceArrowWriter, DataSourceStreamArrowWriter, WriterCommitMessage
@@ -69,9 +75,11 @@ from pyspark.sql.datasource import DataSourceArrowWriter, DataSourceStreamArrowW
 __all__ = ["MeshSinkConfig", "MeshBatchWriter", "MeshStreamWriter", "MeshCommitMessage", "producer_id_for"]
 
 _ACKS = {"all": -1, "-1": -1, "1": 1}
-_MAX_IN_FLIGHT = 5          # per partition; the broker remembers the last 5 batches per producer
 _BUFFER_BYTES = 32 << 20    # encoded but unacknowledged, per task
-_BACKOFF_S = 0.1
+# 5 in flight per partition (the broker remembers the last 5 batches per producer); a
+# partition that fails 50 times in a row fails the task; backoff 0.1 s per failure up to 1 s
+_POLICY = RetryPolicy(max_in_flight=5, max_failures=50, backoff_ms=100, backoff_max_ms=1_000,
+                      linear_backoff=True, duplicates_are_written=True)
 
 
 class MeshCommitMessage(WriterCommitMessage):
@@ -352,45 +360,38 @@ class _Router:
             self._close(tp)
 
 
-class _Chunk:
-    """One record batch with its fixed producer id and first sequence number."""
-    __slots__ = ("seq", "payload", "count", "rid", "sent_at", "acked", "cols", "probe")
+class _Chunk(SeqBatch):
+    """One record batch, numbered (producer id, first sequence) once, when submitted."""
+    __slots__ = ("payload", "cols")
 
-    def __init__(self, seq: int, payload: bytes, count: int, cols: tuple):
-        self.seq, self.payload, self.count, self.cols = seq, payload, count, cols
-        self.rid: int | None = None
-        self.sent_at = 0.0
-        self.acked = False
-        self.probe: _Chunk | None = None  # set while finding out how much of it is written
+    def __init__(self, count: int, cols: tuple):
+        super().__init__(count)
+        self.cols = cols
+        self.payload = b""
 
-    def single(self, i: int, producer_id: int) -> "_Chunk":
+    def encode(self) -> "_Chunk":
+        self.payload = encode_batch(*self.cols, producer_id=self.producer_id, base_sequence=self.seq)
+        return self
+
+    def single(self, i: int) -> "_Chunk":
         """Record ``i`` alone, as a one-record batch with its own sequence number."""
         values, keys, ts, headers = self.cols
         cols = ([values[i]], [keys[i]] if keys else None, ts if isinstance(ts, int) else [ts[i]],
                 [headers[i]] if headers else None)
-        return _Chunk(self.seq + i, encode_batch(*cols, producer_id=producer_id, base_sequence=self.seq + i),
-                      1, cols)
-
-
-class _PartState:
-    __slots__ = ("next_seq", "chunks", "backoff_until", "failures")
-
-    def __init__(self):
-        self.next_seq = 0
-        self.chunks: collections.deque[_Chunk] = collections.deque()  # unacknowledged, in order
-        self.backoff_until = 0.0
-        self.failures = 0
+        c = _Chunk(1, cols)
+        c.seq, c.producer_id = self.seq + i, self.producer_id
+        return c.encode()
 
 
 class _Sender:
-    """Pipelined, ordered, retried produce requests under one fixed producer id."""
+    """Pipelined, ordered, retried produce requests under one fixed producer id: the I/O
+    around ``mesh.client.sequencer`` (which decides what to send, resend and finish)."""
 
     def __init__(self, cfg: MeshSinkConfig, producer_id: int):
         self.cfg, self.producer_id = cfg, producer_id
         self.transport = Transport()
         self.cluster = ClusterView(self.transport, cfg.bootstrap, timeout_ms=cfg.request_timeout_ms)
-        self.parts: dict[tuple[str, int], _PartState] = {}
-        self.by_rid: dict[int, tuple[tuple[str, int], _Chunk]] = {}
+        self.seq = Sequencer(_POLICY, producer_id=producer_id)
         self.buffered = 0
         self.records = self.batches = self.duplicates = 0
         self.per_partition: dict[tuple[str, int], int] = collections.Counter()
@@ -423,132 +424,72 @@ class _Sender:
         return lim
 
     def submit(self, t: str, p: int, values, keys, ts, headers) -> None:
-        st = self.parts.get((t, p))
-        if st is None:
-            st = self.parts[(t, p)] = _PartState()
-        payload = encode_batch(values, keys, ts, headers, producer_id=self.producer_id,
-                               base_sequence=st.next_seq)
-        st.next_seq += len(values)
-        st.chunks.append(_Chunk(st.next_seq - len(values), payload, len(values), (values, keys, ts, headers)))
-        self.buffered += len(payload)
+        c = _Chunk(len(values), (values, keys, ts, headers))
+        self.seq.append((t, p), c)
+        self.seq.assign((t, p), c)
+        self.buffered += len(c.encode().payload)
         self._pump(0)
         while self.buffered > _BUFFER_BYTES:
             self._pump(50)
 
     def flush(self) -> None:
         deadline = time.monotonic() + self.cfg.delivery_timeout_ms / 1000
-        while any(st.chunks for st in self.parts.values()):
+        while self.seq.busy():
             if time.monotonic() > deadline:
                 raise MeshSparkError(f"records not acknowledged within deliveryTimeoutMs="
                                      f"{self.cfg.delivery_timeout_ms}")
             self._pump(50)
 
     def _pump(self, wait_ms: int) -> None:
-        now = time.monotonic()
-        for tp, st in self.parts.items():
-            if st.backoff_until > now:
-                continue
-            inflight = sum(1 for c in st.chunks if c.rid is not None)
-            for c in st.chunks:
-                if inflight >= _MAX_IN_FLIGHT:
-                    break
-                if c.rid is not None or c.acked:
-                    if c.probe is not None:
-                        break  # nothing after a batch whose fate is being found out
-                    continue
+        seq = self.seq
+        now_ms = time.monotonic() * 1000
+        for tp in seq.partitions():
+            while (c := seq.next_to_send(tp, now_ms)) is not None:
                 addr = self._leader(tp)
                 if addr is None:
-                    self._retry(tp, st, MeshError(ErrorCode.LEADER_NOT_AVAILABLE, f"no leader for {tp}"))
+                    self._retry(tp, c, MeshError(ErrorCode.LEADER_NOT_AVAILABLE, f"no leader for {tp}"), now_ms)
                     break
-                c.rid = self.transport.send(addr, ProduceRequest(tp[0], tp[1], self.cfg.acks,
-                                                                 self.cfg.request_timeout_ms),
-                                            c.payload if c.probe is None else c.probe.payload)
-                c.sent_at = now
-                self.by_rid[c.rid] = (tp, c)
-                inflight += 1
-                if c.probe is not None:
-                    break
+                rid = self.transport.send(addr, ProduceRequest(tp[0], tp[1], self.cfg.acks, self.cfg.request_timeout_ms),
+                                          c.payload if c.probe is None else c.probe.payload)
+                seq.sent(tp, c, rid, now_ms, addr)
+        self._take_done()
         for _addr, rid, resp, _ in self.transport.poll(wait_ms):
-            entry = self.by_rid.pop(rid, None)
-            if entry is None:
-                continue  # an answer to an attempt given up on
-            tp, c = entry
-            c.rid = None
-            st = self.parts[tp]
             err = resp.error if isinstance(resp, (ProduceResponse, ErrorResponse)) else ErrorCode.UNKNOWN
-            if c.probe is not None:
-                self._probed(tp, st, c, err)
-                continue
-            if err == ErrorCode.DUPLICATE_SEQUENCE and c.count > 1:
-                self._probe(tp, st, c)
-                continue
-            if err in (ErrorCode.NONE, ErrorCode.DUPLICATE_SEQUENCE):
-                # a one-record batch older than the broker's last sequence: written before
-                self._acked(tp, st, c, duplicate=err == ErrorCode.DUPLICATE_SEQUENCE)
-                continue
             leader = getattr(resp, "leader", None)
-            e = MeshError(err, getattr(resp, "message", ""), leader=leader)
-            if leader:
-                self.cluster.set_leader(tp[0], tp[1], leader)
-            if not retriable(err):
-                raise MeshSparkError(f"writing to {tp[0]}/{tp[1]} failed: {e}")
-            self._retry(tp, st, e)
-        now = time.monotonic()
-        for rid, (tp, c) in list(self.by_rid.items()):
-            if rid in self.by_rid and now - c.sent_at > self.cfg.request_timeout_ms / 1000:
-                self._retry(tp, self.parts[tp], MeshError(ErrorCode.TIMEOUT, "no answer"))
+            out = seq.on_reply(rid, err, time.monotonic() * 1000, message=getattr(resp, "message", ""), leader=leader)
+            if out is None:
+                continue  # an answer to an attempt given up on
+            if out.action == SPLIT:
+                self.buffered += sum(len(x.payload) for x in out.replaced_by) - len(out.batch.payload)
+            elif out.action == RETRY:
+                if leader:
+                    self.cluster.set_leader(out.tp[0], out.tp[1], leader)
+                self._after_retry(out.tp, MeshError(err, leader=leader))
+            self._take_done()
+        for tp, _c, err in seq.expire(time.monotonic() * 1000, self.cfg.request_timeout_ms):
+            self._after_retry(tp, err)
+        self._take_done()
 
-    def _probe(self, tp, st: _PartState, c: _Chunk) -> None:
-        """DUPLICATE_SEQUENCE for [f, l]: the broker has sequence f but remembers no batch
-        [f, l]. A replay cut differently (an attempt whose input ended early flushed a short
-        last batch) can straddle the broker's last sequence, so ask about record l alone;
-        until then nothing after this batch is sent."""
-        for x in st.chunks:
-            if x.rid is not None:
-                self.by_rid.pop(x.rid, None)
-                x.rid = None
-        c.probe = c.single(c.count - 1, self.producer_id)
+    def _take_done(self) -> None:
+        for d in self.seq.take_done():
+            tp, c = d.tp, d.batch
+            self.buffered -= len(c.payload)
+            if d.error is not None:
+                how = "keeps failing" if d.gave_up else "failed"
+                raise MeshSparkError(f"writing to {tp[0]}/{tp[1]} {how}: {d.error}")
+            self.batches += 1
+            self.duplicates += d.duplicate
+            self.records += c.count
+            self.per_partition[tp] += c.count
 
-    def _probed(self, tp, st: _PartState, c: _Chunk, err: int) -> None:
-        if err in (ErrorCode.NONE, ErrorCode.DUPLICATE_SEQUENCE):
-            # record l was the next to append, or is older than the last sequence: either
-            # way every record of the batch is written now
-            c.probe = None
-            self._acked(tp, st, c, duplicate=True)
-        elif err == ErrorCode.OUT_OF_ORDER_SEQUENCE:
-            # the broker's last sequence is inside [f, l): send the records one by one; the
-            # written ones come back as duplicates, the rest are appended in order
-            singles = [c.single(i, self.producer_id) for i in range(c.count)]
-            chunks = list(st.chunks)
-            i = chunks.index(c)
-            st.chunks = collections.deque(chunks[:i] + singles + chunks[i + 1:])
-            self.buffered += sum(len(x.payload) for x in singles) - len(c.payload)
-        elif retriable(err):
-            self._retry(tp, st, MeshError(err, "probe"))
-        else:
-            raise MeshSparkError(f"writing to {tp[0]}/{tp[1]} failed: {ErrorCode(err).name}")
-
-    def _acked(self, tp, st: _PartState, c: _Chunk, duplicate: bool) -> None:
-        c.acked = True
-        self.batches += 1
-        self.duplicates += duplicate
-        self.records += c.count
-        self.per_partition[tp] += c.count
-        st.failures = 0
-        while st.chunks and st.chunks[0].acked:
-            self.buffered -= len(st.chunks.popleft().payload)
-
-    def _retry(self, tp, st: _PartState, err: MeshError) -> None:
+    def _retry(self, tp, c: _Chunk, err: MeshError, now_ms: float) -> None:
         """Send every unacknowledged batch of ``tp`` again, in order, after a backoff: the
         broker drops the ones it has, so order and exactly-once both hold."""
-        st.failures += 1
-        if st.failures > 50:
-            raise MeshSparkError(f"writing to {tp[0]}/{tp[1]} keeps failing: {err}")
-        for c in st.chunks:
-            if c.rid is not None:
-                self.by_rid.pop(c.rid, None)
-                c.rid = None
-        st.backoff_until = time.monotonic() + min(1.0, _BACKOFF_S * st.failures)
+        if self.seq.retry(tp, c, err, now_ms):
+            self._after_retry(tp, err)
+        self._take_done()
+
+    def _after_retry(self, tp, err: MeshError) -> None:
         if err.code in (ErrorCode.TIMEOUT, ErrorCode.BROKER_UNAVAILABLE):
             try:
                 self.transport.forget(self._leader(tp) or "")

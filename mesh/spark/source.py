@@ -31,160 +31,37 @@ offsets through JSON). An offset is the next record to read, so a range is
 
 Everything a task needs travels in its ``MeshPartition``; reader objects drop their
 network clients when pickled.
+
+Where the pieces are: options and errors in ``mesh.spark.options``, the pure offset
+planning (offsets JSON, startingOffsets / endingOffsets, ranges, maxOffsetsPerTrigger) in
+``mesh.spark.planning``, the Arrow conversion in ``mesh.spark.arrow``; this module holds
+the readers and the I/O (metadata, ListOffsets through ``ClusterView.list_offsets``,
+fetches).
 """
 from __future__ import annotations
 
-import itertools
-import json
-import re
 import time
 from typing import Iterator
 
+from mesh.spark.options import MeshOptions, MeshSparkError, require_pyarrow
+from mesh.spark.planning import (
+    MeshPartition, offsets_from_json, offsets_to_json, plan_partitions, rate_limit, resolve_offsets,
+)
+from mesh.spark.arrow import arrow_schema, to_arrow
 from mesh.client.admin import Admin
 from mesh.client.transport import Transport
-from mesh.wire.errors import ErrorCode, MeshError, retriable
-from mesh.wire.messages import EARLIEST, LATEST, ErrorResponse, FetchRequest, ListOffsetsRequest
-from mesh.wire.records import ATTR_CONTROL, decode_batch, iter_batches
+from mesh.wire.errors import ErrorCode, MeshError
+from mesh.wire.messages import EARLIEST, LATEST, ErrorResponse, FetchRequest
+from mesh.wire.records import iter_batches
 
-import pyspark
-
-if tuple(int(x) for x in re.findall(r"\d+", pyspark.__version__)[:2]) < (4, 2):
-    raise ImportError(f"mesh.spark needs pyspark 4.2 or newer (admission control and availableNow for Python "
-                      f"streaming sources); this is pyspark {pyspark.__version__}: pip install -U 'pyspark>=4.2'")
-
-from pyspark.sql.datasource import DataSourceReader, DataSourceStreamReader, InputPartition  # noqa: E402
-from pyspark.sql.streaming.datasource import (  # noqa: E402
+from pyspark.sql.datasource import DataSourceReader, DataSourceStreamReader
+from pyspark.sql.streaming.datasource import (
     ReadAllAvailable, ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow,
 )
 
-__all__ = [
-    "SCHEMA_DDL", "spark_schema", "MeshSparkError", "MeshOptions", "MeshPartition", "MeshBatchReader",
-    "MeshStreamReader", "require_pyarrow", "offsets_to_json", "offsets_from_json",
-]
+__all__ = ["MeshBatchReader", "MeshStreamReader", "read_range"]
 
-SCHEMA_DDL = ("key binary, value binary, topic string, partition int, offset long, "
-              "timestamp timestamp, headers array<struct<key:string,value:binary>>")
-
-
-def spark_schema():
-    """SCHEMA_DDL as a StructType, built without a JVM (planner workers have none)."""
-    from pyspark.sql.types import (
-        ArrayType, BinaryType, IntegerType, LongType, StringType, StructField, StructType, TimestampType,
-    )
-    header = StructType([StructField("key", StringType()), StructField("value", BinaryType())])
-    return StructType([
-        StructField("key", BinaryType()), StructField("value", BinaryType()),
-        StructField("topic", StringType()), StructField("partition", IntegerType()),
-        StructField("offset", LongType()), StructField("timestamp", TimestampType()),
-        StructField("headers", ArrayType(header)),
-    ])
-
-_DEFAULT_TIMEOUT_MS = 10_000
-_DEFAULT_FETCH_BYTES = 8 << 20
 _FETCH_WAIT_MS = 200
-
-
-class MeshSparkError(RuntimeError):
-    """An error a Spark user can act on; the message names the option or the fix."""
-
-
-def require_pyarrow():
-    try:
-        import pyarrow
-    except ImportError as exc:  # on the driver or on a worker
-        raise MeshSparkError(
-            "mesh's Spark source and sink need pyarrow in every Python that Spark runs "
-            "(driver and workers): pip install pyarrow (or 'broker-mesh[spark]'), and point "
-            "PYSPARK_PYTHON at that Python") from exc
-    return pyarrow
-
-
-# -- options ---------------------------------------------------------------------------
-def _int_option(opts: dict, name: str, default: int | None, minimum: int = 0) -> int | None:
-    raw = opts.get(name.lower())
-    if raw is None or raw == "":
-        return default
-    try:
-        v = int(raw)
-    except ValueError:
-        raise MeshSparkError(f"option {name}={raw!r} is not an integer") from None
-    if v < minimum:
-        raise MeshSparkError(f"option {name}={v} must be at least {minimum}")
-    return v
-
-
-def _bool_option(opts: dict, name: str, default: bool) -> bool:
-    raw = opts.get(name.lower())
-    if raw is None:
-        return default
-    if raw.strip().lower() not in ("true", "false"):
-        raise MeshSparkError(f"option {name}={raw!r} must be true or false")
-    return raw.strip().lower() == "true"
-
-
-class MeshOptions:
-    """The parsed options shared by source and sink (plain data: it is pickled to tasks)."""
-
-    def __init__(self, options, *, sink: bool = False):
-        opts = {str(k).lower(): str(v) for k, v in dict(options or {}).items()}
-        self.raw = opts
-        self.bootstrap = (opts.get("bootstrap") or opts.get("kafka.bootstrap.servers") or "").strip()
-        if not self.bootstrap:
-            raise MeshSparkError('option "bootstrap" is required, e.g. .option("bootstrap", "127.0.0.1:7101")')
-        self.request_timeout_ms = _int_option(opts, "requestTimeoutMs", _DEFAULT_TIMEOUT_MS, 1)
-        topic = opts.get("topic")
-        subscribe = opts.get("subscribe")
-        pattern = opts.get("subscribepattern")
-        if sink:
-            self.topics = [topic.strip()] if topic and topic.strip() else []
-            self.pattern = None
-            return
-        given = [n for n, v in (("topic", topic), ("subscribe", subscribe), ("subscribePattern", pattern)) if v]
-        if len(given) != 1:
-            raise MeshSparkError('give exactly one of the options "topic" / "subscribe" (comma-separated '
-                                 'topic names) or "subscribePattern" (a regex)'
-                                 + (f"; got {', '.join(given)}" if given else ""))
-        self.pattern = None
-        self.topics = []
-        if pattern:
-            try:
-                self.pattern = re.compile(pattern)
-            except re.error as exc:
-                raise MeshSparkError(f"subscribePattern {pattern!r} is not a valid regex: {exc}") from None
-        else:
-            self.topics = [t.strip() for t in (topic or subscribe).split(",") if t.strip()]
-            if not self.topics:
-                raise MeshSparkError("no topic named in the topic/subscribe option")
-        self.starting = opts.get("startingoffsets")
-        self.ending = opts.get("endingoffsets")
-        self.max_offsets_per_trigger = _int_option(opts, "maxOffsetsPerTrigger", None, 1)
-        self.min_partitions = _int_option(opts, "minPartitions", None, 1)
-        self.fail_on_data_loss = _bool_option(opts, "failOnDataLoss", True)
-        self.fetch_max_bytes = _int_option(opts, "fetchMaxBytes", _DEFAULT_FETCH_BYTES, 1024)
-
-
-# -- offsets as Spark keeps them -------------------------------------------------------
-def offsets_to_json(offsets: dict) -> dict:
-    """{(topic, partition): offset} -> {"topic": {"partition": offset}}, sorted."""
-    out: dict[str, dict[str, int]] = {}
-    for (t, p), off in sorted(offsets.items()):
-        out.setdefault(t, {})[str(p)] = int(off)
-    return out
-
-
-def offsets_from_json(js: dict | str) -> dict:
-    if isinstance(js, str):
-        js = json.loads(js)
-    out = {}
-    for t, parts in js.items():
-        if not isinstance(parts, dict):
-            raise MeshSparkError(f"offsets of topic {t!r} must be an object like {{\"0\": 23}}, not {parts!r}")
-        for p, off in parts.items():
-            try:
-                out[(t, int(p))] = int(off)
-            except (TypeError, ValueError):
-                raise MeshSparkError(f"bad offset {t}/{p}: {off!r}") from None
-    return out
 
 
 class _Cluster:
@@ -244,136 +121,27 @@ class _Cluster:
         return out
 
     def list_offsets(self, leaders: dict, which: int) -> dict[tuple[str, int], int]:
-        """Log start (EARLIEST) or high watermark (LATEST) of each partition, from its leader."""
-        out: dict[tuple[str, int], int] = {}
-        todo = dict(leaders)
-        deadline = time.monotonic() + self.opts.request_timeout_ms / 1000
-        while todo:
-            by_addr: dict[str, list] = {}
-            for (t, p), addr in todo.items():
-                by_addr.setdefault(addr or "", []).append([t, p, which])
-            retry = {}
-            for addr, parts in by_addr.items():
-                if not addr:
-                    retry.update({(t, p): None for t, p, _ in parts})
-                    continue
-                try:
-                    resp, _ = self.admin.transport.call(addr, ListOffsetsRequest(parts),
-                                                        timeout_ms=self.opts.request_timeout_ms)
-                except MeshError as exc:
-                    if exc.code in (ErrorCode.BROKER_UNAVAILABLE, ErrorCode.TIMEOUT):
-                        self.admin.transport.forget(addr)
-                        if time.monotonic() > deadline:
-                            raise self._unreachable(exc) from None
-                        retry.update({(t, p): None for t, p, _ in parts})
-                        continue
-                    raise
-                for t, p, err, off, leader in resp.parts:
-                    if not err:
-                        out[(t, p)] = off
-                    elif retriable(err):
-                        retry[(t, p)] = leader
-                    else:
-                        raise MeshSparkError(f"cannot list offsets of {t}/{p}: {ErrorCode(err).name}")
-            if retry:
-                if time.monotonic() > deadline:
-                    raise MeshSparkError(f"no leader answered for {sorted(retry)} within "
-                                         f"{self.opts.request_timeout_ms} ms")
-                time.sleep(0.1)  # back off before asking again (leader election in progress)
-                fresh = self.partitions(required=False)
-                retry = {tp: hint or fresh.get(tp) for tp, hint in retry.items()}
-            todo = retry
-        return out
+        """Log start (EARLIEST) or high watermark (LATEST) of each partition of ``leaders``,
+        from its leader (``ClusterView.list_offsets``: retried until requestTimeoutMs)."""
+        cluster = self.admin.cluster
+        for (t, p), addr in leaders.items():
+            if addr:
+                cluster.set_leader(t, p, addr)
+        timeout_ms = self.opts.request_timeout_ms
+        try:
+            got = cluster.list_offsets(sorted(leaders), which, timeout_ms=timeout_ms, request_timeout_ms=timeout_ms)
+        except MeshError as exc:
+            if exc.code in (ErrorCode.BROKER_UNAVAILABLE, ErrorCode.TIMEOUT):
+                raise self._unreachable(exc) from None
+            if exc.code == ErrorCode.LEADER_NOT_AVAILABLE:
+                raise MeshSparkError(f"no leader answered within {timeout_ms} ms: {exc}") from None
+            raise MeshSparkError(f"cannot list offsets: {exc}") from None
+        return {(tp.topic, tp.partition): off for tp, off in got.items()}
 
     def close(self) -> None:
         if self._admin is not None:
             self._admin.close()
             self._admin = None
-
-
-def _resolve(spec: str | None, default: str, leaders: dict, cluster: _Cluster, *, what: str,
-             allow: tuple[str, ...]) -> dict[tuple[str, int], int]:
-    """startingOffsets / endingOffsets -> {(topic, partition): offset} for every partition."""
-    spec = (spec or default).strip()
-    if spec.lower() in ("earliest", "latest"):
-        if spec.lower() not in allow:
-            raise MeshSparkError(f"{what}={spec} is not allowed here (use {' or '.join(allow)} or JSON)")
-        return cluster.list_offsets(leaders, EARLIEST if spec.lower() == "earliest" else LATEST)
-    try:
-        given = offsets_from_json(spec)
-    except json.JSONDecodeError:
-        raise MeshSparkError(f'{what} must be "earliest", "latest" or JSON like '
-                             f'{{"orders":{{"0":23,"1":-2}}}}, not {spec!r}') from None
-    unknown = sorted(set(given) - set(leaders))
-    if unknown:
-        raise MeshSparkError(f"{what} names partitions that are not subscribed or do not exist: {unknown}")
-    out = {}
-    need = {EARLIEST: {}, LATEST: {}}
-    fallback = EARLIEST if default == "earliest" else LATEST
-    for tp, addr in leaders.items():
-        off = given.get(tp, fallback)
-        if off in (EARLIEST, LATEST):
-            if off == EARLIEST and "earliest" not in allow:
-                raise MeshSparkError(f"{what}: -2 (earliest) is not allowed for {tp[0]}/{tp[1]}")
-            need[off][tp] = addr
-        elif off < 0:
-            raise MeshSparkError(f"{what}: offset {off} of {tp[0]}/{tp[1]} is negative (use -2 earliest, -1 latest)")
-        else:
-            out[tp] = off
-    for which, sub in need.items():
-        if sub:
-            out.update(cluster.list_offsets(sub, which))
-    return out
-
-
-# -- tasks -----------------------------------------------------------------------------
-class MeshPartition(InputPartition):
-    """One Spark task: records [start, end) of one topic-partition."""
-
-    def __init__(self, topic: str, partition: int, start: int, end: int, leader: str | None,
-                 opts: MeshOptions, new_partition: bool = False):
-        super().__init__((topic, partition, start, end))
-        self.topic, self.partition, self.start, self.end = topic, partition, start, end
-        self.leader, self.opts, self.new_partition = leader, opts, new_partition
-
-    def __repr__(self) -> str:
-        return f"MeshPartition({self.topic}/{self.partition} [{self.start}, {self.end}))"
-
-
-def _split(topic, partition, start, end, leader, opts, pieces, new=False) -> list[MeshPartition]:
-    n = max(1, min(pieces, end - start))
-    step, extra = divmod(end - start, n)
-    out, s = [], start
-    for i in range(n):
-        e = s + step + (1 if i < extra else 0)
-        out.append(MeshPartition(topic, partition, s, e, leader, opts, new))
-        s = e
-    return out
-
-
-def plan_partitions(start: dict, end: dict, leaders: dict, opts: MeshOptions,
-                    new_partitions: frozenset = frozenset()) -> list[MeshPartition]:
-    ranges = [(tp, start.get(tp, 0), end[tp]) for tp in sorted(end) if end[tp] > start.get(tp, 0)]
-    total = sum(e - s for _, s, e in ranges)
-    out = []
-    for (t, p), s, e in ranges:
-        pieces = 1
-        if opts.min_partitions and opts.min_partitions > len(ranges) and total:
-            pieces = max(1, -(-opts.min_partitions * (e - s) // total))  # ceil: at least minPartitions
-        out.extend(_split(t, p, s, e, leaders.get((t, p)), opts, pieces, (t, p) in new_partitions))
-    return out
-
-
-_arrow_schema_cache = None
-
-
-def _arrow_schema():
-    """The Arrow schema Spark checks batches against (the same function Spark uses)."""
-    global _arrow_schema_cache
-    if _arrow_schema_cache is None:
-        from pyspark.sql.pandas.types import to_arrow_schema
-        _arrow_schema_cache = to_arrow_schema(spark_schema(), timezone="UTC")
-    return _arrow_schema_cache
 
 
 def _wait_for(transport: Transport, rid: int, timeout_ms: int):
@@ -393,7 +161,7 @@ def read_range(part: MeshPartition) -> Iterator:
     if part.start >= part.end:
         return
     pa = require_pyarrow()
-    schema = _arrow_schema()
+    schema = arrow_schema()
     opts = part.opts
     topic, partition, end = part.topic, part.partition, part.end
     transport = Transport()
@@ -468,75 +236,12 @@ def read_range(part: MeshPartition) -> Iterator:
             if nxt < end:
                 rid = send(nxt)  # the next fetch travels while this one is decoded
             t0 = time.monotonic()
-            rb = _to_arrow(pa, schema, topic, partition, batches, off, end)
+            rb = to_arrow(pa, schema, topic, partition, batches, off, end)
             off = nxt
             if rb is not None:
                 yield rb
     finally:
         transport.close()
-
-
-def _to_arrow(pa, schema, topic: str, partition: int, batches, lo: int, hi: int):
-    """Columns of the records with offsets in [lo, hi) of ``batches``: one RecordBatch."""
-    import pyarrow.compute as pc
-    values: list = []
-    keys: list | None = None
-    headers: list | None = None
-    ts: list = []                      # int64 microsecond arrays, one per record batch
-    runs: list[tuple[int, int]] = []  # (first offset, count) per record batch
-    for h, b in batches:
-        if h.attributes & ATTR_CONTROL:
-            continue
-        _, vs, ks, deltas, hs = decode_batch(b)
-        n = h.record_count
-        a, z = max(0, lo - h.base_offset), min(n, hi - h.base_offset)
-        if a >= z:
-            continue
-        if a or z < n:
-            vs = vs[a:z]
-            ks = ks[a:z] if ks else None
-            deltas = deltas[a:z] if deltas else None
-            hs = hs[a:z] if hs else None
-        m = z - a
-        done = len(values)
-        values.extend(vs)
-        if ks is not None:
-            if keys is None:
-                keys = [None] * done
-            keys.extend(ks)
-        elif keys is not None:
-            keys.extend(itertools.repeat(None, m))
-        if hs is not None:
-            if headers is None:
-                headers = [None] * done
-            headers.extend([[(str(k), v) for k, v in x] if x else None for x in hs])
-        elif headers is not None:
-            headers.extend(itertools.repeat(None, m))
-        first_us = h.first_timestamp_ms * 1000
-        if deltas:
-            ts.append(pc.add(pc.multiply(pa.array(deltas, pa.int64()), 1000), first_us))
-        else:  # one timestamp for the whole batch: no Python int per record
-            ts.append(pa.repeat(pa.scalar(first_us, pa.int64()), m))
-        runs.append((h.base_offset + a, m))
-    n = len(values)
-    if not n:
-        return None
-    f = schema.types
-    first_off = runs[0][0]
-    if all(runs[i][0] == runs[i - 1][0] + runs[i - 1][1] for i in range(1, len(runs))):
-        offsets = pc.add(pc.cumulative_sum(pa.repeat(pa.scalar(1, pa.int64()), n)), first_off - 1)
-    else:  # control batches in between
-        offsets = pa.array(list(itertools.chain.from_iterable(range(s, s + c) for s, c in runs)), pa.int64())
-    cols = [
-        pa.array(keys, f[0]) if keys is not None else pa.nulls(n, f[0]),
-        pa.array(values, f[1]),
-        pa.repeat(pa.scalar(topic, f[2]), n),
-        pa.repeat(pa.scalar(partition, f[3]), n),
-        offsets,
-        pa.concat_arrays(ts).cast(f[5]),
-        pa.array(headers, f[6]) if headers is not None else pa.nulls(n, f[6]),
-    ]
-    return pa.RecordBatch.from_arrays(cols, schema=schema)
 
 
 # -- readers ---------------------------------------------------------------------------
@@ -551,9 +256,9 @@ class MeshBatchReader(DataSourceReader):
         cluster = _Cluster(self.opts)
         try:
             leaders = cluster.partitions()
-            start = _resolve(self.opts.starting, "earliest", leaders, cluster,
+            start = resolve_offsets(self.opts.starting, "earliest", leaders, cluster.list_offsets,
                              what="startingOffsets", allow=("earliest",))
-            end = _resolve(self.opts.ending, "latest", leaders, cluster,
+            end = resolve_offsets(self.opts.ending, "latest", leaders, cluster.list_offsets,
                            what="endingOffsets", allow=("latest",))
             for tp in sorted(leaders):
                 if start[tp] > end[tp]:
@@ -590,7 +295,7 @@ class MeshStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def initialOffset(self) -> dict:
         leaders = self._partitions()
-        return offsets_to_json(_resolve(self.opts.starting, "latest", leaders, self._cluster,
+        return offsets_to_json(resolve_offsets(self.opts.starting, "latest", leaders, self._cluster.list_offsets,
                                         what="startingOffsets", allow=("earliest", "latest")))
 
     def getDefaultReadLimit(self) -> ReadLimit:
@@ -616,7 +321,7 @@ class MeshStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         for tp, off in latest.items():
             end[tp] = max(begin[tp], off)
         if isinstance(limit, ReadMaxRows):
-            end = _rate_limit(begin, end, limit.max_rows)
+            end = rate_limit(begin, end, limit.max_rows)
         return offsets_to_json(end)
 
     def reportLatestOffset(self):
@@ -639,18 +344,3 @@ class MeshStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def stop(self) -> None:
         self._cluster.close()
-
-
-def _rate_limit(begin: dict, end: dict, max_rows: int) -> dict:
-    """Advance at most ``max_rows`` records in all, shared in proportion to each partition's
-    backlog (largest remainder: the shares add up exactly)."""
-    backlog = {tp: end[tp] - begin[tp] for tp in end}
-    total = sum(backlog.values())
-    if total <= max_rows:
-        return end
-    shares = {tp: max_rows * n / total for tp, n in backlog.items()}
-    take = {tp: int(x) for tp, x in shares.items()}
-    left = max_rows - sum(take.values())
-    for tp in sorted(shares, key=lambda tp: (take[tp] - shares[tp], tp))[:left]:
-        take[tp] += 1
-    return {tp: begin[tp] + min(take[tp], backlog[tp]) for tp in end}

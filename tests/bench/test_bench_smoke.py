@@ -73,7 +73,7 @@ def test_compare_two_runs(smoke_run):
 
 @pytest.mark.integration
 def test_unreachable_bootstrap_is_a_clear_error(tmp_path):
-    from bench.cluster import free_port
+    from mesh.testing.launcher import free_port
     port = free_port()
     res = CliRunner().invoke(bench_main, ["run", "--scenario", "smoke", "--bootstrap", f"127.0.0.1:{port}",
                                           "--connect-timeout-s", "1", "--skip-analysis", "--out", str(tmp_path / "r")])

@@ -1,6 +1,6 @@
 import pytest
 
-from tests.harness import BrokerProcess
+from mesh.testing.launcher import BrokerProcess
 
 pytestmark = pytest.mark.integration
 

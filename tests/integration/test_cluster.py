@@ -4,7 +4,7 @@ import signal
 import pytest
 
 from mesh.client import Admin, Consumer, Producer
-from tests.harness import BrokerProcess, Cluster, wait_until
+from mesh.testing.launcher import BrokerProcess, Cluster, wait_until
 
 pytestmark = pytest.mark.integration
 

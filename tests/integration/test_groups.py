@@ -19,9 +19,9 @@ import pytest
 from click.testing import CliRunner
 
 from mesh.client import Admin, Consumer, Producer
-from mesh.client.group import GroupAdmin
+from mesh.client.group_admin import GroupAdmin
 from mesh.groups.rendezvous import coordinator_for
-from tests.harness import ROOT, Cluster, wait_until
+from mesh.testing.launcher import ROOT, Cluster, wait_until
 from tools.cli import main as cli
 
 pytestmark = pytest.mark.integration
@@ -121,7 +121,7 @@ def gossip_offsets(address, group) -> dict[int, int]:
     """What one broker knows of a group's committed offsets from gossip alone (a broker that
     does not coordinate the group answers COORDINATOR_MOVED with them)."""
     from mesh.client.transport import Transport
-    from mesh.groups.coordinator import GroupFetchOffsets
+    from mesh.groups import GroupFetchOffsets
     t = Transport()
     try:
         resp, _ = t.call(address, GroupFetchOffsets(group, None), timeout_ms=2000)

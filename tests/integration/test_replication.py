@@ -15,7 +15,7 @@ import pytest
 from mesh.client import Admin, Consumer, ErrorCode, MeshError, Producer, TopicPartition
 from mesh.wire.records import iter_batches, records_from
 from storage.log import Store
-from tests.harness import Cluster, wait_until
+from mesh.testing.launcher import Cluster, wait_until
 
 pytestmark = pytest.mark.integration
 

@@ -18,7 +18,7 @@ from mesh.client import Admin, Consumer, ErrorCode, MeshError, Producer, TopicPa
 from mesh.client.transport import Transport
 from mesh.wire.records import encode_batch
 from mesh.wire.codec import PROTOCOL_CLIENT, pack, unpack
-from tests.harness import ROOT, BrokerProcess, wait_until
+from mesh.testing.launcher import ROOT, BrokerProcess, wait_until
 
 pytestmark = pytest.mark.integration
 

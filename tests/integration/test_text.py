@@ -12,7 +12,7 @@ import pytest
 
 from mesh.client import Admin, Consumer
 from mesh.wire.partitioner import partition_for_key
-from tests.harness import BrokerProcess, free_port, wait_until
+from mesh.testing.launcher import BrokerProcess, free_port, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -202,7 +202,7 @@ def test_cons_commits_what_the_previous_cons_returned(broker):
 
 
 def test_two_subscriptions_of_one_group_share_the_partitions(broker):
-    from mesh.client.group import GroupAdmin
+    from mesh.client.group_admin import GroupAdmin
     a, b = Client(broker.text_port), Client(broker.text_port)
     try:
         sa = a.cmd("SUBS shared crew").split()[1]

@@ -1,10 +1,10 @@
 """Deterministic simulation of consumer groups: one coordinator, members that come and go.
 
-The real ``GroupCoordinator`` and ``GroupMemberState`` run against a simulated network that
-loses, duplicates, delays and reorders messages and can cut a member off. Members join,
-leave, crash, change subscriptions, are slow to revoke; the coordinator crashes or moves
-(a fresh, empty instance takes over and loads offsets from the "gossiped" store); topics
-grow. After every 10 ms step:
+The real ``GroupCoordinator`` and ``GroupMemberState`` run on the shared simulated network
+(``mesh.testing.simnet``), which loses, duplicates, delays and reorders messages and can cut
+a member off. Members join, leave, crash, change subscriptions, are slow to revoke; the
+coordinator crashes or moves (a fresh, empty instance takes over and loads offsets from the
+"gossiped" store); topics grow. After every 10 ms step:
 
 * no partition is held by two members at once (held = what the members believe);
 * the coordinator's own ownership invariants hold;
@@ -21,15 +21,14 @@ runs that one run again; ``GROUPS_SIM_SEEDS=1000`` runs more seeds.
 """
 from __future__ import annotations
 
-import heapq
 import os
 import random
-from dataclasses import dataclass, field
 
 import pytest
 
+from mesh.testing.simnet import SimNet
 from mesh.wire.errors import ErrorCode
-from mesh.groups.coordinator import (
+from mesh.groups import (
     GroupCommit, GroupConfig, GroupCoordinator, GroupMemberState, PersistOffsets, error_response,
 )
 
@@ -50,49 +49,6 @@ COORD = "coordinator"
 
 class SimFailure(AssertionError):
     pass
-
-
-@dataclass(order=True)
-class _Packet:
-    deliver_ms: int
-    seq: int
-    dest: str = field(compare=False)
-    body: tuple = field(compare=False)
-
-
-class Network:
-    """Delivery in time order; loss, duplication, delay (hence reordering) and cut members."""
-
-    def __init__(self, rng: random.Random):
-        self.rng = rng
-        self.queue: list[_Packet] = []
-        self.seq = 0
-        self.loss = 0.0
-        self.dup = 0.0
-        self.max_delay_ms = 5
-        self.straggler = 0.0     # chance that a packet takes up to STRAGGLER_MS (a retransmit)
-        self.cut_until: dict[str, int] = {}
-
-    def send(self, now_ms: int, src: str, dest: str, body: tuple) -> None:
-        for end in (src, dest):
-            if self.cut_until.get(end, -1) > now_ms:
-                return
-        copies = 2 if self.rng.random() < self.dup else 1
-        for _ in range(copies):
-            if self.rng.random() < self.loss:
-                continue
-            self.seq += 1
-            delay = self.rng.randint(1, self.max_delay_ms)
-            if self.rng.random() < self.straggler:
-                delay = self.rng.randint(self.max_delay_ms, STRAGGLER_MS)
-            heapq.heappush(self.queue, _Packet(now_ms + delay, self.seq, dest, body))
-
-    def due(self, now_ms: int):
-        while self.queue and self.queue[0].deliver_ms <= now_ms:
-            p = heapq.heappop(self.queue)
-            if self.cut_until.get(p.dest, -1) > now_ms:
-                continue
-            yield p.dest, p.body
 
 
 class Member:
@@ -139,10 +95,10 @@ class Member:
         if rng.random() < 0.01:
             self.stale_probe(now)
         if self.state.heartbeat_due(now):
-            sim.net.send(now, self.name, COORD, ("hb", self.name, now, self.state.heartbeat(now)))
+            sim.net.send(self.name, COORD, ("hb", self.name, now, self.state.heartbeat(now)))
 
     def send_commit(self, now: int, req: GroupCommit, probe: bool = False) -> None:
-        self.sim.net.send(now, self.name, COORD, ("commit", self.name, now, req, probe))
+        self.sim.net.send(self.name, COORD, ("commit", self.name, now, req, probe))
 
     def stale_probe(self, now: int) -> None:
         older = [(mid, e) for mid, e in self.epochs_seen
@@ -177,7 +133,7 @@ class Member:
             delay = sim.rng.randint(2_000, 3_000) if self.slow else sim.rng.randint(0, 300)
             self.revoke_at[tp] = now + delay
         for req in changes.send:
-            sim.net.send(now, self.name, COORD, ("hb", self.name, now, req))
+            sim.net.send(self.name, COORD, ("hb", self.name, now, req))
         if changes.lost:
             sim.stats["lost_events"] += 1
 
@@ -215,7 +171,7 @@ class Sim:
     def __init__(self, seed: int):
         self.seed = seed
         self.rng = random.Random(seed)
-        self.net = Network(random.Random(seed ^ 0x5EED))
+        self.net = SimNet(f"groups-sim/{seed}/net", delay=(1, 5))   # owns the clock (ms) and the network
         self.assignor = ASSIGNORS[seed % len(ASSIGNORS)]
         self.config = GroupConfig(heartbeat_interval_ms=100, max_session_timeout_ms=MAX_SESSION_MS,
                                   max_rebalance_timeout_ms=5_000, default_assignor=self.assignor)
@@ -261,9 +217,9 @@ class Sim:
             if resp.error == ErrorCode.NONE:
                 self.stats["commits_ok"] += 1
                 self.check_commit_owner(src, req)
-            self.net.send(self.now, COORD, src, ("commit_r", sent_ms, req, body[4], resp))
+            self.net.send(COORD, src, ("commit_r", sent_ms, req, body[4], resp))
         else:
-            self.net.send(self.now, COORD, src, ("hb_r", sent_ms, resp))
+            self.net.send(COORD, src, ("hb_r", sent_ms, resp))
 
     def check_commit_owner(self, src: str, req: GroupCommit) -> None:
         for t, p, _, _ in req.offsets:
@@ -292,12 +248,12 @@ class Sim:
                 m.send_commit(now, m.state.commit([(t, p, m.positions[(t, p)], "") for t, p in held]))
             req, _ = m.state.leave()
             if req is not None:
-                self.net.send(now, name, COORD, ("hb", name, now, req))
+                self.net.send(name, COORD, ("hb", name, now, req))
         elif r < 0.008 and self.members:                      # crash: beliefs die with it
             self.members.pop(rng.choice(sorted(self.members)))
         elif r < 0.011 and self.members:                      # cut off from the network
             name = rng.choice(sorted(self.members))
-            self.net.cut_until[name] = now + rng.randint(100, 3_000)
+            self.net.isolate(name, until=now + rng.randint(100, 3_000))
         elif r < 0.012 and self.members:
             m = self.members[rng.choice(sorted(self.members))]
             names = sorted(self.topics)
@@ -328,7 +284,7 @@ class Sim:
         if self.coord_moving_until and self.now >= self.coord_moving_until:
             self.coord_moving_until = 0
             self.start_coordinator()                           # the new coordinator starts empty
-        for dest, body in list(self.net.due(self.now)):
+        for _, _, dest, body in self.net.due(self.now):
             if dest == COORD:
                 self.coordinator_receive(body)
             elif dest in self.members:
@@ -377,16 +333,18 @@ class Sim:
     def run(self) -> dict:
         self.net.loss = self.rng.choice([0.0, 0.02, 0.05, 0.15])
         self.net.dup = self.rng.choice([0.0, 0.05, 0.1])
-        self.net.max_delay_ms = self.rng.choice([1, 5, 20, 80])
-        self.net.straggler = self.rng.choice([0.01, 0.05, 0.1])
+        max_delay_ms = self.rng.choice([1, 5, 20, 80])
+        self.net.delay = (1, max_delay_ms)
+        self.net.slow = (max_delay_ms, STRAGGLER_MS)    # a straggler: a retransmit, much later
+        self.net.slow_p = self.rng.choice([0.01, 0.05, 0.1])
         for _ in range(self.rng.randint(1, 4)):
             self.add_member()
         while self.now < CHAOS_MS:
             self.step(chaos=True)
         # heal: no loss, short delays, nobody cut off or slow, at least two members
-        self.net.loss = self.net.dup = self.net.straggler = 0.0
-        self.net.max_delay_ms = 5
-        self.net.cut_until.clear()
+        self.net.loss = self.net.dup = self.net.slow_p = 0.0
+        self.net.delay = (1, 5)
+        self.net.heal()
         for m in self.members.values():
             m.slow = False
         while len(self.members) < 2:

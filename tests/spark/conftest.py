@@ -15,7 +15,7 @@ pyspark = pytest.importorskip("pyspark", reason="pyspark is not installed (pip i
 pytest.importorskip("pyarrow", reason="pyarrow is not installed (pip install 'broker-mesh[spark]')")
 
 from mesh.client import Admin, Consumer, Producer  # noqa: E402
-from tests.harness import BrokerProcess  # noqa: E402
+from mesh.testing.launcher import BrokerProcess  # noqa: E402
 
 _names = itertools.count()
 

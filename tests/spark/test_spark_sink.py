@@ -91,7 +91,7 @@ def test_a_replayed_task_appends_only_what_is_missing(broker, new_topic, monkeyp
 
     singles = []
     real_single = spark_sink._Chunk.single
-    monkeypatch.setattr(spark_sink._Chunk, "single", lambda c, i, pid: singles.append(i) or real_single(c, i, pid))
+    monkeypatch.setattr(spark_sink._Chunk, "single", lambda c, i: singles.append(i) or real_single(c, i))
 
     key = f"test/replay/{keyed}/{stop}"
     assert write_task(cfg, key, rbs(stop, 10)).records == stop   # the attempt whose input ended early
@@ -215,7 +215,7 @@ def test_stream_killed_mid_batch_then_restarted_writes_each_record_once(spark, b
             open(marker, "w").close()
             # fail only once rows of this micro-batch (300..499) have reached the output topic
             from mesh.client import Admin
-            from tests.harness import wait_until
+            from mesh.testing.launcher import wait_until
             with Admin(bootstrap) as a:
                 wait_until(lambda: sum(p["high_watermark"] for p in a.describe_topic(dst)["partitions"]) >= 340,
                            30, "earlier rows of the micro-batch to be written")

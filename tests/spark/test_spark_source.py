@@ -7,7 +7,7 @@ import threading
 import pytest
 
 from mesh.wire.partitioner import partition_for_key
-from tests.harness import wait_until
+from mesh.testing.launcher import wait_until
 from tests.spark.conftest import produce
 
 pytestmark = pytest.mark.spark
@@ -173,7 +173,7 @@ def test_a_worker_python_without_the_package_is_named(spark):
 
 
 def test_max_offsets_per_trigger_is_shared_by_backlog_and_exact():
-    from mesh.spark.source import _rate_limit
+    from mesh.spark.planning import rate_limit as _rate_limit
     a, b, c = ("t", 0), ("t", 1), ("t", 2)
     begin = {a: 0, b: 100, c: 5}
     end = {a: 900, b: 190, c: 15}   # backlogs 900, 90, 10
@@ -185,7 +185,8 @@ def test_max_offsets_per_trigger_is_shared_by_backlog_and_exact():
 
 
 def test_options_follow_kafka_names_and_offsets_round_trip_as_json():
-    from mesh.spark.source import MeshOptions, MeshSparkError, offsets_from_json, offsets_to_json
+    from mesh.spark.options import MeshOptions, MeshSparkError
+    from mesh.spark.planning import offsets_from_json, offsets_to_json
     o = MeshOptions({"kafka.bootstrap.servers": "h:1", "SUBSCRIBE": "a, b", "maxOffsetsPerTrigger": "5"})
     assert o.bootstrap == "h:1" and o.topics == ["a", "b"] and o.max_offsets_per_trigger == 5
     assert MeshOptions({"bootstrap": "h:1", "subscribePattern": "or.*"}).pattern.fullmatch("orders")
@@ -203,7 +204,7 @@ def test_options_follow_kafka_names_and_offsets_round_trip_as_json():
 def test_missing_pyarrow_is_named(monkeypatch):
     import sys
 
-    from mesh.spark.source import MeshSparkError, require_pyarrow
+    from mesh.spark.options import MeshSparkError, require_pyarrow
     monkeypatch.setitem(sys.modules, "pyarrow", None)  # "import pyarrow" now raises ImportError
     with pytest.raises(MeshSparkError, match="need pyarrow"):
         require_pyarrow()

@@ -1,4 +1,4 @@
-"""mesh.gossip.core: the Scuttlebutt state machine, one rule at a time.
+"""mesh.gossip: the Scuttlebutt state machine, one rule at a time.
 
 Each test drives nodes by hand through a tiny synchronous network (every message goes
 through the real msgpack codec). Time is an int; nothing sleeps.
@@ -14,8 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mesh.wire.effects import Send
-from mesh.gossip.core import (ALIVE, DEAD, LEFT, SUSPECT, Gossip, GossipAck, GossipAck2, GossipConfig,
-                         GossipSyn)
+from mesh.gossip import ALIVE, DEAD, LEFT, SUSPECT, Gossip, GossipAck, GossipAck2, GossipConfig, GossipSyn
 from mesh.wire.codec import REGISTRY, decode_body, encode_body
 
 CFG = GossipConfig(dead_after_ms=3_000, tombstone_gc_ms=30_000)

@@ -6,12 +6,11 @@ import random
 import pytest
 
 from mesh.wire.errors import ErrorCode
-from mesh.groups.coordinator import (
+from mesh.groups import (
     GroupCommit, GroupConfig, GroupCoordinator, GroupDescribe, GroupFetchOffsets,
     GroupFindCoordinator, GroupHeartbeat, GroupHeartbeatResponse, GroupList, GroupMemberState,
-    GroupResetOffsets, MemberRemoved, PersistOffsets, error_response,
+    GroupResetOffsets, MemberRemoved, PersistOffsets, coordinator_for, error_response, ranked_nodes,
 )
-from mesh.groups.rendezvous import coordinator_for, ranked_nodes
 from mesh.wire.codec import decode_body, encode_body
 
 G = "g"

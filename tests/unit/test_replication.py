@@ -1,4 +1,4 @@
-"""mesh.raft.manager: one test per rule, on a tiny hand-driven network (etcd-raft style).
+"""mesh.raft: one test per rule, on a tiny hand-driven network (etcd-raft style).
 
 ``Net`` plays the shell for a few brokers: each ``Ready`` is applied to an in-memory store
 (``tests.sim.replication_sim.Store``) and made durable at once, messages go through the
@@ -12,12 +12,15 @@ import random
 import pytest
 
 from mesh.wire.errors import ErrorCode, MeshError
-from mesh.raft.manager import (
-    Append, EpochCache, PersistState, ReplAppend, ReplHeartbeat, ReplHeartbeatResp, ReplVote,
+from mesh.raft import (
+    PEER_MESSAGES, Append, EpochCache, PersistState, ReplAppend, ReplHeartbeat, ReplHeartbeatResp, ReplVote,
     ReplicaManager, ReplicationConfig, ResetLog, Role, Truncate,
 )
 from mesh.raft.messages import AppendRow, HeartbeatRow, VoteRow
-from mesh.wire.codec import decode_body, encode_body, op_of
+from mesh.raft.partition import PartitionHost
+from mesh.raft.progress import PROBE, REPLICATE, Progress, count_active
+from mesh.raft.quorum import VoteResult, committed_offset, majority, vote_result
+from mesh.wire.codec import REGISTRY, decode_body, encode_body, op_of
 from tests.sim.replication_sim import Store, encode_batch, iter_batches
 
 CFG = ReplicationConfig(heartbeat_ticks=1, election_ticks=10, retransmit_ticks=5, auto_rebalance=False,
@@ -524,3 +527,56 @@ def test_config_and_partition_validation():
     with pytest.raises(MeshError) as e:
         core.role(2)
     assert e.value.code == ErrorCode.UNKNOWN_PARTITION
+
+
+def test_peer_messages_name_every_replication_operation():
+    assert set(PEER_MESSAGES) == {cls for op, cls in REGISTRY.items() if op.startswith(b"REPL_")}
+    assert len(set(PEER_MESSAGES)) == len(PEER_MESSAGES) == 7
+
+
+def test_the_manager_is_a_partition_host():
+    core = ReplicaManager("a", random.Random(0), CFG, Store([1]))
+    members = set(PartitionHost.__annotations__) | {n for n in vars(PartitionHost) if not n.startswith("_")}
+    assert members >= {"cfg", "rng", "now_tick", "reader", "send", "log_op", "want_flush"}
+    assert [n for n in sorted(members) if not hasattr(core, n)] == []
+
+
+# -- quorum and progress (the pure pieces the partition state machine uses) ---------------------
+
+def test_quorum_is_a_majority_and_commit_counts_only_replicas_with_the_epoch_marker():
+    assert [majority(n) for n in (1, 2, 3, 4, 5)] == [1, 2, 2, 3, 3]
+    assert committed_offset([10, 7, 3], epoch_start=0, quorum=2) == 7
+    assert committed_offset([10, 7, 3], epoch_start=5, quorum=2) == 7
+    assert committed_offset([10, 7, 3], epoch_start=8, quorum=2) is None  # 7 lacks the marker
+    assert committed_offset([4, 4, 4], epoch_start=4, quorum=3) == 4
+
+
+def test_vote_tally_wins_with_a_quorum_and_loses_once_a_quorum_is_impossible():
+    assert vote_result({"a": True}, voters=3, quorum=2) is VoteResult.PENDING
+    assert vote_result({"a": True, "b": True}, voters=3, quorum=2) is VoteResult.WON
+    assert vote_result({"a": True, "b": False}, voters=3, quorum=2) is VoteResult.PENDING
+    assert vote_result({"a": True, "b": False, "c": False}, voters=3, quorum=2) is VoteResult.LOST
+    assert vote_result({"a": True, "b": False, "c": False}, voters=5, quorum=3) is VoteResult.PENDING
+
+
+def test_progress_pipelines_within_its_window_and_recognises_stale_answers():
+    pr = Progress(next_offset=10, now_tick=0)
+    assert pr.state == PROBE and pr.next == 10 and pr.oldest_sent_tick() is None
+    pr.probe_sent, pr.probe_prev = True, 10
+    assert pr.stale_rejection(9) and not pr.stale_rejection(10)  # 9: an older probe
+    assert pr.maybe_update(10) and not pr.maybe_update(10)
+    pr.become_replicate()
+    assert pr.state == REPLICATE and pr.next == 10
+    pr.sent(12, 100, now_tick=3)
+    pr.sent(15, 50, now_tick=4)
+    assert pr.next == 15 and pr.oldest_sent_tick() == 3 and pr.inflight_bytes == 150
+    assert pr.can_send(max_msgs=3, max_bytes=1000) and not pr.can_send(max_msgs=2, max_bytes=1000)
+    assert not pr.can_send(max_msgs=3, max_bytes=150)
+    assert pr.maybe_update(12) and pr.oldest_sent_tick() == 4 and pr.inflight_bytes == 50
+    assert pr.stale_rejection(11) and not pr.stale_rejection(12)  # replicating: below match is stale
+    pr.become_probe(12)
+    assert pr.state == PROBE and pr.inflight_bytes == 0 and pr.oldest_sent_tick() is None
+    assert pr.stale_rejection(12)  # no probe outstanding
+    pr.last_resp_tick = 8
+    assert count_active([pr, Progress(0, now_tick=0)], now_tick=10, window_ticks=5) == 2
+    assert pr.in_sync(now_tick=10, lag_ticks=5, log_end=12) and not pr.in_sync(10, 5, log_end=13)

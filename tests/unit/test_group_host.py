@@ -1,18 +1,22 @@
-"""The node-side group service over a fake node: persist-then-reply-then-gossip, the merged
-offset view (latest commit wins), failover with adoption, reload after a crash."""
+"""The node's group host over fakes of its collaborators (store, gossip, sync, reply):
+persist-then-reply-then-gossip, the merged offset view (latest commit wins), failover with
+adoption, reload after a crash."""
 from __future__ import annotations
+
+import random
 
 import pytest
 
-from mesh.node import group_host as gs
-from mesh.wire.errors import ErrorCode
-from mesh.gossip.core import Member
-from mesh.groups.coordinator import (
+from mesh.gossip import Member
+from mesh.groups import (
     GroupCommit, GroupDescribe, GroupFetchOffsets, GroupFindCoordinator, GroupHeartbeat, GroupList,
-    GroupResetOffsets,
+    GroupResetOffsets, coordinator_for,
 )
-from mesh.groups.rendezvous import coordinator_for
+from mesh.node.group_host import GroupHost, GroupHostConfig
+from mesh.wire.errors import ErrorCode
 from storage.memory import MemoryStore
+
+CONFIG = GroupHostConfig(max_session_timeout_ms=1_000, heartbeat_interval_ms=100)
 
 
 class World:
@@ -72,31 +76,37 @@ class FakeData:
         return True
 
 
-class Cfg:
-    seeds = ["elsewhere:1"]
-    group_max_session_timeout_ms = 1_000
-    group_heartbeat_interval_ms = 100
+class WorldClock:
+    def __init__(self, world: World):
+        self.world = world
+
+    def now_ms(self) -> int:
+        return self.world.now_ms
+
+    def wall_ms(self) -> int:
+        return self.world.now_ms
 
 
-class FakeNode:
-    def __init__(self, world: World, node_id: str, store=None):
-        self.node_id, self.address, self.cfg = node_id, f"{node_id}:1", Cfg()
+class Broker:
+    """One broker's group host, wired to the world the way the node wires it."""
+
+    def __init__(self, world: World, node_id: str, store=None, seeded=True):
+        self.node_id, self.world = node_id, world
         self.gossip = FakeGossip(world, node_id)
         self.store = store or LoggingStore(world)
         self.store.world = world
         self.data = FakeData(self.store, world)
-        self.catalog = type("Catalog", (), {"topics": {"t": {"partitions": 4}}})()
         self.replies: list = []
-        self.world = world
-        self.groups = gs.GroupService(self)
+        self.groups = GroupHost(node_id, store=self.store, commit_turn=self.data.commit_turn,
+                                gossip=self.gossip, reply=self._on_reply,
+                                address_of=lambda n: f"{n}:1", topic_partitions=lambda: {"t": 4},
+                                clock=WorldClock(world), rng=random.Random(node_id),
+                                seeded=seeded, config=CONFIG)
         self.groups.on_cluster_change(world.now_ms)
 
-    def _reply(self, ident, rid, msg):
+    def _on_reply(self, ident, rid, msg):
         self.world.events.append(f"reply {type(msg).__name__}")
         self.replies.append(msg)
-
-    def _address_of(self, node_id):
-        return f"{node_id}:1"
 
     def ask(self, msg):
         self.groups.handle(b"client", 1, msg)
@@ -104,10 +114,8 @@ class FakeNode:
 
 
 @pytest.fixture
-def world(monkeypatch):
-    w = World()
-    monkeypatch.setattr(gs, "_now_ms", lambda: w.now_ms)
-    return w
+def world():
+    return World()
 
 
 def group_on(node: str, nodes: list[str]) -> str:
@@ -115,17 +123,17 @@ def group_on(node: str, nodes: list[str]) -> str:
 
 
 def past_grace(world: World) -> None:
-    world.now_ms += 2 * Cfg.group_max_session_timeout_ms
+    world.now_ms += 2 * CONFIG.max_session_timeout_ms
 
 
-def join(node: FakeNode, group: str):
+def join(node: Broker, group: str):
     r = node.ask(GroupHeartbeat(group, "", 0, ["t"], [], "", 1_000))
     assert r.error == 0, r
     return r
 
 
 def test_commit_is_synced_then_answered_then_gossiped(world):
-    a = FakeNode(world, "a")
+    a = Broker(world, "a")
     past_grace(world)
     g = group_on("a", ["a"])
     r = join(a, g)
@@ -141,7 +149,7 @@ def test_commit_is_synced_then_answered_then_gossiped(world):
 
 
 def test_a_commit_that_cannot_be_synced_is_refused_and_undone(world):
-    a = FakeNode(world, "a")
+    a = Broker(world, "a")
     past_grace(world)
     g = group_on("a", ["a"])
     r = join(a, g)
@@ -155,7 +163,7 @@ def test_a_commit_that_cannot_be_synced_is_refused_and_undone(world):
 
 
 def test_other_brokers_redirect_and_answer_offsets_from_gossip(world):
-    a, b = FakeNode(world, "a"), FakeNode(world, "b")
+    a, b = Broker(world, "a"), Broker(world, "b")
     for n in (a, b):
         n.groups.on_cluster_change(world.now_ms)
     past_grace(world)
@@ -177,7 +185,7 @@ def test_other_brokers_redirect_and_answer_offsets_from_gossip(world):
 
 
 def test_merged_view_latest_commit_wins(world):
-    a, b = FakeNode(world, "a"), FakeNode(world, "b")
+    a, b = Broker(world, "a"), Broker(world, "b")
     # two namespaces disagree (a failover happened): the later stamp wins, then the higher offset
     a.gossip.set_local("off/x/t/0", {"g": "x", "t": "t", "o": {"0": [50, "", 1000], "1": [9, "", 2000]}})
     b.gossip.set_local("off/x/t/0", {"g": "x", "t": "t", "o": {"0": [40, "", 1001], "1": [8, "", 2000]}})
@@ -187,7 +195,7 @@ def test_merged_view_latest_commit_wins(world):
 
 
 def test_failover_takes_over_adopts_offsets_and_holds_partitions_for_the_grace(world):
-    a, b = FakeNode(world, "a"), FakeNode(world, "b")
+    a, b = Broker(world, "a"), Broker(world, "b")
     for n in (a, b):
         n.groups.on_cluster_change(world.now_ms)
     g = group_on("a", ["a", "b"])
@@ -222,7 +230,7 @@ def test_failover_takes_over_adopts_offsets_and_holds_partitions_for_the_grace(w
 
 
 def test_offsets_survive_a_crash_and_are_published_again(world):
-    a = FakeNode(world, "a")
+    a = Broker(world, "a")
     past_grace(world)
     g = group_on("a", ["a"])
     r = join(a, g)
@@ -230,13 +238,22 @@ def test_offsets_survive_a_crash_and_are_published_again(world):
     a.ask(GroupResetOffsets(g, [["t", 1, 1]]))   # refused: the group has a member
     assert a.replies[-1].error == ErrorCode.INVALID_REQUEST
     world.ns["a"] = {}     # a new life starts with an empty namespace
-    again = FakeNode(world, "a", store=a.store.crash())
+    again = Broker(world, "a", store=a.store.crash())
     assert again.ask(GroupFetchOffsets(g, [["t", 3]])).offsets == [["t", 3, 42, "meta"]]
     assert again.gossip.node_items("a", "off/")
 
 
 def test_bad_group_ids_get_a_clear_error(world):
-    a = FakeNode(world, "a")
+    a = Broker(world, "a")
     for msg in (GroupFindCoordinator(""), GroupFetchOffsets("x" * 300, None), GroupDescribe("")):
         assert a.ask(msg).error == ErrorCode.INVALID_REQUEST
     assert a.groups.handles(GroupList()) and not a.groups.handles(object())
+
+
+def test_a_node_started_alone_gives_partitions_at_once_a_seeded_one_waits(world):
+    alone = Broker(world, "a", seeded=False)
+    g = group_on("a", ["a"])
+    assert sorted(tuple(x) for x in join(alone, g).assignment) == [("t", p) for p in range(4)]
+    other = World()
+    seeded = Broker(other, "a")
+    assert join(seeded, g).assignment == []

@@ -1,0 +1,354 @@
+"""The idempotent-producer sequencer: what to send, resend, finish or fail, per partition.
+
+Sans-I/O: no sockets, no clock (every call that needs the time takes ``now_ms``), no
+threads, no global random (jitter comes from the ``random.Random`` passed in, fresh
+producer ids from the callable passed in). Two drivers run it, each with its own I/O: the
+``Producer``'s I/O thread (``mesh.client.producer``) and the Spark sink's write tasks
+(``mesh.spark.sink``). Tests drive it by hand (``tests/unit/test_sequencer.py``).
+
+Theory of operation
+-------------------
+A driver hands over closed batches (``append``); per partition they wait in one ordered
+deque of unfinished batches. A batch is *in flight* while it has the request id of its
+last attempt (``batch.rid``), *queued* otherwise. The rules:
+
+1. Numbering. A batch gets the partition's producer id and the sequence number of its
+   first record when it is first sent, or earlier when the driver calls ``assign`` (the
+   Spark sink numbers at once, as it encodes at once). A batch still carrying an older
+   producer id is numbered again. A partition without a producer id (-1: not
+   idempotent) numbers nothing.
+2. Sending (``next_to_send``). Batches go out in deque order, at most
+   ``max_in_flight`` of a partition at once, none while the partition backs off, none
+   after a batch whose fate is being probed (rule 6), and a queued batch past its
+   delivery deadline fails (rule 5) instead of going out.
+3. Success (``on_reply`` with NONE). The batch is done with its base offset; the
+   partition's run of failures and its backoff start again from zero. Answers may come
+   in any order; an answer to an attempt given up on (its rid forgotten) is ignored.
+4. Retry (a retriable error, a request timeout or a dropped connection: ``retry`` /
+   ``expire``). Unless the batch is out of attempts (``retries``), past its delivery
+   deadline, or the partition failed more than ``max_failures`` times in a row, the batch
+   and every in-flight batch of its partition go back to the queue, in sequence order,
+   with the same producer id and sequences (late answers to them are ignored), and the
+   partition backs off (doubling, or growing linearly, up to ``backoff_max_ms``, with
+   optional jitter). The broker drops what it already has, so order and exactly-once
+   both hold.
+5. Failure (a non-retriable error, or rule 4 giving up: ``fail``). The batch fails, and
+   so does every *queued* batch of the partition (their order could not be kept); the
+   partition then takes a fresh producer id from ``new_producer_id`` (when one is given)
+   and restarts its sequence at 0.
+6. DUPLICATE_SEQUENCE, with ``duplicates_are_written`` (the Spark sink, whose replays
+   may be cut differently). A one-record batch is done (written before). For a batch
+   [f, l] the broker has sequence f but remembers no batch [f, l]: every in-flight batch
+   of the partition goes back to the queue and record l alone is sent (``batch.probe``,
+   made by ``batch.single``); nothing after the batch goes out meanwhile. NONE or
+   DUPLICATE_SEQUENCE for the probe: the whole batch is written (done). OUT_OF_ORDER:
+   the broker's last sequence is inside [f, l); the batch is replaced by its records one
+   by one (written ones come back as duplicates).
+
+Outputs are pulled: ``take_done()`` returns the finished batches (``Done``: base offset,
+or the error), in the order they finished.
+"""
+from __future__ import annotations
+
+import collections
+import random
+from dataclasses import dataclass
+from typing import Callable, Iterable, NamedTuple
+
+from mesh.wire.errors import ErrorCode, MeshError, retriable
+
+__all__ = ["SeqBatch", "RetryPolicy", "Sequencer", "Done", "Outcome",
+           "DONE", "RETRY", "FAILED", "PROBE", "SPLIT"]
+
+TP = tuple  # (topic, partition)
+
+# what ``on_reply`` did with an answer
+DONE, RETRY, FAILED, PROBE, SPLIT = "done", "retry", "failed", "probe", "split"
+
+
+class SeqBatch:
+    """What the sequencer keeps per batch; drivers subclass it with their payload."""
+    __slots__ = ("count", "seq", "producer_id", "attempts", "rid", "sent_at_ms", "sent_to",
+                 "deadline_ms", "probe")
+
+    def __init__(self, count: int = 0, deadline_ms: float | None = None):
+        self.count = count                  # records
+        self.seq = -1                       # first sequence number; -1 until numbered
+        self.producer_id = -1
+        self.attempts = 0                   # times sent
+        self.rid: int | None = None         # request id of the attempt in flight
+        self.sent_at_ms = 0.0
+        self.sent_to = ""
+        self.deadline_ms = deadline_ms      # delivery deadline; None: none
+        self.probe: SeqBatch | None = None  # rule 6: record l alone, while probing
+
+    def single(self, i: int) -> "SeqBatch":
+        """Record ``i`` alone as a one-record batch (same producer id, sequence seq + i).
+        Only needed with ``duplicates_are_written``."""
+        raise NotImplementedError
+
+
+@dataclass(frozen=True, slots=True)
+class RetryPolicy:
+    max_in_flight: int = 5
+    retries: int | None = None            # attempts after the first, per batch; None: no limit
+    max_failures: int | None = None       # failed rounds in a row, per partition; None: no limit
+    backoff_ms: float = 100.0
+    backoff_max_ms: float = 1_000.0
+    linear_backoff: bool = False          # backoff_ms * failures, instead of doubling
+    jitter: float = 0.0                   # the backoff is scaled by 1 +- jitter (rng)
+    duplicates_are_written: bool = False  # rule 6
+
+
+class Done(NamedTuple):
+    tp: TP
+    batch: SeqBatch
+    base_offset: int = -1
+    error: MeshError | None = None
+    duplicate: bool = False   # the broker had it already (rule 6)
+    gave_up: bool = False     # failed because rule 4 gave up, not by a non-retriable error
+
+
+class Outcome(NamedTuple):
+    tp: TP
+    batch: SeqBatch
+    action: str                         # DONE, RETRY, FAILED, PROBE or SPLIT
+    replaced_by: tuple = ()             # SPLIT: the one-record batches
+
+
+class _Partition:
+    __slots__ = ("batches", "producer_id", "next_seq", "backoff_until_ms", "backoff_ms", "failures")
+
+    def __init__(self, producer_id: int):
+        self.batches: collections.deque[SeqBatch] = collections.deque()  # unfinished, in order
+        self.producer_id = producer_id
+        self.next_seq = 0
+        self.backoff_until_ms = 0.0
+        self.backoff_ms = 0.0
+        self.failures = 0   # failed rounds since the last success
+
+
+class Sequencer:
+    def __init__(self, policy: RetryPolicy, producer_id: int = -1,
+                 new_producer_id: Callable[[], int] | None = None, rng: random.Random | None = None):
+        assert policy.max_in_flight >= 1
+        self.policy = policy
+        self.producer_id = producer_id
+        self._new_producer_id = new_producer_id
+        self._rng = rng if rng is not None else random.Random(0)
+        self._parts: dict[TP, _Partition] = {}
+        self._by_rid: dict[int, tuple[TP, SeqBatch]] = {}
+        self._done: list[Done] = []
+
+    # -- state ------------------------------------------------------------------------------
+    def partitions(self) -> list[TP]:
+        return list(self._parts)
+
+    def producer_id_of(self, tp: TP) -> int:
+        p = self._parts.get(tp)
+        return self.producer_id if p is None else p.producer_id
+
+    def busy(self) -> bool:
+        """Some batch is still unfinished (queued or in flight)."""
+        return any(p.batches for p in self._parts.values())
+
+    def in_flight(self, tp: TP | None = None) -> int:
+        if tp is None:
+            return len(self._by_rid)
+        return sum(1 for b in self._parts[tp].batches if b.rid is not None)
+
+    def unfinished(self, tp: TP) -> list[SeqBatch]:
+        p = self._parts.get(tp)
+        return list(p.batches) if p else []
+
+    def backoff_until_ms(self, tp: TP) -> float:
+        return self._parts[tp].backoff_until_ms
+
+    def next_backoff_ms(self, now_ms: float) -> float | None:
+        """The earliest end of a backoff that holds queued batches back, if any."""
+        ends = [p.backoff_until_ms for p in self._parts.values()
+                if p.backoff_until_ms > now_ms and any(b.rid is None for b in p.batches)]
+        return min(ends, default=None)
+
+    def take_done(self) -> list[Done]:
+        out, self._done = self._done, []
+        return out
+
+    # -- input ------------------------------------------------------------------------------
+    def append(self, tp: TP, batch: SeqBatch) -> None:
+        """A closed batch, after every batch appended before it to ``tp``."""
+        p = self._parts.get(tp)
+        if p is None:
+            p = self._parts[tp] = _Partition(self.producer_id)
+        p.batches.append(batch)
+
+    def assign(self, tp: TP, batch: SeqBatch) -> bool:
+        """Rule 1: number ``batch`` if it is not numbered under the partition's producer id;
+        True if it was (numbered again), so its payload must be encoded again."""
+        p = self._parts[tp]
+        if p.producer_id < 0 or (batch.seq >= 0 and batch.producer_id == p.producer_id):
+            return False
+        batch.seq = p.next_seq
+        batch.producer_id = p.producer_id
+        p.next_seq += batch.count
+        return True
+
+    def next_to_send(self, tp: TP, now_ms: float) -> SeqBatch | None:
+        """Rule 2: the next batch of ``tp`` to send now, or None. The driver then sends it
+        (``sent``), or calls ``retry`` (no leader known) or ``fail``."""
+        p = self._parts.get(tp)
+        if p is None or p.backoff_until_ms > now_ms:
+            return None
+        in_flight = 0
+        for b in p.batches:
+            if b.rid is not None:
+                if b.probe is not None:
+                    return None
+                in_flight += 1
+                continue
+            if in_flight >= self.policy.max_in_flight:
+                return None
+            if b.deadline_ms is not None and b.deadline_ms <= now_ms:
+                self.fail(tp, b, MeshError(ErrorCode.TIMEOUT, "delivery_timeout_ms passed"))
+                return None  # rule 5 failed every queued batch
+            return b
+        return None
+
+    def sent(self, tp: TP, batch: SeqBatch, rid: int | None, now_ms: float, address: str = "") -> None:
+        """``batch`` (or its probe) went out as request ``rid``; None: no answer will come
+        (acks=0), so it is done at once."""
+        self.assign(tp, batch)
+        batch.attempts += 1
+        batch.sent_at_ms = now_ms
+        batch.sent_to = address
+        if rid is None:
+            self._finish(tp, batch, Done(tp, batch, -1))
+            return
+        batch.rid = rid
+        self._by_rid[rid] = (tp, batch)
+
+    def on_reply(self, rid: int, error: int, now_ms: float, base_offset: int = -1, message: str = "",
+                 leader: str | None = None) -> Outcome | None:
+        """The answer to request ``rid`` (rules 3-6); None if no batch waits for it."""
+        entry = self._by_rid.pop(rid, None)
+        if entry is None:
+            return None
+        tp, b = entry
+        b.rid = None
+        p = self._parts[tp]
+        dup = error == ErrorCode.DUPLICATE_SEQUENCE and self.policy.duplicates_are_written
+        if b.probe is not None:
+            return self._probed(tp, p, b, error, now_ms, base_offset, message)
+        if dup and b.count > 1:
+            self._drop_in_flight(p)
+            b.probe = b.single(b.count - 1)
+            return Outcome(tp, b, PROBE)
+        if error == ErrorCode.NONE or dup:
+            self._succeed(tp, p, b, base_offset, duplicate=dup)
+            return Outcome(tp, b, DONE)
+        err = MeshError(error, message, leader=leader)
+        if retriable(error):
+            return Outcome(tp, b, RETRY if self.retry(tp, b, err, now_ms) else FAILED)
+        self.fail(tp, b, err)
+        return Outcome(tp, b, FAILED)
+
+    def expire(self, now_ms: float, timeout_ms: float, gone: Iterable[str] = ()) -> list[tuple[TP, SeqBatch, MeshError]]:
+        """Rule 4 for requests sent to a connection that dropped (``gone`` addresses) or
+        unanswered for longer than ``timeout_ms``: [(tp, batch, error)] retried (or given
+        up on), at most one per partition and call."""
+        gone = set(gone)
+        out = []
+        for rid, (tp, b) in list(self._by_rid.items()):
+            if rid not in self._by_rid:
+                continue  # put back in the queue by an earlier retry of its partition
+            if b.sent_to in gone:
+                err = MeshError(ErrorCode.BROKER_UNAVAILABLE, f"connection to {b.sent_to} dropped")
+            elif now_ms - b.sent_at_ms > timeout_ms:
+                err = MeshError(ErrorCode.TIMEOUT, f"no answer within {timeout_ms / 1000:g} s")
+            else:
+                continue
+            del self._by_rid[rid]
+            b.rid = None
+            out.append((tp, b, err))
+            self.retry(tp, b, err, now_ms)
+        return out
+
+    def retry(self, tp: TP, batch: SeqBatch, err: MeshError, now_ms: float) -> bool:
+        """Rule 4; False if it gave up (then rule 5 failed the batch)."""
+        p = self._parts[tp]
+        pol = self.policy
+        p.failures += 1
+        if ((pol.retries is not None and batch.attempts > pol.retries)
+                or (batch.deadline_ms is not None and now_ms >= batch.deadline_ms)
+                or (pol.max_failures is not None and p.failures > pol.max_failures)):
+            self._fail(tp, p, batch, err, gave_up=True)
+            return False
+        self._drop_in_flight(p)
+        p.batches = collections.deque(sorted(p.batches, key=lambda x: (x.seq < 0, x.seq)))
+        if pol.linear_backoff:
+            p.backoff_ms = min(pol.backoff_max_ms, pol.backoff_ms * p.failures)
+        else:
+            p.backoff_ms = min(pol.backoff_max_ms, max(pol.backoff_ms, p.backoff_ms * 2))
+        delay_ms = p.backoff_ms
+        if pol.jitter:
+            delay_ms *= 1 - pol.jitter + 2 * pol.jitter * self._rng.random()
+        p.backoff_until_ms = now_ms + delay_ms
+        return True
+
+    def fail(self, tp: TP, batch: SeqBatch, err: MeshError) -> None:
+        """Rule 5 for a non-retriable error."""
+        self._fail(tp, self._parts[tp], batch, err, gave_up=False)
+
+    # -- internals --------------------------------------------------------------------------
+    def _probed(self, tp: TP, p: _Partition, b: SeqBatch, error: int, now_ms: float, base_offset: int,
+                message: str) -> Outcome:
+        if error in (ErrorCode.NONE, ErrorCode.DUPLICATE_SEQUENCE):
+            b.probe = None  # record l was next, or older than the last sequence: all written
+            self._succeed(tp, p, b, base_offset, duplicate=True)
+            return Outcome(tp, b, DONE)
+        if error == ErrorCode.OUT_OF_ORDER_SEQUENCE:
+            singles = tuple(b.single(i) for i in range(b.count))
+            i = p.batches.index(b)
+            p.batches = collections.deque(list(p.batches)[:i] + list(singles) + list(p.batches)[i + 1:])
+            return Outcome(tp, b, SPLIT, singles)
+        err = MeshError(error, message or "probe")
+        if retriable(error):
+            return Outcome(tp, b, RETRY if self.retry(tp, b, err, now_ms) else FAILED)
+        self.fail(tp, b, err)
+        return Outcome(tp, b, FAILED)
+
+    def _drop_in_flight(self, p: _Partition) -> None:
+        """Forget the partition's outstanding attempts: their answers will be ignored."""
+        for x in p.batches:
+            if x.rid is not None:
+                self._by_rid.pop(x.rid, None)
+                x.rid = None
+
+    def _succeed(self, tp: TP, p: _Partition, b: SeqBatch, base_offset: int, duplicate: bool) -> None:
+        p.failures = 0
+        p.backoff_ms = 0.0
+        self._finish(tp, b, Done(tp, b, base_offset, duplicate=duplicate))
+
+    def _fail(self, tp: TP, p: _Partition, b: SeqBatch, err: MeshError, gave_up: bool) -> None:
+        if b.rid is not None:
+            self._by_rid.pop(b.rid, None)
+            b.rid = None
+        self._finish(tp, b, Done(tp, b, -1, err, gave_up=gave_up))
+        queued = [x for x in p.batches if x.rid is None]
+        p.batches = collections.deque(x for x in p.batches if x.rid is not None)
+        for x in queued:
+            self._done.append(Done(tp, x, -1, MeshError(err.code, f"an earlier batch failed: {err.message}")))
+        if self._new_producer_id is not None:
+            p.producer_id = self._new_producer_id()
+            p.next_seq = 0
+
+    def _finish(self, tp: TP, b: SeqBatch, done: Done) -> None:
+        p = self._parts[tp]
+        if p.batches and p.batches[0] is b:
+            p.batches.popleft()
+        else:
+            try:
+                p.batches.remove(b)
+            except ValueError:
+                pass
+        self._done.append(done)

@@ -1,0 +1,67 @@
+"""Gossip settings (``GossipConfig``) and the preset the broker uses (``GossipConfig.lan``)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from mesh.gossip.rows import DELTA_OVERHEAD
+
+__all__ = ["GossipConfig"]
+
+
+@dataclass(frozen=True)
+class GossipConfig:
+    interval_ms: int = 200              # one round per interval
+    fanout: int = 1                     # random live peers per round
+    max_delta_bytes: int = 60_000       # bound on deltas + cluster entries in one message
+    phi_threshold: float = 8.0
+    dead_after_ms: int = 5_000          # a suspect becomes DEAD after this
+    tombstone_gc_ms: int = 3_600_000    # tombstones and DEAD/LEFT namespaces live this long
+    unreachable_probe_prob: float = 0.1  # per round: also try one DEAD node (heals partitions)
+    seed_probe_prob: float = 0.05        # per round: also try one seed
+    heartbeat_interval_ms: int = 0      # 0: bump the heartbeat every round
+    stall_threshold_ms: int = 0         # 0: three rounds; a longer gap between steps is a local stall
+    seed_retry_max_ms: int = 5_000      # backoff cap while we know no live peer
+    leave_fanout: int = 3               # peers told at once on a graceful leave
+    max_nodes: int = 20_000             # rows beyond this are ignored
+    max_graveyard: int = 20_000
+    max_events: int = 10_000
+    detector_window: int = 100
+
+    def __post_init__(self) -> None:
+        for name in ("interval_ms", "fanout", "dead_after_ms", "tombstone_gc_ms",
+                     "seed_retry_max_ms", "leave_fanout", "max_nodes", "max_graveyard",
+                     "max_events", "detector_window"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"GossipConfig.{name} must be at least 1")
+        if self.max_delta_bytes < 1024:
+            raise ValueError("GossipConfig.max_delta_bytes must be at least 1024")
+        if self.phi_threshold <= 0:
+            raise ValueError("GossipConfig.phi_threshold must be positive")
+        for name in ("unreachable_probe_prob", "seed_probe_prob"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise ValueError(f"GossipConfig.{name} must be within [0, 1]")
+        if self.heartbeat_interval_ms < 0 or self.stall_threshold_ms < 0:
+            raise ValueError("GossipConfig: negative interval")
+
+    @classmethod
+    def lan(cls, **overrides) -> "GossipConfig":
+        """The preset the broker uses (memberlist's DefaultLANConfig idea): brokers on one
+        low-loss network. phi 4 is reached after ~9.2 mean gaps between heartbeat news
+        (~3.2 s in a 5-node cluster at 200 ms); one more second of suspicion and a killed
+        node is DEAD in ~4 s. Checked by the stall-hour simulation (1% loss, a node stalling
+        1 s in every 10 s: no false conviction). On lossy networks (5% loss and more) it
+        flaps; the conservative defaults do not."""
+        return cls(**{"phi_threshold": 4.0, "dead_after_ms": 1_000, **overrides})
+
+    @property
+    def effective_heartbeat_ms(self) -> int:
+        return self.heartbeat_interval_ms or self.interval_ms
+
+    @property
+    def effective_stall_ms(self) -> int:
+        return self.stall_threshold_ms or 3 * self.interval_ms
+
+    @property
+    def max_entry_bytes(self) -> int:
+        """The largest key + value one entry may have: it must fit in one message."""
+        return self.max_delta_bytes - 2 * DELTA_OVERHEAD

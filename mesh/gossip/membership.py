@@ -1,0 +1,362 @@
+"""Membership: the table of known origins, their generations and their liveness.
+
+Each known origin has a ``Row`` (the digest line), a namespace (``mesh.gossip.namespaces``)
+and, unless it is ALIVE, a ``Verdict`` (status and since when). The *targets* are the
+origins one may gossip with (ALIVE or SUSPECT, self included), kept as a list with an
+index so a random peer is drawn in O(1).
+
+Rules:
+R2 Identity: rows merge by generation first. A higher generation *replaces* the origin
+   (namespace dropped, not merged); within a generation the heartbeat and the ``left``
+   flag only grow. Nobody but the owner changes its own row; a row for our own id with a
+   higher generation is counted as an identity conflict and ignored.
+R4 Liveness: an origin's heartbeat moving feeds a phi-accrual detector
+   (``mesh.gossip.detector``). ALIVE -> SUSPECT when phi > ``phi_threshold``;
+   SUSPECT -> DEAD after ``dead_after_ms`` more; SUSPECT/DEAD -> ALIVE only when its
+   heartbeat moves or a newer generation appears. An origin learned second-hand (or
+   restored from a snapshot) starts SUSPECT, unconfirmed, until its heartbeat moves or a
+   message from it arrives carrying its own row, so a long-dead node is never shown
+   alive. LEFT (graceful leave, a flag in the origin's own row) is final for that
+   generation. A node whose own loop stalled (``stall_threshold_ms`` between steps)
+   restarts every detector clock instead of convicting peers it could not hear.
+R5 No zombies: DEAD and LEFT origins keep their namespace (readable) for
+   ``tombstone_gc_ms``, then are removed into a *graveyard* of (generation, heartbeat);
+   rows at or below a grave are ignored, so a stale peer cannot bring them back.
+
+The table can start *shared* between many nodes of one process (copy-on-write, see
+``Gossip.converged_cluster``): every write goes through ``set_row`` or copies first.
+"""
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from mesh.gossip.config import GossipConfig
+from mesh.gossip.detector import FailureDetector
+from mesh.gossip.rows import ALIVE, DEAD, LEFT, ROW_FIELDS, SUSPECT, Grave, Row, Verdict
+
+if TYPE_CHECKING:
+    from mesh.gossip.namespaces import Namespace
+
+__all__ = ["Member", "MembershipEvent", "Membership"]
+
+
+@dataclass(frozen=True, slots=True)
+class Member:
+    node_id: str
+    address: str
+    generation: int
+    status: str               # "alive" | "suspect" | "dead" | "left"
+    heartbeat: int
+    last_heard_ms: int | None  # when its heartbeat last moved here (None: never)
+    phi: float
+    max_version: int
+
+
+@dataclass(frozen=True, slots=True)
+class MembershipEvent:
+    at_ms: int
+    node_id: str
+    old: str                  # status, or "unknown" for a node we just learned
+    new: str                  # status, or "removed" when collected into the graveyard
+
+
+class Membership:
+    """Rows, verdicts, targets, detector and graveyard of one node (R2, R4, R5)."""
+
+    def __init__(self, node_id: str, address: str, generation: int, config: GossipConfig,
+                 stats: dict[str, int], now_ms: int) -> None:
+        self.node_id = node_id
+        self.address = address
+        self.generation = generation
+        self.config = config
+        self.stats = stats
+        self.now_ms = now_ms               # the latest time seen; events are stamped with it
+        self.left = False                  # this node left (graceful shutdown)
+        self.version = 0                   # moves on every change (see Gossip.version)
+        self.rows: dict[str, Row] = {node_id: Row(node_id, generation, 0, 0, 0, address, False)}
+        self.rows_shared = False           # copy-on-write (see Gossip.converged_cluster)
+        self.namespaces: dict[str, Namespace] = {}
+        self.status: dict[str, Verdict] = {}      # non-ALIVE origins only
+        self.targets: list[str] = [node_id]       # gossip-able: ALIVE or SUSPECT, incl. self
+        self.tindex: dict[str, int] = {node_id: 0}
+        self.targets_shared = False
+        self.detector = FailureDetector(
+            expected_interval_ms=config.effective_heartbeat_ms, threshold=config.phi_threshold,
+            window_size=config.detector_window, max_sample_ms=20 * config.effective_heartbeat_ms)
+        self.graveyard: dict[str, Grave] = {}
+        self.events: deque[MembershipEvent] = deque(maxlen=config.max_events)
+
+    def share(self, rows: dict[str, Row], targets: list[str], tindex: dict[str, int]) -> None:
+        """Start from a table shared with other nodes; the first write copies it."""
+        self.rows, self.rows_shared = rows, True
+        self.targets, self.tindex, self.targets_shared = targets, tindex, True
+
+    # ---------------------------------------------------------------- rows -------------
+
+    def set_row(self, row: Row) -> None:
+        if self.rows_shared:
+            self.rows = dict(self.rows)
+            self.rows_shared = False
+        self.rows[row.node_id] = row
+
+    def beat(self) -> None:
+        """Our own heartbeat moves."""
+        row = self.rows[self.node_id]
+        self.set_row(tuple.__new__(Row, (row.node_id, row.generation, row.heartbeat + 1, row.max_version,
+                                         row.gc_version, row.address, row.left)))
+
+    def mark_left(self) -> None:
+        """This node leaves: the flag goes into its own row (R4: final for this generation)."""
+        self.left = True
+        self.set_row(self.rows[self.node_id]._replace(left=True))
+        self.retarget(self.node_id)
+        self.event(self.node_id, ALIVE, LEFT)
+
+    def merge_rows(self, rows: dict[str, Row], now_ms: int, sender: str = "") -> None:
+        """Merge a peer's digest (R2), in the sender's order: deterministic."""
+        mine_rows = self.rows
+        if rows == mine_rows:
+            if sender:
+                self.heard_from(sender, rows.get(sender), now_ms)
+            return
+        status = self.status
+        me = self.node_id
+        get = mine_rows.get
+        for o, r in rows.items():
+            mine = get(o)
+            if mine == r:
+                continue
+            if (mine is not None and r.generation == mine.generation and r.left == mine.left and o != me
+                    and not self.rows_shared):
+                # the common case: a heartbeat moved (or the peer is behind)
+                if r.heartbeat > mine.heartbeat:      # (tuple.__new__: the hot path, in C)
+                    mine_rows[o] = tuple.__new__(Row, (o, mine.generation, r.heartbeat, mine.max_version,
+                                                       mine.gc_version, mine.address, mine.left))
+                    self.detector.report(o, now_ms)
+                    st = status.get(o)
+                    if st is not None and st.status != LEFT:
+                        self.set_status(o, ALIVE, now_ms)
+                continue
+            self._merge_row(r, now_ms, o == sender)
+            mine_rows = self.rows                  # may have been copied (copy-on-write)
+            get = mine_rows.get
+        if sender:
+            self.heard_from(sender, rows.get(sender), now_ms)
+
+    def heard_from(self, sender: str, row: Row | None, now_ms: int) -> None:
+        """A message from ``sender`` carrying its own current row confirms an unconfirmed node."""
+        st = self.status.get(sender)
+        if (st is not None and st.status == SUSPECT and row is not None and sender not in self.detector
+                and self.rows[sender].generation == row.generation):
+            self.detector.report(sender, now_ms)
+            self.set_status(sender, ALIVE, now_ms)
+
+    def _merge_row(self, r: Row, now_ms: int, from_itself: bool = False) -> None:
+        o = r.node_id
+        if o == self.node_id:
+            if r.generation > self.generation:
+                self.stats["identity_conflicts"] += 1
+            return
+        mine = self.rows.get(o)
+        if mine is None:
+            grave = self.graveyard.get(o)
+            if grave is not None and (r.generation, r.heartbeat) <= (grave.generation, grave.heartbeat):
+                return                                   # R5: no zombies
+            if len(self.rows) >= self.config.max_nodes:
+                self.stats["nodes_refused"] += 1
+                return
+            if grave is not None:
+                del self.graveyard[o]
+            self._adopt(r, now_ms, "unknown", from_itself)
+            return
+        if r.generation > mine.generation:
+            self._adopt(r, now_ms, self.status_of(o), from_itself)   # R2: a newer generation replaces
+            return
+        if r.generation < mine.generation:
+            return
+        hb_moved = r.heartbeat > mine.heartbeat
+        left_now = r.left and not mine.left
+        if not hb_moved and not left_now:
+            return
+        self.set_row(Row(o, mine.generation, max(r.heartbeat, mine.heartbeat), mine.max_version,
+                         mine.gc_version, mine.address, mine.left or r.left))
+        if left_now:
+            self.set_status(o, LEFT, now_ms)
+        elif hb_moved:
+            self.detector.report(o, now_ms)
+            st = self.status.get(o)
+            if st is not None and st.status in (SUSPECT, DEAD):
+                self.set_status(o, ALIVE, now_ms)
+
+    def _adopt(self, r: Row, now_ms: int, old_status: str, from_itself: bool) -> None:
+        """Start tracking origin ``r.node_id`` at generation ``r.generation``, namespace empty.
+
+        Learned from the node itself (it sent the message), it is ALIVE; learned second-hand
+        it is SUSPECT, unconfirmed, until its heartbeat moves (R4).
+        """
+        o = r.node_id
+        self.namespaces.pop(o, None)
+        self.detector.forget(o)
+        self.set_row(Row(o, r.generation, r.heartbeat, 0, 0, r.address, r.left))
+        if r.left:
+            new = LEFT
+        elif from_itself:
+            new = ALIVE
+            self.detector.report(o, now_ms)
+        else:
+            new = SUSPECT
+        if new == ALIVE:
+            self.status.pop(o, None)
+        else:
+            self.status[o] = Verdict(new, now_ms)
+        self.retarget(o)
+        self.event(o, old_status, new)
+
+    # ------------------------------------------------------------- liveness ------------
+
+    def on_stall(self, now_ms: int) -> None:
+        """Our own loop did not run for a while: what we did not hear is not evidence (R4)."""
+        self.detector.suspend(now_ms)
+        for o, (st, since) in list(self.status.items()):
+            if st == SUSPECT:
+                self.status[o] = Verdict(SUSPECT, max(since, now_ms))
+
+    def judge(self, now_ms: int) -> None:
+        """Move origins along ALIVE -> SUSPECT -> DEAD -> removed as time passes (R4, R5)."""
+        status = self.status
+        for o in [o for o in self.detector.expired(now_ms) if o not in status]:
+            if o in self.rows:
+                self.set_status(o, SUSPECT, now_ms)
+            else:
+                self.detector.forget(o)
+        cfg = self.config
+        for o, (st, since) in list(status.items()):
+            if st == SUSPECT:
+                if now_ms - since >= cfg.dead_after_ms:
+                    self.set_status(o, DEAD, now_ms)
+            elif now_ms - since >= cfg.tombstone_gc_ms:      # DEAD or LEFT
+                self._remove(o, now_ms)
+
+    def status_of(self, o: str) -> str:
+        if o == self.node_id:
+            return LEFT if self.left else ALIVE
+        st = self.status.get(o)
+        return ALIVE if st is None else st.status
+
+    def set_status(self, o: str, new: str, now_ms: int) -> None:
+        old = self.status_of(o)
+        if old == new:
+            return
+        if new == ALIVE:
+            del self.status[o]
+        else:
+            self.status[o] = Verdict(new, now_ms)
+        self.retarget(o)
+        self.event(o, old, new)
+
+    def event(self, o: str, old: str, new: str) -> None:
+        self.events.append(MembershipEvent(self.now_ms, o, old, new))
+        self.version += 1
+
+    def retarget(self, o: str) -> None:
+        """Keep ``o`` in the targets exactly while it is known and ALIVE or SUSPECT."""
+        should = o in self.rows and self.status_of(o) in (ALIVE, SUSPECT)
+        has = o in self.tindex
+        if should == has:
+            return
+        if self.targets_shared:
+            self.targets = list(self.targets)
+            self.tindex = dict(self.tindex)
+            self.targets_shared = False
+        if should:
+            self.tindex[o] = len(self.targets)
+            self.targets.append(o)
+        else:
+            i = self.tindex.pop(o)
+            last = self.targets.pop()
+            if last != o:
+                self.targets[i] = last
+                self.tindex[last] = i
+
+    def others(self) -> int:
+        """How many origins other than this node one may gossip with."""
+        return len(self.targets) - (self.node_id in self.tindex)
+
+    def _remove(self, o: str, now_ms: int) -> None:
+        """Collect a DEAD/LEFT origin into the graveyard (R5)."""
+        old = self.status_of(o)
+        row = self.rows[o]
+        if self.rows_shared:
+            self.rows = dict(self.rows)
+            self.rows_shared = False
+        del self.rows[o]
+        self.namespaces.pop(o, None)
+        self.status.pop(o, None)
+        self.detector.forget(o)
+        self.retarget(o)
+        self.graveyard.pop(o, None)
+        self.graveyard[o] = Grave(row.generation, row.heartbeat, now_ms)
+        while len(self.graveyard) > self.config.max_graveyard:
+            del self.graveyard[next(iter(self.graveyard))]
+        self.event(o, old, "removed")
+
+    def collect_graves(self, now_ms: int) -> None:
+        """Graves are kept twice the tombstone horizon, then forgotten."""
+        grave_horizon = now_ms - 2 * self.config.tombstone_gc_ms
+        while self.graveyard:
+            o = next(iter(self.graveyard))
+            if self.graveyard[o].removed_ms > grave_horizon:
+                break
+            del self.graveyard[o]
+
+    # ---------------------------------------------------------------- reads ------------
+
+    def members(self, now_ms: int) -> list[Member]:
+        out = []
+        for o in sorted(self.rows):
+            row = self.rows[o]
+            if o == self.node_id:
+                out.append(Member(o, row.address, row.generation, self.status_of(o), row.heartbeat,
+                                  now_ms, 0.0, row.max_version))
+            else:
+                out.append(Member(o, row.address, row.generation, self.status_of(o), row.heartbeat,
+                                  self.detector.last_ms(o), self.detector.phi(o, now_ms), row.max_version))
+        return out
+
+    def live_members(self) -> list[str]:
+        """Node ids considered alive, self included (unless it left), sorted."""
+        status = self.status
+        live = [o for o in self.rows if o not in status]
+        if self.left:
+            live.remove(self.node_id)
+        live.sort()
+        return live
+
+    def take_events(self) -> list[MembershipEvent]:
+        out = list(self.events)
+        self.events.clear()
+        return out
+
+    # --------------------------------------------------------------- checks ------------
+
+    def check(self) -> None:
+        """Assert the structural invariants of the table (O(state))."""
+        me = self.rows.get(self.node_id)
+        assert me is not None and me.generation == self.generation and me.address == self.address, "own row"
+        assert me.left == self.left, "own left flag"
+        for o, row in self.rows.items():
+            assert type(row) is Row and row.node_id == o and len(row) == ROW_FIELDS, f"row shape {o}"
+            assert o not in self.graveyard, f"{o} both known and in the graveyard"
+            ns = self.namespaces.get(o)
+            if ns is not None:
+                ns.check(o, row)
+            if row.left and o != self.node_id:
+                assert self.status_of(o) == LEFT, f"{o}: left flag without LEFT status"
+        assert set(self.status) <= set(self.rows) and self.node_id not in self.status, "status keys"
+        assert set(self.namespaces) <= set(self.rows), "namespaces without rows"
+        want = sorted(o for o in self.rows if self.status_of(o) in (ALIVE, SUSPECT))
+        assert sorted(self.targets) == want, "targets"
+        assert all(self.targets[i] == o for o, i in self.tindex.items()), "target index"
+        assert len(self.tindex) == len(self.targets), "target index size"

@@ -1,0 +1,48 @@
+"""The three gossip wire messages: SYN, ACK, ACK2 (one exchange, see ``mesh.gossip.rounds``).
+
+Flat lists of fields keep them compact and cheap to validate (``mesh.gossip.parsing``)::
+
+    digest          [[node_id, generation, heartbeat, max_version, gc_version, address, left], ...]
+    delta           [origin, generation, from_version, upto_version, gc_version, reset,
+                     [key, version, value, deleted, ...]]
+    cluster         16 bucket hashes (uint32), or [] when the store is empty / matched
+    cluster_entries [key, clock, writer, value, deleted, ...]
+
+Digest rows and deltas are built as ``mesh.gossip.rows.Row`` and ``Delta`` (NamedTuples,
+which msgpack encodes as exactly these arrays); decoded messages hold plain lists.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from mesh.wire.codec import message
+
+__all__ = ["GossipSyn", "GossipAck", "GossipAck2"]
+
+
+@message("GOSSIP_SYN")
+@dataclass(frozen=True, slots=True)
+class GossipSyn:
+    node_id: str
+    digest: list
+    cluster: list
+    cluster_gc: int
+
+
+@message("GOSSIP_ACK")
+@dataclass(frozen=True, slots=True)
+class GossipAck:
+    node_id: str
+    digest: list
+    deltas: list
+    cluster: list
+    cluster_entries: list
+    cluster_gc: int
+
+
+@message("GOSSIP_ACK2")
+@dataclass(frozen=True, slots=True)
+class GossipAck2:
+    node_id: str
+    deltas: list
+    cluster_entries: list

@@ -1,0 +1,210 @@
+"""Rounds: whom to gossip with, and the three-message exchange (SYN, ACK, ACK2).
+
+Exchange (one round every ``interval_ms``, started by ``Gossip.tick``):
+1. SYN  A -> B: A's digest and the hashes of A's cluster-store buckets.
+2. ACK  B -> A: the rows where B differs from A (what B knows newer, where B is
+   behind), the deltas A lacks, and B's cluster entries in the buckets that differ.
+   When the only difference is heartbeats at most two beats newer, B does not answer:
+   heartbeats then spread by push, in every SYN, which halves idle traffic; a sender
+   further behind (a joiner, a healed partition) gets them pulled in the ACK.
+3. ACK2 A -> B: the deltas B lacks and A's newer cluster entries.
+When nothing changed, only digests travel (heartbeats ride in them); an exchange with
+nothing to say ends after the SYN. Deltas and cluster entries of one message share one
+budget of ``max_delta_bytes``.
+
+Peer selection, per round: ``fanout`` random targets (ALIVE or SUSPECT); with
+probability ``unreachable_probe_prob`` also one DEAD node (that heals partitions); with
+``seed_probe_prob`` also one seed. A node that knows no live peer probes its seeds with
+exponential backoff up to ``seed_retry_max_ms``.
+"""
+from __future__ import annotations
+
+import random
+from typing import Any
+
+from mesh.gossip.config import GossipConfig
+from mesh.gossip.membership import Membership
+from mesh.gossip.messages import GossipAck, GossipAck2, GossipSyn
+from mesh.gossip.namespaces import Namespaces
+from mesh.gossip.parsing import Malformed, parse_buckets, parse_deltas, parse_registers, parse_rows
+from mesh.gossip.registers import ZERO_BUCKETS, ClusterRegisters
+from mesh.gossip.rows import BUCKETS, DEAD, Budget, Row
+from mesh.wire.effects import Send
+
+__all__ = ["Rounds"]
+
+_HEARTBEAT_SLACK_BEATS = 2   # a SYN this far behind on some heartbeat gets an answer
+_MAX_CLUSTER_ENTRIES = 1_000_000
+
+
+class Rounds:
+    """Starts rounds and answers the exchange for one node."""
+
+    def __init__(self, members: Membership, namespaces: Namespaces, registers: ClusterRegisters,
+                 seeds: list[str], rng: random.Random, config: GossipConfig, stats: dict[str, int],
+                 now_ms: int) -> None:
+        self._members = members
+        self._namespaces = namespaces
+        self._registers = registers
+        self._node_id = members.node_id
+        self._address = members.address
+        self.seeds = sorted({s for s in seeds if s and s != members.address})
+        self._rng = rng
+        self._config = config
+        self._stats = stats
+        self._interval_ms = config.interval_ms
+        self._seed_backoff_ms = config.interval_ms
+        self._next_seed_ms = now_ms
+
+    def syn(self) -> GossipSyn:
+        reg = self._registers
+        return GossipSyn(self._node_id, list(self._members.rows.values()),
+                         list(reg.buckets) if reg.entries else [], reg.gc_clock)
+
+    # ---------------------------------------------------------- peer selection ---------
+
+    def start(self, now_ms: int) -> list[Send]:
+        """A round: the SYN, to the peers chosen for it."""
+        cfg = self._config
+        rng = self._rng
+        m = self._members
+        rows = m.rows
+        dests: list[str] = []
+        targets = m.targets
+        others = m.others()
+        if others > 0:
+            self._seed_backoff_ms = self._interval_ms
+            k = min(cfg.fanout, others)
+            if k == 1:
+                p = self._node_id
+                while p == self._node_id:
+                    p = targets[int(rng.random() * len(targets))]
+                dests.append(rows[p].address)
+            else:
+                picks = rng.sample(targets, min(k + 1, len(targets)))
+                dests += [rows[p].address for p in picks if p != self._node_id][:k]
+        dead = [o for o, (st, _) in m.status.items() if st == DEAD]
+        if dead and rng.random() < cfg.unreachable_probe_prob:
+            dests.append(rows[rng.choice(dead)].address)
+        if self.seeds:
+            if others <= 0:
+                if now_ms >= self._next_seed_ms:
+                    dests.append(rng.choice(self.seeds))
+                    self._stats["seed_probes"] += 1
+                    self._next_seed_ms = now_ms + self._seed_backoff_ms
+                    self._seed_backoff_ms = min(2 * self._seed_backoff_ms, cfg.seed_retry_max_ms)
+            elif rng.random() < cfg.seed_probe_prob:
+                dests.append(rng.choice(self.seeds))
+        if not dests:
+            return []
+        syn = self.syn()
+        seen = {self._address}
+        out = []
+        for d in dests:
+            if d not in seen:
+                seen.add(d)
+                out.append(Send(d, syn))
+        return out
+
+    def leave(self) -> list[Send]:
+        """The SYN announcing our leave, to ``leave_fanout`` random live peers at once."""
+        m = self._members
+        others = [t for t in m.targets if t != self._node_id]
+        picks = self._rng.sample(others, min(self._config.leave_fanout, len(others)))
+        syn = self.syn()
+        return [Send(m.rows[p].address, syn) for p in picks]
+
+    # ------------------------------------------------------------- exchange ------------
+
+    def on_syn(self, src: str, msg: GossipSyn, now_ms: int) -> list[Send]:
+        their_buckets = parse_buckets(msg.cluster)
+        if type(msg.cluster_gc) is not int:
+            raise Malformed("cluster_gc")
+        m = self._members
+        if type(msg.digest) is list and msg.digest == list(m.rows.values()):
+            rows = m.rows        # the same digest, row for row: nothing to merge or say
+            m.heard_from(msg.node_id, rows.get(msg.node_id), now_ms)
+        else:
+            rows = parse_rows(msg.digest, 4 * self._config.max_nodes)
+            m.merge_rows(rows, now_ms, msg.node_id)
+        # rows where we know more, or where we are behind: the sender needs to see them.
+        # Slightly newer heartbeats alone do not justify an answer (they spread by push).
+        reply_rows: list[Row] = []
+        must_reply = False
+        get = rows.get
+        for o, r in m.rows.items() if rows != m.rows else ():
+            a = get(o)
+            if a == r:
+                continue
+            if (a is None or r.generation != a.generation or r.max_version != a.max_version
+                    or r.gc_version != a.gc_version or r.left != a.left):
+                reply_rows.append(r)
+                must_reply = True
+            elif r.heartbeat > a.heartbeat:
+                reply_rows.append(r)
+                if r.heartbeat > a.heartbeat + _HEARTBEAT_SLACK_BEATS:
+                    must_reply = True
+        budget = Budget(self._config.max_delta_bytes)
+        reg = self._registers
+        mine = reg.hashes()
+        theirs = their_buckets or ZERO_BUCKETS
+        centries: list = []
+        cluster_reply: list = []
+        if theirs != mine:
+            mismatched = {i for i in range(BUCKETS) if theirs[i] != mine[i]}
+            centries = reg.entries_for(mismatched, budget)
+            cluster_reply = list(mine)
+        else:
+            reg.adopt_gc_clock(msg.cluster_gc)     # same store as the sender: its horizon is ours
+        if not must_reply and not cluster_reply:
+            return []
+        deltas = self._namespaces.deltas([(r.node_id, rows.get(r.node_id)) for r in reply_rows], budget)
+        ack = GossipAck(self._node_id, reply_rows, deltas, cluster_reply, centries, reg.gc_clock)
+        return [Send(src, ack)]
+
+    def on_ack(self, src: str, msg: GossipAck, now_ms: int) -> list[Send]:
+        limit = 4 * self._config.max_nodes      # rows beyond max_nodes are refused one by one
+        rows = parse_rows(msg.digest, limit)
+        deltas = parse_deltas(msg.deltas, limit)
+        their_entries, their_sizes = parse_registers(msg.cluster_entries, _MAX_CLUSTER_ENTRIES)
+        their_buckets = parse_buckets(msg.cluster)
+        if type(msg.cluster_gc) is not int:
+            raise Malformed("cluster_gc")
+        self._members.merge_rows(rows, now_ms, msg.node_id)
+        self._namespaces.apply(deltas, now_ms)
+        reg = self._registers
+        kills = reg.merge(their_entries, their_sizes, now_ms)
+        budget = Budget(self._config.max_delta_bytes - 20 * len(kills))
+        centries: list = kills
+        if their_buckets is not None:
+            mine = reg.hashes()
+            if mine == their_buckets:
+                reg.adopt_gc_clock(msg.cluster_gc)
+            else:
+                mismatched = {i for i in range(BUCKETS) if mine[i] != their_buckets[i]}
+                centries += reg.entries_for(mismatched, budget, their_entries)
+        deltas_out = self._namespaces.deltas(sorted(rows.items()), budget)
+        if not deltas_out and not centries:
+            return []
+        return [Send(src, GossipAck2(self._node_id, deltas_out, centries))]
+
+    def on_ack2(self, msg: GossipAck2, now_ms: int) -> None:
+        limit = 4 * self._config.max_nodes
+        deltas = parse_deltas(msg.deltas, limit)
+        their_entries, their_sizes = parse_registers(msg.cluster_entries, _MAX_CLUSTER_ENTRIES)
+        self._namespaces.apply(deltas, now_ms)
+        self._registers.merge(their_entries, their_sizes, now_ms)
+
+    def dispatch(self, src: str, msg: Any, now_ms: int) -> list[Send] | None:
+        """Handle a gossip message; None if ``msg`` is not one. Malformed propagates."""
+        if isinstance(msg, GossipSyn):
+            self._stats["syn_received"] += 1
+            return self.on_syn(src, msg, now_ms)
+        if isinstance(msg, GossipAck):
+            self._stats["ack_received"] += 1
+            return self.on_ack(src, msg, now_ms)
+        if isinstance(msg, GossipAck2):
+            self._stats["ack2_received"] += 1
+            self.on_ack2(msg, now_ms)
+            return []
+        return None

@@ -1,0 +1,350 @@
+"""Consumer groups: the committed offsets every broker knows, and who takes which group over.
+
+The pure half of the node's group host (``mesh.node.group_host``): inputs in, results out,
+no store, no gossip, no clock (stamps and views are passed in).
+
+Theory of operation
+-------------------
+Offsets are durable, then gossiped (the etcd-raft "persist, then send" order): a commit the
+coordinator core accepted is written to the coordinator's disk, answered, and only then put
+in its gossip namespace, chunked: ``mesh.cluster.keys.offsets_key(group, topic, n)`` holds
+``{"g": group, "t": topic, "o": {"<partition>": [offset, metadata, wall_ms]}}`` for
+partitions ``32n .. 32n+31`` (``encode_chunk``; group and topic ride in the value, so names
+containing "/" are unambiguous; commit metadata is limited to 256 characters, so 32
+partitions stay far below the 60 KB gossip entry limit). A commit is on one disk when it is
+acknowledged and on every broker a gossip round or two later. If the coordinator dies in
+between, its successor resumes from the commit before (the group re-reads a little:
+at-least-once); the newer one comes back with the old coordinator, and then wins by its
+stamp.
+
+The merged view: every broker folds all namespaces' ``off/`` entries into one table,
+``(group, topic, partition) -> (offset, metadata, wall_ms)``, where the latest commit wins
+(greater ``wall_ms``, then greater offset: ``fold``). Commit stamps are strictly increasing
+per node (``next_stamp``), so a reset to an *earlier* offset is still the latest commit.
+The fold is monotone, so it is incremental (``node_moved`` and ``entry_moved`` say which
+namespace entries to read again) and needs no deletes.
+
+Coordination: a group is coordinated by ``coordinator_for`` over the *coordination set*,
+the brokers the gossip view does not hold DEAD or LEFT (``coordination_set``: ALIVE and
+SUSPECT both count, so a broker that misses a few heartbeats does not bounce its groups
+around). When the set changes (``on_cluster_change``):
+
+* *rehoming*: groups that now hash here are claimed, groups that hash elsewhere are
+  dropped from the core (``Moved``);
+* *takeover*: when a broker left the set, or when this node, alone so far, meets others
+  (it may be the newcomer), the core must ``begin_takeover``: members of the old
+  coordinator may still hold partitions until their sessions end (``takeover_due``);
+* a claimed group, and any group of ours whose merged offsets moved, gets the merged
+  offsets newer than what the core holds (``Takeover.load``); those not yet durable here are
+  *adopted* (``Takeover.adopt``): written to this node's store and namespace with their
+  original stamps, so they survive the old node's namespace being garbage-collected from
+  gossip. A later commit for one of our groups that arrives through gossip (the old
+  coordinator's last commits, late) thus replaces ours when its stamp is newer.
+
+At start, a node with no seeds that knows no other node starts alone (``starts_alone``): no
+coordinator can hold members of its groups, so there is no takeover grace.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable
+
+from mesh.cluster.keys import OFFSETS_CHUNK_PARTITIONS, offsets_key
+from mesh.groups.rendezvous import coordinator_for
+
+__all__ = [
+    "OffsetBook", "Takeover", "Moved", "MalformedOffsets", "Stamp", "Chunk",
+    "COORDINATING_STATUSES", "coordination_set", "coordinator_among", "starts_alone",
+    "takeover_due", "chunk_of", "encode_chunk",
+]
+
+Stamp = tuple[int, int]          # (wall_ms, offset): the greater is the later commit
+Chunk = tuple[str, str, int]     # (group, topic, partition // OFFSETS_CHUNK_PARTITIONS)
+Committed = tuple[int, str, int]  # (offset, metadata, wall_ms)
+OffsetEntry = tuple[str, int, int, str]          # (topic, partition, offset, metadata)
+StampedEntry = tuple[str, int, int, str, int]    # ... and the commit's wall_ms
+
+COORDINATING_STATUSES = ("alive", "suspect")
+_NO_STAMP: Stamp = (-1, -1)
+
+
+class MalformedOffsets(ValueError):
+    """An ``off/`` gossip entry that is not ``{"g": str, "t": str, "o": {...}}``."""
+
+
+@dataclass(frozen=True, slots=True)
+class Takeover:
+    """Merged offsets of a group coordinated here that are newer than what its core holds.
+
+    Give ``load`` to the core (``load_offsets(..., replace=True)``); make ``adopt`` durable
+    here, then call ``OffsetBook.adopted`` and gossip the chunks it returns. ``claimed``:
+    the group just became coordinated here."""
+    group_id: str
+    load: tuple[OffsetEntry, ...] = ()
+    adopt: tuple[StampedEntry, ...] = ()
+    claimed: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Moved:
+    """A group coordinated here until now hashes to ``coordinator``: drop it from the core."""
+    group_id: str
+    coordinator: str | None
+
+
+# ---------------------------------------------------------------------------------------
+# Pure helpers
+
+def coordination_set(members: Iterable[Any]) -> frozenset[str]:
+    """The node ids of gossip members that may coordinate groups (not DEAD, not LEFT)."""
+    return frozenset(m.node_id for m in members if m.status in COORDINATING_STATUSES)
+
+
+def coordinator_among(group_id: str, nodes: Iterable[str]) -> str | None:
+    """``coordinator_for``, or None when no node may coordinate."""
+    try:
+        return coordinator_for(group_id, nodes)
+    except ValueError:
+        return None
+
+
+def starts_alone(seeded: bool, member_ids: Iterable[str], node_id: str) -> bool:
+    """A node started without seeds that knows no other node: no takeover grace at start."""
+    return not seeded and all(m == node_id for m in member_ids)
+
+
+def takeover_due(before: frozenset[str] | None, after: frozenset[str], node_id: str) -> bool:
+    """Groups may have moved here: a broker left the set, or this node, alone so far, met
+    others (it may be the newcomer to a running cluster)."""
+    return before is not None and (not before <= after or before == {node_id})
+
+
+def chunk_of(group_id: str, topic: str, partition: int) -> Chunk:
+    return (group_id, topic, partition // OFFSETS_CHUNK_PARTITIONS)
+
+
+def encode_chunk(chunk: Chunk, entries: dict[int, list]) -> tuple[str, dict]:
+    """The gossip key and value of one chunk of this node's offsets."""
+    group_id, topic, n = chunk
+    value = {"g": group_id, "t": topic, "o": {str(p): list(v) for p, v in sorted(entries.items())}}
+    return offsets_key(group_id, topic, n), value
+
+
+# ---------------------------------------------------------------------------------------
+# The book
+
+class OffsetBook:
+    """What one broker knows about committed offsets, and which groups it coordinates."""
+
+    def __init__(self, node_id: str):
+        self.node_id = node_id
+        # what this node committed or adopted: chunk -> {partition: [offset, metadata, wall_ms]}
+        self._own: dict[Chunk, dict[int, list]] = {}
+        # the merged view of every namespace: group -> {(topic, partition): (offset, metadata, wall_ms)}
+        self._merged: dict[str, dict[tuple[str, int], Committed]] = {}
+        self._seen_nodes: dict[str, tuple[int, int]] = {}   # node -> (generation, max version)
+        self._seen_keys: dict[tuple[str, str], Any] = {}      # (node, key) -> entry version
+        # stamps of the offsets the core holds, for the groups coordinated here
+        self._loaded: dict[str, dict[tuple[str, int], Stamp]] = {}
+        self._mine: set[str] = set()
+        self._last_stamp_ms = 0
+        self.coord_set: frozenset[str] | None = None   # None until the first cluster change
+
+    # -- views ----------------------------------------------------------------------------
+
+    def committed(self, group_id: str) -> dict[tuple[str, int], Committed]:
+        """The merged view of one group: (topic, partition) -> (offset, metadata, wall_ms)."""
+        return dict(self._merged.get(group_id, {}))
+
+    def knows(self, group_id: str) -> bool:
+        """Some broker committed offsets for this group."""
+        return group_id in self._merged
+
+    def groups(self) -> list[str]:
+        """Every group with committed offsets anywhere, sorted."""
+        return sorted(self._merged)
+
+    def is_mine(self, group_id: str) -> bool:
+        return group_id in self._mine
+
+    def offsets_for(self, group_id: str, partitions: Any) -> list:
+        """``[[topic, partition, offset, metadata]]`` from the merged view (offset -1 where
+        nothing is committed); ``partitions`` None: all committed."""
+        merged = self._merged.get(group_id, {})
+        if partitions is None:
+            wanted = sorted(merged)
+        else:
+            wanted = sorted({(tp[0], tp[1]) for tp in partitions[:100_000]
+                             if isinstance(tp, (list, tuple)) and len(tp) == 2})
+        out = []
+        for tp in wanted:
+            offset, metadata, _ = merged.get(tp, (-1, "", 0))
+            out.append([tp[0], tp[1], offset, metadata])
+        return out
+
+    def own_chunks(self) -> list[Chunk]:
+        return sorted(self._own)
+
+    def chunk_entry(self, chunk: Chunk) -> tuple[str, dict]:
+        """The gossip key and value of one chunk of this node's own offsets."""
+        return encode_chunk(chunk, self._own[chunk])
+
+    # -- the merged view (last writer wins) -----------------------------------------------
+
+    def fold(self, group_id: str, topic: str, partition: int, offset: int, metadata: str,
+             wall_ms: int) -> bool:
+        """Fold one commit into the merged view; True if it is the latest for its partition."""
+        table = self._merged.setdefault(group_id, {})
+        old = table.get((topic, partition))
+        if old is not None and (old[2], old[0]) >= (wall_ms, offset):
+            return False
+        table[(topic, partition)] = (offset, metadata, wall_ms)
+        return True
+
+    def node_moved(self, node_id: str, generation: int, max_version: int) -> bool:
+        """True if ``node_id``'s namespace changed since the last call (read its entries)."""
+        mark = (generation, max_version)
+        if self._seen_nodes.get(node_id) == mark:
+            return False
+        self._seen_nodes[node_id] = mark
+        return True
+
+    def entry_moved(self, node_id: str, key: str, version: Any) -> bool:
+        """True if this namespace entry changed since the last call (fold it)."""
+        if self._seen_keys.get((node_id, key)) == version:
+            return False
+        self._seen_keys[(node_id, key)] = version
+        return True
+
+    def forget_absent(self, present: Iterable[str]) -> None:
+        """Nodes gone from the gossip view: read them in full if they come back."""
+        present = set(present)
+        for node_id in [n for n in self._seen_nodes if n not in present]:
+            del self._seen_nodes[node_id]
+            for k in [k for k in self._seen_keys if k[0] == node_id]:
+                del self._seen_keys[k]
+
+    def merge_entry(self, value: Any) -> set[str]:
+        """Fold one ``off/`` entry; the groups whose merged offsets moved.
+        MalformedOffsets if the value is not an offsets chunk."""
+        try:
+            group_id, topic, entries = value["g"], value["t"], value["o"]
+            if not isinstance(group_id, str) or not isinstance(topic, str) or not isinstance(entries, dict):
+                raise TypeError("bad types")
+            changed = False
+            for p, (offset, metadata, wall_ms) in entries.items():
+                partition = int(p)
+                if not (isinstance(offset, int) and isinstance(metadata, str) and isinstance(wall_ms, int)):
+                    raise TypeError("bad offset entry")
+                changed |= self.fold(group_id, topic, partition, offset, metadata, wall_ms)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise MalformedOffsets(str(exc)) from exc
+        return {group_id} if changed else set()
+
+    # -- this node's own offsets ----------------------------------------------------------
+
+    def next_stamp(self, wall_ms: int) -> int:
+        """The stamp of a commit made now: the wall clock, strictly increasing per node."""
+        self._last_stamp_ms = max(wall_ms, self._last_stamp_ms + 1)
+        return self._last_stamp_ms
+
+    def reload(self, group_id: str, topic: str, partition: int, offset: int, metadata: str,
+               wall_ms: int) -> None:
+        """An offset made durable here in an earlier life (then gossip ``own_chunks``)."""
+        self._own.setdefault(chunk_of(group_id, topic, partition), {})[partition] = \
+            [offset, metadata, wall_ms]
+        self.fold(group_id, topic, partition, offset, metadata, wall_ms)
+        self._last_stamp_ms = max(self._last_stamp_ms, wall_ms)
+
+    def committed_here(self, group_id: str, offsets: Iterable[OffsetEntry],
+                       wall_ms: int) -> list[Chunk]:
+        """A commit is durable here: record it; the chunks to gossip."""
+        chunks = set()
+        loaded = self._loaded.setdefault(group_id, {}) if group_id in self._mine else None
+        for topic, partition, offset, metadata in offsets:
+            chunk = chunk_of(group_id, topic, partition)
+            self._own.setdefault(chunk, {})[partition] = [offset, metadata, wall_ms]
+            self.fold(group_id, topic, partition, offset, metadata, wall_ms)
+            if loaded is not None:
+                loaded[(topic, partition)] = (wall_ms, offset)
+            chunks.add(chunk)
+        return sorted(chunks)
+
+    def adopted(self, group_id: str, entries: Iterable[StampedEntry]) -> list[Chunk]:
+        """Adopted offsets are durable here: record them; the chunks to gossip."""
+        chunks = set()
+        for topic, partition, offset, metadata, wall_ms in entries:
+            chunk = chunk_of(group_id, topic, partition)
+            self._own.setdefault(chunk, {})[partition] = [offset, metadata, wall_ms]
+            chunks.add(chunk)
+        return sorted(chunks)
+
+    # -- coordination ---------------------------------------------------------------------
+
+    def on_cluster_change(self, coord_set: frozenset[str],
+                          changed: set[str]) -> tuple[bool, list[Takeover | Moved]]:
+        """After merging gossip (``changed``: groups whose merged offsets moved): whether the
+        core must ``begin_takeover``, and what to do, in order."""
+        actions: list[Takeover | Moved] = []
+        takeover = False
+        if coord_set != self.coord_set:
+            before, self.coord_set = self.coord_set, coord_set
+            takeover = takeover_due(before, coord_set, self.node_id)
+            actions.extend(self._rehome())
+        for group_id in sorted(changed & self._mine):
+            newer = self.take_newer(group_id)
+            if newer is not None:
+                actions.append(newer)
+        return takeover, actions
+
+    def claim(self, group_id: str) -> Takeover | None:
+        """Coordinate ``group_id`` here (a request for it came, or it hashes here now).
+        None if it already was."""
+        if group_id in self._mine:
+            return None
+        self._mine.add(group_id)
+        self._loaded[group_id] = {}
+        newer = self.take_newer(group_id)
+        return Takeover(group_id, newer.load if newer else (), newer.adopt if newer else (),
+                        claimed=True)
+
+    def take_newer(self, group_id: str) -> Takeover | None:
+        """Merged offsets newer than what the core holds (to load), and those of them not
+        yet durable here (to adopt); None if there are none."""
+        loaded = self._loaded.setdefault(group_id, {})
+        newer = []
+        for (topic, partition), (offset, metadata, wall_ms) in sorted(self._merged.get(group_id, {}).items()):
+            if loaded.get((topic, partition), _NO_STAMP) < (wall_ms, offset):
+                newer.append((topic, partition, offset, metadata, wall_ms))
+        if not newer:
+            return None
+        adopt = []
+        for topic, partition, offset, metadata, wall_ms in newer:
+            loaded[(topic, partition)] = (wall_ms, offset)
+            own = self._own.get(chunk_of(group_id, topic, partition), {}).get(partition)
+            if own is None or (own[2], own[0]) < (wall_ms, offset):
+                adopt.append((topic, partition, offset, metadata, wall_ms))
+        return Takeover(group_id, tuple((t, p, o, m) for t, p, o, m, _ in newer), tuple(adopt))
+
+    def prune(self, has_group: Callable[[str], bool]) -> list[str]:
+        """Forget groups that ended here (no committed offsets anywhere, nothing in the core:
+        ``has_group``); the groups forgotten."""
+        gone = [g for g in self._mine if g not in self._merged and not has_group(g)]
+        for group_id in gone:
+            self._mine.discard(group_id)
+            self._loaded.pop(group_id, None)
+        return gone
+
+    def _rehome(self) -> list[Takeover | Moved]:
+        actions: list[Takeover | Moved] = []
+        for group_id in sorted(set(self._merged) | self._mine):
+            coordinator = coordinator_among(group_id, self.coord_set or ())
+            if coordinator == self.node_id:
+                claimed = self.claim(group_id)
+                if claimed is not None:
+                    actions.append(claimed)
+            elif group_id in self._mine:
+                self._mine.discard(group_id)
+                self._loaded.pop(group_id, None)
+                actions.append(Moved(group_id, coordinator))
+        return actions

@@ -1,0 +1,55 @@
+"""Who is where, from this node's gossip view: live brokers, addresses, partition leaders.
+
+Lookups only: liveness is the gossip core's (``live_members``), leader choice is
+``mesh.cluster.leaders`` (a rule every broker applies alike); this module just feeds them
+the node's clock and replicas and turns node ids into addresses for clients and peers.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+from mesh.cluster.catalog import Topic
+from mesh.cluster.leaders import Leader, LeaderView
+
+__all__ = ["Directory"]
+
+
+class Directory:
+    def __init__(self, node_id: str, address: str, gossip, wall_ms: Callable[[], int],
+                 local_leader: Callable[[int], tuple[str | None, int] | None]):
+        """``wall_ms``: the gossip core's clock; ``local_leader(pid)``: this node's replica's
+        (leader, epoch), None if it hosts no replica of ``pid``."""
+        self.node_id = node_id
+        self.address = address
+        self.gossip = gossip
+        self.wall_ms = wall_ms
+        self.leaders = LeaderView(node_id, gossip, local_leader)
+        self._node_of_address: dict[str, str] = {}
+
+    def live(self) -> list[str]:
+        """Node ids of the brokers this node sees alive (itself included)."""
+        return self.gossip.live_members(self.wall_ms())
+
+    def address_of(self, node_id: str) -> str | None:
+        if node_id == self.node_id:
+            return self.address
+        for mem in self.gossip.members(self.wall_ms()):
+            if mem.node_id == node_id:
+                return mem.address
+        return None
+
+    def node_at(self, address: str) -> str | None:
+        """The node id of the peer at ``address`` (None if gossip does not know it yet)."""
+        node = self._node_of_address.get(address)
+        if node is None:
+            self._node_of_address = {mem.address: mem.node_id for mem in self.gossip.members(self.wall_ms())}
+            node = self._node_of_address.get(address)
+        return node
+
+    def leader(self, topic: Topic, partition: int, live: set[str] | None = None) -> Leader:
+        """(leader node id or None, epoch); ``live`` defaults to ``self.live()``."""
+        return self.leaders.leader(topic, partition, set(self.live()) if live is None else live)
+
+    def leader_address(self, topic: Topic, partition: int) -> str | None:
+        leader = self.leader(topic, partition).node_id
+        return self.address_of(leader) if leader else None

@@ -1,0 +1,132 @@
+"""The node's answers to client requests: admin, metadata, list offsets (produce and fetch
+are the data path's, ``mesh.node.datapath``; consumer groups are the group host's).
+
+Each handler is ``handler(ident, rid, request, payload)`` and answers through ``reply``; a
+handler that cannot answer raises ``MeshError`` and the loop turns it into an error
+response. Handlers decide nothing a peer could disagree about: topic placement is
+``mesh.cluster.placement`` (through the catalog), leaders are ``mesh.cluster.leaders``
+(through the directory).
+
+Admin requests never share a transaction with the turn's staged appends: they commit the
+turn first, then apply the change to gossip, reconcile and persist it with their own
+commit, and answer only once the change is on this node's disk.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Any, Callable
+
+from mesh.cluster import keys
+from mesh.cluster.catalog import Catalog, Topic
+from mesh.node.clock import Clock
+from mesh.node.datapath import DataPath
+from mesh.node.directory import Directory
+from mesh.wire import messages as m
+from mesh.wire.errors import ErrorCode, MeshError
+
+__all__ = ["ClientHandlers"]
+
+log = logging.getLogger("mesh.node.handlers")
+
+
+class ClientHandlers:
+    def __init__(self, *, node_id: str, gossip, catalog: Catalog, directory: Directory, store,
+                 replicas, data: DataPath, peers, reply: Callable, clock: Clock,
+                 apply_cluster_change: Callable[[], bool]):
+        """``apply_cluster_change()``: reconcile the catalog with gossip, persist the gossip
+        snapshot and commit; False if the commit failed."""
+        self.node_id = node_id
+        self.gossip = gossip
+        self.catalog = catalog
+        self.directory = directory
+        self.store = store
+        self.replicas = replicas
+        self.data = data
+        self.peers = peers
+        self.reply = reply
+        self.clock = clock
+        self.apply_cluster_change = apply_cluster_change
+        self._table: dict[type, Callable] = {
+            m.ProduceRequest: data.on_produce,
+            m.FetchRequest: data.on_fetch,
+            m.MetadataRequest: self.on_metadata,
+            m.CreateTopicRequest: self.on_create_topic,
+            m.DeleteTopicRequest: self.on_delete_topic,
+            m.ListOffsetsRequest: self.on_list_offsets,
+        }
+
+    def handler_for(self, msg: Any) -> Callable | None:
+        return self._table.get(type(msg))
+
+    # -- admin --------------------------------------------------------------------------
+    def on_create_topic(self, ident, rid, req: m.CreateTopicRequest, payload) -> None:
+        self.data.commit_turn()  # admin changes never share a transaction with staged appends
+        self.catalog.create(req.name, req.partitions, req.replication_factor, req.config,
+                            self.directory.live())
+        if not self.apply_cluster_change():
+            raise MeshError(ErrorCode.STORAGE_ERROR, "topic created but not persisted here (storage error)")
+        log.info("created topic %s with %d partitions", req.name, req.partitions)
+        self.reply(ident, rid, m.CreateTopicResponse(0))
+
+    def on_delete_topic(self, ident, rid, req: m.DeleteTopicRequest, payload) -> None:
+        self.data.commit_turn()
+        self.catalog.delete(req.name)
+        if not self.apply_cluster_change():
+            raise MeshError(ErrorCode.STORAGE_ERROR, "topic deleted but not persisted here (storage error)")
+        log.info("deleted topic %s", req.name)
+        self.reply(ident, rid, m.DeleteTopicResponse(0))
+
+    # -- metadata -----------------------------------------------------------------------
+    def on_metadata(self, ident, rid, req: m.MetadataRequest, payload) -> None:
+        now = self.clock.wall_ms()
+        members = self.gossip.members(now)
+        live = set(self.gossip.live_members(now))
+        brokers = []
+        stats: dict[str, dict] = {}
+        for mem in members:
+            age = None if mem.last_heard_ms is None else now - mem.last_heard_ms
+            entry = {"id": mem.node_id, "address": mem.address, "status": mem.status,
+                     "generation": mem.generation, "heartbeat_age_ms": age}
+            if mem.node_id == self.node_id:
+                entry.update(heartbeat_age_ms=0, peer_messages_sent=self.peers.sent,
+                             peer_bytes_sent=self.peers.bytes_sent, peer_messages_dropped=self.peers.dropped)
+            brokers.append(entry)
+            stats[mem.node_id] = self.gossip.node_items(mem.node_id, keys.STATS_KEY).get(keys.STATS_KEY) or {}
+        names = sorted(self.catalog.topics) if req.topics is None else list(req.topics)
+        topics = []
+        for name in names:
+            t = self.catalog.topics.get(name)
+            if t is None:
+                topics.append({"name": name, "error": int(ErrorCode.UNKNOWN_TOPIC)})
+                continue
+            topics.append({"name": name, "error": 0, "config": t.config,
+                           "replication_factor": t.replication_factor,
+                           "partitions": [self._partition_entry(t, p, live, stats) for p in range(len(t.replicas))]})
+        self.reply(ident, rid, m.MetadataResponse(0, brokers, topics, self.node_id))
+
+    def _partition_entry(self, t: Topic, p: int, live: set[str], stats: dict[str, dict]) -> dict:
+        reps = list(t.replicas[p])
+        leader, epoch = self.directory.leader(t, p, live)
+        pid = t.pids[p]
+        if pid is not None and leader == self.node_id:
+            start, end, hw = self.store.log_start(pid), self.store.log_end(pid), self.replicas.commit_offset(pid)
+            isr = self.replicas.isr(pid)
+        else:
+            start, end, hw = (stats.get(leader, {}).get(t.name, {}).get(str(p)) or [-1, -1, -1])
+            isr = [r for r in reps if r in live]
+        return {"partition": p, "leader": leader,
+                "leader_address": self.directory.address_of(leader) if leader else None,
+                "epoch": max(epoch, 0), "replicas": reps, "isr": isr,
+                "log_start": start, "log_end": end, "high_watermark": hw}
+
+    # -- offsets ------------------------------------------------------------------------
+    def on_list_offsets(self, ident, rid, req: m.ListOffsetsRequest, payload) -> None:
+        out = []
+        for topic, partition, which in req.parts:
+            try:
+                _, pid = self.data.local_partition(topic, partition)
+                off = self.store.log_start(pid) if which == m.EARLIEST else self.replicas.commit_offset(pid)
+                out.append([topic, partition, 0, off, None])
+            except MeshError as exc:
+                out.append([topic, partition, int(exc.code), -1, exc.leader])
+        self.reply(ident, rid, m.ListOffsetsResponse(out))

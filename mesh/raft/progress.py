@@ -1,0 +1,128 @@
+"""The leader's view of each follower's log (etcd-raft's ``tracker/progress.go`` and
+``inflights.go``). Pure bookkeeping: ``mesh.raft.partition`` decides, this records.
+
+Theory of operation
+===================
+
+A leader keeps one ``Progress`` per follower, for its own term only (a new leader starts
+afresh). It holds:
+
+- ``match``: the logs agree on ``[0, match)`` and the follower has it durably (acks leave
+  a follower only after it persisted). ``match`` never decreases within a term; it is what
+  the follower counts with toward commit (``mesh.raft.quorum``).
+- ``next``: the offset the next append starts from (its ``prev_offset``).
+- a state, one of two:
+
+  * ``PROBE``: the leader does not know where the follower's log agrees with its own.
+    At most one append is outstanding (``probe_sent``; ``probe_prev`` is its
+    ``prev_offset``, so an answer to an older probe is recognised and ignored). A
+    rejection carries a hint from the follower's epoch cache and moves ``next`` straight
+    to the point of agreement; an ack moves the follower to ``REPLICATE``. A heartbeat
+    response clears ``probe_sent`` (the probe or its answer may have been lost).
+  * ``REPLICATE``: agreement is known. Batches stream from ``next`` with up to
+    ``max_inflight_msgs`` messages and ``max_inflight_bytes`` bytes unacknowledged
+    (the *inflight* window: ``(end_offset, bytes, sent tick)`` per append, oldest first).
+    An ack frees every append it covers. A loss shows as a rejection (a gap) or as the
+    oldest inflight append staying unacknowledged for ``retransmit_ticks``: back to
+    ``PROBE`` from ``match``.
+
+- liveness: ``last_resp_tick`` (any answer from the follower; check-quorum, write
+  admission and the ISR use it) and ``caught_up_tick`` (when it last held the leader's
+  whole log; the ISR uses it).
+"""
+from __future__ import annotations
+
+from collections import deque
+from typing import Iterable
+
+__all__ = ["PROBE", "REPLICATE", "Progress", "count_active"]
+
+PROBE = "probe"          # one message in flight; find where the follower's log agrees
+REPLICATE = "replicate"  # agreement known: pipeline batches, bounded in messages and bytes
+
+
+class Progress:
+    """The leader's view of one follower (this term only)."""
+    __slots__ = ("match", "next", "state", "probe_sent", "probe_prev", "inflight",
+                 "inflight_bytes", "last_resp_tick", "caught_up_tick")
+
+    def __init__(self, next_offset: int, now_tick: int) -> None:
+        self.match = 0                 # logs agree on [0, match) and the follower synced it
+        self.next = next_offset        # next offset to send from
+        self.state = PROBE
+        self.probe_sent = False
+        self.probe_prev = -1
+        self.inflight: deque[tuple[int, int, int]] = deque()  # (end_offset, bytes, sent tick)
+        self.inflight_bytes = 0
+        self.last_resp_tick = now_tick  # a grace period of one election timeout
+        self.caught_up_tick = -(1 << 62)
+
+    # -- state changes -----------------------------------------------------------------
+    def become_probe(self, next_offset: int) -> None:
+        self.state = PROBE
+        self.next = next_offset
+        self.probe_sent = False
+        self.inflight.clear()
+        self.inflight_bytes = 0
+
+    def become_replicate(self) -> None:
+        self.state = REPLICATE
+        self.next = self.match
+        self.probe_sent = False
+        self.inflight.clear()
+        self.inflight_bytes = 0
+
+    def maybe_update(self, acked: int) -> bool:
+        """An ack: the logs agree on ``[0, acked)``. Returns whether ``match`` advanced."""
+        if acked <= self.match:
+            return False
+        self.match = acked
+        self.free_to(acked)
+        return True
+
+    def stale_rejection(self, rejected: int) -> bool:
+        """A rejection of ``prev_offset == rejected`` that is out of date: below what the
+        follower already acked, or an answer to an older probe than the outstanding one."""
+        if rejected < self.match:
+            return True
+        return self.state == PROBE and (not self.probe_sent or rejected != self.probe_prev)
+
+    # -- the inflight window -------------------------------------------------------------
+    def can_send(self, max_msgs: int, max_bytes: int) -> bool:
+        """Room in the inflight window for one more append."""
+        return len(self.inflight) < max_msgs and self.inflight_bytes < max_bytes
+
+    def sent(self, end_offset: int, nbytes: int, now_tick: int) -> None:
+        """An append up to ``end_offset`` left (replicate state): it is now inflight."""
+        self.inflight.append((end_offset, nbytes, now_tick))
+        self.inflight_bytes += nbytes
+        self.next = end_offset
+
+    def free_to(self, offset: int) -> None:
+        """Acked up to ``offset``: every append ending at or before it left the window."""
+        while self.inflight and self.inflight[0][0] <= offset:
+            self.inflight_bytes -= self.inflight.popleft()[1]
+
+    def oldest_sent_tick(self) -> int | None:
+        """When the oldest unacknowledged append left (None if nothing is inflight)."""
+        return self.inflight[0][2] if self.inflight else None
+
+    # -- queries -------------------------------------------------------------------------
+    def active(self, now_tick: int, window_ticks: int) -> bool:
+        """The follower answered within the last ``window_ticks``."""
+        return now_tick - self.last_resp_tick < window_ticks
+
+    def in_sync(self, now_tick: int, lag_ticks: int, log_end: int) -> bool:
+        """In the ISR: answered within ``lag_ticks`` and holds the leader's whole log, or
+        held it within ``lag_ticks``."""
+        return now_tick - self.last_resp_tick <= lag_ticks and (
+            self.match >= log_end or now_tick - self.caught_up_tick <= lag_ticks)
+
+    def describe(self) -> dict:
+        return {"match": self.match, "next": self.next, "state": self.state,
+                "inflight": len(self.inflight), "inflight_bytes": self.inflight_bytes}
+
+
+def count_active(progress: Iterable[Progress], now_tick: int, window_ticks: int) -> int:
+    """Replicas heard from within ``window_ticks``, the leader itself included."""
+    return 1 + sum(1 for pr in progress if pr.active(now_tick, window_ticks))

@@ -1,0 +1,238 @@
+"""Real broker processes on 127.0.0.1: the one launcher the integration tests and the
+benchmarks use.
+
+Theory of operation
+-------------------
+A ``BrokerProcess`` is one ``python -m tools.cli node`` child with a fixed id, data
+directory and address (a free port chosen once, so a restart comes back on the same
+address with the same data). Its output goes to a log file (``<data_dir>.log`` unless
+told otherwise), which failures quote. It can be stopped cleanly (SIGTERM, then SIGKILL
+after a grace period), killed (``kill -9``: nothing flushed), paused and resumed
+(SIGSTOP / SIGCONT), and started again.
+
+A ``Cluster`` is N such brokers named ``n1..nN`` under one directory, node i seeding from
+node 1 (as the Procfile does). ``start()`` returns once every broker answers and each one
+lists all of them alive (the cluster has formed by gossip); if that fails, every broker
+it started is stopped before the error propagates.
+
+Nothing here sleeps to wait for an event: ``wait_until`` polls a condition with a
+deadline and fails with a message that says what it was waiting for. A broker that
+exits while being waited for fails the wait at once (``BrokerExited``), with its log.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+__all__ = ["ROOT", "BrokerExited", "BrokerProcess", "Cluster", "free_port", "wait_until"]
+
+# the directory that holds the ``mesh`` and ``tools`` packages (the repository root in a checkout)
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+class BrokerExited(AssertionError):
+    """A broker process ended while something was waiting for it."""
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_until(cond, timeout_s: float = 20.0, what: str = "condition", interval_s: float = 0.02):
+    """Poll ``cond()`` until it returns a truthy value; return it. Exceptions count as
+    False (the condition may fail while a broker starts), except ``BrokerExited``."""
+    deadline = time.monotonic() + timeout_s
+    last_exc = None
+    while True:
+        try:
+            v = cond()
+            if v:
+                return v
+        except BrokerExited:
+            raise
+        except Exception as exc:
+            last_exc = exc
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}"
+                                 + (f" (last error: {last_exc!r})" if last_exc else ""))
+        time.sleep(interval_s)  # polling interval of a deadline loop, not a wait for an event
+
+
+class BrokerProcess:
+    """One broker process; ``start()`` again after ``stop()`` or ``kill()`` restarts it on
+    the same address with the same data directory."""
+
+    def __init__(self, node_id: str, data_dir: str, port: int | None = None,
+                 seeds: list[str] | None = None, extra: list[str] | None = None,
+                 log_path: str | None = None, new_session: bool = False):
+        self.node_id = node_id
+        self.data_dir = str(data_dir)
+        self.port = port or free_port()
+        self.address = f"127.0.0.1:{self.port}"
+        self.seeds = seeds or []
+        self.extra = extra or []
+        self.log_path = log_path or self.data_dir.rstrip("/") + ".log"
+        self.new_session = new_session  # own process group: a Ctrl-C at the terminal does not reach it
+        self.proc: subprocess.Popen | None = None
+
+    def command(self) -> list[str]:
+        cmd = [sys.executable, "-m", "tools.cli", "node", "--id", self.node_id, "--data", self.data_dir,
+               "--bind", self.address]
+        for s in self.seeds:
+            cmd += ["--seed", s]
+        return cmd + self.extra
+
+    def start(self, wait: bool = True, timeout_s: float = 20.0) -> "BrokerProcess":
+        if self.alive():
+            raise RuntimeError(f"broker {self.node_id} is already running")
+        log_dir = os.path.dirname(self.log_path)
+        if log_dir:
+            os.makedirs(log_dir, exist_ok=True)
+        with open(self.log_path, "ab") as log:  # the child keeps its own descriptor
+            self.proc = subprocess.Popen(self.command(), cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+                                         start_new_session=self.new_session)
+        if wait:
+            self.wait_ready(timeout_s)
+        return self
+
+    def restart(self, wait: bool = True, timeout_s: float = 20.0) -> "BrokerProcess":
+        """Clean stop (if running), then start on the same address and data directory."""
+        self.stop()
+        return self.start(wait, timeout_s)
+
+    def check_running(self) -> None:
+        """Raise ``BrokerExited`` (with the log's tail) unless the process runs."""
+        if self.proc is None:
+            raise BrokerExited(f"broker {self.node_id} was never started")
+        if self.proc.poll() is not None:
+            raise BrokerExited(f"broker {self.node_id} exited with code {self.proc.returncode}:\n{self.log()}")
+
+    def metadata(self, timeout_ms: int = 500):
+        """This broker's own metadata answer (not a cluster view's first responder)."""
+        from mesh.client import Admin
+        with Admin(self.address, request_timeout_ms=timeout_ms) as a:
+            return a.metadata([])
+
+    def wait_ready(self, timeout_s: float = 20.0) -> None:
+        """Return once the broker answers a metadata request."""
+        def ready():
+            self.check_running()
+            return self.metadata(300) is not None
+        wait_until(ready, timeout_s, f"broker {self.node_id} on {self.address} to answer")
+
+    def signal(self, sig: int) -> None:
+        self.proc.send_signal(sig)
+
+    def pause(self) -> None:
+        """SIGSTOP: the process stays, silent, until ``resume()``."""
+        self.signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        self.signal(signal.SIGCONT)
+
+    def kill(self) -> None:
+        """kill -9: no chance to flush anything."""
+        if self.alive():
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(10)
+
+    def stop(self, timeout_s: float = 15.0) -> int:
+        """SIGTERM and wait (SIGKILL after ``timeout_s``); return the exit code."""
+        if self.alive():
+            self.proc.send_signal(signal.SIGTERM)
+        return self.wait_stopped(timeout_s)
+
+    def wait_stopped(self, timeout_s: float = 15.0) -> int:
+        if self.proc is None:
+            return 0
+        try:
+            self.proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(5)
+        return self.proc.returncode
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def log(self, tail_chars: int = 4000) -> str:
+        """The end of the broker's log file."""
+        try:
+            with open(self.log_path, "rb") as f:
+                return f.read().decode(errors="replace")[-tail_chars:]
+        except OSError:
+            return ""
+
+
+class Cluster:
+    """N brokers ``n1..nN`` with their data under ``root``; node i seeds from node 1 (as
+    the Procfile does). Logs go to ``<root>/<id>.log``, or ``<log_dir>/<id>.log``."""
+
+    def __init__(self, root, n: int = 1, extra: list[str] | None = None, log_dir: str | None = None,
+                 new_session: bool = False):
+        self.root = str(root)
+        self.brokers: list[BrokerProcess] = []
+        first = None
+        for i in range(1, n + 1):
+            node_id = f"n{i}"
+            log_path = os.path.join(log_dir, f"{node_id}.log") if log_dir else None
+            b = BrokerProcess(node_id, os.path.join(self.root, node_id), seeds=[first] if first else [],
+                              extra=extra, log_path=log_path, new_session=new_session)
+            first = first or b.address
+            self.brokers.append(b)
+
+    @property
+    def bootstrap(self) -> str:
+        return ",".join(b.address for b in self.brokers)
+
+    def start(self, timeout_s: float = 20.0) -> "Cluster":
+        """Start every broker; return once each one sees all of them alive. On failure,
+        stop what was started and raise."""
+        try:
+            for b in self.brokers:
+                b.start(wait=False)
+            for b in self.brokers:
+                b.wait_ready(timeout_s)
+            self.wait_converged(timeout_s)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def wait_converged(self, timeout_s: float = 20.0) -> None:
+        """Wait until every running broker lists every running broker alive."""
+        ids = {b.node_id for b in self.brokers if b.alive()}
+
+        def converged(b):
+            b.check_running()
+            alive = {x["id"] for x in b.metadata(500).brokers if x["status"] == "alive"}
+            return ids <= alive
+        for b in self.brokers:
+            if b.alive():
+                wait_until(lambda: converged(b), timeout_s, f"{b.node_id} to see {sorted(ids)} alive")
+
+    def stop(self, timeout_s: float = 15.0) -> None:
+        """SIGTERM to every broker at once, then wait for each."""
+        for b in self.brokers:
+            if b.alive():
+                b.signal(signal.SIGTERM)
+        for b in self.brokers:
+            b.wait_stopped(timeout_s)
+
+    def kill(self) -> None:
+        """kill -9 every broker."""
+        for b in self.brokers:
+            b.kill()
+
+    def __enter__(self) -> "Cluster":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

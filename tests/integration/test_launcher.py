@@ -1,0 +1,53 @@
+"""The shared launcher (mesh.testing.launcher): deadlines, a broker that cannot start,
+pause / resume, restart on the same address and data."""
+import pytest
+
+from mesh.testing.launcher import BrokerExited, BrokerProcess, Cluster, free_port, wait_until
+
+pytestmark = pytest.mark.integration
+
+
+def test_wait_until_returns_the_value_or_says_what_it_waited_for():
+    calls = []
+
+    def third_time():
+        calls.append(1)
+        if len(calls) < 3:
+            raise ConnectionError("not yet")
+        return "done"
+    assert wait_until(third_time, 5, "three calls", interval_s=0.001) == "done"
+    with pytest.raises(AssertionError, match=r"waiting for nothing \(last error: ConnectionError"):
+        wait_until(lambda: (_ for _ in ()).throw(ConnectionError("never")), 0.05, "nothing", interval_s=0.01)
+    assert 0 < free_port() < 65536
+
+
+def test_a_broker_that_exits_fails_the_wait_at_once_with_its_log(tmp_path):
+    b = BrokerProcess("bad", str(tmp_path / "bad"), extra=["--no-such-flag"])
+    with pytest.raises(BrokerExited, match="broker bad exited with code") as info:
+        b.start(timeout_s=60)  # fails long before the deadline: the process is gone
+    assert "no-such-flag" in str(info.value)
+    assert not b.alive() and b.stop() != 0
+
+
+def test_pause_resume_and_restart_keep_address_and_data(tmp_path):
+    from mesh.client import Admin
+    c = Cluster(tmp_path, 1, log_dir=str(tmp_path / "logs")).start()
+    (b,) = c.brokers
+    try:
+        assert b.log_path == str(tmp_path / "logs" / "n1.log")
+        with Admin(b.address) as a:
+            a.create_topic("kept", partitions=1)
+        b.pause()
+        with pytest.raises(AssertionError):
+            wait_until(lambda: b.metadata(100), 0.3, "a paused broker to answer")
+        b.resume()
+        b.wait_ready()
+        address = b.address
+        b.restart()
+        assert b.address == address
+        with Admin(b.address) as a:
+            assert a.list_topics() == ["kept"]  # the same data directory
+        b.kill()
+        assert not b.alive()
+    finally:
+        c.stop()

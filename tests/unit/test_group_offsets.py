@@ -1,0 +1,178 @@
+"""The pure committed-offsets book of the group host: last-writer-wins fold, incremental
+gossip merge, stamps, takeover, adoption, rehoming."""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from mesh.cluster.keys import OFFSETS_CHUNK_PARTITIONS, OFFSETS_PREFIX
+from mesh.groups import coordinator_for
+from mesh.groups.offsets import (
+    MalformedOffsets, Moved, OffsetBook, Takeover, chunk_of, coordination_set, coordinator_among,
+    encode_chunk, starts_alone, takeover_due,
+)
+
+
+def group_on(node: str, nodes: list[str]) -> str:
+    return next(g for g in (f"g{i}" for i in range(1000)) if coordinator_for(g, nodes) == node)
+
+
+def chunk_value(group: str, topic: str, offsets: dict[int, tuple[int, str, int]]) -> dict:
+    return {"g": group, "t": topic, "o": {str(p): list(v) for p, v in offsets.items()}}
+
+
+# -- the fold ------------------------------------------------------------------------------
+
+def test_the_later_stamp_wins_then_the_higher_offset():
+    book = OffsetBook("a")
+    assert book.fold("g", "t", 0, 50, "", 1000)
+    assert book.fold("g", "t", 0, 40, "reset", 1001)        # a later reset to an earlier offset
+    assert not book.fold("g", "t", 0, 99, "", 1000)         # older stamp: ignored
+    assert book.fold("g", "t", 0, 41, "", 1001)             # same stamp: higher offset
+    assert not book.fold("g", "t", 0, 41, "", 1001)         # the same commit again: no change
+    assert book.committed("g") == {("t", 0): (41, "", 1001)}
+
+
+def test_merge_entry_reports_the_groups_that_moved():
+    book = OffsetBook("a")
+    value = chunk_value("g/with/slashes", "t", {0: (5, "m", 10), 1: (7, "", 10)})
+    assert book.merge_entry(value) == {"g/with/slashes"}
+    assert book.merge_entry(value) == set()
+    assert book.knows("g/with/slashes") and book.groups() == ["g/with/slashes"]
+    assert book.offsets_for("g/with/slashes", [["t", 1], ["t", 2], "junk"]) == \
+        [["t", 1, 7, ""], ["t", 2, -1, ""]]
+    assert book.offsets_for("g/with/slashes", None) == [["t", 0, 5, "m"], ["t", 1, 7, ""]]
+
+
+@pytest.mark.parametrize("value", [
+    None, [], {"g": "g", "t": "t"}, {"g": 1, "t": "t", "o": {}}, {"g": "g", "t": "t", "o": []},
+    {"g": "g", "t": "t", "o": {"x": [1, "", 1]}}, {"g": "g", "t": "t", "o": {"0": ["bad"]}},
+    {"g": "g", "t": "t", "o": {"0": [1, 2, 3]}},
+])
+def test_malformed_entries_are_refused(value):
+    with pytest.raises(MalformedOffsets):
+        OffsetBook("a").merge_entry(value)
+
+
+def test_namespaces_and_entries_are_read_again_only_when_they_moved():
+    book = OffsetBook("a")
+    assert book.node_moved("b", 1, 5) and not book.node_moved("b", 1, 5)
+    assert book.node_moved("b", 1, 6) and book.node_moved("b", 2, 6)
+    assert book.entry_moved("b", "off/g/t/0", (1, 3, False))
+    assert not book.entry_moved("b", "off/g/t/0", (1, 3, False))
+    assert book.entry_moved("b", "off/g/t/0", (1, 4, False))
+    book.forget_absent(["a"])
+    assert book.node_moved("b", 2, 6) and book.entry_moved("b", "off/g/t/0", (1, 4, False))
+
+
+# -- own offsets -------------------------------------------------------------------------
+
+def test_stamps_strictly_increase_and_survive_a_reload():
+    book = OffsetBook("a")
+    assert [book.next_stamp(100), book.next_stamp(100), book.next_stamp(50), book.next_stamp(500)] == \
+        [100, 101, 102, 500]
+    again = OffsetBook("a")
+    again.reload("g", "t", 3, 42, "meta", 9_000)
+    assert again.next_stamp(100) == 9_001
+    assert again.own_chunks() == [("g", "t", 0)]
+    assert again.committed("g") == {("t", 3): (42, "meta", 9_000)}
+
+
+def test_commits_are_chunked_into_gossip_entries():
+    book = OffsetBook("a")
+    chunks = book.committed_here("g/x", [("t", 1, 5, ""), ("t", OFFSETS_CHUNK_PARTITIONS, 6, "m")], 77)
+    assert chunks == [("g/x", "t", 0), ("g/x", "t", 1)]
+    key, value = book.chunk_entry(("g/x", "t", 1))
+    assert key == f"{OFFSETS_PREFIX}g/x/t/1"
+    assert value == {"g": "g/x", "t": "t", "o": {str(OFFSETS_CHUNK_PARTITIONS): [6, "m", 77]}}
+    assert chunk_of("g", "t", 2 * OFFSETS_CHUNK_PARTITIONS - 1) == ("g", "t", 1)
+    assert encode_chunk(("g", "t", 0), {1: [1, "", 2], 0: [0, "", 2]})[1]["o"] == \
+        {"0": [0, "", 2], "1": [1, "", 2]}
+    assert OffsetBook("b").merge_entry(value) == {"g/x"}
+
+
+# -- coordination: takeover, adoption, rehoming --------------------------------------------
+
+def test_taking_a_group_over_loads_and_adopts_the_newer_offsets():
+    book = OffsetBook("b")
+    g = group_on("b", ["b"])
+    book.merge_entry(chunk_value(g, "t", {0: (10, "", 100), 1: (11, "", 100)}))
+    book.reload(g, "t", 1, 11, "", 100)   # already durable here: loaded, not adopted
+    took = book.claim(g)
+    assert took == Takeover(g, load=(("t", 0, 10, ""), ("t", 1, 11, "")),
+                            adopt=(("t", 0, 10, "", 100),), claimed=True)
+    assert book.is_mine(g) and book.claim(g) is None
+    assert book.adopted(g, took.adopt) == [(g, "t", 0)]
+    assert book.take_newer(g) is None
+    # the old coordinator's last commit arrives late through gossip: newer, so it replaces ours
+    assert book.merge_entry(chunk_value(g, "t", {0: (12, "", 200)})) == {g}
+    assert book.take_newer(g) == Takeover(g, load=(("t", 0, 12, ""),), adopt=(("t", 0, 12, "", 200),))
+    # our own commits are what the core holds already
+    book.committed_here(g, [("t", 0, 13, "")], 300)
+    assert book.take_newer(g) is None
+
+
+def test_a_claimed_group_without_offsets_loads_nothing():
+    book = OffsetBook("a")
+    assert book.claim("new") == Takeover("new", claimed=True)
+
+
+def test_rehoming_follows_the_coordination_set():
+    book = OffsetBook("a")
+    g = next(g for g in (f"g{i}" for i in range(1000))
+             if coordinator_for(g, ["a", "b"]) == "a" and coordinator_for(g, ["a", "b", "c"]) == "c")
+    book.merge_entry(chunk_value(g, "t", {0: (1, "", 10)}))
+    takeover, actions = book.on_cluster_change(frozenset({"a", "b"}), {g})
+    assert not takeover   # the first view: nothing moved here
+    assert actions == [Takeover(g, load=(("t", 0, 1, ""),), adopt=(("t", 0, 1, "", 10),), claimed=True)]
+    book.adopted(g, actions[0].adopt)   # the shell made them durable here
+    assert book.on_cluster_change(frozenset({"a", "b"}), set()) == (False, [])
+    # a newcomer joins: no takeover grace here, and the group moves to it
+    takeover, actions = book.on_cluster_change(frozenset({"a", "b", "c"}), set())
+    assert not takeover and actions == [Moved(g, "c")] and not book.is_mine(g)
+    # c and b leave: the group comes back (adopted before, so only loaded), and the core
+    # must hold its partitions for a while
+    takeover, actions = book.on_cluster_change(frozenset({"a"}), set())
+    assert takeover and actions == [Takeover(g, load=(("t", 0, 1, ""),), claimed=True)]
+    assert book.is_mine(g) and book.coord_set == frozenset({"a"})
+
+
+def test_changed_groups_of_ours_are_taken_newer_after_rehoming():
+    book = OffsetBook("a")
+    g = group_on("a", ["a"])
+    book.on_cluster_change(frozenset({"a"}), set())
+    book.claim(g)
+    changed = book.merge_entry(chunk_value(g, "t", {2: (5, "", 50)}))
+    takeover, actions = book.on_cluster_change(frozenset({"a"}), changed)
+    assert not takeover and actions == [Takeover(g, load=(("t", 2, 5, ""),), adopt=(("t", 2, 5, "", 50),))]
+
+
+def test_takeover_is_due_when_a_broker_left_or_a_lone_node_meets_others():
+    s = frozenset
+    assert not takeover_due(None, s({"a"}), "a")
+    assert not takeover_due(s({"a", "b"}), s({"a", "b", "c"}), "a")
+    assert takeover_due(s({"a", "b"}), s({"a"}), "a")
+    assert takeover_due(s({"a", "b"}), s({"a", "c"}), "a")
+    assert takeover_due(s({"a"}), s({"a", "b"}), "a")
+
+
+def test_pruning_forgets_groups_that_ended():
+    book = OffsetBook("a")
+    book.claim("ended")
+    book.claim("active")
+    book.claim("committed")
+    book.merge_entry(chunk_value("committed", "t", {0: (1, "", 1)}))
+    assert book.prune(lambda g: g == "active") == ["ended"]
+    assert not book.is_mine("ended") and book.is_mine("active") and book.is_mine("committed")
+
+
+def test_the_coordination_set_and_a_lone_start():
+    members = [SimpleNamespace(node_id=n, status=s) for n, s in
+               [("a", "alive"), ("b", "suspect"), ("c", "dead"), ("d", "left")]]
+    assert coordination_set(members) == frozenset({"a", "b"})
+    assert coordinator_among("g", []) is None
+    assert coordinator_among("g", ["a"]) == "a"
+    assert starts_alone(False, ["a"], "a")
+    assert not starts_alone(True, ["a"], "a")
+    assert not starts_alone(False, ["a", "b"], "a")

@@ -1,0 +1,156 @@
+"""The idempotent producer's dedup state (mesh/node/producer_state.py) over the in-memory store."""
+from __future__ import annotations
+
+import pytest
+
+from mesh.node.producer_state import RECENT_BATCHES, ProducerStates
+from mesh.wire.errors import ErrorCode, MeshError
+from mesh.wire.records import encode_batch, parse_header, patch_batch
+from storage.memory import MemoryStore
+
+PID = 7
+
+
+def batch(producer_id: int, base_sequence: int, count: int = 1, base_offset: int = 0) -> bytes:
+    raw = encode_batch([b"v"] * count, producer_id=producer_id, base_sequence=base_sequence)
+    return patch_batch(raw, base_offset, 1)
+
+
+def header(producer_id: int, base_sequence: int, count: int = 1):
+    return parse_header(batch(producer_id, base_sequence, count))
+
+
+def append(ps: ProducerStates, store: MemoryStore, producer_id: int, base_sequence: int, count: int,
+           base_offset: int) -> None:
+    h = header(producer_id, base_sequence, count)
+    assert ps.check(PID, h) is None
+    ps.stage(PID, h, base_offset)
+    store.commit()
+    ps.committed()
+
+
+def code_of(fn) -> ErrorCode:
+    with pytest.raises(MeshError) as info:
+        fn()
+    return info.value.code
+
+
+def test_a_producer_without_id_is_never_deduplicated():
+    ps = ProducerStates(MemoryStore())
+    h = header(-1, -1, 3)
+    assert ps.check(PID, h) is None
+    ps.stage(PID, h, 0)
+    assert ps.check(PID, h) is None
+
+
+def test_a_new_producer_must_start_at_sequence_zero():
+    ps = ProducerStates(MemoryStore())
+    assert code_of(lambda: ps.check(PID, header(5, 3))) == ErrorCode.OUT_OF_ORDER_SEQUENCE
+    assert ps.check(PID, header(5, 0)) is None
+
+
+def test_a_retried_batch_is_answered_with_its_original_offset():
+    store = MemoryStore()
+    ps = ProducerStates(store)
+    append(ps, store, 5, 0, 3, base_offset=100)     # sequences 0..2 at offsets 100..102
+    append(ps, store, 5, 3, 2, base_offset=110)     # sequences 3..4
+    assert ps.check(PID, header(5, 0, 3)) == 100
+    assert ps.check(PID, header(5, 3, 2)) == 110
+    assert ps.check(PID, header(5, 5, 1)) is None   # the next one is new
+    assert ps.check(PID + 1, header(5, 0, 3)) is None   # per partition
+
+
+def test_a_gap_is_out_of_order_and_a_partial_overlap_is_refused():
+    store = MemoryStore()
+    ps = ProducerStates(store)
+    append(ps, store, 5, 0, 3, base_offset=0)
+    assert code_of(lambda: ps.check(PID, header(5, 4))) == ErrorCode.OUT_OF_ORDER_SEQUENCE
+    # sequences already covered, but not as a batch we remember: older than the window
+    assert code_of(lambda: ps.check(PID, header(5, 1, 1))) == ErrorCode.DUPLICATE_SEQUENCE
+
+
+def test_the_window_keeps_the_last_batches_only():
+    store = MemoryStore()
+    ps = ProducerStates(store)
+    for i in range(RECENT_BATCHES + 1):
+        append(ps, store, 9, i, 1, base_offset=i)
+    assert code_of(lambda: ps.check(PID, header(9, 0))) == ErrorCode.DUPLICATE_SEQUENCE
+    assert ps.check(PID, header(9, 1)) == 1
+    assert ps.check(PID, header(9, RECENT_BATCHES)) == RECENT_BATCHES
+
+
+def test_the_state_is_durable_with_the_turn_and_reloaded():
+    store = MemoryStore()
+    ps = ProducerStates(store)
+    append(ps, store, 5, 0, 2, base_offset=40)
+    again = ProducerStates(store.crash())
+    assert again.check(PID, header(5, 0, 2)) == 40
+
+
+def test_a_failed_turn_rolls_the_state_back():
+    store = MemoryStore()
+    ps = ProducerStates(store)
+    append(ps, store, 5, 0, 1, base_offset=0)
+    h = header(5, 1)
+    ps.stage(PID, h, 1)
+    store.rollback()
+    ps.rollback()
+    assert ps.check(PID, h) is None      # not a duplicate: the batch was never stored
+    crashed = ProducerStates(store.crash())
+    assert crashed.check(PID, h) is None
+
+
+def test_truncation_forgets_the_cut_batches():
+    store = MemoryStore()
+    ps = ProducerStates(store)
+    append(ps, store, 5, 0, 2, base_offset=0)      # offsets 0..1
+    append(ps, store, 5, 2, 2, base_offset=2)      # offsets 2..3: cut below
+    ps.truncate(PID, 2)
+    store.commit()
+    ps.committed()
+    assert ps.check(PID, header(5, 0, 2)) == 0
+    assert ps.check(PID, header(5, 2, 2)) is None  # appended again, not answered with a dead offset
+    assert ProducerStates(store.crash()).check(PID, header(5, 2, 2)) is None
+
+
+def test_truncation_reaches_state_staged_in_the_same_turn():
+    store = MemoryStore()
+    ps = ProducerStates(store)
+    append(ps, store, 5, 0, 1, base_offset=0)
+    ps.stage(PID, header(5, 1), 1)                 # staged, not committed
+    ps.stage(PID, header(6, 0), 2)                 # a producer only staged so far
+    ps.truncate(PID, 1)
+    assert ps.check(PID, header(5, 1)) is None
+    assert ps.check(PID, header(6, 0)) is None
+    ps.rollback()                                  # the turn failed: back to the committed state
+    assert ps.check(PID, header(5, 0)) == 0
+    assert ps.check(PID, header(5, 1)) is None
+
+
+def test_truncation_to_zero_forgets_everything():
+    store = MemoryStore()
+    ps = ProducerStates(store)
+    append(ps, store, 5, 0, 3, base_offset=0)
+    ps.truncate(PID, 0)
+    assert code_of(lambda: ps.check(PID, header(5, 3))) == ErrorCode.OUT_OF_ORDER_SEQUENCE
+    assert ps.check(PID, header(5, 0, 3)) is None
+
+
+def test_a_follower_learns_sequences_from_replicated_batches():
+    store = MemoryStore()
+    ps = ProducerStates(store)
+    ps.stage_replicated(PID, batch(5, 0, 2, base_offset=10) + batch(-1, -1, 1, base_offset=12)
+                        + batch(5, 2, 1, base_offset=13))
+    store.commit()
+    ps.committed()
+    assert ps.check(PID, header(5, 0, 2)) == 10
+    assert ps.check(PID, header(5, 2, 1)) == 13
+    assert ps.check(PID, header(5, 3, 1)) is None
+
+
+def test_forgetting_a_partition_drops_only_its_cache():
+    store = MemoryStore()
+    ps = ProducerStates(store)
+    append(ps, store, 5, 0, 1, base_offset=0)
+    ps.forget_partition(PID)
+    assert ps.check(PID, header(5, 0)) == 0      # reloaded from the store

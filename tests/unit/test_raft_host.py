@@ -1,0 +1,163 @@
+"""mesh.node.raft_host: the replication shell over ``MemoryStore``, a clock the test owns and
+a FIFO of encoded peer messages. It checks the shell contract of ``mesh.raft.manager``:
+persist, then send; acks=all answered at commit; a failed commit sends nothing and rebuilds
+the core from storage; time comes only from the injected clock.
+"""
+from __future__ import annotations
+
+import random
+
+from mesh.node.producer_state import ProducerStates
+from mesh.node.raft_host import REPLICATION_MESSAGES, ReplicaHost
+from mesh.raft import PEER_MESSAGES, ReplicationConfig, Role
+from mesh.wire.codec import decode_body, encode_body, op_of
+from mesh.wire.errors import ErrorCode
+from mesh.wire.records import encode_batch
+from storage.memory import MemoryStore
+
+CFG = ReplicationConfig(heartbeat_ticks=1, election_ticks=10, auto_rebalance=False)
+TICK_MS = 50
+PID = 1
+
+
+class Cluster:
+    def __init__(self, n: int = 3) -> None:
+        self.now_ms = 0
+        self.ids = [f"n{i}" for i in range(n)]
+        self.stores = {nid: MemoryStore() for nid in self.ids}
+        self.queue: list[tuple[str, str, bytes, bytes, bytes | None]] = []
+        self.replies: dict[str, list] = {nid: [] for nid in self.ids}
+        self.published: dict[str, list] = {nid: [] for nid in self.ids}
+        self.hosts = {nid: self._host(nid) for nid in self.ids}
+
+    def _host(self, nid: str) -> ReplicaHost:
+        store = self.stores[nid]
+        h = ReplicaHost(nid, store, ProducerStates(store), random.Random(nid),
+                        send=lambda dest, msg, payload: self.queue.append(
+                            (nid, dest, op_of(msg), encode_body(msg), payload)),
+                        publish=lambda pid, leader, epoch: self.published[nid].append((pid, leader, epoch)),
+                        config=CFG, tick_ms=TICK_MS, now_ms=lambda: self.now_ms)
+        h.reply = lambda ident, rid, msg: self.replies[nid].append((ident, rid, msg))
+        return h
+
+    def turn(self, nid: str, ok: bool = True) -> None:
+        """End one loop turn of ``nid`` the way the data path does: one commit, then after_commit."""
+        h, store = self.hosts[nid], self.stores[nid]
+        h.before_commit(store.has_writes())
+        if ok:
+            store.commit()
+        else:
+            store.rollback()  # what a failed commit leaves behind
+        h.after_commit(ok)
+
+    def deliver(self, drop=lambda src, dest: False) -> None:
+        while self.queue:
+            src, dest, op, body, payload = self.queue.pop(0)
+            if not drop(src, dest):
+                self.hosts[dest].step(src, decode_body(op, body), payload)
+                self.turn(dest)
+
+    def start(self) -> None:
+        for nid in self.ids:
+            self.hosts[nid].add(PID, self.ids)  # n0, the preferred replica, campaigns at once
+        for nid in self.ids:
+            self.turn(nid)
+        self.deliver()
+
+    def produce(self, nid: str, value: bytes = b"v", timeout_ms: int = 1000) -> tuple[int, int]:
+        h, store = self.hosts[nid], self.stores[nid]
+        base, epoch = h.append_position(PID)
+        got_base, end = store.stage_append(PID, encode_batch([value]), epoch, 1)
+        assert got_base == base
+        h.leader_append(PID, end, epoch)
+        h.before_commit(store.has_writes())
+        store.commit()
+        h.park_ack(PID, b"client", 7, base, end, timeout_ms)
+        h.after_commit(True)
+        return base, end
+
+    def advance(self, ms: int) -> None:
+        self.now_ms += ms
+        for nid in self.ids:
+            self.hosts[nid].tick_due()
+            self.turn(nid)
+
+
+def test_replication_messages_are_the_peer_messages():
+    assert REPLICATION_MESSAGES is PEER_MESSAGES
+
+
+def test_the_preferred_replica_leads_and_acks_all_is_answered_at_commit():
+    c = Cluster()
+    c.start()
+    assert c.hosts["n0"].is_leader(PID) and c.hosts["n0"].core.role(PID) is Role.LEADER
+    assert (PID, "n0", 1) in c.published["n0"] and (PID, "n0", 1) in c.published["n2"]
+    base, end = c.produce("n0")
+    assert c.replies["n0"] == []  # only the leader holds it
+    c.deliver()
+    (ident, rid, resp), = c.replies["n0"]
+    assert (ident, rid, resp.error, resp.base_offset) == (b"client", 7, 0, base)
+    assert [c.stores[nid].log_end(PID) for nid in c.ids] == [end] * 3
+    assert c.hosts["n1"].commit_offset(PID) == 0
+    c.advance(TICK_MS)  # the next heartbeat tells the followers
+    c.deliver()
+    assert [c.hosts[nid].commit_offset(PID) for nid in c.ids] == [end] * 3
+
+
+def test_a_vote_leaves_only_after_the_turn_committed_it():
+    c = Cluster()
+    for nid in c.ids:
+        c.hosts[nid].add(PID, c.ids)
+    assert c.queue == []  # n0's pre-vote requests are held until its turn commits
+    c.turn("n0")
+    assert sorted((s, d, op) for s, d, op, *_ in c.queue) == [("n0", "n1", b"REPL_VOTE"), ("n0", "n2", b"REPL_VOTE")]
+    votes_for_n1 = 0
+    while c.queue:
+        src, dest, op, body, payload = c.queue.pop(0)
+        c.hosts[dest].step(src, decode_body(op, body), payload)
+        if (src, dest, op) == ("n0", "n1", b"REPL_VOTE"):
+            votes_for_n1 += 1
+            # a pre-vote grant persists nothing; a real grant persists the vote first
+            assert c.stores["n1"].has_writes() == (votes_for_n1 == 2)
+            assert [m for m in c.queue if m[0] == "n1"] == []  # the grant is held
+        c.turn(dest)
+    assert votes_for_n1 == 2 and c.hosts["n0"].is_leader(PID)
+    assert c.hosts["n1"].core.state(PID).vote == "n0"
+    assert c.stores["n1"].get("repl", PID.to_bytes(8, "big")) is not None
+
+
+def test_a_failed_commit_sends_nothing_and_rebuilds_the_core_from_storage():
+    c = Cluster()
+    c.start()
+    base, end = c.produce("n0")
+    c.queue.clear()  # the followers never see it: the batch stays uncommitted
+    h, old_core = c.hosts["n0"], c.hosts["n0"].core
+    c.now_ms += CFG.heartbeat_ticks * TICK_MS
+    h.tick_due()  # heartbeats are now held
+    c.turn("n0", ok=False)
+    assert c.queue == []
+    (_, _, resp), = c.replies["n0"]
+    assert resp.error == int(ErrorCode.STORAGE_ERROR)
+    assert h.core is not old_core and h.core.role(PID) is Role.FOLLOWER
+    assert h.core.end_offset(PID) == end and h.core.state(PID).term == 1  # what the disk holds
+
+
+def test_ticks_and_deadlines_follow_the_injected_clock():
+    c = Cluster()
+    c.start()
+    h = c.hosts["n0"]
+    c.produce("n0", timeout_ms=100)
+    c.queue.clear()
+    ticks = h.core.now_tick
+    c.now_ms += 3 * TICK_MS + 10
+    h.tick_due()
+    assert h.core.now_tick == ticks + 3
+    c.now_ms += 1000 * TICK_MS  # a long stall: a few ticks, not a storm
+    h.tick_due()
+    assert h.core.now_tick == ticks + 13
+    h.tick_due()
+    assert h.core.now_tick == ticks + 13
+    c.queue.clear()
+    h.expire()
+    (_, _, resp), = c.replies["n0"]
+    assert resp.error == int(ErrorCode.TIMEOUT)

@@ -1,0 +1,304 @@
+"""The idempotent-producer sequencer, driven by hand: no sockets, no clock, no threads."""
+import itertools
+import random
+
+from mesh.client.sequencer import (
+    DONE, FAILED, PROBE, RETRY, SPLIT, RetryPolicy, SeqBatch, Sequencer,
+)
+from mesh.wire.errors import ErrorCode, MeshError
+
+TP = ("t", 0)
+OTHER = ("t", 1)
+NONE, NOT_LEADER = ErrorCode.NONE, ErrorCode.NOT_LEADER
+
+
+class B(SeqBatch):
+    __slots__ = ("name",)
+
+    def __init__(self, name, count=1, deadline_ms=None):
+        super().__init__(count, deadline_ms)
+        self.name = name
+
+    def single(self, i):
+        s = B(f"{self.name}[{i}]")
+        s.seq, s.producer_id = self.seq + i, self.producer_id
+        return s
+
+    def __repr__(self):
+        return f"B({self.name}, seq={self.seq})"
+
+
+class Driver:
+    """What Producer._io_loop does around the sequencer, with a fake network: request ids
+    count up, ``sent`` records (rid, batch name, producer id, seq) in send order."""
+
+    def __init__(self, seq):
+        self.seq = seq
+        self.rids = itertools.count(1)
+        self.sent = []
+
+    def pump(self, now_ms, tps=None):
+        out = []
+        for tp in tps or self.seq.partitions():
+            while (b := self.seq.next_to_send(tp, now_ms)) is not None:
+                self.seq.assign(tp, b)
+                rid = next(self.rids)
+                self.seq.sent(tp, b, rid, now_ms, "leader-a:1")
+                sent = (rid, (b.probe or b).name, b.producer_id, (b.probe or b).seq)
+                self.sent.append(sent)
+                out.append(sent)
+        return out
+
+
+def make(policy=None, producer_ids=None, n=0, count=1, tp=TP):
+    ids = producer_ids or itertools.count(1000).__next__
+    seq = Sequencer(policy or RetryPolicy(max_in_flight=3, retries=5, jitter=0.2),
+                    producer_id=7, new_producer_id=ids, rng=random.Random(1))
+    batches = [B(f"b{i}", count) for i in range(n)]
+    for b in batches:
+        seq.append(tp, b)
+    return seq, Driver(seq), batches
+
+
+def names(done):
+    return [d.batch.name for d in done]
+
+
+def test_batches_are_numbered_in_order_and_pipelined_up_to_max_in_flight():
+    seq, d, bs = make(n=5, count=3)
+    sent = d.pump(0)
+    assert [(name, pid, s) for _, name, pid, s in sent] == [("b0", 7, 0), ("b1", 7, 3), ("b2", 7, 6)]
+    assert d.pump(1) == []  # three in flight: the window is full
+    seq.on_reply(sent[0][0], NONE, 2, base_offset=100)
+    assert [(name, s) for _, name, _, s in d.pump(3)] == [("b3", 9)]
+    assert [(x.tp, x.batch.name, x.base_offset, x.error) for x in seq.take_done()] == [(TP, "b0", 100, None)]
+
+
+def test_replies_out_of_order_finish_each_batch_and_ignore_unknown_ids():
+    seq, d, bs = make(n=3)
+    r0, r1, r2 = [rid for rid, *_ in d.pump(0)]
+    assert seq.on_reply(r2, NONE, 1, base_offset=12).action == DONE
+    assert seq.on_reply(r0, NONE, 1, base_offset=10).action == DONE
+    assert seq.on_reply(r0, NONE, 1) is None   # a duplicate answer: nobody waits for it
+    assert seq.on_reply(999, NONE, 1) is None
+    assert seq.on_reply(r1, NONE, 1, base_offset=11).action == DONE
+    assert [(x.batch.name, x.base_offset) for x in seq.take_done()] == [("b2", 12), ("b0", 10), ("b1", 11)]
+    assert not seq.busy()
+
+
+def test_a_lost_reply_times_out_and_resends_it_and_everything_after_with_the_same_sequences():
+    seq, d, bs = make(n=4)
+    first = d.pump(0)
+    assert [s for *_, s in first] == [0, 1, 2]
+    assert seq.expire(5_000, timeout_ms=10_000) == []
+    retried = seq.expire(10_001, timeout_ms=10_000)
+    assert [(tp, b.name, e.code) for tp, b, e in retried] == [(TP, "b0", ErrorCode.TIMEOUT)]  # one per partition
+    assert seq.in_flight() == 0
+    until = seq.backoff_until_ms(TP)
+    assert 10_001 + 80 <= until <= 10_001 + 120   # backoff 100 ms +- 20 % jitter
+    assert d.pump(until - 1) == []
+    again = d.pump(until)
+    assert [(name, pid, s) for _, name, pid, s in again] == [("b0", 7, 0), ("b1", 7, 1), ("b2", 7, 2)]
+    assert seq.on_reply(first[0][0], NONE, until + 1) is None  # the lost reply shows up late: ignored
+    for rid, *_ in again:
+        seq.on_reply(rid, NONE, until + 2)
+    assert names(seq.take_done()) == ["b0", "b1", "b2"]
+
+
+def test_a_retriable_error_puts_the_batch_and_every_later_in_flight_one_back_in_order():
+    seq, d, bs = make(n=5)
+    r0, r1, r2 = [rid for rid, *_ in d.pump(0)]
+    assert seq.on_reply(r0, NONE, 1).action == DONE
+    out = seq.on_reply(r1, ErrorCode.NOT_ENOUGH_REPLICAS, 2)
+    assert (out.tp, out.batch.name, out.action) == (TP, "b1", RETRY)
+    assert seq.on_reply(r2, NONE, 3) is None   # b2 went back to the queue: its answer is stale
+    assert [b.name for b in seq.unfinished(TP)] == ["b1", "b2", "b3", "b4"]
+    resent = d.pump(seq.backoff_until_ms(TP))
+    assert [(name, s) for _, name, _, s in resent] == [("b1", 1), ("b2", 2), ("b3", 3)]
+    assert bs[1].attempts == 2 and bs[3].attempts == 1
+
+
+def test_leader_change_not_leader_then_the_new_leader_takes_the_same_sequences():
+    seq, d, bs = make(n=3)
+    sent = d.pump(0)
+    out = seq.on_reply(sent[0][0], NOT_LEADER, 1, message="not the leader", leader="leader-b:1")
+    assert out.action == RETRY and out.batch.name == "b0"
+    done = seq.take_done()
+    assert done == []
+    # the driver follows the hint (cluster.set_leader) and sends again after the backoff
+    resent = d.pump(seq.backoff_until_ms(TP))
+    assert [(n, p, s) for _, n, p, s in resent] == [("b0", 7, 0), ("b1", 7, 1), ("b2", 7, 2)]
+    for rid, *_ in reversed(resent):
+        assert seq.on_reply(rid, NONE, 500).action == DONE
+    assert names(seq.take_done()) == ["b2", "b1", "b0"]
+
+
+def test_backoff_doubles_up_to_its_cap_and_resets_after_a_success():
+    seq, d, bs = make(RetryPolicy(max_in_flight=1, backoff_ms=100, backoff_max_ms=300), n=2)
+    now, waits = 0, []
+    for _ in range(4):
+        (rid, *_), = d.pump(now)
+        seq.on_reply(rid, NOT_LEADER, now)
+        waits.append(seq.backoff_until_ms(TP) - now)
+        now = seq.backoff_until_ms(TP)
+    assert waits == [100, 200, 300, 300]
+    (rid, *_), = d.pump(now)
+    seq.on_reply(rid, NONE, now)
+    (rid, *_), = d.pump(now)
+    seq.on_reply(rid, NOT_LEADER, now)
+    assert seq.backoff_until_ms(TP) - now == 100
+
+
+def test_linear_backoff_and_a_partition_that_keeps_failing_gives_up():
+    policy = RetryPolicy(max_in_flight=5, max_failures=3, backoff_ms=100, backoff_max_ms=1_000, linear_backoff=True)
+    seq, d, bs = make(policy, n=2)
+    now = 0
+    for i in range(1, 4):
+        (rid, *_), _ = d.pump(now)
+        assert seq.on_reply(rid, ErrorCode.TIMEOUT, now).action == RETRY
+        assert seq.backoff_until_ms(TP) - now == 100 * i
+        now = seq.backoff_until_ms(TP)
+    (rid, *_), _ = d.pump(now)
+    assert seq.on_reply(rid, ErrorCode.TIMEOUT, now).action == FAILED
+    assert [(x.batch.name, x.gave_up) for x in seq.take_done()] == [("b0", True)]
+    assert [b.name for b in seq.unfinished(TP)] == ["b1"]   # in flight: its answer decides
+
+
+def test_a_batch_out_of_attempts_or_past_its_deadline_fails_and_so_do_the_queued_ones():
+    seq, d, bs = make(RetryPolicy(max_in_flight=1, retries=1), n=3)
+    (rid, *_), = d.pump(0)
+    assert seq.on_reply(rid, NOT_LEADER, 1).action == RETRY
+    (rid, *_), = d.pump(seq.backoff_until_ms(TP))
+    assert seq.on_reply(rid, NOT_LEADER, 2_000).action == FAILED   # two attempts, retries=1
+    done = seq.take_done()
+    assert [(x.batch.name, x.error.code, x.gave_up) for x in done] == [
+        ("b0", NOT_LEADER, True), ("b1", NOT_LEADER, False), ("b2", NOT_LEADER, False)]
+    # delivery deadline: a queued batch past it fails instead of going out
+    seq, d, _ = make()
+    seq.append(TP, B("late", deadline_ms=50))
+    assert d.pump(50) == []
+    (x,) = seq.take_done()
+    assert x.batch.name == "late" and x.error.code == ErrorCode.TIMEOUT
+
+
+def test_a_non_retriable_error_fails_queued_batches_keeps_in_flight_ones_and_renews_the_producer_id():
+    seq, d, bs = make(n=5, producer_ids=iter([41, 42]).__next__)
+    sent = d.pump(0)                                 # b0, b1, b2 in flight; b3, b4 queued
+    out = seq.on_reply(sent[0][0], ErrorCode.MESSAGE_TOO_LARGE, 1)
+    assert out.action == FAILED
+    assert names(seq.take_done()) == ["b0", "b3", "b4"]
+    assert seq.producer_id_of(TP) == 41 and seq.producer_id_of(OTHER) == 7
+    seq.append(TP, B("new"))
+    (_, name, pid, s), = d.pump(2)
+    assert (name, pid, s) == ("new", 41, 0)          # a fresh id restarts at sequence 0
+    # an old in-flight batch retried later is numbered again under the new id
+    seq.on_reply(sent[1][0], NOT_LEADER, 3)
+    resent = d.pump(seq.backoff_until_ms(TP))
+    assert ("b1", 41, 1) in [(n, p, s) for _, n, p, s in resent]
+
+
+def test_the_producer_treats_duplicate_sequence_as_fatal_today():
+    seq, d, bs = make(n=2)
+    sent = d.pump(0)
+    assert seq.on_reply(sent[0][0], ErrorCode.DUPLICATE_SEQUENCE, 1).action == FAILED
+    assert seq.producer_id_of(TP) == 1000
+
+
+def test_a_dropped_connection_retries_what_was_sent_there():
+    seq, d, bs = make(n=2)
+    d.pump(0)
+    seq.append(OTHER, B("o"))
+    d.pump(0, [OTHER])
+    assert seq.expire(1, 10_000, gone={"elsewhere:1"}) == []
+    out = seq.expire(1, 10_000, gone={"leader-a:1"})
+    assert sorted((tp, b.name, e.code) for tp, b, e in out) == [
+        (TP, "b0", ErrorCode.BROKER_UNAVAILABLE), (OTHER, "o", ErrorCode.BROKER_UNAVAILABLE)]
+    assert seq.in_flight() == 0 and seq.next_backoff_ms(1) is not None
+
+
+def test_acks_0_batches_are_done_when_sent():
+    seq, _, _ = make(n=1)
+    b = seq.next_to_send(TP, 0)
+    seq.sent(TP, b, None, 0)
+    (x,) = seq.take_done()
+    assert x.batch is b and x.base_offset == -1 and x.error is None and not seq.busy()
+
+
+def test_partitions_are_independent():
+    seq, d, _ = make(n=1)
+    seq.append(OTHER, B("o", 4))
+    sent = d.pump(0)
+    assert sorted((n, s) for _, n, _, s in sent) == [("b0", 0), ("o", 0)]
+    seq.on_reply(sent[0][0], NOT_LEADER, 1)
+    assert seq.backoff_until_ms(OTHER) == 0 and seq.in_flight(OTHER) == 1
+
+
+SINK = RetryPolicy(max_in_flight=5, max_failures=50, backoff_ms=100, linear_backoff=True,
+                   duplicates_are_written=True)
+
+
+def test_sink_a_duplicate_one_record_batch_was_written_before():
+    seq, d, bs = make(SINK, n=2)
+    sent = d.pump(0)
+    out = seq.on_reply(sent[0][0], ErrorCode.DUPLICATE_SEQUENCE, 1)
+    assert out.action == DONE
+    (x,) = seq.take_done()
+    assert x.duplicate and x.error is None
+
+
+def test_sink_a_duplicate_multi_record_batch_is_probed_with_its_last_record():
+    seq, d, bs = make(SINK, n=3, count=4)
+    sent = d.pump(0)
+    out = seq.on_reply(sent[1][0], ErrorCode.DUPLICATE_SEQUENCE, 1)
+    assert out.action == PROBE and bs[1].probe.seq == 7
+    assert seq.on_reply(sent[2][0], NONE, 1) is None  # in-flight ones went back to the queue
+    again = d.pump(2)   # b0 again (it was in flight), then record 3 of b1 alone, then nothing
+    assert [(n, s) for _, n, _, s in again] == [("b0", 0), ("b1[3]", 7)]
+    assert d.pump(3) == []
+    assert seq.on_reply(again[0][0], NONE, 4).action == DONE
+    assert seq.on_reply(again[1][0], ErrorCode.DUPLICATE_SEQUENCE, 4).action == DONE
+    done = seq.take_done()
+    assert [(x.batch.name, x.duplicate) for x in done] == [("b0", False), ("b1", True)]
+    assert [(n, s) for _, n, _, s in d.pump(5)] == [("b2", 8)]
+
+
+def test_sink_a_probe_out_of_order_sends_the_records_one_by_one():
+    seq, d, bs = make(SINK, n=2, count=3)
+    sent = d.pump(0)
+    seq.on_reply(sent[0][0], ErrorCode.DUPLICATE_SEQUENCE, 1)
+    (probe,) = d.pump(2)
+    out = seq.on_reply(probe[0], ErrorCode.OUT_OF_ORDER_SEQUENCE, 3)
+    assert out.action == SPLIT and [b.name for b in out.replaced_by] == ["b0[0]", "b0[1]", "b0[2]"]
+    resent = d.pump(4)
+    assert [(n, s) for _, n, _, s in resent] == [("b0[0]", 0), ("b0[1]", 1), ("b0[2]", 2), ("b1", 3)]
+    results = [ErrorCode.DUPLICATE_SEQUENCE, ErrorCode.DUPLICATE_SEQUENCE, NONE, NONE]
+    for (rid, *_), code in zip(resent, results):
+        assert seq.on_reply(rid, code, 5).action == DONE
+    assert [(x.batch.name, x.duplicate) for x in seq.take_done()] == [
+        ("b0[0]", True), ("b0[1]", True), ("b0[2]", False), ("b1", False)]
+    assert not seq.busy()
+
+
+def test_sink_keeps_its_producer_id_when_a_batch_fails():
+    seq = Sequencer(SINK, producer_id=5)
+    seq.append(TP, B("x"))
+    seq.append(TP, B("y"))
+    d = Driver(seq)
+    sent = d.pump(0)
+    assert seq.on_reply(sent[0][0], ErrorCode.INVALID_REQUEST, 1).action == FAILED
+    assert seq.producer_id_of(TP) == 5
+    assert [x.error.code for x in seq.take_done()] == [ErrorCode.INVALID_REQUEST]
+
+
+def test_retry_without_a_leader_keeps_order():
+    seq, d, bs = make(n=3)
+    sent = d.pump(0)
+    seq.on_reply(sent[0][0], NONE, 1)
+    b = seq.next_to_send(TP, 1)
+    assert b is None  # b1 and b2 in flight, nothing queued
+    seq.append(TP, B("b3"))
+    b = seq.next_to_send(TP, 1)
+    assert b.name == "b3"
+    assert seq.retry(TP, b, MeshError(ErrorCode.LEADER_NOT_AVAILABLE, "no leader known"), 1)
+    assert [x.name for x in seq.unfinished(TP)] == ["b1", "b2", "b3"]
+    assert [(n, s) for _, n, _, s in d.pump(seq.backoff_until_ms(TP))] == [("b1", 1), ("b2", 2), ("b3", 3)]
