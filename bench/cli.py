@@ -7,6 +7,8 @@
     bench analyze results/<run>                 # re-run the Spark analysis and the report
     bench compare results/<a> results/<b>       # two runs side by side
     bench scenarios [NAME]                      # scenarios, their parameters and cells
+    bench soak --seed 1 --runs 10               # Jepsen-style fault runs, checked (bench/soak.py)
+    bench diskfaults --runs 10 --seed 1 [--refill-mb 100]   # disk-fault campaigns (issue 17)
 
 A run writes results/<time>-<scenario>/ (or --out DIR): run.json, cells.jsonl, events/,
 analysis.json, summary.csv, report.md and PNG plots.
@@ -276,8 +278,61 @@ def scenarios(name) -> None:
         click.echo("\nFlags of `bench run` override any parameter; a comma list sweeps it (e.g. --size 32,1K).")
 
 
+@main.command()
+@click.option("--runs", type=click.IntRange(0), default=10, show_default=True, help="seeded campaign runs")
+@click.option("--seed", type=int, default=1, show_default=True, help="seed of the first run (then +1 each)")
+@click.option("--brokers", type=click.IntRange(3), default=5, show_default=True)
+@click.option("--partitions", type=click.IntRange(1), default=6, show_default=True)
+@click.option("--producers", type=click.IntRange(1), default=4, show_default=True)
+@click.option("--faults", "faults", type=click.IntRange(1), default=4, show_default=True, help="disk faults per run")
+@click.option("--kinds", default="wipe,rollback,truncate,flip", show_default=True, help="fault kinds to draw from")
+@click.option("--refill-mb", type=click.IntRange(0), default=0, show_default=True,
+              help="also time a wiped replica's refill of this many MB (0: skip)")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
+              help="run directory (default results/<time>-diskfaults)")
+@_friendly
+def diskfaults(runs, seed, brokers, partitions, producers, faults, kinds, refill_mb, out_dir) -> None:
+    """Seeded disk-fault campaigns (wipe, rollback, truncate, flip; one broker at a time) with
+    producers running: acknowledged records lost; and the refill time of a wiped replica."""
+    import json
+    from bench.diskfaults import FAULTS, campaign, refill
+    chosen = [k.strip() for k in kinds.split(",") if k.strip()]
+    if not chosen or any(k not in FAULTS for k in chosen):
+        raise BenchError(f"--kinds must name some of {', '.join(FAULTS)}")
+    out_dir = out_dir or os.path.join("results", time.strftime("%Y%m%d-%H%M%S") + "-diskfaults")
+    os.makedirs(out_dir, exist_ok=True)
+    results = []
+    for i in range(runs):
+        s = seed + i
+        click.echo(f"diskfaults: run {i + 1}/{runs}, seed {s}")
+        r = campaign(os.path.join(out_dir, f"run-{s}"), s, brokers, partitions, producers, faults=faults,
+                     kinds=chosen, log=click.echo)
+        results.append(r)
+        if "error" in r:
+            click.echo(f"  run failed: {r['error']}")
+        else:
+            click.echo(f"  acknowledged {r['acked']:,}, lost {r['lost']}, duplicated {r['duplicated']}, "
+                       f"{'PASS' if r['ok'] else 'FAIL'} ({r['seconds']} s)")
+    summary = {"runs": results}
+    if runs:
+        done = [r for r in results if "error" not in r]
+        summary.update(acked=sum(r["acked"] for r in done), lost=sum(r["lost"] for r in done),
+                       failed_runs=len(results) - len(done))
+        click.echo(f"diskfaults: {len(done)}/{runs} runs completed, {summary['acked']:,} acknowledged, "
+                   f"{summary['lost']} lost, {summary['failed_runs']} run(s) failed")
+    if refill_mb:
+        summary["refill"] = refill(os.path.join(out_dir, "refill"), refill_mb, log=click.echo)
+    with open(os.path.join(out_dir, "summary.json"), "w") as f:
+        json.dump(summary, f, indent=1)
+    click.echo(f"diskfaults: results in {out_dir}")
+
+
 def _show(k: str, v) -> str:
     return format_size(v) if k in ("message_bytes", "batch_bytes") else str(v)
+
+
+from bench.soak import soak  # noqa: E402  (the Jepsen-style soak: its own module)
+main.add_command(soak)
 
 
 if __name__ == "__main__":

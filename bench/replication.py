@@ -1,12 +1,15 @@
 """Replication on a real 3-broker cluster of this machine.
 
-    python -m bench.replication [--records 1000000] [--kills 10] [--skip throughput,failover,latency,idle]
+    python -m bench.replication [--records 1000000] [--kills 10] [--fault kill,pause]
+                                [--skip throughput,failover,latency,idle]
 
 1. throughput: one producer process, bulk ``send_batch`` (1000 x 100-byte records per batch),
    acks=all, RF 3, 6 partitions;
-2. failover: a producer writes one record at a time (acks=all) to a 1-partition RF-3 topic;
-   kill -9 the leader and time until the first write acknowledged by the new leader
-   (then restart the old one and wait until it leads again); --kills times;
+2. failover: a producer with the default settings (acks=all, idempotent) writes one record
+   at a time to a 1-partition RF-3 topic; kill -9 (or SIGSTOP, ``--fault pause``) the
+   leader and time the first acknowledgement of a send made right after the fault (it
+   must come from a new leader), then restart (SIGCONT) the old one and wait until it
+   leads again; --kills times per fault; p50 and max;
 3. latency: 10,000 records/s (acks=all, RF 3) for 10 s; end-to-end = consumer receive time
    minus the producer's record timestamp, per record; produce ack latency per send;
 4. idle: 1,000 partitions x RF 3, no traffic: replication messages sent per broker per second;
@@ -58,34 +61,39 @@ def throughput(c, records):
           f"{records * 100 / dt / 1e6:.1f} MB/s", flush=True)
 
 
-def failover(c, kills):
+def failover(c, kills, faults=("kill", "pause")):
     with Admin(c.bootstrap) as a:
         a.create_topic("fo", partitions=1, replication_factor=3)
-    times = []
-    with Producer(c.bootstrap, acks="all", linger_ms=0, retry_backoff_ms=20, retry_backoff_max_ms=100,
-                  request_timeout_ms=500) as p:
-        for k in range(kills):
-            with Admin(c.bootstrap) as a:
-                t = a.describe_topic("fo")["partitions"][0]
-            victim = next(b for b in c.brokers if b.node_id == t["leader"])
-            p.send("fo", b"warm").get(10)
-            t0 = time.monotonic()
-            victim.kill()
-            while True:
+    with Producer(c.bootstrap, linger_ms=0) as p:
+        for fault in faults:
+            times = []
+            for k in range(kills):
+                with Admin(c.bootstrap) as a:
+                    t = a.describe_topic("fo")["partitions"][0]
+                victim = next(b for b in c.brokers if b.node_id == t["leader"])
+                p.send("fo", b"warm").get(10)
+                t0 = time.monotonic()
+                if fault == "pause":
+                    victim.pause()
+                else:
+                    victim.kill()
                 md = p.send("fo", b"probe").get(30)
+                times.append(time.monotonic() - t0)
                 with Admin(",".join(b.address for b in c.brokers if b is not victim)) as a:
                     now_leader = a.describe_topic("fo")["partitions"][0]["leader"]
-                if now_leader not in (None, victim.node_id):
-                    break
-            times.append(time.monotonic() - t0)
-            print(f"kill {k + 1}: leader {victim.node_id} killed; first acknowledged write on "
-                  f"{now_leader} after {times[-1]:.2f} s (offset {md.offset})", flush=True)
-            victim.start()
-            c.wait_converged()
-            with Admin(c.bootstrap) as a:  # leadership returns to the preferred replica
-                wait_until(lambda: a.describe_topic("fo")["partitions"][0]["leader"] == t["replicas"][0], 60,
-                           "preferred leader back")
-    print(f"failover over {len(times)} kills: p50 {statistics.median(times):.2f} s, max {max(times):.2f} s", flush=True)
+                assert now_leader not in (None, victim.node_id), (fault, now_leader)
+                print(f"{fault} {k + 1}: leader {victim.node_id}; first send after it acknowledged by "
+                      f"{now_leader} after {times[-1]:.2f} s (offset {md.offset})", flush=True)
+                if fault == "pause":
+                    victim.resume()
+                else:
+                    victim.start()
+                c.wait_converged()
+                with Admin(c.bootstrap) as a:  # leadership returns to the preferred replica
+                    wait_until(lambda: a.describe_topic("fo")["partitions"][0]["leader"] == t["replicas"][0], 60,
+                               "preferred leader back")
+            print(f"client recovery after a leader {fault}, {len(times)} times: p50 {statistics.median(times):.2f} s, "
+                  f"max {max(times):.2f} s", flush=True)
 
 
 def _consume_latency(addr, topic, n, out):
@@ -176,6 +184,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--records", type=int, default=1_000_000)
     ap.add_argument("--kills", type=int, default=10)
+    ap.add_argument("--fault", default="kill,pause", help="failover faults: kill, pause or both")
     ap.add_argument("--skip", default="")
     ap.add_argument("--settle", type=float, default=0, help="seconds to wait after creating a topic")
     args = ap.parse_args()
@@ -187,7 +196,7 @@ def main() -> None:
         if "latency" not in skip:
             latency(c, settle_s=args.settle)
         if "failover" not in skip:
-            failover(c, args.kills)
+            failover(c, args.kills, tuple(args.fault.split(",")))
         if "roundtrip" not in skip:
             roundtrip(c)
         if "idle" not in skip:

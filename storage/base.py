@@ -12,14 +12,16 @@ it was before the turn, and the caller fails the requests of that turn.
 """
 from __future__ import annotations
 
+import logging
 import struct
 import zlib
 
 from mesh.wire.records import HEADER_SIZE, patch_batch
 
-__all__ = ["StoreBase", "LogError", "StorageFull", "CorruptBatch", "key_of", "unkey"]
+__all__ = ["StoreBase", "LogError", "StorageFull", "CorruptBatch", "batch_problem", "key_of", "unkey"]
 
 _KEY = struct.Struct(">QQ")
+_log = logging.getLogger("storage")
 
 
 def key_of(pid: int, offset: int) -> bytes:
@@ -39,7 +41,24 @@ class StorageFull(LogError):
 
 
 class CorruptBatch(LogError):
-    """A stored batch failed its CRC check."""
+    """A stored batch failed its CRC check, or its header's base offset is not its key's."""
+
+    def __init__(self, message: str, pid: int = -1, offset: int = -1) -> None:
+        super().__init__(message)
+        self.pid = pid
+        self.offset = offset
+
+
+def batch_problem(base: int, batch) -> str | None:
+    """Why the stored ``batch`` under key offset ``base`` cannot be served, or None."""
+    if len(batch) < HEADER_SIZE:
+        return f"stored batch at offset {base} is {len(batch)} bytes, shorter than a header"
+    if zlib.crc32(memoryview(batch)[16:]) != struct.unpack_from(">I", batch, 12)[0]:
+        return f"stored batch at offset {base} fails its CRC check"
+    header_base = struct.unpack_from(">Q", batch, 0)[0]
+    if header_base != base:
+        return f"stored batch at offset {base} says it starts at {header_base}"
+    return None
 
 
 class StoreBase:
@@ -49,6 +68,10 @@ class StoreBase:
         self._parts: dict[int, list[int]] = {}   # pid -> [start, end, size_bytes]
         self._undo: dict[int, list[int]] | None = None
         self._pid_cache: dict[tuple[str, int], int] = {}
+        # corrupt batches found (pid -> offsets), each logged and reported once; drained by
+        # the node (``take_corrupt``) into ``ReplicaManager.report_corrupt``
+        self.corrupt: dict[int, set[int]] = {}
+        self._corrupt_new: list[tuple[int, int]] = []
 
     # -- partition registry -----------------------------------------------------------
     def partition_id(self, topic: str, partition: int, create: bool = True,
@@ -157,6 +180,7 @@ class StoreBase:
         st = self._parts.setdefault(pid, [0, 0, 0])
         for base in self._bases_from(pid, offset):
             self._del_batch_sized(pid, base, st)
+        self._repaired(pid, offset)
         st[1] = min(st[1], offset)
         if st[0] > st[1]:
             st[0] = st[1]
@@ -168,6 +192,7 @@ class StoreBase:
         for base in self._bases_from(pid, 0):
             self._del_batch(pid, base)
         self._parts[pid] = [start_offset, start_offset, 0]
+        self._repaired(pid, 0)
         self.put("meta", b"logstart:%d" % pid, str(start_offset).encode())
 
     def _del_batch_sized(self, pid: int, base: int, st: list[int]) -> None:
@@ -199,14 +224,42 @@ class StoreBase:
     # -- reads --------------------------------------------------------------------------
     def read(self, pid: int, offset: int, max_bytes: int, limit_offset: int) -> list[bytes]:
         """Committed batches holding offsets in [offset, limit_offset), at least one batch
-        if any, up to about max_bytes. Each batch's CRC is checked: a flipped bit is found,
-        not served."""
-        chunks = self._read_raw(pid, offset, max_bytes, limit_offset)
-        for c in chunks:
-            if len(c) < HEADER_SIZE or zlib.crc32(memoryview(c)[16:]) != struct.unpack_from(">I", c, 12)[0]:
-                base = struct.unpack_from(">Q", c, 0)[0] if len(c) >= 8 else -1
-                raise CorruptBatch(f"partition {pid}: stored batch at offset {base} fails its CRC check")
-        return chunks
+        if any, up to about max_bytes. Each batch's CRC and header base offset (against its
+        key) are checked: a flipped bit is found, not served. The batches before a corrupt
+        one are returned; a corrupt first batch raises ``CorruptBatch`` (and is recorded
+        once, see ``note_corrupt``)."""
+        out = []
+        for base, c in self._read_raw(pid, offset, max_bytes, limit_offset):
+            why = batch_problem(base, c)
+            if why is not None:
+                self.note_corrupt(pid, base, why)
+                if out:
+                    return out
+                raise CorruptBatch(f"partition {pid}: {why}", pid, base)
+            out.append(c)
+        return out
+
+    def note_corrupt(self, pid: int, offset: int, why: str) -> None:
+        """Record a corrupt batch; logged and queued for the replication core once per
+        (pid, offset) until a truncation or reset below it repairs it."""
+        seen = self.corrupt.setdefault(pid, set())
+        if offset in seen:
+            return
+        seen.add(offset)
+        self._corrupt_new.append((pid, offset))
+        _log.error("partition %d: %s: not served; the replica will be repaired from its peers", pid, why)
+
+    def take_corrupt(self) -> list[tuple[int, int]]:
+        """(pid, offset) of corrupt batches found since the last call."""
+        out, self._corrupt_new = self._corrupt_new, []
+        return out
+
+    def _repaired(self, pid: int, cut: int) -> None:
+        seen = self.corrupt.get(pid)
+        if seen:
+            seen.difference_update([o for o in seen if o >= cut])
+            if not seen:
+                del self.corrupt[pid]
 
     # -- retention ----------------------------------------------------------------------
     def stage_retention(self, pid: int, now_ms: int, retention_ms: int | None,

@@ -16,6 +16,13 @@ a crash could take back.
 
 ``Store`` (LMDB) and ``storage.memory.MemoryStore`` share the interface in
 ``storage.base.StoreBase``; simulations use the memory twin.
+
+The node never opens a ``Store`` directly: ``storage.datadir.open_data_dir`` locks the
+directory, checks ``data.mdb`` before LMDB maps it, and keeps the store's identity (store
+id, generation) both here (``meta``) and in ``identity.json``. Every stored batch is
+checked when read (CRC, header base offset against the key) and, at recovery, each key
+against its header and the previous batch's end, and each partition's last batch in
+full; a failure is noted once (``note_corrupt``) for the replication core to repair.
 """
 from __future__ import annotations
 
@@ -24,7 +31,8 @@ import struct
 
 import lmdb
 
-from storage.base import LogError, StoreBase, StorageFull, key_of, unkey
+from mesh.wire.records import HEADER_SIZE
+from storage.base import LogError, StoreBase, StorageFull, batch_problem, key_of, unkey
 
 __all__ = ["Store"]
 
@@ -51,17 +59,36 @@ class Store(StoreBase):
 
     # -- recovery ---------------------------------------------------------------------
     def _recover(self) -> None:
-        """Rebuild start/end/size per partition from the log's keys (one scan)."""
+        """Rebuild start/end/size per partition from the log's keys (one scan). Each batch's
+        header base offset is checked against its key and against the previous batch's end
+        (a gap or an overlap), and the last batch of each partition (it sets the log end)
+        has its CRC checked: a mismatch is a corrupt batch (``note_corrupt``), repaired by
+        replication once the node runs."""
+        last: dict[int, tuple[int, bytes]] = {}
         with self.env.begin(db=self._log, buffers=True) as txn:
             cur = txn.cursor()
             for k, v in cur:
                 pid, base = unkey(bytes(k))
-                count = struct.unpack_from(">I", v, 20)[0]
+                if len(v) < HEADER_SIZE:
+                    self.note_corrupt(pid, base, f"stored batch at offset {base} is {len(v)} bytes")
+                    count = 0
+                else:
+                    count = struct.unpack_from(">I", v, 20)[0]
+                    header_base = struct.unpack_from(">Q", v, 0)[0]
+                    if header_base != base:
+                        self.note_corrupt(pid, base, f"stored batch at offset {base} says it starts at {header_base}")
                 st = self._parts.get(pid)
                 if st is None:
                     self._parts[pid] = st = [base, base + count, 0]
+                elif st[1] != base:
+                    self.note_corrupt(pid, base, f"stored batch at offset {base} follows a batch ending at {st[1]}")
                 st[1] = base + count
                 st[2] += len(v)
+                last[pid] = (base, v)
+            for pid, (base, v) in last.items():
+                why = batch_problem(base, v)
+                if why is not None:
+                    self.note_corrupt(pid, base, why)
         with self.env.begin(db=self.dbs["meta"]) as txn:
             for k, v in txn.cursor():
                 if k.startswith(b"logstart:"):
@@ -182,8 +209,8 @@ class Store(StoreBase):
         return out
 
     def _read_raw(self, pid: int, offset: int, max_bytes: int, limit_offset: int):
-        """Committed batches of ``pid`` covering [offset, limit_offset), up to max_bytes
-        (at least one batch). One cursor seek: set_range on (pid, offset), and one step
+        """Committed ``(key base offset, batch)`` of ``pid`` covering [offset, limit_offset),
+        up to max_bytes (at least one batch). One cursor seek: set_range on (pid, offset), and one step
         back if the batch before it straddles ``offset``."""
         chunks: list[bytes] = []
         size = 0
@@ -208,9 +235,13 @@ class Store(StoreBase):
                     continue  # the batch before `offset` ends before it
                 if chunks and size + len(v) > max_bytes:
                     break
-                chunks.append(bytes(v))
+                chunks.append((base, bytes(v)))
                 size += len(v)
         return chunks
+
+    def sync_now(self) -> None:
+        """Force what is committed to disk (even with ``sync=False``)."""
+        self.env.sync(True)
 
     def close(self) -> None:
         self._abort_txn()

@@ -106,9 +106,12 @@ class MemoryStore(StoreBase):
                 continue
             if out and size + len(v) > max_bytes:
                 break
-            out.append(v)
+            out.append((base, v))
             size += len(v)
         return out
+
+    def sync_now(self) -> None:
+        pass
 
     def crash(self) -> "MemoryStore":
         """A new store holding only what was committed (a process crash + restart)."""

@@ -61,9 +61,17 @@ def main(verbose: int) -> None:
               default=lambda: int(os.environ.get("MESH_GROUP_MAX_SESSION_MS", 10_000)),
               show_default="10000 or $MESH_GROUP_MAX_SESSION_MS",
               help="longest consumer session allowed; also how long a new group coordinator waits")
+@click.option("--rejoin-empty", is_flag=True,
+              help="if the data directory is refused (damaged store, another node's identity), move it "
+                   "aside (renamed with a timestamp, never deleted) and rejoin as an empty replica that "
+                   "refills from its peers")
 def node(node_id, data_dir, bind, seeds, text_port, max_storage_bytes, retention_check_ms,
-         group_max_session_ms) -> None:
-    """Run a broker node in the foreground (SIGTERM/SIGINT stop it cleanly)."""
+         group_max_session_ms, rejoin_empty) -> None:
+    """Run a broker node in the foreground (SIGTERM/SIGINT stop it cleanly).
+
+    The data directory is locked while the node runs (a second broker on it is refused) and
+    checked before it is opened; a damaged one is refused with the reason and the way out
+    (--rejoin-empty)."""
     from mesh.node.loop import Node, NodeConfig
     logging.getLogger().setLevel(logging.INFO)
     for h in logging.getLogger().handlers:
@@ -72,7 +80,7 @@ def node(node_id, data_dir, bind, seeds, text_port, max_storage_bytes, retention
         n = Node(NodeConfig(node_id=node_id, bind=bind, data_dir=data_dir, seeds=list(seeds),
                             map_size_bytes=max_storage_bytes, text_port=text_port,
                             retention_check_ms=retention_check_ms,
-                            group_max_session_timeout_ms=group_max_session_ms))
+                            group_max_session_timeout_ms=group_max_session_ms, rejoin_empty=rejoin_empty))
     except Exception as exc:
         click.echo(f"error: cannot start node {node_id}: {exc}", err=True)
         sys.exit(1)
@@ -136,10 +144,11 @@ def topic_describe(name, as_json, bootstrap) -> None:
     click.echo(f"Topic: {t['name']}  Partitions: {len(t['partitions'])}  "
                f"ReplicationFactor: {t['replication_factor']}  Config: {cfg}")
     click.echo(f"{'partition':>9} {'leader':>8} {'epoch':>5} {'replicas':<14} {'isr':<14} "
-               f"{'log_start':>10} {'log_end':>10} {'commit':>10}")
+               f"{'log_start':>10} {'log_end':>10} {'commit':>10}  recovering")
     for p in t["partitions"]:
         click.echo(f"{p['partition']:>9} {str(p['leader']):>8} {p['epoch']:>5} {','.join(p['replicas']):<14} "
-                   f"{','.join(p['isr']):<14} {p['log_start']:>10} {p['log_end']:>10} {p['high_watermark']:>10}")
+                   f"{','.join(p['isr']):<14} {p['log_start']:>10} {p['log_end']:>10} {p['high_watermark']:>10}  "
+                   f"{','.join(p.get('recovering') or []) or '-'}")
 
 
 @topic.command("delete")
@@ -185,8 +194,23 @@ def produce(topic_name, key_separator, partition, acks, headers, linger_ms, boot
         producer.flush()
     failed = [f.exception() for f in futures if f.exception() is not None]
     if failed:
-        raise failed[0]
+        unknown = sum(1 for e in failed if getattr(e, "maybe_written", True))
+        first = failed[0]
+        what = getattr(first, "code", None)
+        click.echo(f"error: {what.name + ': ' + first.message if what is not None else first} "
+                   f"({_outcome(first)})", err=True)
+        click.echo(f"{n - len(failed)} of {n} records produced to {topic_name}; {len(failed)} failed: "
+                   f"{unknown} with outcome unknown (they may have been written), "
+                   f"{len(failed) - unknown} not written", err=True)
+        sys.exit(1)
     click.echo(f"produced {n} records to {topic_name}", err=True)
+
+
+def _outcome(exc: BaseException) -> str:
+    """Kafka's distinction: may a failed send have been written all the same?"""
+    if getattr(exc, "maybe_written", True):
+        return "outcome unknown: the record may have been written"
+    return "not written"
 
 
 def _text(b: bytes | None) -> str:
@@ -359,14 +383,18 @@ def cluster_status(as_json, bootstrap) -> None:
         reps = sum(1 for t in md.topics for p in t.get("partitions", []) if b["id"] in p["replicas"])
         rows.append({"id": b["id"], "address": b["address"], "state": b.get("status", "alive"),
                      "generation": b.get("generation", 0), "heartbeat_age_ms": b.get("heartbeat_age_ms", 0),
-                     "leads": leads, "replicas": reps})
+                     "leads": leads, "replicas": reps, "store_id": b.get("store_id"),
+                     "recovering": b.get("recovering", 0)})
     if as_json:
         click.echo(json.dumps(rows, indent=2))
         return
-    click.echo(f"{'id':<8} {'address':<20} {'state':<8} {'gen':>5} {'hb_age_ms':>9} {'leads':>5} {'replicas':>8}")
+    click.echo(f"{'id':<8} {'address':<20} {'state':<8} {'gen':>5} {'hb_age_ms':>9} {'leads':>5} {'replicas':>8} "
+               f"{'recovering':>10}  store")
     for r in rows:
         click.echo(f"{r['id']:<8} {r['address']:<20} {r['state']:<8} {r['generation']:>5} "
-                   f"{r['heartbeat_age_ms']:>9} {r['leads']:>5} {r['replicas']:>8}")
+                   f"{str(r['heartbeat_age_ms'] if r['heartbeat_age_ms'] is not None else '-'):>9} "
+                   f"{r['leads']:>5} {r['replicas']:>8} {r['recovering']:>10}  "
+                   f"{r['store_id'] or '-'}")
 
 
 if __name__ == "__main__":

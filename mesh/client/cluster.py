@@ -1,7 +1,9 @@
 """The client's view of the cluster: brokers, topics, partition leaders.
 
-Filled from a MetadataRequest to any known broker (bootstrap first) and refreshed when a
-broker says NOT_LEADER / UNKNOWN_TOPIC or stops answering.
+Filled from MetadataRequests to three known brokers at once (``refresh``: answers merged,
+the highest leader epoch per partition wins, so one broker whose gossip lags cannot send
+clients back to a dead or deposed leader) and refreshed when a broker says NOT_LEADER /
+UNKNOWN_TOPIC or stops answering; a NOT_LEADER hint (an address) is followed at once.
 
 ``list_offsets`` is the one ListOffsets of the client (consumer, group admin, Spark
 source): each partition's leader is asked (it is the authority; gossip-fed metadata may
@@ -19,9 +21,42 @@ from mesh.client.transport import parse_address
 from mesh.wire.messages import ListOffsetsRequest, MetadataRequest, MetadataResponse
 from mesh.wire.types import TopicPartition
 
-__all__ = ["ClusterView", "TopicPartition", "PartitionInfo", "LIST_OFFSETS_BACKOFF_S"]
+__all__ = ["ClusterView", "TopicPartition", "PartitionInfo", "LIST_OFFSETS_BACKOFF_S", "merge_topics"]
 
 LIST_OFFSETS_BACKOFF_S = 0.05  # between rounds of list_offsets (a leader election in progress)
+REFRESH_GRACE_MS = 50          # how long a refresh waits for more answers after the first
+
+
+def _rank(entry: dict) -> tuple[int, int]:
+    epoch = entry.get("epoch")
+    return (epoch if isinstance(epoch, int) else -1, 1 if entry.get("leader_address") else 0)
+
+
+def merge_topics(answers: list) -> dict[str, dict | None]:
+    """{topic: entry, or None if the topic is unknown} from several MetadataResponses: the
+    first answer's entry for each topic, with each partition taken from the answer that
+    gives it the highest leader epoch (on equal epochs, one that names a leader; then the
+    earlier answer). A topic is unknown only if no answer knows it."""
+    out: dict[str, dict | None] = {}
+    for resp in answers:
+        for t in resp.topics:
+            if not isinstance(t, dict) or not isinstance(t.get("name"), str):
+                continue
+            name = t["name"]
+            if t.get("error") or not isinstance(t.get("partitions"), list):
+                out.setdefault(name, None)
+                continue
+            have = out.get(name)
+            if have is None:
+                out[name] = dict(t, partitions=list(t["partitions"]))
+                continue
+            parts = have["partitions"]
+            if len(parts) != len(t["partitions"]):
+                continue  # different views of the topic (recreated?): keep the first
+            for i, entry in enumerate(t["partitions"]):
+                if isinstance(entry, dict) and _rank(entry) > _rank(parts[i]):
+                    parts[i] = entry
+    return out
 
 
 class PartitionInfo(NamedTuple):
@@ -51,30 +86,50 @@ class ClusterView:
         self._sleep = time.sleep
 
     def addresses(self) -> list[str]:
+        """Brokers to ask: those alive in the last answer (shuffled), then the bootstrap
+        addresses; any whose connection the transport knows is down go last."""
         alive = [b["address"] for b in self.brokers.values() if b.get("status", "alive") == "alive"]
         rest = [a for a in self.bootstrap if a not in alive]
         self._rng.shuffle(alive)
-        return alive + rest
+        out = alive + rest
+        is_down = getattr(self.transport, "is_down", None)
+        if is_down is not None:
+            out.sort(key=is_down)  # stable: the order above within each group
+        return out
 
-    def refresh(self, topics: list[str] | None = None) -> MetadataResponse:
-        """Ask up to three brokers at once; the first answer wins, so a dead broker that
-        gossip has not convicted yet costs nothing."""
+    def refresh(self, topics: list[str] | None = None, fanout: int = 3, grace_ms: int = REFRESH_GRACE_MS) -> MetadataResponse:
+        """Ask ``fanout`` brokers at once and merge their answers (``merge_topics``): the
+        first answer, and those that come within ``grace_ms`` after it; per partition the
+        highest leader epoch wins, so a broker whose gossip still names a deposed or dead
+        leader is outvoted by one that knows its successor, and a dead broker that gossip
+        has not convicted yet costs nothing. Answers to other requests on the transport
+        are kept for their owner. Raises BROKER_UNAVAILABLE if no broker answers."""
         addrs = self.addresses()
         last: Exception | None = None
-        for i in range(0, len(addrs), 3):
-            try:
-                resp, _ = self.transport.call_first(addrs[i:i + 3], MetadataRequest(topics),
-                                                    timeout_ms=min(self.timeout_ms, 2_000))
-            except MeshError as exc:
-                last = exc
-                continue
-            self.brokers = {b["id"]: b for b in resp.brokers}
-            for t in resp.topics:
-                if t.get("error"):
-                    self.topics.pop(t["name"], None)
+        for i in range(0, len(addrs), fanout):
+            chunk = addrs[i:i + fanout]
+            rids = [self.transport.send(a, MetadataRequest(topics)) for a in chunk]
+            got = self.transport.gather(rids, min(self.timeout_ms, 2_000), grace_ms=grace_ms)
+            answers = []
+            for rid in rids:  # in the order asked: the merge is the same whatever the arrival order
+                if rid not in got:
+                    continue
+                _, resp, _ = got[rid]
+                if isinstance(resp, MetadataResponse) and not resp.error:
+                    answers.append(resp)
                 else:
-                    self.topics[t["name"]] = t
-            return resp
+                    last = MeshError(getattr(resp, "error", ErrorCode.UNKNOWN), getattr(resp, "message", ""))
+            if not answers:
+                last = last or MeshError(ErrorCode.TIMEOUT, f"no answer from {', '.join(chunk)}")
+                continue
+            first = answers[0]
+            self.brokers = {b["id"]: b for b in first.brokers if isinstance(b, dict) and "id" in b}
+            for name, t in merge_topics(answers).items():
+                if t is None:
+                    self.topics.pop(name, None)
+                else:
+                    self.topics[name] = t
+            return first
         raise MeshError(ErrorCode.BROKER_UNAVAILABLE, f"no broker answered ({', '.join(addrs)}): {last}")
 
     def topic(self, name: str, refresh: bool = True) -> dict:

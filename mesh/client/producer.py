@@ -6,14 +6,28 @@ lingered ``linger_ms``, encodes each once, and pipelines up to ``max_in_flight``
 per partition to its leader.
 
 Ordering and exactly-once across retries: the producer has a random 62-bit producer id;
-every batch carries it and the sequence number of its first record. On a retriable error
-(or a timeout) the partition's unacknowledged batches are all sent again, in sequence
-order, after a backoff and a metadata refresh; the leader drops the ones it already has
-(answering with their original offsets). A batch fails for good after ``retries`` attempts
-or ``delivery_timeout_ms``, or at once on a non-retriable error; then the partition's later
-queued batches fail too (their order could not be kept) and the partition restarts its
-sequence under a fresh producer id. Those rules live in the sans-I/O
-``mesh.client.sequencer``, which this I/O thread drives (so does the Spark sink).
+every batch carries it and the sequence number of its first record. On a retriable error,
+a timeout or a dropped connection the partition's unacknowledged batches are all sent
+again, in sequence order, with the same producer id and sequences, after a backoff and a
+metadata refresh; the leader drops the ones it already has (answering with their original
+offsets). Fewer than ``RECENT_BATCHES`` batches separate a partition's oldest
+unacknowledged batch from its newest sent one, so the leader always still remembers a
+batch that comes back. A batch fails for good at ``delivery_timeout_ms`` (or after
+``retries`` attempts, if set), or at once on a non-retriable error; then the partition's
+later batches fail too (their order could not be kept), and once nothing of the old
+producer id is in doubt the partition continues under a fresh one (never re-sending a
+possibly written batch under it). A failed future's ``MeshError.maybe_written`` says
+whether the records may have been written all the same. A DUPLICATE_SEQUENCE answer (the
+batch was stored, and the broker no longer remembers where) completes the records with
+offset -1, as Kafka does. Those rules live in the sans-I/O ``mesh.client.sequencer``,
+which this I/O thread drives (so does the Spark sink).
+
+Failover: the transport's connections have ZeroMQ heartbeats, so a dead or paused broker
+is noticed within about a second and the requests in flight to it are retried; a leader
+whose connection is down is not sent to; each retry refreshes the metadata from three
+brokers at once, taking the highest leader epoch per partition. ``request_timeout_ms``
+(default 3 s) only bounds a request to a live broker that does not answer (a leader that
+cannot reach a quorum answers TIMEOUT or NOT_LEADER itself).
 """
 from __future__ import annotations
 
@@ -29,18 +43,19 @@ from typing import NamedTuple
 import zmq
 
 from mesh.client.cluster import ClusterView
-from mesh.client.sequencer import DONE, RetryPolicy, SeqBatch, Sequencer
+from mesh.client.sequencer import RETRY, RetryPolicy, SeqBatch, Sequencer
 from mesh.client.transport import Transport
 from mesh.wire.errors import ErrorCode, MeshError
-from mesh.wire.messages import ProduceRequest, ProduceResponse
+from mesh.wire.messages import ErrorResponse, ProduceRequest, ProduceResponse
 from mesh.wire.partitioner import partition_for_key
 from mesh.wire.records import encode_batch
-from mesh.wire.topic_config import MAX_RECORD_BYTES
+from mesh.wire.topic_config import MAX_RECORD_BYTES, RECENT_BATCHES
 
 __all__ = ["Producer", "RecordMetadata", "RecordFuture"]
 
 log = logging.getLogger("mesh.producer")
 _ACKS = {"0": 0, "1": 1, "all": -1, "-1": -1, 0: 0, 1: 1, -1: -1}
+_REFRESH_EVERY_S = 0.1  # at most this often a metadata refresh from the I/O thread
 
 
 class RecordMetadata(NamedTuple):
@@ -58,9 +73,12 @@ class RecordFuture:
         self._index = index
 
     def get(self, timeout: float | None = None) -> RecordMetadata:
+        """The record's metadata; its offset is -1 when the broker said the batch was
+        stored before but no longer remembered where (DUPLICATE_SEQUENCE). Raises the
+        MeshError of a failed send (see ``MeshError.maybe_written``)."""
         base = self._batch.future.result(timeout)
         b = self._batch
-        return RecordMetadata(b.topic, b.partition, base + self._index)
+        return RecordMetadata(b.topic, b.partition, base + self._index if base >= 0 else -1)
 
     def done(self) -> bool:
         return self._batch.future.done()
@@ -104,9 +122,9 @@ def _new_producer_id() -> int:
 
 class Producer:
     def __init__(self, bootstrap: str = "127.0.0.1:7101", *, acks="all", linger_ms: int = 5,
-                 batch_size: int = 64 << 10, max_in_flight: int = 5, retries: int = 20,
+                 batch_size: int = 64 << 10, max_in_flight: int = 5, retries: int | None = None,
                  retry_backoff_ms: int = 100, retry_backoff_max_ms: int = 1000,
-                 request_timeout_ms: int = 10_000, delivery_timeout_ms: int = 60_000,
+                 request_timeout_ms: int = 3_000, delivery_timeout_ms: int = 60_000,
                  buffer_memory: int = 64 << 20, max_block_ms: int = 60_000,
                  max_record_bytes: int = MAX_RECORD_BYTES, enable_idempotence: bool = True):
         if acks not in _ACKS:
@@ -114,10 +132,9 @@ class Producer:
         self.acks = _ACKS[acks]
         self.linger_s = linger_ms / 1000
         self.batch_size = batch_size
-        from mesh.node.producer_state import RECENT_BATCHES
-        if enable_idempotence and not 1 <= max_in_flight <= RECENT_BATCHES:
-            raise ValueError(f"max_in_flight must be 1..{RECENT_BATCHES} with idempotence "
-                             f"(the broker remembers that many batches per producer)")
+        if enable_idempotence and not 1 <= max_in_flight < RECENT_BATCHES:
+            raise ValueError(f"max_in_flight must be 1..{RECENT_BATCHES - 1} with idempotence "
+                             f"(the broker remembers {RECENT_BATCHES} batches per producer)")
         self.max_in_flight = max_in_flight
         self.retries = retries
         self.backoff_s, self.backoff_max_s = retry_backoff_ms / 1000, retry_backoff_max_ms / 1000
@@ -320,7 +337,8 @@ class Producer:
             self._io_error = exc
             with self._lock:
                 for b in list(self._unfinished):
-                    self._finish(b, exc=MeshError(ErrorCode.UNKNOWN, f"producer I/O failed: {exc}"))
+                    self._finish(b, exc=MeshError(ErrorCode.UNKNOWN, f"producer I/O failed: {exc}",
+                                                  maybe_written=b.attempts > 0))
 
     def _io_loop(self) -> None:
         transport = Transport()
@@ -333,6 +351,7 @@ class Producer:
                         new_producer_id=_new_producer_id if self.idempotent else None, rng=self._rng)
         timeout_ms = self.request_timeout_s * 1000
         need_refresh = False
+        next_refresh = 0.0
         while True:
             now = time.monotonic()
             # collect closed batches and lingered open ones
@@ -345,12 +364,14 @@ class Producer:
                 next_linger = min((b.created + self.linger_s for b in self._open.values()), default=None)
             for b in ready:
                 seq.append((b.topic, b.partition), b)
-            if need_refresh:
+            if need_refresh and now >= next_refresh:
                 need_refresh = False
+                next_refresh = now + _REFRESH_EVERY_S
                 try:
-                    io_cluster.refresh()
+                    io_cluster.refresh()  # answers to produce requests meanwhile wait in the transport
                 except MeshError as exc:
                     log.debug("metadata refresh failed: %s", exc)
+                now = time.monotonic()
             # send what may be sent
             now_ms = now * 1000
             for tp in seq.partitions():
@@ -362,8 +383,8 @@ class Producer:
                             seq.fail(tp, b, exc)
                             continue
                         addr = None
-                    if addr is None:
-                        seq.retry(tp, b, MeshError(ErrorCode.LEADER_NOT_AVAILABLE, "no leader known"), now_ms)
+                    if addr is None or transport.is_down(addr):
+                        seq.wait(tp, now_ms)  # no leader, or its connection is down: ask again soon
                         need_refresh = True
                         break
                     if seq.assign(tp, b) or b.payload is None:
@@ -385,28 +406,24 @@ class Producer:
             responses = transport.poll(int(timeout_s * 1000) + 1)
             now_ms = time.monotonic() * 1000
             for addr, rid, resp, _ in responses:
-                ok = isinstance(resp, ProduceResponse) and resp.error == 0
-                leader = getattr(resp, "leader", None)
-                out = seq.on_reply(rid, ErrorCode.NONE if ok else resp.error, now_ms,
-                                   base_offset=resp.base_offset if ok else -1,
-                                   message=getattr(resp, "message", ""), leader=leader)
-                if out is None or out.action == DONE:
-                    continue  # an answer to an attempt given up on, or a success
-                if leader:
-                    io_cluster.set_leader(out.tp[0], out.tp[1], leader)
+                if isinstance(resp, ProduceResponse):
+                    out = seq.on_reply(rid, resp.error, now_ms, base_offset=resp.base_offset,
+                                       message=resp.message, leader=resp.leader)
+                elif isinstance(resp, ErrorResponse):  # refused before anything was appended
+                    out = seq.on_reply(rid, resp.error, now_ms, message=resp.message, leader=resp.leader,
+                                       rejected=True)
+                else:
+                    continue  # a late answer to a metadata request given up on
+                if out is None or out.action != RETRY:
+                    continue  # a success, a failure, or an answer to an attempt given up on
+                if resp.leader:
+                    io_cluster.set_leader(out.tp[0], out.tp[1], resp.leader)
                 else:
                     need_refresh = True
             # requests to a broker whose connection dropped, or that timed out: retriable
             gone = transport.take_disconnected()
-            if gone:
-                need_refresh = True
             for (topic, partition), b, err in seq.expire(now_ms, timeout_ms, gone):
-                if err.code == ErrorCode.TIMEOUT:
-                    try:
-                        transport.forget(io_cluster.leader_address(topic, partition) or "")
-                    except MeshError:
-                        pass
-                    need_refresh = True
+                need_refresh = True
                 log.debug("retrying %s/%d after %s", topic, partition, err)
             self._finish_done(seq)
         transport.close(linger_ms=2000 if self.acks == 0 else 0)  # acks=0: let queued sends leave

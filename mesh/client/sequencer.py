@@ -4,46 +4,71 @@ Sans-I/O: no sockets, no clock (every call that needs the time takes ``now_ms``)
 threads, no global random (jitter comes from the ``random.Random`` passed in, fresh
 producer ids from the callable passed in). Two drivers run it, each with its own I/O: the
 ``Producer``'s I/O thread (``mesh.client.producer``) and the Spark sink's write tasks
-(``mesh.spark.sink``). Tests drive it by hand (``tests/unit/test_sequencer.py``).
+(``mesh.spark.sink``; the text gateway's PUBS go through a ``Producer``). Tests drive it
+by hand (``tests/unit/test_sequencer.py``).
 
 Theory of operation
 -------------------
 A driver hands over closed batches (``append``); per partition they wait in one ordered
-deque of unfinished batches. A batch is *in flight* while it has the request id of its
-last attempt (``batch.rid``), *queued* otherwise. The rules:
+deque of unfinished batches, each with its ordinal (the how-many-th batch of the
+partition). A batch is *in flight* while it has the request id of its last attempt
+(``batch.rid``), *queued* otherwise. The broker remembers the last ``RECENT_BATCHES``
+batches of each producer per partition and answers a retry of one of them with its
+original offsets. The ``window`` is one less: then even when a new leader cuts every
+unacknowledged batch from its log (and its memory), the last acknowledged batch is still
+remembered, so the broker knows where the producer's sequence stands. The rules:
 
 1. Numbering. A batch gets the partition's producer id and the sequence number of its
    first record when it is first sent, or earlier when the driver calls ``assign`` (the
-   Spark sink numbers at once, as it encodes at once). A batch still carrying an older
-   producer id is numbered again. A partition without a producer id (-1: not
-   idempotent) numbers nothing.
-2. Sending (``next_to_send``). Batches go out in deque order, at most
-   ``max_in_flight`` of a partition at once, none while the partition backs off, none
-   after a batch whose fate is being probed (rule 6), and a queued batch past its
-   delivery deadline fails (rule 5) instead of going out.
-3. Success (``on_reply`` with NONE). The batch is done with its base offset; the
-   partition's run of failures and its backoff start again from zero. Answers may come
-   in any order; an answer to an attempt given up on (its rid forgotten) is ignored.
-4. Retry (a retriable error, a request timeout or a dropped connection: ``retry`` /
-   ``expire``). Unless the batch is out of attempts (``retries``), past its delivery
-   deadline, or the partition failed more than ``max_failures`` times in a row, the batch
-   and every in-flight batch of its partition go back to the queue, in sequence order,
-   with the same producer id and sequences (late answers to them are ignored), and the
-   partition backs off (doubling, or growing linearly, up to ``backoff_max_ms``, with
-   optional jitter). The broker drops what it already has, so order and exactly-once
-   both hold.
-5. Failure (a non-retriable error, or rule 4 giving up: ``fail``). The batch fails, and
-   so does every *queued* batch of the partition (their order could not be kept); the
-   partition then takes a fresh producer id from ``new_producer_id`` (when one is given)
-   and restarts its sequence at 0.
-6. DUPLICATE_SEQUENCE, with ``duplicates_are_written`` (the Spark sink, whose replays
-   may be cut differently). A one-record batch is done (written before). For a batch
-   [f, l] the broker has sequence f but remembers no batch [f, l]: every in-flight batch
-   of the partition goes back to the queue and record l alone is sent (``batch.probe``,
-   made by ``batch.single``); nothing after the batch goes out meanwhile. NONE or
-   DUPLICATE_SEQUENCE for the probe: the whole batch is written (done). OUT_OF_ORDER:
-   the broker's last sequence is inside [f, l); the batch is replaced by its records one
-   by one (written ones come back as duplicates).
+   Spark sink numbers at once, as it encodes at once). Once sent, a batch keeps its
+   producer id and sequences for good: it is only ever re-sent as it was (a batch still
+   unsent when its partition takes a fresh producer id is numbered again). A partition
+   without a producer id (-1: not idempotent) numbers nothing.
+2. Sending (``next_to_send``). Batches go out in deque order, at most ``max_in_flight``
+   of a partition at once, none past the window (a batch goes out only if fewer than
+   ``window`` batches separate it from the oldest unfinished one, acknowledged ones
+   between them included, so that one is still remembered by the broker when it is
+   retried), none while the partition backs off or waits, none after a batch whose fate
+   is being probed (rule 7), none while a fresh producer id waits (rule 6); a queued batch
+   past its delivery deadline fails (rule 5) instead of going out.
+3. Success. NONE: the batch is done with its base offset. DUPLICATE_SEQUENCE: the broker
+   has the batch's sequences but no longer remembers the batch, so it was stored before:
+   done, with base offset -1 (Kafka's rule; rule 7 for re-cut replays). The partition's
+   run of failures and its backoff start again from zero. Answers may come in any order.
+   An answer to an attempt given up on (rule 4) still counts if it is a success and the
+   batch is unfinished; otherwise it is ignored.
+4. Retry (a retriable error, a request timeout or a dropped connection: ``on_reply`` /
+   ``retry`` / ``expire``). Unless the batch is out of attempts (``retries``), past its
+   delivery deadline, or the partition failed more than ``max_failures`` times in a row,
+   the batch and every in-flight batch of its partition go back to the queue, in order,
+   with the same producer id and sequences, and the partition backs off (doubling, or
+   growing linearly, up to ``backoff_max_ms``, with optional jitter). The broker drops
+   what it already has (answering with the original offsets), so order and exactly-once
+   both hold. ``wait`` holds a partition back without counting a failure (no leader
+   known yet: nothing was sent).
+5. Failure (a non-retriable error, rule 4 giving up, or the delivery deadline: ``fail``).
+   The batch fails, and so does every later batch of the partition, queued or in flight
+   (with a sequence missing before them, they cannot be stored in order). Earlier
+   unfinished batches carry on. Each failed batch says whether it may have been written
+   (``SeqBatch.maybe_written``, on the error as ``MeshError.maybe_written``): True once an
+   attempt of it got no answer (timeout, dropped connection, attempt given up on) or an
+   answer given after the broker appended it (a ``ProduceResponse`` error; the driver
+   passes ``rejected=True`` for an ``ErrorResponse``, which a broker gives only before
+   appending anything); a later batch may have been written only if it and the failed
+   batch both may have.
+6. A fresh producer id (with ``new_producer_id``; the Spark sink keeps its id) after a
+   numbered batch failed, as Kafka's epoch bump: only once no batch of the old id can
+   still be in doubt, i.e. when every earlier batch of the partition has finished.
+   Batches appended meanwhile wait; then they are numbered from sequence 0 under the new
+   id. A possibly written batch is never re-sent under a new id.
+7. Re-cut replays (``probe_duplicates``: the Spark sink, whose replayed batches may be
+   cut differently). DUPLICATE_SEQUENCE for a one-record batch: done (written before).
+   For a batch [f, l]: the broker has sequence f but remembers no batch [f, l]: every
+   in-flight batch of the partition goes back to the queue and record l alone is sent
+   (``batch.probe``, made by ``batch.single``); nothing after the batch goes out
+   meanwhile. NONE or DUPLICATE_SEQUENCE for the probe: the whole batch is written
+   (done). OUT_OF_ORDER: the broker's last sequence is inside [f, l); the batch is
+   replaced by its records one by one (written ones come back as duplicates).
 
 Outputs are pulled: ``take_done()`` returns the finished batches (``Done``: base offset,
 or the error), in the order they finished.
@@ -56,6 +81,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterable, NamedTuple
 
 from mesh.wire.errors import ErrorCode, MeshError, retriable
+from mesh.wire.topic_config import RECENT_BATCHES
 
 __all__ = ["SeqBatch", "RetryPolicy", "Sequencer", "Done", "Outcome",
            "DONE", "RETRY", "FAILED", "PROBE", "SPLIT"]
@@ -65,11 +91,13 @@ TP = tuple  # (topic, partition)
 # what ``on_reply`` did with an answer
 DONE, RETRY, FAILED, PROBE, SPLIT = "done", "retry", "failed", "probe", "split"
 
+_STALE_MAX = 4096  # attempts given up on whose late success still counts (rule 3)
+
 
 class SeqBatch:
     """What the sequencer keeps per batch; drivers subclass it with their payload."""
     __slots__ = ("count", "seq", "producer_id", "attempts", "rid", "sent_at_ms", "sent_to",
-                 "deadline_ms", "probe")
+                 "deadline_ms", "probe", "ordinal", "maybe_written")
 
     def __init__(self, count: int = 0, deadline_ms: float | None = None):
         self.count = count                  # records
@@ -80,24 +108,27 @@ class SeqBatch:
         self.sent_at_ms = 0.0
         self.sent_to = ""
         self.deadline_ms = deadline_ms      # delivery deadline; None: none
-        self.probe: SeqBatch | None = None  # rule 6: record l alone, while probing
+        self.probe: SeqBatch | None = None  # rule 7: record l alone, while probing
+        self.ordinal = -1                   # the how-many-th batch of its partition (rule 2)
+        self.maybe_written = False          # rule 5: some attempt may have stored it
 
     def single(self, i: int) -> "SeqBatch":
         """Record ``i`` alone as a one-record batch (same producer id, sequence seq + i).
-        Only needed with ``duplicates_are_written``."""
+        Only needed with ``probe_duplicates``."""
         raise NotImplementedError
 
 
 @dataclass(frozen=True, slots=True)
 class RetryPolicy:
     max_in_flight: int = 5
+    window: int = RECENT_BATCHES - 1      # rule 2: less than what the broker remembers per producer
     retries: int | None = None            # attempts after the first, per batch; None: no limit
     max_failures: int | None = None       # failed rounds in a row, per partition; None: no limit
     backoff_ms: float = 100.0
     backoff_max_ms: float = 1_000.0
     linear_backoff: bool = False          # backoff_ms * failures, instead of doubling
     jitter: float = 0.0                   # the backoff is scaled by 1 +- jitter (rng)
-    duplicates_are_written: bool = False  # rule 6
+    probe_duplicates: bool = False        # rule 7
 
 
 class Done(NamedTuple):
@@ -105,7 +136,7 @@ class Done(NamedTuple):
     batch: SeqBatch
     base_offset: int = -1
     error: MeshError | None = None
-    duplicate: bool = False   # the broker had it already (rule 6)
+    duplicate: bool = False   # the broker had it already (rules 3 and 7)
     gave_up: bool = False     # failed because rule 4 gave up, not by a non-retriable error
 
 
@@ -117,27 +148,31 @@ class Outcome(NamedTuple):
 
 
 class _Partition:
-    __slots__ = ("batches", "producer_id", "next_seq", "backoff_until_ms", "backoff_ms", "failures")
+    __slots__ = ("batches", "producer_id", "next_seq", "next_ordinal", "backoff_until_ms", "backoff_ms",
+                 "failures", "renew")
 
     def __init__(self, producer_id: int):
         self.batches: collections.deque[SeqBatch] = collections.deque()  # unfinished, in order
         self.producer_id = producer_id
         self.next_seq = 0
+        self.next_ordinal = 0
         self.backoff_until_ms = 0.0
         self.backoff_ms = 0.0
-        self.failures = 0   # failed rounds since the last success
+        self.failures = 0    # failed rounds since the last success
+        self.renew = False   # rule 6: a fresh producer id once the old one is out of doubt
 
 
 class Sequencer:
     def __init__(self, policy: RetryPolicy, producer_id: int = -1,
                  new_producer_id: Callable[[], int] | None = None, rng: random.Random | None = None):
-        assert policy.max_in_flight >= 1
+        assert 1 <= policy.max_in_flight <= policy.window
         self.policy = policy
         self.producer_id = producer_id
         self._new_producer_id = new_producer_id
         self._rng = rng if rng is not None else random.Random(0)
         self._parts: dict[TP, _Partition] = {}
         self._by_rid: dict[int, tuple[TP, SeqBatch]] = {}
+        self._stale: collections.OrderedDict[int, tuple[TP, SeqBatch]] = collections.OrderedDict()
         self._done: list[Done] = []
 
     # -- state ------------------------------------------------------------------------------
@@ -180,6 +215,8 @@ class Sequencer:
         p = self._parts.get(tp)
         if p is None:
             p = self._parts[tp] = _Partition(self.producer_id)
+        batch.ordinal = p.next_ordinal
+        p.next_ordinal += 1
         p.batches.append(batch)
 
     def assign(self, tp: TP, batch: SeqBatch) -> bool:
@@ -188,6 +225,7 @@ class Sequencer:
         p = self._parts[tp]
         if p.producer_id < 0 or (batch.seq >= 0 and batch.producer_id == p.producer_id):
             return False
+        assert batch.attempts == 0, "a batch that was sent is never numbered again (rule 1)"
         batch.seq = p.next_seq
         batch.producer_id = p.producer_id
         p.next_seq += batch.count
@@ -195,10 +233,11 @@ class Sequencer:
 
     def next_to_send(self, tp: TP, now_ms: float) -> SeqBatch | None:
         """Rule 2: the next batch of ``tp`` to send now, or None. The driver then sends it
-        (``sent``), or calls ``retry`` (no leader known) or ``fail``."""
+        (``sent``), or calls ``wait`` (no leader known), ``retry`` or ``fail``."""
         p = self._parts.get(tp)
-        if p is None or p.backoff_until_ms > now_ms:
+        if p is None or p.backoff_until_ms > now_ms or not p.batches:
             return None
+        oldest = p.batches[0].ordinal
         in_flight = 0
         for b in p.batches:
             if b.rid is not None:
@@ -206,11 +245,15 @@ class Sequencer:
                     return None
                 in_flight += 1
                 continue
-            if in_flight >= self.policy.max_in_flight:
+            if in_flight >= self.policy.max_in_flight or b.ordinal - oldest >= self.policy.window:
                 return None
             if b.deadline_ms is not None and b.deadline_ms <= now_ms:
                 self.fail(tp, b, MeshError(ErrorCode.TIMEOUT, "delivery_timeout_ms passed"))
-                return None  # rule 5 failed every queued batch
+                return None  # rule 5 failed it and every later batch
+            if p.renew and not (b.seq >= 0 and b.producer_id == p.producer_id):
+                if b is not p.batches[0]:
+                    return None  # rule 6: an earlier batch of the old id is still in doubt
+                self._renew(p)
             return b
         return None
 
@@ -228,24 +271,28 @@ class Sequencer:
         self._by_rid[rid] = (tp, batch)
 
     def on_reply(self, rid: int, error: int, now_ms: float, base_offset: int = -1, message: str = "",
-                 leader: str | None = None) -> Outcome | None:
-        """The answer to request ``rid`` (rules 3-6); None if no batch waits for it."""
+                 leader: str | None = None, rejected: bool = False) -> Outcome | None:
+        """The answer to request ``rid`` (rules 3-7); None if no batch waits for it.
+        ``rejected``: the broker refused the request before appending anything (an
+        ``ErrorResponse``), so this attempt did not write it."""
         entry = self._by_rid.pop(rid, None)
         if entry is None:
-            return None
+            return self._late(rid, error, base_offset)
         tp, b = entry
         b.rid = None
         p = self._parts[tp]
-        dup = error == ErrorCode.DUPLICATE_SEQUENCE and self.policy.duplicates_are_written
+        dup = error == ErrorCode.DUPLICATE_SEQUENCE
         if b.probe is not None:
-            return self._probed(tp, p, b, error, now_ms, base_offset, message)
-        if dup and b.count > 1:
-            self._drop_in_flight(p)
+            return self._probed(tp, p, b, error, now_ms, base_offset, message, rejected)
+        if dup and b.count > 1 and self.policy.probe_duplicates:
+            self._drop_in_flight(tp, p)
             b.probe = b.single(b.count - 1)
             return Outcome(tp, b, PROBE)
         if error == ErrorCode.NONE or dup:
-            self._succeed(tp, p, b, base_offset, duplicate=dup)
+            self._succeed(tp, p, b, -1 if dup else base_offset, duplicate=dup)
             return Outcome(tp, b, DONE)
+        if not rejected:
+            b.maybe_written = True
         err = MeshError(error, message, leader=leader)
         if retriable(error):
             return Outcome(tp, b, RETRY if self.retry(tp, b, err, now_ms) else FAILED)
@@ -268,7 +315,9 @@ class Sequencer:
             else:
                 continue
             del self._by_rid[rid]
+            self._remember_stale(rid, tp, b)
             b.rid = None
+            b.maybe_written = True
             out.append((tp, b, err))
             self.retry(tp, b, err, now_ms)
         return out
@@ -283,25 +332,62 @@ class Sequencer:
                 or (pol.max_failures is not None and p.failures > pol.max_failures)):
             self._fail(tp, p, batch, err, gave_up=True)
             return False
-        self._drop_in_flight(p)
-        p.batches = collections.deque(sorted(p.batches, key=lambda x: (x.seq < 0, x.seq)))
+        self._drop_in_flight(tp, p)
         if pol.linear_backoff:
             p.backoff_ms = min(pol.backoff_max_ms, pol.backoff_ms * p.failures)
         else:
             p.backoff_ms = min(pol.backoff_max_ms, max(pol.backoff_ms, p.backoff_ms * 2))
-        delay_ms = p.backoff_ms
-        if pol.jitter:
-            delay_ms *= 1 - pol.jitter + 2 * pol.jitter * self._rng.random()
-        p.backoff_until_ms = now_ms + delay_ms
+        self._hold(p, now_ms, p.backoff_ms)
         return True
 
+    def wait(self, tp: TP, now_ms: float) -> None:
+        """Hold ``tp`` back for one base backoff without counting a failure (rule 4): the
+        driver knows no leader to send to (it refreshes its metadata meanwhile)."""
+        self._hold(self._parts[tp], now_ms, self.policy.backoff_ms)
+
     def fail(self, tp: TP, batch: SeqBatch, err: MeshError) -> None:
-        """Rule 5 for a non-retriable error."""
+        """Rule 5 for a non-retriable error (or a deadline)."""
         self._fail(tp, self._parts[tp], batch, err, gave_up=False)
 
     # -- internals --------------------------------------------------------------------------
+    def _hold(self, p: _Partition, now_ms: float, delay_ms: float) -> None:
+        if self.policy.jitter:
+            delay_ms *= 1 - self.policy.jitter + 2 * self.policy.jitter * self._rng.random()
+        p.backoff_until_ms = max(p.backoff_until_ms, now_ms + delay_ms)
+
+    def _late(self, rid: int, error: int, base_offset: int) -> Outcome | None:
+        """Rule 3: the answer to an attempt given up on. A success still finishes the batch."""
+        entry = self._stale.pop(rid, None)
+        if entry is None:
+            return None
+        tp, b = entry
+        p = self._parts.get(tp)
+        if p is None or b not in p.batches or b.probe is not None:
+            return None
+        if error == ErrorCode.NONE or (error == ErrorCode.DUPLICATE_SEQUENCE
+                                       and not (self.policy.probe_duplicates and b.count > 1)):
+            dup = error != ErrorCode.NONE
+            if b.rid is not None:
+                self._by_rid.pop(b.rid, None)  # the retry in flight: its answer no longer matters
+                b.rid = None
+            self._succeed(tp, p, b, -1 if dup else base_offset, duplicate=dup)
+            return Outcome(tp, b, DONE)
+        return None
+
+    def _remember_stale(self, rid: int, tp: TP, b: SeqBatch) -> None:
+        if b.probe is None:
+            self._stale[rid] = (tp, b)
+            while len(self._stale) > _STALE_MAX:
+                self._stale.popitem(last=False)
+
+    def _renew(self, p: _Partition) -> None:
+        """Rule 6: nothing of the old producer id is in doubt any more."""
+        p.renew = False
+        p.producer_id = self._new_producer_id()
+        p.next_seq = 0
+
     def _probed(self, tp: TP, p: _Partition, b: SeqBatch, error: int, now_ms: float, base_offset: int,
-                message: str) -> Outcome:
+                message: str, rejected: bool) -> Outcome:
         if error in (ErrorCode.NONE, ErrorCode.DUPLICATE_SEQUENCE):
             b.probe = None  # record l was next, or older than the last sequence: all written
             self._succeed(tp, p, b, base_offset, duplicate=True)
@@ -309,20 +395,31 @@ class Sequencer:
         if error == ErrorCode.OUT_OF_ORDER_SEQUENCE:
             singles = tuple(b.single(i) for i in range(b.count))
             i = p.batches.index(b)
-            p.batches = collections.deque(list(p.batches)[:i] + list(singles) + list(p.batches)[i + 1:])
+            later = list(p.batches)[i + 1:]
+            for k, x in enumerate(singles):
+                x.ordinal = b.ordinal + k
+            for x in later:  # the singles take count slots of the broker's window
+                x.ordinal += b.count - 1
+            p.next_ordinal += b.count - 1
+            p.batches = collections.deque(list(p.batches)[:i] + list(singles) + later)
             return Outcome(tp, b, SPLIT, singles)
+        if not rejected:
+            b.maybe_written = True
         err = MeshError(error, message or "probe")
         if retriable(error):
             return Outcome(tp, b, RETRY if self.retry(tp, b, err, now_ms) else FAILED)
         self.fail(tp, b, err)
         return Outcome(tp, b, FAILED)
 
-    def _drop_in_flight(self, p: _Partition) -> None:
-        """Forget the partition's outstanding attempts: their answers will be ignored."""
+    def _drop_in_flight(self, tp: TP, p: _Partition) -> None:
+        """Forget the partition's outstanding attempts: their fate is unknown (a late
+        success still counts, rule 3)."""
         for x in p.batches:
             if x.rid is not None:
                 self._by_rid.pop(x.rid, None)
+                self._remember_stale(x.rid, tp, x)
                 x.rid = None
+                x.maybe_written = True
 
     def _succeed(self, tp: TP, p: _Partition, b: SeqBatch, base_offset: int, duplicate: bool) -> None:
         p.failures = 0
@@ -333,14 +430,21 @@ class Sequencer:
         if b.rid is not None:
             self._by_rid.pop(b.rid, None)
             b.rid = None
-        self._finish(tp, b, Done(tp, b, -1, err, gave_up=gave_up))
-        queued = [x for x in p.batches if x.rid is None]
-        p.batches = collections.deque(x for x in p.batches if x.rid is not None)
-        for x in queued:
-            self._done.append(Done(tp, x, -1, MeshError(err.code, f"an earlier batch failed: {err.message}")))
-        if self._new_producer_id is not None:
-            p.producer_id = self._new_producer_id()
-            p.next_seq = 0
+            b.maybe_written = True
+        self._finish(tp, b, Done(tp, b, -1, _error(err, err.message, b.maybe_written), gave_up=gave_up))
+        later = [x for x in p.batches if x.ordinal > b.ordinal]
+        p.batches = collections.deque(x for x in p.batches if x.ordinal < b.ordinal)
+        for x in later:
+            if x.rid is not None:
+                self._by_rid.pop(x.rid, None)
+                x.rid = None
+                x.maybe_written = True
+            written = x.maybe_written and b.maybe_written
+            self._done.append(Done(tp, x, -1, _error(err, f"an earlier batch failed: {err.message}", written)))
+        if self._new_producer_id is not None and b.seq >= 0 and b.producer_id == p.producer_id:
+            p.renew = True  # rule 6
+            if not p.batches:
+                self._renew(p)
 
     def _finish(self, tp: TP, b: SeqBatch, done: Done) -> None:
         p = self._parts[tp]
@@ -352,3 +456,7 @@ class Sequencer:
             except ValueError:
                 pass
         self._done.append(done)
+
+
+def _error(err: MeshError, message: str, maybe_written: bool) -> MeshError:
+    return MeshError(err.code, message, leader=err.leader, maybe_written=maybe_written)

@@ -1,13 +1,33 @@
 """A request/response multiplexer over DEALER sockets, owned by one thread.
 
 One DEALER per broker address. ``send`` returns a request id at once; ``poll`` collects
-whatever responses have arrived; ``call`` is the blocking convenience built on both.
-Responses may arrive out of order and for several addresses; each carries the request id
-it answers. Liveness is the caller's concern: a request to a dead broker simply gets no
-answer, and callers wait with a deadline.
+whatever responses have arrived; ``call`` / ``call_first`` / ``gather`` are the blocking
+conveniences built on both.
+
+Theory of operation
+-------------------
+Routing. Every response carries the request id it answers, and goes to whoever waits for
+that id: a blocking call (``call``, ``call_first``, ``gather``) takes the answers to its
+own requests and keeps every other answer for the next ``poll``, so a metadata refresh in
+the middle of a producer's I/O loop never eats a produce reply. The only answers dropped
+are those to requests their sender gave up on (``abandon``; e.g. the slower brokers of a
+``call_first``), and garbled frames (their request then times out and is retried).
+
+Liveness. Every DEALER has ZeroMQ heartbeats (``HEARTBEAT_IVL_MS`` /
+``HEARTBEAT_TIMEOUT_MS``): a broker that is dead, paused (SIGSTOP) or cut off stops
+answering PINGs and its connection drops within about a second, even when TCP itself
+would keep it open for minutes; a reconnection whose handshake does not finish within
+``HANDSHAKE_IVL_MS`` drops too. A monitor per socket sees the connection come up (the
+ZMTP handshake succeeded) and go down. ``take_disconnected`` reports the addresses whose
+connection dropped, and those that have had no connection for ``CONNECT_TIMEOUT_MS``
+(a killed broker refuses connections, so it never drops one: requests to it would just
+queue); requests in flight to them will never be answered, so callers retry them at once
+instead of waiting for their timeout. ``is_down`` says whether an address is known to
+have no connection now (do not send there; ask for metadata instead).
 """
 from __future__ import annotations
 
+import collections
 import itertools
 import time
 from typing import Any
@@ -21,7 +41,17 @@ from mesh.wire.codec import PROTOCOL_CLIENT, pack, unpack
 
 _MONITOR_IDS = itertools.count(1)  # process-wide: inproc names are per context
 
-__all__ = ["Transport", "parse_address"]
+__all__ = ["Transport", "parse_address", "HEARTBEAT_IVL_MS", "HEARTBEAT_TIMEOUT_MS", "CONNECT_TIMEOUT_MS"]
+
+HEARTBEAT_IVL_MS = 300       # a PING every 300 ms on an idle connection
+HEARTBEAT_TIMEOUT_MS = 1000  # no traffic for 1 s after a PING: the connection is dropped
+HEARTBEAT_TTL_MS = 5000      # the broker drops our connection after 5 s without a PING from us
+HANDSHAKE_IVL_MS = 1000      # a connection whose ZMTP handshake takes longer is dropped
+CONNECT_TIMEOUT_MS = 1000    # no connection for this long: requests sent there are lost
+_ABANDONED_MAX = 4096        # request ids given up on, remembered to drop their late answers
+
+_UP = zmq.EVENT_HANDSHAKE_SUCCEEDED
+_DOWN = zmq.EVENT_DISCONNECTED
 
 
 def parse_address(addr: str) -> str:
@@ -34,18 +64,26 @@ def parse_address(addr: str) -> str:
 
 
 class Transport:
-    def __init__(self, hwm: int = 10_000):
+    def __init__(self, hwm: int = 10_000, heartbeat_ivl_ms: int = HEARTBEAT_IVL_MS,
+                 heartbeat_timeout_ms: int = HEARTBEAT_TIMEOUT_MS, connect_timeout_ms: int = CONNECT_TIMEOUT_MS):
         self.ctx = zmq.Context.instance()
         self._socks: dict[str, zmq.Socket] = {}
         self._addr_of: dict[zmq.Socket, str] = {}
         self._ids = itertools.count(1)
         self._poller = zmq.Poller()
         self._hwm = hwm
-        self._stash: dict[int, tuple[str, Any, Any]] = {}
+        self._heartbeat_ivl_ms = heartbeat_ivl_ms
+        self._heartbeat_timeout_ms = heartbeat_timeout_ms
+        self._connect_timeout_s = connect_timeout_ms / 1000
+        # answers received and not yet taken, in arrival order: rid -> (address, msg, payload)
+        self._inbox: dict[int, tuple[str, Any, Any]] = {}
+        self._abandoned: collections.OrderedDict[int, None] = collections.OrderedDict()
         self._wakeup: zmq.Socket | None = None
         self._monitors: dict[zmq.Socket, str] = {}
-        self._connected: set[str] = set()
-        self._disconnected: set[str] = set()
+        self._up: set[str] = set()                   # connection established (handshake done)
+        self._down_since: dict[str, float] = {}      # address -> when it last had no connection
+        self._dropped: set[str] = set()              # had a connection, lost it: is_down
+        self._disconnected: set[str] = set()         # to report in take_disconnected
 
     def add_wakeup(self, sock: zmq.Socket) -> None:
         """Also wake ``poll`` when ``sock`` (an inproc PAIR) becomes readable; drained here."""
@@ -61,24 +99,49 @@ class Transport:
             s.setsockopt(zmq.RCVHWM, self._hwm)
             s.setsockopt(zmq.RECONNECT_IVL, 100)
             s.setsockopt(zmq.RECONNECT_IVL_MAX, 1000)
+            s.setsockopt(zmq.HEARTBEAT_IVL, self._heartbeat_ivl_ms)
+            s.setsockopt(zmq.HEARTBEAT_TIMEOUT, self._heartbeat_timeout_ms)
+            s.setsockopt(zmq.HEARTBEAT_TTL, HEARTBEAT_TTL_MS)
+            s.setsockopt(zmq.HANDSHAKE_IVL, HANDSHAKE_IVL_MS)
             # A unique inproc name: pyzmq's default (the socket's fd) can collide with a
             # monitor of a closed socket that is still being torn down.
-            mon = s.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED,
-                                       addr=f"inproc://mesh-monitor-{next(_MONITOR_IDS)}")
+            mon = s.get_monitor_socket(_UP | _DOWN, addr=f"inproc://mesh-monitor-{next(_MONITOR_IDS)}")
             s.connect(f"tcp://{parse_address(addr)}")
             self._socks[addr] = s
             self._addr_of[s] = addr
             self._monitors[mon] = addr
             self._poller.register(s, zmq.POLLIN)
             self._poller.register(mon, zmq.POLLIN)
+            self._down_since.setdefault(addr, time.monotonic())
         return s
 
+    # -- liveness ---------------------------------------------------------------------------
     def take_disconnected(self) -> set[str]:
-        """Addresses whose connection dropped since the last call: requests in flight to
-        them will never be answered (a killed broker), so callers retry them now instead
-        of waiting for their timeout."""
+        """Addresses whose connection dropped since the last call, or that have had none for
+        ``connect_timeout_ms`` (reported again every ``connect_timeout_ms`` while it lasts):
+        requests in flight to them will never be answered, so callers retry them now
+        instead of waiting for their timeout."""
+        self._drain_monitors()
+        now = time.monotonic()
+        for addr, since in self._down_since.items():
+            if addr in self._socks and now - since >= self._connect_timeout_s:
+                self._disconnected.add(addr)
+                self._down_since[addr] = now
         out, self._disconnected = self._disconnected, set()
         return out
+
+    def is_down(self, addr: str) -> bool:
+        """``addr`` had a connection and lost it, and has not got one back yet (or has had
+        none for ``connect_timeout_ms``): a request sent there now would just wait."""
+        self._drain_monitors()
+        if addr in self._up:
+            return False
+        since = self._down_since.get(addr)
+        return addr in self._dropped or (since is not None and time.monotonic() - since >= self._connect_timeout_s)
+
+    def _drain_monitors(self) -> None:
+        for mon in list(self._monitors):
+            self._on_monitor(mon)
 
     def _on_monitor(self, mon: zmq.Socket) -> None:
         addr = self._monitors[mon]
@@ -87,12 +150,18 @@ class Transport:
                 ev = parse_monitor_message(mon.recv_multipart(zmq.NOBLOCK))
             except zmq.Again:
                 return
-            if ev["event"] == zmq.EVENT_CONNECTED:
-                self._connected.add(addr)
-            elif ev["event"] == zmq.EVENT_DISCONNECTED and addr in self._connected:
-                self._connected.discard(addr)
-                self._disconnected.add(addr)
+            if ev["event"] == _UP:
+                self._up.add(addr)
+                self._dropped.discard(addr)
+                self._down_since.pop(addr, None)
+            elif ev["event"] == _DOWN:
+                if addr in self._up:
+                    self._up.discard(addr)
+                    self._dropped.add(addr)
+                    self._disconnected.add(addr)
+                self._down_since.setdefault(addr, time.monotonic())
 
+    # -- requests ---------------------------------------------------------------------------
     def send(self, addr: str, msg, payload: bytes | None = None) -> int:
         rid = next(self._ids)
         frames = pack(PROTOCOL_CLIENT, rid, msg, payload)
@@ -102,12 +171,16 @@ class Transport:
             pass  # queue full: the caller's deadline turns this into a timeout and a retry
         return rid
 
-    def poll(self, timeout_ms: int) -> list[tuple[str, int, Any, Any]]:
-        """[(address, request id, response message, payload)] received within timeout."""
-        out = [(a, rid, msg, p) for rid, (a, msg, p) in self._stash.items()]
-        self._stash.clear()
-        if out:
-            timeout_ms = 0
+    def abandon(self, rids) -> None:
+        """Nobody waits for the answers to ``rids`` any more: drop them when they come."""
+        for rid in rids:
+            if self._inbox.pop(rid, None) is None:
+                self._abandoned[rid] = None
+        while len(self._abandoned) > _ABANDONED_MAX:
+            self._abandoned.popitem(last=False)
+
+    def _receive(self, timeout_ms: int) -> None:
+        """Wait up to ``timeout_ms`` for something; move every answer that arrived into the inbox."""
         for sock, _ in self._poller.poll(timeout_ms):
             if sock is self._wakeup:
                 while True:
@@ -119,7 +192,9 @@ class Transport:
             if sock in self._monitors:
                 self._on_monitor(sock)
                 continue
-            addr = self._addr_of[sock]
+            addr = self._addr_of.get(sock)
+            if addr is None:
+                continue
             while True:
                 try:
                     frames = sock.recv_multipart(zmq.NOBLOCK)
@@ -129,45 +204,73 @@ class Transport:
                     _, rid, msg, payload = unpack(frames)
                 except MeshError:
                     continue  # a garbled response: the request will time out and be retried
-                out.append((addr, rid, msg, payload))
+                if rid in self._abandoned:
+                    del self._abandoned[rid]
+                    continue
+                self._inbox[rid] = (addr, msg, payload)
+
+    def poll(self, timeout_ms: int) -> list[tuple[str, int, Any, Any]]:
+        """[(address, request id, response message, payload)]: every answer received and
+        not taken by a blocking call, waiting up to ``timeout_ms`` if there is none."""
+        self._receive(0 if self._inbox else timeout_ms)
+        out = [(a, rid, msg, p) for rid, (a, msg, p) in self._inbox.items()]
+        self._inbox.clear()
         return out
 
+    def gather(self, rids, timeout_ms: int, grace_ms: int | None = None) -> dict[int, tuple[str, Any, Any]]:
+        """Wait for the answers to ``rids``: {rid: (address, msg, payload)}, once all came,
+        or ``grace_ms`` after the first one came (None: no grace, wait for all), or at
+        ``timeout_ms``. Answers to other requests stay for ``poll``; requests left
+        unanswered are abandoned."""
+        want = set(rids)
+        got: dict[int, tuple[str, Any, Any]] = {}
+        deadline = time.monotonic() + timeout_ms / 1000
+        while True:
+            for rid in [r for r in want if r in self._inbox]:
+                got[rid] = self._inbox.pop(rid)
+                want.discard(rid)
+                if grace_ms is not None and len(got) == 1:
+                    deadline = min(deadline, time.monotonic() + grace_ms / 1000)
+            left = deadline - time.monotonic()
+            if not want or left <= 0:
+                break
+            self._receive(int(left * 1000) + 1)
+        self.abandon(want)
+        return got
+
     def call_first(self, addrs: list[str], msg, timeout_ms: int = 2_000):
-        """Send ``msg`` to every address; the first answer wins (metadata: any broker will
-        do, and a dead one must not cost a timeout). Raises MeshError on error or timeout."""
+        """Send ``msg`` to every address; the first answer that is not an error wins
+        (metadata: any broker will do, and a dead one must not cost a timeout). Raises
+        MeshError (the last error answered, or TIMEOUT)."""
         rids = {self.send(a, msg): a for a in addrs}
         deadline = time.monotonic() + timeout_ms / 1000
         last: MeshError | None = None
         while rids:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                break
-            for a, r, resp, p in self.poll(int(left * 1000) + 1):
-                if r not in rids:
-                    continue  # a late answer to an earlier call: drop it
+            for r in [r for r in rids if r in self._inbox]:
                 del rids[r]
+                _a, resp, p = self._inbox.pop(r)
                 if isinstance(resp, ErrorResponse):
                     last = MeshError(resp.error, resp.message, leader=resp.leader)
                     continue
+                self.abandon(rids)
                 return resp, p
-        for a in set(rids.values()):
-            self.forget(a)  # silent brokers: reconnect fresh next time
+            left = deadline - time.monotonic()
+            if not rids or left <= 0:
+                break
+            self._receive(int(left * 1000) + 1)
+        self.abandon(rids)
         raise last or MeshError(ErrorCode.TIMEOUT, f"no answer from {', '.join(addrs)} within {timeout_ms} ms")
 
     def call(self, addr: str, msg, payload: bytes | None = None, timeout_ms: int = 10_000):
         """Send and wait for the answer; raises MeshError (TIMEOUT, or the response's code)."""
         rid = self.send(addr, msg, payload)
-        deadline = time.monotonic() + timeout_ms / 1000
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise MeshError(ErrorCode.TIMEOUT, f"no answer from {addr} within {timeout_ms} ms")
-            for a, r, resp, p in self.poll(int(left * 1000) + 1):
-                if r == rid:
-                    if isinstance(resp, ErrorResponse):
-                        raise MeshError(resp.error, resp.message, leader=resp.leader)
-                    return resp, p
-                self._stash[r] = (a, resp, p)
+        got = self.gather([rid], timeout_ms)
+        if rid not in got:
+            raise MeshError(ErrorCode.TIMEOUT, f"no answer from {addr} within {timeout_ms} ms")
+        _, resp, p = got[rid]
+        if isinstance(resp, ErrorResponse):
+            raise MeshError(resp.error, resp.message, leader=resp.leader)
+        return resp, p
 
     def forget(self, addr: str, linger_ms: int = 0) -> None:
         """Drop the socket to ``addr`` (e.g. after a timeout) so the next send reconnects."""
@@ -182,7 +285,9 @@ class Transport:
                     s.disable_monitor()
                     mon.close(linger=0)
             s.close(linger=linger_ms)
-            self._connected.discard(addr)
+            self._up.discard(addr)
+            self._dropped.discard(addr)
+            self._down_since.pop(addr, None)
 
     def close(self, linger_ms: int = 0) -> None:
         """Close every socket; ``linger_ms`` lets queued one-way sends (acks=0) leave first."""

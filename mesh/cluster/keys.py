@@ -7,7 +7,11 @@ that node writes; they vanish with the node's namespace) and cluster-wide *regis
 =============================  =========  ==============================================  ====================  ===========================
 key                            kind       value (msgpack)                                 written by            read by
 =============================  =========  ==============================================  ====================  ===========================
-``member``                     namespace  ``{"address": str, "text_port": int | None}``   node loop, at start   operators (debugging)
+``member``                     namespace  ``{"address": str, "text_port": int | None,    node loop, at start   metadata (cluster status)
+                                          "store_id": str}``: the store id names the
+                                          data directory's store (``storage.datadir``)
+``recovering``                 namespace  ``{topic: [partition, ...]}``: replicas on this  node loop, every      metadata (cluster status,
+                                          node refilling lost state; deleted when none    ``stats_every_ms``    topic describe)
 ``lead/<topic>``               namespace  ``{"<partition>": epoch}``: partitions this     node loop, on a       leader view (metadata,
                                           node leads; deleted when it leads none          leadership change     redirects)
 ``stats``                      namespace  ``{topic: {"<partition>": [log_start,           node loop, every      metadata answers
@@ -26,12 +30,13 @@ Names may contain "/" (topics cannot, groups can): readers take the group and to
 from __future__ import annotations
 
 __all__ = [
-    "MEMBER_KEY", "STATS_KEY", "LEAD_PREFIX", "TOPIC_PREFIX", "OFFSETS_PREFIX",
+    "MEMBER_KEY", "STATS_KEY", "RECOVERING_KEY", "LEAD_PREFIX", "TOPIC_PREFIX", "OFFSETS_PREFIX",
     "lead_key", "topic_key", "topic_of_key", "OFFSETS_CHUNK_PARTITIONS", "offsets_key",
 ]
 
 MEMBER_KEY = "member"
 STATS_KEY = "stats"
+RECOVERING_KEY = "recovering"
 LEAD_PREFIX = "lead/"
 TOPIC_PREFIX = "topic/"
 OFFSETS_PREFIX = "off/"

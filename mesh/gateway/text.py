@@ -290,8 +290,9 @@ class TextGateway:
     def _producer_(self):
         if self._producer is None:
             from mesh.client import Producer
-            self._producer = Producer(self.address, acks=1, linger_ms=1, delivery_timeout_ms=10_000,
-                                      request_timeout_ms=5_000)
+            # the same producer as every client (idempotent, acks=all, the default timeouts),
+            # with a delivery deadline under PUBS_TIMEOUT_S so PUBS gets the producer's own error
+            self._producer = Producer(self.address, acks="all", linger_ms=1, delivery_timeout_ms=10_000)
         return self._producer
 
     def _subs(self, conn: _Connection, cmd: Subs) -> bytes:

@@ -32,7 +32,7 @@ from typing import Any
 from mesh.gossip.config import GossipConfig
 from mesh.gossip.membership import Member, MembershipEvent, Membership
 from mesh.gossip.messages import GossipSyn
-from mesh.gossip.namespaces import Namespaces
+from mesh.gossip.namespaces import Namespace, Namespaces
 from mesh.gossip.parsing import Malformed
 from mesh.gossip.registers import ClusterRegisters
 from mesh.gossip.rounds import Rounds
@@ -89,7 +89,8 @@ class Gossip:
             self._next_round_ms = now_ms + self._interval_ms
         if now_ms >= self._next_hb_ms:
             self._next_hb_ms = now_ms + self.config.effective_heartbeat_ms
-            self._members.beat()
+            if self._members.heard_peer or not self._members.hold_heartbeat:
+                self._members.beat()
         if now_ms < self._next_round_ms:
             return []
         self._next_round_ms = now_ms + self._interval_ms
@@ -142,6 +143,54 @@ class Gossip:
             return []
         self._members.mark_left()
         return self._rounds.leave()
+
+    def reincarnate(self, generation: int, now_ms: int) -> None:
+        """Start a new life at ``generation`` without restarting (R2): the node learned
+        that its generation is stale (``identity_conflict``) and has persisted a higher
+        one. Our own namespace keeps its live keys, re-versioned from 1 (peers replace it
+        wholesale on the new generation); tombstones are dropped with the old generation."""
+        if type(generation) is not int or generation <= self.generation:
+            raise ValueError(f"a new generation must exceed {self.generation}, not {generation!r}")
+        self._observe(now_ms)
+        old = self._members.namespaces.get(self.node_id)
+        fresh = None
+        if old is not None:
+            fresh = Namespace()
+            for k, e in sorted(old.entries.items(), key=lambda ke: ke[1].version):
+                if not e.deleted:
+                    fresh.put(k, len(fresh.entries) + 1, e.value, False, now_ms, e.size_bytes)
+        self.generation = generation
+        self._members.reincarnate(generation, fresh)
+        self._namespaces.version += 1
+
+    @property
+    def identity_conflict(self) -> int:
+        """The highest generation a peer showed for this node that is not this life's
+        (0: none): this node's stored state went back. See ``reincarnate``."""
+        return self._members.identity_conflict
+
+    @property
+    def heard_peer(self) -> bool:
+        """True once a message from another node was merged (it showed its view of us)."""
+        return self._members.heard_peer
+
+    @property
+    def hold_heartbeat(self) -> bool:
+        """Our heartbeat stays 0 until a peer is heard, then beats at once (set by a shell
+        that checks its identity): a peer holding a row for our generation with a heartbeat
+        above 0 then shows another life of it (R2, ``identity_conflict``)."""
+        return self._members.hold_heartbeat
+
+    @hold_heartbeat.setter
+    def hold_heartbeat(self, on: bool) -> None:
+        self._members.hold_heartbeat = bool(on)
+
+    @property
+    def seen_by_peer(self) -> bool:
+        """True once a peer showed it holds this life of ours (our generation, a heartbeat
+        of this life): from then on a restart that reuses our generation is detectable.
+        With ``hold_heartbeat``, the heartbeat starts when a peer is first heard."""
+        return self._members.seen_by_peer
 
     # ---------------------------------------------------------------- reads ------------
 

@@ -8,8 +8,13 @@ index so a random peer is drawn in O(1).
 Rules:
 R2 Identity: rows merge by generation first. A higher generation *replaces* the origin
    (namespace dropped, not merged); within a generation the heartbeat and the ``left``
-   flag only grow. Nobody but the owner changes its own row; a row for our own id with a
-   higher generation is counted as an identity conflict and ignored.
+   flag only grow. Nobody but the owner changes its own row. A row for our own id that
+   cannot be this life's (a higher generation, or our generation with a heartbeat or max
+   version above ours: only we raise those) is an *identity conflict*: counted, ignored,
+   and the highest such generation kept in ``identity_conflict``. It means this node's
+   stored generation went back (its disk lost state); the shell persists a generation
+   above it and calls ``Gossip.reincarnate`` (never the core on its own: the new
+   generation must be durable before it is spoken).
 R4 Liveness: an origin's heartbeat moving feeds a phi-accrual detector
    (``mesh.gossip.detector``). ALIVE -> SUSPECT when phi > ``phi_threshold``;
    SUSPECT -> DEAD after ``dead_after_ms`` more; SUSPECT/DEAD -> ALIVE only when its
@@ -87,6 +92,10 @@ class Membership:
             window_size=config.detector_window, max_sample_ms=20 * config.effective_heartbeat_ms)
         self.graveyard: dict[str, Grave] = {}
         self.events: deque[MembershipEvent] = deque(maxlen=config.max_events)
+        self.identity_conflict = 0          # highest generation of a row for us not of this life (R2)
+        self.heard_peer = False             # merged a message from another node (since start)
+        self.seen_by_peer = False           # a peer's row for us showed this life's heartbeat (>= 1)
+        self.hold_heartbeat = False         # heartbeat 0 until a peer is heard (see Gossip.hold_heartbeat)
 
     def share(self, rows: dict[str, Row], targets: list[str], tindex: dict[str, int]) -> None:
         """Start from a table shared with other nodes; the first write copies it."""
@@ -116,6 +125,8 @@ class Membership:
 
     def merge_rows(self, rows: dict[str, Row], now_ms: int, sender: str = "") -> None:
         """Merge a peer's digest (R2), in the sender's order: deterministic."""
+        if sender and sender != self.node_id:
+            self.saw_our_row(rows.get(self.node_id))
         mine_rows = self.rows
         if rows == mine_rows:
             if sender:
@@ -145,6 +156,17 @@ class Membership:
         if sender:
             self.heard_from(sender, rows.get(sender), now_ms)
 
+    def saw_our_row(self, row: Row | None) -> None:
+        """A peer's view of us: this life's row with a heartbeat moved means the peer holds
+        this life (a later life of the same generation would then see a conflict, R2)."""
+        if not self.heard_peer:
+            self.heard_peer = True
+            if self.hold_heartbeat:
+                self.beat()                # the first beat of this life: peers will hold hb >= 1
+        if row is not None and row.generation == self.generation and 1 <= row.heartbeat <= \
+                self.rows[self.node_id].heartbeat:
+            self.seen_by_peer = True
+
     def heard_from(self, sender: str, row: Row | None, now_ms: int) -> None:
         """A message from ``sender`` carrying its own current row confirms an unconfirmed node."""
         st = self.status.get(sender)
@@ -156,8 +178,11 @@ class Membership:
     def _merge_row(self, r: Row, now_ms: int, from_itself: bool = False) -> None:
         o = r.node_id
         if o == self.node_id:
-            if r.generation > self.generation:
+            me = self.rows[o]
+            if r.generation > self.generation or (r.generation == self.generation and (
+                    r.heartbeat > me.heartbeat or r.max_version > me.max_version)):
                 self.stats["identity_conflicts"] += 1
+                self.identity_conflict = max(self.identity_conflict, r.generation)
             return
         mine = self.rows.get(o)
         if mine is None:
@@ -213,6 +238,19 @@ class Membership:
             self.status[o] = Verdict(new, now_ms)
         self.retarget(o)
         self.event(o, old_status, new)
+
+    def reincarnate(self, generation: int, namespace: "Namespace | None") -> None:
+        """This node starts a new life at ``generation`` (R2): own row replaced (heartbeat
+        0, max version of ``namespace``, the own namespace re-versioned by the caller)."""
+        me = self.node_id
+        if namespace is None:
+            self.namespaces.pop(me, None)
+        else:
+            self.namespaces[me] = namespace
+        self.generation = generation
+        self.set_row(Row(me, generation, 0, len(namespace.entries) if namespace else 0, 0, self.address, self.left))
+        self.identity_conflict = 0
+        self.version += 1
 
     # ------------------------------------------------------------- liveness ------------
 

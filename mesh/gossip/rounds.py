@@ -123,6 +123,8 @@ class Rounds:
         m = self._members
         if type(msg.digest) is list and msg.digest == list(m.rows.values()):
             rows = m.rows        # the same digest, row for row: nothing to merge or say
+            if msg.node_id != m.node_id:
+                m.saw_our_row(rows.get(m.node_id))
             m.heard_from(msg.node_id, rows.get(msg.node_id), now_ms)
         else:
             rows = parse_rows(msg.digest, 4 * self._config.max_nodes)

@@ -9,6 +9,15 @@ requests wait in ``ReplicaHost`` until the commit offset (high watermark) passes
 failed commit refuses the turn's requests with STORAGE_ERROR and leaves the store as it
 was.
 
+What an error answer tells the client (its ``MeshError.maybe_written``): ``on_produce``
+raises (the loop answers an ``ErrorResponse``) only *before* the batch is staged, so an
+``ErrorResponse`` to a produce request means this request appended nothing; once the batch
+is staged every answer is a ``ProduceResponse``, and an error there (STORAGE_ERROR,
+NOT_LEADER or TIMEOUT of a waiting acks=all request) leaves the outcome unknown. A retry
+of a stored batch (same producer id and sequences, ``ProducerStates.check``) is answered
+with its original offsets (or DUPLICATE_SEQUENCE when it is older than the batches kept),
+never stored twice. NOT_LEADER carries the leader's address when this node knows it.
+
 Fetch: answered from data below the high watermark (what a quorum has synced), or parked
 until the high watermark moves or ``max_wait_ms`` passes.
 """
@@ -61,10 +70,14 @@ class _Waiter:
 class DataPath:
     def __init__(self, store, catalog, replicas: ReplicaHost, producers: ProducerStates, reply: Callable,
                  leader_of: Callable[[Topic, int], str | None],
-                 now_ms: Callable[[], int] = _monotonic_ms):
+                 now_ms: Callable[[], int] = _monotonic_ms,
+                 address_of: Callable[[str], str | None] | None = None):
         """``leader_of(topic, partition) -> address or None`` names the leader of a
-        partition this node does not lead; ``now_ms``: the node's monotonic clock."""
+        partition this node does not lead; ``now_ms``: the node's monotonic clock;
+        ``address_of(node id) -> address or None`` turns the replication core's hints (a
+        leadership transfer's target) into addresses for clients."""
         self.now_ms = now_ms
+        self.address_of = address_of
         self.store = store
         self.catalog = catalog
         self.replicas = replicas
@@ -110,14 +123,16 @@ class DataPath:
         try:
             base, epoch = self.replicas.append_position(pid)
         except MeshError as exc:  # the core names leaders by node id; clients need an address
-            raise MeshError(exc.code, exc.message, leader=self.leader_of(t, req.partition))
+            hint = self.address_of(exc.leader) if exc.leader and self.address_of else None
+            raise MeshError(exc.code, exc.message, leader=hint or self.leader_of(t, req.partition))
         try:
             staged_base, end = self.store.stage_append(pid, payload, epoch, h.record_count)
-        except LogError as exc:  # the turn is doomed; commit_turn fails its other requests
+        except LogError as exc:  # nothing staged; the turn is doomed, commit_turn fails its other requests
             raise MeshError(ErrorCode.STORAGE_ERROR, str(exc))
         assert staged_base == base, (pid, staged_base, base)
         self.replicas.leader_append(pid, end, epoch)
         self.producers.stage(pid, h, base)
+        # staged: from here on the answer is a ProduceResponse (the outcome may be "written")
         self._staged.append(_Staged(ident, rid, req.acks, pid, base, end, req.timeout_ms))
 
     def commit_turn(self) -> bool:
@@ -182,8 +197,7 @@ class DataPath:
                 chunks.extend(got)
                 total += n
                 parts.append([topic, partition, 0, hw, start, n, None])
-            except CorruptBatch as exc:
-                log.error("%s", exc)
+            except CorruptBatch:  # logged once and reported to the core by the store (note_corrupt)
                 has_error = True
                 parts.append([topic, partition, int(ErrorCode.CORRUPT_MESSAGE), -1, -1, 0, None])
             except MeshError as exc:
@@ -239,6 +253,5 @@ class DataPath:
                     if pid is not None and self.replicas.hosts(pid):
                         self.store.stage_retention(pid, now_ms, c["retention.ms"], c["retention.bytes"],
                                                    keep_from=self.replicas.persisted_commit(pid))
-            self.store.commit()
-        except LogError as exc:
+        except LogError as exc:  # the turn is doomed: commit_turn rolls it back and says so
             log.error("retention pass failed: %s", exc)

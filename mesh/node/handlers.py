@@ -32,9 +32,10 @@ log = logging.getLogger("mesh.node.handlers")
 class ClientHandlers:
     def __init__(self, *, node_id: str, gossip, catalog: Catalog, directory: Directory, store,
                  replicas, data: DataPath, peers, reply: Callable, clock: Clock,
-                 apply_cluster_change: Callable[[], bool]):
+                 apply_cluster_change: Callable[[], bool], identity: Callable[[], str] = lambda: "confirmed"):
         """``apply_cluster_change()``: reconcile the catalog with gossip, persist the gossip
-        snapshot and commit; False if the commit failed."""
+        snapshot and commit; False if the commit failed. ``identity()``: whether this node's
+        store identity is confirmed by peers, unconfirmed yet, or lost state (refilling)."""
         self.node_id = node_id
         self.gossip = gossip
         self.catalog = catalog
@@ -46,6 +47,7 @@ class ClientHandlers:
         self.reply = reply
         self.clock = clock
         self.apply_cluster_change = apply_cluster_change
+        self.identity = identity   # "unconfirmed" | "confirmed" | "lost" (see mesh.node.loop)
         self._table: dict[type, Callable] = {
             m.ProduceRequest: data.on_produce,
             m.FetchRequest: data.on_fetch,
@@ -83,11 +85,19 @@ class ClientHandlers:
         live = set(self.gossip.live_members(now))
         brokers = []
         stats: dict[str, dict] = {}
+        recovering: dict[str, dict] = {}   # node -> {topic: [partitions refilling lost state]}
         for mem in members:
             age = None if mem.last_heard_ms is None else now - mem.last_heard_ms
+            rec = self.gossip.node_items(mem.node_id, keys.RECOVERING_KEY).get(keys.RECOVERING_KEY) or {}
+            recovering[mem.node_id] = rec if isinstance(rec, dict) else {}
+            member = self.gossip.node_items(mem.node_id, keys.MEMBER_KEY).get(keys.MEMBER_KEY) or {}
             entry = {"id": mem.node_id, "address": mem.address, "status": mem.status,
-                     "generation": mem.generation, "heartbeat_age_ms": age}
+                     "generation": mem.generation, "heartbeat": mem.heartbeat, "heartbeat_age_ms": age,
+                     "store_id": member.get("store_id") if isinstance(member, dict) else None,
+                     "recovering": sum(len(v) for v in recovering[mem.node_id].values() if isinstance(v, list))}
             if mem.node_id == self.node_id:
+                entry.update(identity=self.identity(), recovering=sum(
+                    1 for pid in self.catalog.local if self.replicas.recovering(pid)))
                 entry.update(heartbeat_age_ms=0, peer_messages_sent=self.peers.sent,
                              peer_bytes_sent=self.peers.bytes_sent, peer_messages_dropped=self.peers.dropped)
             brokers.append(entry)
@@ -101,10 +111,12 @@ class ClientHandlers:
                 continue
             topics.append({"name": name, "error": 0, "config": t.config,
                            "replication_factor": t.replication_factor,
-                           "partitions": [self._partition_entry(t, p, live, stats) for p in range(len(t.replicas))]})
+                           "partitions": [self._partition_entry(t, p, live, stats, recovering)
+                                          for p in range(len(t.replicas))]})
         self.reply(ident, rid, m.MetadataResponse(0, brokers, topics, self.node_id))
 
-    def _partition_entry(self, t: Topic, p: int, live: set[str], stats: dict[str, dict]) -> dict:
+    def _partition_entry(self, t: Topic, p: int, live: set[str], stats: dict[str, dict],
+                         recovering: dict[str, dict]) -> dict:
         reps = list(t.replicas[p])
         leader, epoch = self.directory.leader(t, p, live)
         pid = t.pids[p]
@@ -114,10 +126,20 @@ class ClientHandlers:
         else:
             start, end, hw = (stats.get(leader, {}).get(t.name, {}).get(str(p)) or [-1, -1, -1])
             isr = [r for r in reps if r in live]
-        return {"partition": p, "leader": leader,
+        local = {}
+        if pid is not None and self.replicas.hosts(pid):  # this node's own replica, first hand
+            local = {"local_end": self.store.log_end(pid), "local_recovering": self.replicas.recovering(pid)}
+        return {**local, "partition": p, "leader": leader,
                 "leader_address": self.directory.address_of(leader) if leader else None,
                 "epoch": max(epoch, 0), "replicas": reps, "isr": isr,
-                "log_start": start, "log_end": end, "high_watermark": hw}
+                "log_start": start, "log_end": end, "high_watermark": hw,
+                "recovering": [r for r in reps if self._recovering(recovering.get(r), t.name, p)]}
+
+    @staticmethod
+    def _recovering(rec: dict | None, topic: str, p: int) -> bool:
+        """Whether a node's ``recovering`` gossip entry lists ``topic``/``p``."""
+        parts = rec.get(topic) if rec else None
+        return isinstance(parts, list) and p in parts
 
     # -- offsets ------------------------------------------------------------------------
     def on_list_offsets(self, ident, rid, req: m.ListOffsetsRequest, payload) -> None:

@@ -22,8 +22,8 @@ order each turn (``run``, then ``_after_turn``):
    have moved) and stage the gossip snapshot;
 5. publish this node's partition stats to gossip (every ``stats_every_ms``);
 6. tick the group host;
-7. every ``retention_check_ms``, run retention (``DataPath.enforce_retention``); it
-   commits on its own, and that commit also carries what the turn staged so far;
+7. every ``retention_check_ms``, stage retention (``DataPath.enforce_retention``) into
+   the turn's transaction (a failure there dooms the turn like any other write);
 8. commit the turn's LMDB transaction with one sync (group commit), then answer the
    staged produce requests, send the held replication messages, publish leadership
    changes and answer acks=all requests now committed (``DataPath.commit_turn``);
@@ -37,8 +37,19 @@ Nothing a client sends can crash the loop: every request runs inside a guard tha
 any failure into an error response (logged once per client and code). Peer messages get
 no error responses (peers do not read them); a bad one is logged and dropped.
 
-Identity: the node id is stable; the generation is read from LMDB, incremented and synced
-before the node says anything, so each life of a node is newer than the last.
+Identity (``storage.datadir``): the data directory is locked (a second broker on it is
+refused) and ``data.mdb`` checked before LMDB opens it. The node id is stable; each store
+has a store id (random, created with the store); the generation is incremented and synced
+(LMDB, then ``identity.json``) before the node says anything, so each life of a node is
+newer than the last. A store older than its identity file says, or empty, *lost state*:
+the node tells the replication core at once (``declare_lost_state``: its replicas refill
+from their leaders and are neither counted nor elected before they caught up). A wiped
+directory has no identity file: the cluster remembers for it. Until a peer has shown its
+view of this node, the core runs unconfirmed (no votes); then either nothing conflicts
+(``confirm_identity``) or a peer remembers a newer life of this node (gossip's
+``identity_conflict``): the node persists a generation above it, starts speaking as that
+generation (``Gossip.reincarnate``) and declares lost state. Corrupt batches found by the
+store (on read, at recovery) go to the core once each (``report_corrupt``).
 """
 from __future__ import annotations
 
@@ -68,7 +79,7 @@ from mesh.wire import messages as m
 from mesh.wire.codec import PROTOCOL_CLIENT, PROTOCOL_PEER, pack, unpack
 from mesh.wire.errors import ErrorCode, MeshError
 from storage.base import LogError
-from storage.log import Store
+from storage.datadir import open_data_dir, update_identity
 
 __all__ = ["NodeConfig", "Node"]
 
@@ -95,6 +106,7 @@ class NodeConfig:
     text_port: int | None = None
     group_max_session_timeout_ms: int = 10_000   # also the takeover grace of a new coordinator
     group_heartbeat_interval_ms: int = 500
+    rejoin_empty: bool = False   # a refused data directory is moved aside; start empty (lost state)
 
 
 def _seeded_rng() -> random.Random:
@@ -107,30 +119,46 @@ class Node:
         self.clock = clock
         self.node_id = config.node_id
         self.address = config.bind
-        self.store = Store(config.data_dir, map_size=config.map_size_bytes, sync=config.sync)
-        # a new life: bump and sync the generation before saying anything
-        gen = int(self.store.get("meta", b"generation") or 0) + 1
-        self.store.put("meta", b"generation", str(gen).encode())
-        self.store.commit()
-        self.generation = gen
+        # lock, check, and a new life: the generation bumped and synced before saying anything
+        self.disk = open_data_dir(config.data_dir, config.node_id, rejoin_empty=config.rejoin_empty,
+                                  map_size=config.map_size_bytes, sync=config.sync)
+        self.store = self.disk.store
+        gen = self.generation = self.disk.identity.generation
+        self.store_id = self.disk.identity.store_id
+        if self.disk.lost is not None:
+            log.error("node %s: this store lost state (%s): starting as store %s, generation %d, whose "
+                      "replicas refill from their leaders and neither vote nor count before they catch up",
+                      config.node_id, self.disk.lost, self.store_id, gen)
         raw = self.store.get("gossip", b"snapshot")
         snapshot = msgpack.unpackb(raw, raw=False, strict_map_key=False) if raw else None
         seeds = [s for s in config.seeds if s != self.address]
         self.gossip = Gossip(config.node_id, self.address, gen, seeds, _seeded_rng(),
                              GossipConfig.lan(interval_ms=config.gossip_interval_ms), clock.wall_ms(),
                              snapshot=snapshot)
-        self.gossip.set_local(keys.MEMBER_KEY, {"address": self.address, "text_port": config.text_port})
+        self.gossip.set_local(keys.MEMBER_KEY, {"address": self.address, "text_port": config.text_port,
+                                                "store_id": self.store_id})
+        self.gossip.hold_heartbeat = True   # heartbeat 0 until a peer is heard: see identity_conflict
+        # unconfirmed until a peer shows its view of us; at once if there is nobody to ask
+        alone = not seeds and len(self.gossip.members(clock.wall_ms())) <= 1
+        self._identity = "lost" if self.disk.lost is not None else ("confirmed" if alone else "unconfirmed")
+        self._recovering_published: dict = {}
+        self._identity_write_failed = False
         self.catalog = Catalog(config.node_id, self.gossip, self.store)
         self.producers = ProducerStates(self.store)
         self.replicas = ReplicaHost(config.node_id, self.store, self.producers, _seeded_rng(),
                                     self._send_to_node, self._publish_leadership,
                                     ReplicationConfig(election_ticks=config.election_ticks),
-                                    tick_ms=config.tick_ms, now_ms=clock.now_ms)
+                                    tick_ms=config.tick_ms, now_ms=clock.now_ms,
+                                    store_id=self.store_id, confirmed=self._identity == "confirmed")
         self.replicas.reply = self._reply
+        if self._identity == "lost":
+            self.replicas.declare_lost_state()
         self.directory = Directory(config.node_id, self.address, self.gossip, clock.wall_ms,
                                    self._local_leader)
         self.data = DataPath(self.store, self.catalog, self.replicas, self.producers, self._reply,
-                             self.directory.leader_address, now_ms=clock.now_ms)
+                             self.directory.leader_address, now_ms=clock.now_ms,
+                             address_of=self.directory.address_of)
+        self.replicas.address_of = self.directory.address_of  # leader hints for waiting clients
         self.ctx = zmq.Context.instance()
         self.router = self.ctx.socket(zmq.ROUTER)
         self.router.setsockopt(zmq.ROUTER_MANDATORY, 1)
@@ -143,7 +171,8 @@ class Node:
         self.handlers = ClientHandlers(node_id=config.node_id, gossip=self.gossip, catalog=self.catalog,
                                        directory=self.directory, store=self.store, replicas=self.replicas,
                                        data=self.data, peers=self.peers, reply=self._reply, clock=clock,
-                                       apply_cluster_change=self._apply_cluster_change)
+                                       apply_cluster_change=self._apply_cluster_change,
+                                       identity=lambda: self._identity)
         self._running = False
         self._logged: set[tuple[bytes, int]] = set()
         self._next_retention_ms = 0
@@ -212,6 +241,7 @@ class Node:
         self.peers.flush_and_close()
         self.router.close(linger=0)
         self.store.close()
+        self.disk.data_dir.unlock()
         log.info("node %s stopped", self.node_id)
 
     # -- loop ---------------------------------------------------------------------------
@@ -235,6 +265,7 @@ class Node:
         now_ms = self.clock.wall_ms()
         self._send(self.gossip.tick(now_ms))
         self.replicas.tick_due()
+        self._report_corrupt()
         if self.gossip.version != self._seen_version:
             self._seen_version = self.gossip.version
             self._reconcile()
@@ -253,6 +284,65 @@ class Node:
             self.data.enforce_retention(self.clock.wall_ms())
         self.data.commit_turn()  # the turn's one sync; then acks, replication sends, wake-ups
         self.data.after_turn()
+        self._check_identity()
+
+    # -- identity and lost state --------------------------------------------------------
+    def _check_identity(self) -> None:
+        """At a turn boundary (nothing staged): act on what peers showed of this node."""
+        conflict = self.gossip.identity_conflict
+        if conflict:
+            self._lost_identity(conflict)
+        elif self._identity == "unconfirmed" and self.gossip.seen_by_peer:
+            self._identity = "confirmed"
+            self.replicas.confirm_identity()
+            log.info("identity confirmed by a peer: store %s, generation %d (voting)", self.store_id, self.generation)
+        if self.disk.identity.recovering and self._identity == "lost" and self._refilled():
+            if self._write_identity(recovering=False):
+                self._identity = "confirmed"
+                log.info("every replica on this node has refilled its lost state: voting again")
+
+    def _write_identity(self, **changes) -> bool:
+        """``update_identity`` (LMDB, then identity.json, synced); False if it failed (the
+        caller retries on a later turn; logged once)."""
+        try:
+            update_identity(self.disk, **changes)
+        except (LogError, OSError) as exc:
+            self.store.rollback()
+            if not self._identity_write_failed:
+                log.error("could not persist this node's identity (%s): retrying", exc)
+            self._identity_write_failed = True
+            return False
+        self._identity_write_failed = False
+        return True
+
+    def _refilled(self) -> bool:
+        pids = self.catalog.local
+        return bool(pids) and not any(self.replicas.recovering(pid) for pid in pids)
+
+    def _lost_identity(self, conflict: int) -> None:
+        """A peer remembers generation ``conflict`` (>= ours) of this node: this store lost
+        state. Persist a generation above it (LMDB, then the identity file, synced) before
+        speaking as it, then tell the replication core."""
+        old = self.generation
+        gen = max(conflict, old) + 1
+        if not self._write_identity(generation=gen, recovering=True):
+            return                                # not durable: do not speak as it yet
+        self.gossip.reincarnate(gen, self.clock.wall_ms())
+        self.generation = gen
+        log.error("node %s: peers remember generation %d of this node, but this store started as generation %d: "
+                  "it lost state (wiped or rolled back). Now generation %d; replicas refill from their leaders "
+                  "and neither vote nor count before they catch up", self.node_id, conflict, old, gen)
+        if self._identity != "lost":
+            self._identity = "lost"
+            self.replicas.declare_lost_state()
+        self._persist_snapshot()
+
+    def _report_corrupt(self) -> None:
+        for pid, offset in self.store.take_corrupt():
+            if self.replicas.hosts(pid):
+                self.replicas.report_corrupt(pid, offset)
+            else:
+                self.store.corrupt.get(pid, set()).discard(offset)  # found again when hosted and read
 
     def _send(self, effects) -> None:
         for e in effects:
@@ -321,6 +411,16 @@ class Node:
         if stats != self._last_stats:
             self._last_stats = stats
             self.gossip.set_local(keys.STATS_KEY, stats)
+        recovering: dict[str, list[int]] = {}
+        for pid, (name, p) in sorted(self.catalog.local.items()):
+            if self.replicas.recovering(pid):
+                recovering.setdefault(name, []).append(p)
+        if recovering != self._recovering_published:
+            self._recovering_published = recovering
+            if recovering:
+                self.gossip.set_local(keys.RECOVERING_KEY, recovering)
+            else:
+                self.gossip.delete_local(keys.RECOVERING_KEY)
 
     # -- dispatch -----------------------------------------------------------------------
     def _handle(self, frames: list) -> None:

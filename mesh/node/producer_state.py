@@ -1,10 +1,22 @@
 """Idempotent-producer dedup state, per (partition, producer id).
 
 A batch header carries ``producer_id`` and ``base_sequence``; the leader remembers the last
-``RECENT_BATCHES`` batches of each producer per partition (first sequence, last sequence,
-base offset), as Kafka does (Kafka keeps 5; the client here may have up to 16 in flight). A retried batch whose sequences match a remembered one is
-answered with its original offset and not stored again; a batch that skips sequences is
-refused with OUT_OF_ORDER_SEQUENCE (retriable: an earlier batch is still in flight).
+``RECENT_BATCHES`` (``mesh.wire.topic_config``) batches of each producer per partition
+(first sequence, last sequence, base offset), as Kafka does (Kafka keeps 5). Answers:
+
+- the next sequence (last + 1): new, append it;
+- a remembered batch (same first and last sequence): a retry of a stored batch, answered
+  with its original base offset and not stored again;
+- older than the last sequence but not remembered: DUPLICATE_SEQUENCE (not retriable).
+  The batch was stored before (its sequences are taken) but fell out of the window; the
+  client completes it as written with offset -1, as Kafka's producer does. The client
+  keeps fewer than RECENT_BATCHES batches between its oldest unacknowledged one and its
+  newest sent (so a truncation of every unacknowledged batch still leaves the last
+  acknowledged one here), so this only happens for the Spark sink's re-cut replays or
+  after a producer outran its window some other way;
+- a gap (beyond last + 1), or a first batch that does not start at 0:
+  OUT_OF_ORDER_SEQUENCE (retriable: an earlier batch is still in flight). Nothing is
+  appended.
 
 The state is written in the same LMDB transaction as the batch it describes, so after a
 crash the log and the dedup state agree. On a follower the same state is derived from the
@@ -19,10 +31,10 @@ import msgpack
 
 from mesh.wire.errors import ErrorCode, MeshError
 from mesh.wire.records import BatchHeader
+from mesh.wire.topic_config import RECENT_BATCHES
 
 __all__ = ["ProducerStates", "RECENT_BATCHES"]
 
-RECENT_BATCHES = 16  # >= the client's max in-flight batches per partition
 _KEY = struct.Struct(">Qq")
 
 

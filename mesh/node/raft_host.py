@@ -37,13 +37,25 @@ from mesh.node.clock import now_ms as _monotonic_ms
 from mesh.node.producer_state import ProducerStates
 from storage.base import CorruptBatch, StoreBase
 
-__all__ = ["ReplicaHost", "StoreReader", "REPLICATION_MESSAGES"]
+__all__ = ["ReplicaHost", "StoreReader", "REPLICATION_MESSAGES", "pack_state", "unpack_state"]
 
 log = logging.getLogger("mesh.node.raft_host")
 _STATE_KEY = struct.Struct(">Q")
 
 
 REPLICATION_MESSAGES: tuple[type, ...] = PEER_MESSAGES  # what the node loop routes to ``step``
+
+
+def pack_state(st: PersistState) -> bytes:
+    """The ``repl`` row of a partition: [term, vote, commit, epoch cache, recovering]."""
+    return msgpack.packb([st.term, st.vote, st.commit, [list(e) for e in st.epoch_cache], int(st.recovering)])
+
+
+def unpack_state(pid: int, raw: bytes) -> PersistState:
+    fields = msgpack.unpackb(raw, raw=False)
+    term, vote, commit, cache = fields[:4]
+    recovering = bool(fields[4]) if len(fields) > 4 else False  # rows written before issue 17
+    return PersistState(pid, term, vote, commit, tuple(tuple(e) for e in cache), recovering)
 
 
 class StoreReader:
@@ -56,8 +68,7 @@ class StoreReader:
     def read(self, pid: int, from_offset: int, to_offset: int, max_bytes: int) -> tuple[bytes, int]:
         try:
             chunks = self.store.read(pid, from_offset, max_bytes, to_offset)
-        except CorruptBatch as exc:
-            log.error("not replicating a corrupt batch: %s", exc)
+        except CorruptBatch:  # logged once and reported to the core by the store (note_corrupt)
             return b"", from_offset
         if not chunks:
             return b"", from_offset
@@ -86,10 +97,13 @@ class ReplicaHost:
                  send: Callable[[str, object, bytes | None], None],
                  publish: Callable[[int, str | None, int], None],
                  config: ReplicationConfig | None = None, tick_ms: int = 50,
-                 now_ms: Callable[[], int] = _monotonic_ms) -> None:
+                 now_ms: Callable[[], int] = _monotonic_ms, store_id: str = "",
+                 confirmed: bool = True) -> None:
         """``send(dest node id, msg, payload)`` delivers to a peer; ``publish(pid, leader,
         epoch)`` is told about leadership changes (the node gossips them); ``now_ms``: the
-        node's monotonic clock (ticks, ack deadlines, lazy state writes)."""
+        node's monotonic clock (ticks, ack deadlines, lazy state writes); ``store_id`` and
+        ``confirmed``: see ``ReplicaManager`` (the node passes confirmed=False until gossip
+        tells it whether it lost state)."""
         self.now_ms = now_ms
         self.node_id = node_id
         self.store = store
@@ -99,7 +113,9 @@ class ReplicaHost:
         self.tick_ms = tick_ms
         self._send = send
         self._publish = publish
-        self.core = ReplicaManager(node_id, rng, self.cfg, StoreReader(store))
+        self.store_id = store_id
+        self.core = ReplicaManager(node_id, rng, self.cfg, StoreReader(store), store_id=store_id,
+                                   confirmed=confirmed)
         self._replicas: dict[int, tuple[str, ...]] = {}
         self._held: list[Send] = []
         self._committed: dict[int, int] = {}
@@ -112,14 +128,14 @@ class ReplicaHost:
         self._lazy: dict[int, PersistState] = {}
         self._next_lazy_flush_ms = 0
         self.reply: Callable[[bytes, int, object], None] | None = None  # set by the node: reply(ident, rid, msg)
+        self.address_of: Callable[[str], str | None] = lambda node_id: None  # set by the node: leader hints
 
     # -- partitions ---------------------------------------------------------------------
     def _load_state(self, pid: int) -> PersistState | None:
         raw = self.store.get("repl", _STATE_KEY.pack(pid))
         if raw is None:
             return None
-        term, vote, commit, cache = msgpack.unpackb(raw, raw=False)
-        return PersistState(pid, term, vote, commit, tuple(tuple(e) for e in cache))
+        return unpack_state(pid, raw)
 
     def add(self, pid: int, replicas: list[str]) -> None:
         state = self._load_state(pid)
@@ -144,6 +160,26 @@ class ReplicaHost:
     def hosts(self, pid: int) -> bool:
         return pid in self._replicas
 
+    # -- identity and damage (see mesh.raft.manager, "Lost state") ----------------------
+    def confirm_identity(self) -> None:
+        """Gossip says our store and generation are the newest the cluster remembers."""
+        self.apply(self.core.confirm_identity())
+
+    def declare_lost_state(self) -> None:
+        """Gossip says the cluster remembers a newer generation or another store for us."""
+        self.apply(self.core.declare_lost_state())
+
+    def report_corrupt(self, pid: int, offset: int) -> None:
+        """A stored batch of ``pid`` at ``offset`` failed its check (the core is idempotent)."""
+        if pid in self._replicas:
+            self.apply(self.core.report_corrupt(pid, offset))
+
+    def recovering(self, pid: int) -> bool:
+        return self.core.recovering(pid)
+
+    def status(self, pid: int) -> dict:
+        return self.core.status(pid)
+
     # -- inputs -------------------------------------------------------------------------
     def apply(self, ready: Ready) -> None:
         """Carry out a Ready's storage effects in the turn's transaction; hold the rest."""
@@ -162,7 +198,14 @@ class ReplicaHost:
                 self._truncated[op.pid] = min(op.start_offset, self._truncated.get(op.pid, op.start_offset))
         for st in ready.persist:
             last = self._persisted.get(st.pid)
-            if last is not None and (last.term, last.vote, last.epoch_cache) == (st.term, st.vote, st.epoch_cache):
+            if last is not None and last.recovering != st.recovering:
+                if st.recovering:
+                    log.warning("partition %d: recovering (lost or damaged state): refilling from the leader, "
+                                "not voting or counted until caught up", st.pid)
+                else:
+                    log.info("partition %d: refilled to the leader's commit offset: voting and counted again", st.pid)
+            if last is not None and (last.term, last.vote, last.epoch_cache, last.recovering) == (
+                    st.term, st.vote, st.epoch_cache, st.recovering) and st.commit >= last.commit:
                 # only the commit offset moved: Raft's commit index is volatile state, a stale
                 # one on disk is safe, so it rides along with the next real write (no sync of its own)
                 self._lazy[st.pid] = st
@@ -173,8 +216,7 @@ class ReplicaHost:
         self._leadership.update(ready.leadership)
 
     def _write_state(self, st: PersistState) -> None:
-        self.store.put("repl", _STATE_KEY.pack(st.pid),
-                       msgpack.packb([st.term, st.vote, st.commit, [list(e) for e in st.epoch_cache]]))
+        self.store.put("repl", _STATE_KEY.pack(st.pid), pack_state(st))
         self._persisted[st.pid] = st
         self._lazy.pop(st.pid, None)
 
@@ -235,8 +277,9 @@ class ReplicaHost:
         leadership, self._leadership = self._leadership, {}
         for pid, (leader, epoch) in leadership.items():
             self._publish(pid, leader, epoch)
-            if leader != self.node_id:
-                self._fail_waiters(pid, ErrorCode.NOT_LEADER, f"leadership moved to {leader}")
+            if leader != self.node_id:  # tell waiting clients at once, with the new leader's address if known
+                self._fail_waiters(pid, ErrorCode.NOT_LEADER, f"leadership moved to {leader}",
+                                   leader=self.address_of(leader) if leader else None)
         committed, self._committed = self._committed, {}
         for pid, commit in committed.items():
             for w in self._waiters.get(pid, ()):
@@ -254,12 +297,12 @@ class ReplicaHost:
                                lambda w: w.deadline_ms <= now)
 
     def _fail_waiters(self, pid: int, code: ErrorCode, why: str,
-                      pred: Callable[[_AckWaiter], bool] = lambda w: True) -> None:
+                      pred: Callable[[_AckWaiter], bool] = lambda w: True, leader: str | None = None) -> None:
         for w in self._waiters.get(pid, ()):
             if not w.done and pred(w):
                 w.done = True
                 if self.reply is not None:
-                    self.reply(w.ident, w.rid, m.ProduceResponse(int(code), why))
+                    self.reply(w.ident, w.rid, m.ProduceResponse(int(code), why, leader=leader))
         self._gc(pid)
 
     def _gc(self, pid: int) -> None:
@@ -277,7 +320,13 @@ class ReplicaHost:
         self._persisted = {pid: st for pid in self._replicas if (st := self._load_state(pid)) is not None}
         for pid in list(self._waiters):
             self._fail_waiters(pid, ErrorCode.STORAGE_ERROR, "the write could not be made durable")
-        self.core = ReplicaManager(self.node_id, self.rng, self.cfg, StoreReader(self.store))
+        old = self.core
+        self.core = ReplicaManager(self.node_id, self.rng, self.cfg, StoreReader(self.store),
+                                   store_id=self.store_id, confirmed=old.confirmed)
+        if old.lost and (not self._replicas or any(old.recovering(pid) for pid in self._replicas)):
+            # still refilling: stay lost (the flags persisted so far may lag the old core's);
+            # once every replica refilled, declaring again would make them all refill anew
+            self.core.declare_lost_state()
         for pid, reps in sorted(self._replicas.items()):
             self.core.add_partition(pid, reps, self._load_state(pid), self.store.log_end(pid))
 

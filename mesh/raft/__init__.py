@@ -7,6 +7,7 @@ operation and the shell contract), then:
 
     manager.py    ReplicaManager: every replica one broker hosts; coalescing; the Ready
     partition.py  Partition: one replica's Raft state machine (roles as step functions)
+    leading.py    its leader half: replication, commit, transfer, local appends
     progress.py   the leader's view of each follower (probe / replicate, inflight window)
     quorum.py     majorities, the commit offset (high watermark), vote tallies
     log.py        the epoch cache, the storage effects, the LogReader protocol

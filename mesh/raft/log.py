@@ -151,6 +151,7 @@ class PersistState:
     vote: str | None
     commit: int
     epoch_cache: tuple[tuple[int, int], ...]  # ((epoch, start_offset), ...)
+    recovering: bool = False  # lost state, refilling: no votes, not counted (kept across restarts)
 
 
 class LogReader(Protocol):

@@ -65,6 +65,67 @@ the ``Ready``). The package exports the public API: ``from mesh.raft import ...`
   answering and holds its whole log. The preferred replica also draws its election timeout
   from the lower half of the range, so it usually wins elections in the first place.
 
+Lost state (disks forget)
+=========================
+
+Raft assumes a disk keeps what it synced; a real one may come back empty (wiped), older
+(restored from a copy) or damaged. A replica that forgot what it acknowledged must never
+be counted for it, nor vote as if it remembered. The rules (issue 17):
+
+1. **Identity on the wire.** Every peer message carries the sender's ``store`` id (made
+   with its data directory) and ``life`` (drawn from the rng when its core starts: one per
+   process start, and per rebuild after a failed commit). The manager remembers each
+   peer's (store, life); when it changes, every partition this node leads with that peer
+   voids what it knew of it (``Progress.forget``: ``match`` back to 0, so it counts toward
+   neither commit nor the in-sync set until it acks again). Another store is probed from
+   scratch (our log end; the rejection hints walk down, to the log start and its reset row
+   if need be); a new life of the same store is probed at the old ``match``, which a
+   follower that kept its disk acks at once, while a rolled-back one rejects. Late
+   messages from an identity the peer left behind are dropped (the last 16 per peer).
+   Lives are not ordered: a late message from a life we never heard looks like a new
+   one, retiring the live one. So a retired identity that is heard while the one that
+   replaced it has been silent for an election timeout is taken back (a restart again).
+2. **The leader believes a follower's reports.** A rejection whose hint places the point
+   of agreement below the follower's ``match`` lowers ``match`` at once
+   (``Progress.lower``). A stale rejection (a reordered old answer) lowers it too: that
+   only costs a re-probe; lowering is always safe, counting what a follower forgot is not.
+   Followers take a heartbeat's commit offset only up to where an append of this term
+   showed their log equal to the leader's (``agreed``), so a rolled-back follower never
+   marks data it does not hold as committed.
+3. **Unconfirmed.** A node starts ``confirmed=False`` (production) until gossip tells it
+   whether the cluster remembers a newer identity for it (``confirm_identity`` /
+   ``declare_lost_state``). Meanwhile replicas of multi-replica partitions grant no
+   (pre-)votes, never campaign and ignore TimeoutNow; they follow and ack. RF 1: no
+   restriction (there is no one to ask, nothing to refill from). RF 2: they do grant
+   votes, whatever their log says (never campaign): the candidate is then the only other
+   replica, which holds every
+   committed entry (a commit needs both) and knows every term we could have voted in;
+   otherwise a partition whose leader stepped down could never elect one again.
+4. **Recovering.** After ``declare_lost_state`` every replica (and every one added later
+   in this life) is *recovering*: no votes, no campaigns; its append and heartbeat
+   responses say ``recovering``, and a leader counts it neither toward commit nor the ISR
+   nor as a transfer target (``append_position`` does not count it either), and answers
+   its heartbeat responses with a probe, so it finishes even in an idle partition. It
+   leaves once an append of the current leader shows its log equal to the leader's up to
+   ``recover_to``: the first leader commit offset it saw while recovering. On leaving it
+   records a vote for that leader in that term (unless it already voted in it), so it
+   can never vote twice in a term it forgot. The flag is persisted (``PersistState``), so
+   a restart in the middle of a refill stays recovering.
+5. **Corruption.** ``report_corrupt(pid, offset)``: a follower cuts its log at ``offset``
+   (a ``Truncate`` that may go below its commit offset, which drops with it: the only
+   case) and is recovering until refilled past its old commit. A leader first sends
+   TimeoutNow to its most caught-up, answering, non-recovering follower, steps down, then
+   cuts and refills the same way. Damage at or past the log end changes nothing, so
+   repeated reports are harmless. RF 1: recorded in ``status`` only (nothing to refill from).
+6. Hence: never two leaders in one epoch; the cluster's commit offset never decreases;
+   no committed entry is lost while at most one replica's disk is faulted at a time and it
+   is back in the in-sync set before the next (the simulator's disk faults check this).
+
+Known gap: a replica that forgot can only learn from the replicas that answer. If the
+only other holder of entries it had acknowledged (say as a leader of a newer term that
+nobody else heard of) is down while it refills from an older leader, it may be counted
+for that leader's log; Kafka closes this with a controller-held eligible-replica set.
+
 Shell contract
 ==============
 
@@ -145,7 +206,7 @@ from mesh.raft.config import ReplicationConfig
 from mesh.raft.log import EpochCache, LogOp, LogReader, PersistState
 from mesh.raft.partition import Partition, Role
 from mesh.raft.messages import (
-    AppendRespRow, AppendRow, HeartbeatRespRow, HeartbeatRow, MESSAGE_OF, PeerRow, ReplAppend,
+    MAX_STORE_ID, AppendRespRow, AppendRow, HeartbeatRespRow, HeartbeatRow, MESSAGE_OF, PeerRow, ReplAppend,
     TimeoutNowRow, VoteRespRow, VoteRow, parse_rows,
 )
 
@@ -172,11 +233,25 @@ class ReplicaManager:
     """All partition replicas hosted by one broker."""
 
     def __init__(self, node_id: str, rng: random.Random, config: ReplicationConfig | None = None,
-                 reader: LogReader | None = None) -> None:
+                 reader: LogReader | None = None, store_id: str = "", confirmed: bool = True) -> None:
+        """``store_id``: this broker's store identity (created with its data directory).
+        ``confirmed=False``: the node does not know yet whether it lost state (it has not
+        heard from a peer since it started); replicas of multi-replica partitions then
+        neither vote nor campaign until ``confirm_identity`` or ``declare_lost_state``."""
         if reader is None:
             raise MeshError(ErrorCode.INVALID_CONFIG, "a LogReader is required")
+        if len(store_id) > MAX_STORE_ID:
+            raise MeshError(ErrorCode.INVALID_CONFIG, f"a store id has at most {MAX_STORE_ID} characters")
         self.node_id = node_id
         self.rng = rng
+        self.store_id = store_id
+        self.life = rng.getrandbits(62) + 1           # this incarnation of the core, on the wire
+        self.confirmed = confirmed
+        self.lost = False                             # declare_lost_state() was called in this life
+        self.peer_stores: dict[str, str] = {}         # peer -> store id, as last heard
+        self._peer_life: dict[str, tuple[str, int]] = {}      # peer -> (store, life) as last heard
+        self._retired: dict[str, list[tuple[str, int]]] = {}  # peer -> identities it no longer has
+        self._peer_heard: dict[str, int] = {}         # peer -> tick its current identity was last heard
         self.cfg = config or ReplicationConfig()
         self.reader = reader
         self.now_tick = 0                             # ticks since start
@@ -208,12 +283,15 @@ class ReplicaManager:
                             f"partition {pid}: replicas {list(replicas)} must be distinct, include "
                             f"{self.node_id} and number 1..{self.cfg.max_replicas}")
         if state is None:
-            term, vote, commit, cache = 0, None, 0, EpochCache()
+            term, vote, commit, cache, recovering = 0, None, 0, EpochCache(), False
         else:
-            term, vote, commit = state.term, state.vote, state.commit
+            term, vote, commit, recovering = state.term, state.vote, state.commit, state.recovering
             cache = EpochCache(state.epoch_cache)
             cache.truncate_from(end_offset + 1)  # the log lost a tail the state still named
-        self._parts[pid] = Partition(self, pid, replicas, term, vote, commit, cache, end_offset)
+        p = Partition(self, pid, replicas, term, vote, commit, cache, end_offset, recovering or self.lost)
+        self._parts[pid] = p
+        if p.recovering and not recovering:
+            self._persist.add(pid)
         bisect.insort(self._pids, pid)
 
     def remove_partition(self, pid: int) -> None:
@@ -249,6 +327,8 @@ class ReplicaManager:
         chunks: list[bytes] | None = None
         if type(msg) is ReplAppend:
             chunks = self._split_payload(rows, payload or b"")
+        if not self._check_identity(src, msg.store, msg.life):
+            return self._ready()
         for i, row in enumerate(rows):
             p = self._parts.get(row.pid)
             if p is None:
@@ -277,6 +357,62 @@ class ReplicaManager:
             out.append(bytes(view[at:at + r.payload_bytes]))
             at += r.payload_bytes
         return out
+
+    def _check_identity(self, src: str, store: str, life: int) -> bool:
+        """Track each peer's (store, life); False for a message from one it left behind."""
+        ident = (store, life)
+        last = self._peer_life.get(src)
+        if last == ident:
+            self._peer_heard[src] = self.now_tick
+            return True
+        retired = self._retired.setdefault(src, [])
+        if ident in retired:
+            if self.now_tick - self._peer_heard.get(src, 0) < self.cfg.election_ticks:
+                return False  # a late message from a life that ended: it may claim what is gone
+            retired.remove(ident)  # what replaced it went silent: it was the late one ("Lost state" 1)
+        self._peer_life[src] = ident
+        self._peer_heard[src] = self.now_tick
+        self.peer_stores[src] = store
+        if last is None:
+            return True
+        retired.append(last)
+        del retired[:-16]
+        for pid in self._pids:
+            p = self._parts[pid]
+            if src in p.peers:
+                p.peer_restarted(src, store, new_store=store != last[0])
+        return True
+
+    # -- identity and damage -------------------------------------------------------------
+    def confirm_identity(self) -> Ready:
+        """The cluster remembers no newer identity for us: replicas may vote and campaign."""
+        self.confirmed = True
+        return self._ready()
+
+    def declare_lost_state(self) -> Ready:
+        """The cluster remembers a newer generation or another store for us: we forgot
+        acknowledged state. Every replica (and every one added later in this life) is
+        recovering: no votes, no campaigns, not counted, until refilled (see "Lost state")."""
+        self.confirmed = True
+        self.lost = True
+        for pid in self._pids:
+            self._parts[pid].become_recovering()
+        return self._ready()
+
+    def report_corrupt(self, pid: int, offset: int) -> Ready:
+        """A stored batch of ``pid`` at ``offset`` failed its CRC check: cut the log there and
+        refill it (a leader hands over first). Repeated reports are harmless."""
+        p = self._parts.get(pid)
+        if p is not None:
+            p.report_corrupt(offset)
+        return self._ready()
+
+    def recovering(self, pid: int) -> bool:
+        return self._part(pid).recovering
+
+    def peer_identity(self, peer: str) -> tuple[str, int] | None:
+        """``(store, life)`` of ``peer`` as last heard (None before its first message)."""
+        return self._peer_life.get(peer)
 
     def append_position(self, pid: int) -> tuple[int, int]:
         """``(base_offset, epoch)`` for a produce batch, or MeshError NOT_LEADER (with the
@@ -335,15 +471,19 @@ class ReplicaManager:
     def state(self, pid: int) -> PersistState:
         """The replication state as it stands (what the last ``persist`` of it said)."""
         p = self._part(pid)
-        return PersistState(pid, p.term, p.vote, p.commit, p.cache.entries())
+        return PersistState(pid, p.term, p.vote, p.commit, p.cache.entries(), p.recovering)
 
     def isr(self, pid: int) -> list[str]:
         """Replicas caught up within ``isr_lag_ticks`` (the leader's view; [] elsewhere)."""
         return self._part(pid).isr()
 
     def status(self, pid: int) -> dict:
-        """Everything ``topic describe`` may show, msgpack-friendly."""
-        return self._part(pid).describe()
+        """Everything ``topic describe`` may show, msgpack-friendly (with this broker's
+        ``store`` id and whether the node has ``confirmed`` its identity)."""
+        d = self._part(pid).describe()
+        d["store"] = self.store_id
+        d["confirmed"] = self.confirmed
+        return d
 
     def leaders(self) -> list[int]:
         return [pid for pid in self._pids if self._parts[pid].role is Role.LEADER]
@@ -422,7 +562,7 @@ class ReplicaManager:
                 msg_type = MESSAGE_OF[row_type]
                 if row_type is not AppendRow:
                     for i in range(0, len(rows), max_rows):
-                        out.append(Send(dest, msg_type(rows[i:i + max_rows])))
+                        out.append(Send(dest, msg_type(rows[i:i + max_rows], self.store_id, self.life)))
                     continue
                 payloads = self._payloads[dest]
                 i = 0
@@ -432,7 +572,7 @@ class ReplicaManager:
                         size += len(payloads[j])
                         j += 1
                     body = b"".join(payloads[i:j]) if size else b""
-                    out.append(Send(dest, msg_type(rows[i:j]), body))
+                    out.append(Send(dest, msg_type(rows[i:j], self.store_id, self.life), body))
                     i = j
         self._rows = {}
         self._payloads = {}

@@ -1,4 +1,4 @@
-"""Wire messages of partition replication (peer protocol ``mesh-peer/1``).
+"""Wire messages of partition replication (peer protocol ``mesh-peer/2``).
 
 MultiRaft coalescing is built into the message shapes: every message carries a list of
 *rows*, one row per partition, and a node sends at most one message of each kind to each
@@ -14,6 +14,14 @@ partition's leader epoch as the sender knows it): that is what fences stale lead
 ``REPL_APPEND`` is the only message with a raw payload frame: the concatenation of each
 row's batch bytes, in row order (``payload_bytes`` says how many belong to each row). The
 bytes are opaque here: record batches exactly as the leader stored them.
+
+Every message also carries the sender's identity, once per message (it is per broker, not
+per partition): ``store``, the sender's store id (random, created with its data
+directory; "" when the shell has none), and ``life``, a random number drawn when the
+sender's replication core started (one per process start). A leader that sees a follower
+answer from another store, or from a new life of the same store, stops trusting what it
+knew of that follower (``mesh.raft.manager``, "Lost state"). Both are bounded
+(``MAX_STORE_ID``) and validated with the rows.
 """
 from __future__ import annotations
 
@@ -32,6 +40,7 @@ __all__ = [
 ]
 
 MAX_ROWS_PER_MESSAGE = 65_536  # a hard bound on what a peer may send; the sender splits far below it
+MAX_STORE_ID = 64              # characters of a store id on the wire
 
 
 # -- rows ------------------------------------------------------------------------------
@@ -64,6 +73,7 @@ class AppendRespRow(NamedTuple):
     offset: int
     hint_end: int         # ok=1: the end_offset of the row answered (to spot partial acks)
     hint_epoch: int
+    recovering: int       # 1: this replica lost state and is refilling: do not count it
 
 
 class HeartbeatRow(NamedTuple):
@@ -76,6 +86,7 @@ class HeartbeatRespRow(NamedTuple):
     pid: int
     term: int
     code: int
+    recovering: int       # as in AppendRespRow
 
 
 class VoteRow(NamedTuple):
@@ -107,42 +118,56 @@ class TimeoutNowRow(NamedTuple):
 @dataclass(frozen=True, slots=True)
 class ReplAppend:
     rows: list[AppendRow]  # the payload frame holds the rows' batches back to back
+    store: str = ""         # the sender's store id
+    life: int = 0           # the sender's core incarnation
 
 
 @message("REPL_APPEND_R")
 @dataclass(frozen=True, slots=True)
 class ReplAppendResp:
     rows: list[AppendRespRow]
+    store: str = ""         # the sender's store id
+    life: int = 0           # the sender's core incarnation
 
 
 @message("REPL_HEARTBEAT")
 @dataclass(frozen=True, slots=True)
 class ReplHeartbeat:
     rows: list[HeartbeatRow]
+    store: str = ""         # the sender's store id
+    life: int = 0           # the sender's core incarnation
 
 
 @message("REPL_HEARTBEAT_R")
 @dataclass(frozen=True, slots=True)
 class ReplHeartbeatResp:
     rows: list[HeartbeatRespRow]
+    store: str = ""         # the sender's store id
+    life: int = 0           # the sender's core incarnation
 
 
 @message("REPL_VOTE")
 @dataclass(frozen=True, slots=True)
 class ReplVote:
     rows: list[VoteRow]
+    store: str = ""         # the sender's store id
+    life: int = 0           # the sender's core incarnation
 
 
 @message("REPL_VOTE_R")
 @dataclass(frozen=True, slots=True)
 class ReplVoteResp:
     rows: list[VoteRespRow]
+    store: str = ""         # the sender's store id
+    life: int = 0           # the sender's core incarnation
 
 
 @message("REPL_TIMEOUT_NOW")
 @dataclass(frozen=True, slots=True)
 class ReplTimeoutNow:
     rows: list[TimeoutNowRow]
+    store: str = ""         # the sender's store id
+    life: int = 0           # the sender's core incarnation
 
 
 PeerRow: TypeAlias = (
@@ -180,6 +205,8 @@ def parse_rows(msg: object) -> list[PeerRow]:
     if row_type is None:
         raise MeshError(ErrorCode.INVALID_REQUEST, f"not a replication message: {type(msg).__name__}")
     raw_rows = msg.rows
+    if not isinstance(msg.store, str) or len(msg.store) > MAX_STORE_ID or not 0 <= msg.life < 1 << 63:
+        raise MeshError(ErrorCode.INVALID_REQUEST, f"{type(msg).__name__}: bad sender identity")
     if not isinstance(raw_rows, (list, tuple)) or len(raw_rows) > MAX_ROWS_PER_MESSAGE:
         raise MeshError(ErrorCode.INVALID_REQUEST, f"{type(msg).__name__}: rows must be a list "
                         f"of at most {MAX_ROWS_PER_MESSAGE}")

@@ -25,17 +25,32 @@ Rules, in the order ``step`` applies them:
    Otherwise reject with a hint (Kafka's OffsetsForLeaderEpoch idea): the leader then
    jumps straight to the point of agreement instead of backing off one batch at a time.
    Carried batches already present with the same epoch are not rewritten; a conflicting
-   suffix is truncated (never below commit). When our log agrees with the leader's up to
-   its ``epoch_start`` we record the leader's epoch marker there. A ``reset`` row (we are
+   suffix is truncated (never below commit; a corrupt range, rule 6, is the one
+   exception). When our log agrees with the leader's up to its ``epoch_start`` we record
+   the leader's epoch marker there. A ``reset`` row (we are
    behind the leader's log start, which retention moved) restarts our log at that start.
 4. Commit (leader). The high watermark is the largest offset that a quorum holds
    durably *and* that lies in a log holding this leader's epoch marker: followers count
    with the offset they acked in this term (acks leave after persisting), the leader with
    its synced offset, and only replicas at or past ``epoch_start`` count (Raft 5.4.2).
-5. Replication (leader). Each follower is probed (one append outstanding) until an ack
-   shows where the logs agree, then appends are pipelined within the inflight bounds; a
-   rejection or an append unacknowledged for ``retransmit_ticks`` probes again from the
-   last acked offset (``mesh.raft.progress``).
+5. Replication (leader; ``mesh.raft.leading``). Each follower is probed (one append
+   outstanding) until an ack shows where the logs agree, then appends are pipelined within
+   the inflight bounds; a rejection or an append unacknowledged for ``retransmit_ticks``
+   probes again from the last acked offset (``mesh.raft.progress``). A rejection below
+   what the follower acked lowers what the leader counts for it (it forgot).
+6. Eligibility. A replica of a partition with more than one replica grants no (pre-)vote
+   (except with RF 2: to the other replica, whatever our log says, as it holds every
+   committed entry) and never
+   campaigns while its node is unconfirmed (``host.confirmed`` False: it does
+   not know yet whether its disk forgot) or while it is ``recovering``; it still follows
+   and acks. Recovering (lost state, or a corrupt batch cut from its log): it says so in
+   every append and heartbeat response; it leaves once its log agrees with the leader's
+   up to ``recover_to`` (the first leader commit it saw while recovering, or its own old
+   commit after a corruption) and records its vote for that leader in that term, so it
+   never votes twice in a term it forgot. The flag is persisted with the state.
+7. Heartbeat commit. A follower takes a heartbeat's commit offset only up to ``agreed``:
+   where an append of this term showed its log equal to the leader's (its own persisted
+   commit before that); a rolled-back log never gets a commit over data it does not hold.
 """
 from __future__ import annotations
 
@@ -43,14 +58,15 @@ import enum
 import random
 from typing import Protocol
 
-from mesh.wire.errors import ErrorCode, MeshError
+from mesh.wire.errors import ErrorCode
 from mesh.raft.config import ReplicationConfig
+from mesh.raft.leading import Leading
 from mesh.raft.log import Append, EpochCache, LogOp, LogReader, ResetLog, Truncate
 from mesh.raft.messages import (
     AppendRespRow, AppendRow, HeartbeatRespRow, HeartbeatRow, PeerRow, TimeoutNowRow, VoteRespRow, VoteRow,
 )
-from mesh.raft.progress import PROBE, REPLICATE, Progress, count_active
-from mesh.raft.quorum import VoteResult, committed_offset, majority, vote_result
+from mesh.raft.progress import Progress, count_active
+from mesh.raft.quorum import VoteResult, majority, vote_result
 
 __all__ = ["Role", "Partition", "PartitionHost"]
 
@@ -74,6 +90,8 @@ class PartitionHost(Protocol):
     rng: random.Random
     now_tick: int
     reader: LogReader
+    confirmed: bool                 # the node knows it did not lose state (see rule 6)
+    peer_stores: dict[str, str]     # peer -> store id as last heard
 
     # Queue ``row`` for peer ``dest`` (with its batch bytes, for an ``AppendRow``).
     def send(self, dest: str, row: PeerRow, payload: bytes = b"") -> None: ...
@@ -89,11 +107,12 @@ class PartitionHost(Protocol):
     def want_flush(self, p: Partition) -> None: ...
 
 
-class Partition:
+class Partition(Leading):
     """One replica of one partition."""
 
     def __init__(self, host: PartitionHost, pid: int, replicas: tuple[str, ...], term: int,
-                 vote: str | None, commit: int, cache: EpochCache, end_offset: int) -> None:
+                 vote: str | None, commit: int, cache: EpochCache, end_offset: int,
+                 recovering: bool = False) -> None:
         self.host = host
         self.cfg = host.cfg
         self.node = host.node_id
@@ -107,6 +126,10 @@ class Partition:
         self.end = end_offset
         self.synced = end_offset       # what the shell synced (leader_append data lags until synced())
         self.commit = min(commit, end_offset)
+        self.agreed = self.commit      # our log equals this term's leader's below here (rule 7)
+        self.recovering = recovering and len(replicas) > 1
+        self.recover_to: int | None = None
+        self.corrupt_at: int | None = None  # last corrupt batch reported (status)
         self.role = Role.FOLLOWER
         self.leader: str | None = None
         self.election_elapsed_ticks = 0
@@ -157,8 +180,12 @@ class Partition:
 
     def _tick_election(self) -> None:
         self.election_elapsed_ticks += 1
-        if self.election_elapsed_ticks >= self.timeout_ticks:
+        if self.election_elapsed_ticks >= self.timeout_ticks and self.eligible():
             self._campaign(pre=self.cfg.pre_vote)
+
+    def eligible(self) -> bool:
+        """May vote and campaign (rule 6)."""
+        return len(self.replicas) == 1 or (self.host.confirmed and not self.recovering)
 
     def _tick_leader(self) -> None:
         now = self.host.now_tick
@@ -174,7 +201,8 @@ class Partition:
                 and now - self.leader_since_tick >= self.cfg.rebalance_delay_ticks):
             preferred = self.replicas[0]
             pr = self.progress[preferred]
-            if pr.match >= self.end and now - pr.last_resp_tick < 2 * self.cfg.heartbeat_ticks + 1:
+            fresh = now - pr.last_resp_tick < 2 * self.cfg.heartbeat_ticks + 1
+            if not pr.recovering and pr.match >= self.end and fresh:
                 self.transfer_leadership(preferred)
 
     def _active(self, window_ticks: int) -> int:
@@ -185,6 +213,7 @@ class Partition:
         if term > self.term:
             self.term = term
             self.vote = None
+            self.agreed = self.commit  # agreement was with an older term's leader
             self._state_changed()
         self.role = Role.FOLLOWER
         self._step = self._step_follower
@@ -205,6 +234,7 @@ class Partition:
             self.role = Role.CANDIDATE
             self.term += 1
             self.vote = self.node
+            self.agreed = self.commit
             self._state_changed()
             vote_term = self.term
         self._step = self._step_candidate
@@ -247,6 +277,8 @@ class Partition:
         self.leader_since_tick = now
         self.transfer_to = None
         self.progress = {peer: Progress(self.end, now) for peer in self.peers}
+        for peer, pr in self.progress.items():
+            pr.store = self.host.peer_stores.get(peer)
         self._set_leader(self.node)
         self.host.want_flush(self)
         self._maybe_commit()
@@ -270,9 +302,10 @@ class Partition:
                 self._become_follower(row.term, None)
         elif row.term < self.term:
             if kind is AppendRow:
-                self._send(src, AppendRespRow(self.pid, self.term, _FENCED, 0, row.prev_offset, 0, 0))
+                self._send(src, AppendRespRow(self.pid, self.term, _FENCED, 0, row.prev_offset, 0, 0,
+                                              int(self.recovering)))
             elif kind is HeartbeatRow:
-                self._send(src, HeartbeatRespRow(self.pid, self.term, _FENCED))
+                self._send(src, HeartbeatRespRow(self.pid, self.term, _FENCED, int(self.recovering)))
             elif kind is VoteRow:
                 self._send(src, VoteRespRow(self.pid, self.term, _FENCED, 0, row.pre_vote))
             return
@@ -292,6 +325,10 @@ class Partition:
         up_to_date = (row.last_epoch, row.end_offset) >= (self.cache.last_epoch(), self.end)
         can_vote = (self.vote == src or (self.vote is None and self.leader is None)
                     or (row.pre_vote and row.term > self.term))
+        if not self.eligible():
+            # RF 2: the candidate is the only other replica and holds every committed entry (a
+            # commit needs both), and any term we forgot it knows: safe, whatever our log says
+            up_to_date = len(self.replicas) == 2
         if can_vote and up_to_date:
             if not row.pre_vote:
                 self.vote = src
@@ -310,9 +347,9 @@ class Partition:
         elif kind is HeartbeatRow:
             self.election_elapsed_ticks = 0
             self._set_leader(src)
-            self._set_commit(min(row.commit, self.end))
-            self._send(src, HeartbeatRespRow(self.pid, self.term, _NONE))
-        elif kind is TimeoutNowRow:
+            self._set_commit(min(row.commit, self.end, self.agreed))
+            self._send(src, HeartbeatRespRow(self.pid, self.term, _NONE, int(self.recovering)))
+        elif kind is TimeoutNowRow and self.eligible():
             self._campaign(pre=False, transfer=True)
 
     def _step_candidate(self, src: str, row: PeerRow, payload: bytes) -> None:
@@ -334,7 +371,7 @@ class Partition:
         if kind is AppendRespRow:
             self._handle_append_resp(src, row)
         elif kind is HeartbeatRespRow:
-            self._handle_heartbeat_resp(src)
+            self._handle_heartbeat_resp(src, row)
 
     # -- follower: appends -----------------------------------------------------------------
     def _handle_append(self, src: str, row: AppendRow, payload: bytes) -> None:
@@ -354,8 +391,15 @@ class Partition:
             self.cache.assign(self.term, match)
             self._state_changed()
         assert match <= row.epoch_start or self.cache.last_epoch() == self.term, (self.pid, match, row)
+        self.agreed = max(self.agreed, match)
         self._set_commit(min(row.commit, match))
-        self._send(src, AppendRespRow(self.pid, self.term, _NONE, 1, match, row.end_offset, 0))
+        if self.recovering:
+            if self.recover_to is None:
+                self.recover_to = row.commit  # the first leader commit seen while recovering
+            if match >= self.recover_to:
+                self._recovered(src)
+        self._send(src, AppendRespRow(self.pid, self.term, _NONE, 1, match, row.end_offset, 0,
+                                      int(self.recovering)))
 
     def _accept_batches(self, row: AppendRow, payload: bytes) -> int:
         """Take the batches [base, end) of epoch E; returns how far our log now agrees."""
@@ -389,6 +433,7 @@ class Partition:
         self.host.log_op(Truncate(self.pid, to))
         self.end = to
         self.synced = min(self.synced, to)
+        self.agreed = min(self.agreed, to)
         if self.cache.truncate_from(to):
             self._state_changed()
 
@@ -396,6 +441,7 @@ class Partition:
         self.host.log_op(ResetLog(self.pid, start))
         self.end = start
         self.synced = start
+        self.agreed = start
         self.cache.reset(epoch, start)
         self._state_changed()
         self._set_commit(start)  # everything below the leader's log start is committed
@@ -404,164 +450,59 @@ class Partition:
         p = min(row.prev_offset, self.end)
         hint_end = min(p, self.cache.end_for_epoch(row.prev_epoch, self.end))
         hint_epoch = self.cache.epoch_at(hint_end - 1) if hint_end > 0 else 0
-        self._send(src, AppendRespRow(self.pid, self.term, _NONE, 0, row.prev_offset, hint_end, hint_epoch))
+        self._send(src, AppendRespRow(self.pid, self.term, _NONE, 0, row.prev_offset, hint_end, hint_epoch,
+                                      int(self.recovering)))
 
-    # -- leader: replication ---------------------------------------------------------------
-    def _handle_append_resp(self, src: str, row: AppendRespRow) -> None:
-        pr = self.progress.get(src)
-        if pr is None:
+    # -- lost state and corruption (rule 6) --------------------------------------------------
+    def become_recovering(self, recover_to: int | None = None) -> None:
+        """This replica forgot acknowledged state (or cut a corrupt range): stop leading,
+        voting and counting until refilled up to ``recover_to`` (None: the first leader
+        commit it sees). RF 1 has no one to refill from: no change."""
+        if len(self.replicas) == 1:
             return
-        now = self.host.now_tick
-        pr.last_resp_tick = now
-        if row.ok:
-            m = row.offset
-            if m > self.end:
-                return  # cannot be an answer to this leader
-            if pr.maybe_update(m):
-                self._maybe_commit()
-            if pr.state == PROBE:
-                pr.become_replicate()
-            elif m < row.hint_end and m == pr.match:
-                pr.become_probe(m)  # a partial ack: resend from where its log stops
-            if pr.match >= self.end:
-                pr.caught_up_tick = now
-                if self.transfer_to == src:
-                    self._maybe_send_timeout_now()
-        else:
-            rejected = row.offset
-            if pr.stale_rejection(rejected):
-                return
-            nxt = min(row.hint_end, self.cache.end_for_epoch(row.hint_epoch, self.end))
-            if nxt >= rejected:
-                # No progress (exact epoch caches always make some): the disagreement is at
-                # our log start. Probe below it, which restarts the follower's log there.
-                nxt = -1
-            pr.become_probe(min(max(nxt, pr.match), self.end))
-        self.host.want_flush(self)
+        if self.role is not Role.FOLLOWER:
+            self._become_follower(self.term, None)
+        if recover_to is not None:
+            self.recover_to = max(recover_to, self.recover_to or 0)
+        if not self.recovering:
+            self.recovering = True
+            self._state_changed()
 
-    def _handle_heartbeat_resp(self, src: str) -> None:
-        pr = self.progress.get(src)
-        if pr is None:
+    def _recovered(self, leader: str) -> None:
+        self.recovering = False
+        self.recover_to = None
+        if self.vote is None:
+            self.vote = leader  # we may have voted in this term before we forgot: only for it
+        self._state_changed()
+
+    def report_corrupt(self, offset: int) -> None:
+        """A stored batch at ``offset`` failed its check: a leader hands over to its most
+        caught-up healthy follower (TimeoutNow) and steps down; then the log is cut at
+        ``offset`` (even below commit) and refilled from the leader (recovering until past
+        the old commit). Idempotent: damage at or past our log end changes nothing."""
+        self.corrupt_at = offset
+        if len(self.replicas) == 1 or offset >= self.end or offset < 0:
             return
-        now = self.host.now_tick
-        pr.last_resp_tick = now
-        if pr.state == PROBE:
-            pr.probe_sent = False  # the probe or its answer may be lost: retry
-        elif (oldest := pr.oldest_sent_tick()) is not None and now - oldest >= self.cfg.retransmit_ticks:
-            pr.become_probe(pr.match)  # lost in flight: resend from what it acknowledged
-        else:
-            return
-        self.host.want_flush(self)
-
-    def _maybe_commit(self) -> None:
-        if self.role is not Role.LEADER:
-            return
-        held = [self.synced] + [pr.match for pr in self.progress.values()]
-        commit = committed_offset(held, self.epoch_start, self.quorum)
-        if commit is not None:
-            self._set_commit(commit)
-
-    def send_appends(self) -> None:
-        """Called by the manager's flush: fill every follower's pipeline."""
-        if self.role is not Role.LEADER:
-            return
-        cfg = self.cfg
-        for peer in self.peers:
-            pr = self.progress[peer]
-            if pr.state == REPLICATE:
-                while pr.next < self.end and pr.can_send(cfg.max_inflight_msgs, cfg.max_inflight_bytes):
-                    if self._send_append(peer, pr, data=True) < 0:
-                        break  # fell behind our log start: now probing
-            if pr.state == PROBE and not pr.probe_sent:
-                pr.probe_prev = self._send_append(peer, pr, data=pr.next == pr.match)
-                pr.probe_sent = True
-
-    def _send_append(self, peer: str, pr: Progress, data: bool) -> int:
-        """Send one append row from ``pr.next``; returns its prev_offset, or -1 when nothing
-        was sent (switched to probing, or the reader cannot see the data yet)."""
-        start = self.host.reader.start_offset(self.pid)
-        prev = pr.next
-        if prev < start:
-            if pr.state != PROBE:
-                pr.become_probe(prev)
-                return -1
-            row = AppendRow(self.pid, self.term, start, self.cache.epoch_at(start - 1), start, 0,
-                            self.epoch_start, self.commit, 0, 1)
-            self._send(peer, row)
-            return start
-        prev_epoch = self.cache.epoch_at(prev - 1) if prev > 0 else 0
-        payload, end, epoch = b"", prev, 0
-        if data and prev < self.end:
-            epoch = self.cache.epoch_at(prev)
-            to = self.cache.end_for_epoch(epoch, self.end)
-            payload, end = self.host.reader.read(self.pid, prev, to, self.cfg.max_append_bytes)
-            assert prev <= end <= to and (end > prev) == (len(payload) > 0), (self.pid, prev, end, to)
-            if end == prev:  # staged where the reader cannot see it yet: the next flush sends it
-                self.host.want_flush(self)
-                if pr.state == REPLICATE:
-                    return -1
-                epoch = 0
-            payload = bytes(payload)
-        row = AppendRow(self.pid, self.term, prev, prev_epoch, end, epoch, self.epoch_start,
-                        self.commit, len(payload), 0)
-        self._send(peer, row, payload)
-        if pr.state == REPLICATE:
-            pr.sent(end, len(payload), self.host.now_tick)
-        return prev
-
-    def campaign(self) -> None:
-        if self.role is not Role.LEADER:
-            self._campaign(pre=self.cfg.pre_vote)
-
-    def heartbeat(self) -> None:
-        for peer in self.peers:
-            pr = self.progress[peer]
-            self._send(peer, HeartbeatRow(self.pid, self.term, min(self.commit, pr.match)))
-
-    def transfer_leadership(self, target: str) -> None:
-        """Stop taking appends; once ``target`` holds our whole log, tell it to campaign
-        (TimeoutNow). Abandoned after an election timeout."""
-        if self.role is not Role.LEADER or target == self.node or target not in self.peers:
-            return
-        self.transfer_to = target
-        self.transfer_elapsed_ticks = 0
-        self._maybe_send_timeout_now()
-
-    def _maybe_send_timeout_now(self) -> None:
-        target = self.transfer_to
-        if target is not None and self.progress[target].match >= self.end:
-            self._send(target, TimeoutNowRow(self.pid, self.term))
-
-    # -- leader: local appends -------------------------------------------------------------
-    def append_position(self) -> tuple[int, int]:
-        if self.role is not Role.LEADER or self.transfer_to is not None:
-            hint = self.transfer_to if self.role is Role.LEADER else self.leader
-            raise MeshError(ErrorCode.NOT_LEADER, f"partition {self.pid}: not the leader", leader=hint)
-        if self._active(3 * self.cfg.heartbeat_ticks + 1) < self.quorum:
-            raise MeshError(ErrorCode.NOT_ENOUGH_REPLICAS,
-                            f"partition {self.pid}: the leader has not heard from a quorum of "
-                            f"{self.quorum} replicas recently")
-        return self.end, self.term
-
-    def leader_append(self, end_offset: int, epoch: int) -> None:
-        if self.role is not Role.LEADER or epoch != self.term:
-            raise MeshError(ErrorCode.FENCED_EPOCH if self.role is Role.LEADER else ErrorCode.NOT_LEADER,
-                            f"partition {self.pid}: append for epoch {epoch}, leader epoch is "
-                            f"{self.term if self.role is Role.LEADER else 'not here'}", leader=self.leader)
-        if end_offset <= self.end:
-            raise MeshError(ErrorCode.INVALID_REQUEST,
-                            f"partition {self.pid}: append ends at {end_offset}, log end is {self.end}")
-        self.end = end_offset
-        self.host.want_flush(self)
-
-    def mark_synced(self, end_offset: int) -> None:
-        if end_offset > self.synced:
-            self.synced = min(end_offset, self.end)
-            self._maybe_commit()
+        if self.role is Role.LEADER:
+            successor = self._best_successor()
+            if successor is not None:
+                self._send(successor, TimeoutNowRow(self.pid, self.term))
+        old_commit = self.commit
+        self.become_recovering(old_commit)
+        self.host.log_op(Truncate(self.pid, offset))
+        self.end = self.synced = offset
+        self.commit = min(self.commit, offset)
+        self.agreed = min(self.agreed, offset)
+        self.cache.truncate_from(offset)
+        self._state_changed()
 
     def trim_cache(self) -> None:
         if self.cache.trim_before(self.host.reader.start_offset(self.pid)):
             self._state_changed()
+
+    def campaign(self) -> None:
+        if self.role is not Role.LEADER and self.eligible():
+            self._campaign(pre=self.cfg.pre_vote)
 
     # -- queries ----------------------------------------------------------------------------
     def isr(self) -> list[str]:
@@ -575,7 +516,8 @@ class Partition:
             "pid": self.pid, "role": self.role.value, "term": self.term, "leader": self.leader,
             "vote": self.vote, "replicas": list(self.replicas), "commit": self.commit,
             "end": self.end, "synced": self.synced, "epoch_cache": [list(e) for e in self.cache.entries()],
-            "isr": self.isr(),
+            "isr": self.isr(), "recovering": self.recovering, "recover_to": self.recover_to,
+            "corrupt_at": self.corrupt_at,
         }
         if self.role is Role.LEADER:
             d["epoch_start"] = self.epoch_start

@@ -8,8 +8,14 @@ A leader keeps one ``Progress`` per follower, for its own term only (a new leade
 afresh). It holds:
 
 - ``match``: the logs agree on ``[0, match)`` and the follower has it durably (acks leave
-  a follower only after it persisted). ``match`` never decreases within a term; it is what
-  the follower counts with toward commit (``mesh.raft.quorum``).
+  a follower only after it persisted). It is what the follower counts with toward commit
+  (``mesh.raft.quorum``) and the in-sync set. Acks only raise it. It is *lowered* when the
+  follower reports less (``lower``: a rejection below it, since disks can forget) and
+  reset when the follower answers from another store or a new life (``forget``: back to
+  unknown, 0): a leader believes its followers' reports, never its own memory of them.
+- ``store``: the follower's store id as last heard (None before its first answer) and
+  ``recovering``: the follower said it lost state and is refilling; it then counts toward
+  neither commit nor the in-sync set, and is no transfer target.
 - ``next``: the offset the next append starts from (its ``prev_offset``).
 - a state, one of two:
 
@@ -44,7 +50,7 @@ REPLICATE = "replicate"  # agreement known: pipeline batches, bounded in message
 class Progress:
     """The leader's view of one follower (this term only)."""
     __slots__ = ("match", "next", "state", "probe_sent", "probe_prev", "inflight",
-                 "inflight_bytes", "last_resp_tick", "caught_up_tick")
+                 "inflight_bytes", "last_resp_tick", "caught_up_tick", "store", "recovering")
 
     def __init__(self, next_offset: int, now_tick: int) -> None:
         self.match = 0                 # logs agree on [0, match) and the follower synced it
@@ -56,6 +62,8 @@ class Progress:
         self.inflight_bytes = 0
         self.last_resp_tick = now_tick  # a grace period of one election timeout
         self.caught_up_tick = -(1 << 62)
+        self.store: str | None = None  # the follower's store id, once it answered
+        self.recovering = False        # the follower lost state: not counted, not a transfer target
 
     # -- state changes -----------------------------------------------------------------
     def become_probe(self, next_offset: int) -> None:
@@ -79,6 +87,28 @@ class Progress:
         self.match = acked
         self.free_to(acked)
         return True
+
+    def lower(self, offset: int) -> bool:
+        """The follower reported a log that agrees with ours only below ``offset``: believe
+        it (it may have lost its disk). Probes from there (-1: below the leader's log start);
+        returns whether ``match`` fell."""
+        fell = offset < self.match
+        if fell:
+            self.match = max(offset, 0)
+            self.caught_up_tick = -(1 << 62)
+        self.become_probe(offset)
+        return fell
+
+    def forget(self, probe_from: int) -> None:
+        """The follower answered from another store or a new life: what we knew of its log
+        is void. ``match`` back to unknown (0); probe from ``probe_from``."""
+        self.match = 0
+        self.caught_up_tick = -(1 << 62)
+        self.become_probe(probe_from)
+
+    def counted(self) -> bool:
+        """Whether this follower's ``match`` counts toward commit and the in-sync set."""
+        return not self.recovering
 
     def stale_rejection(self, rejected: int) -> bool:
         """A rejection of ``prev_offset == rejected`` that is out of date: below what the
@@ -115,12 +145,13 @@ class Progress:
     def in_sync(self, now_tick: int, lag_ticks: int, log_end: int) -> bool:
         """In the ISR: answered within ``lag_ticks`` and holds the leader's whole log, or
         held it within ``lag_ticks``."""
-        return now_tick - self.last_resp_tick <= lag_ticks and (
+        return not self.recovering and now_tick - self.last_resp_tick <= lag_ticks and (
             self.match >= log_end or now_tick - self.caught_up_tick <= lag_ticks)
 
     def describe(self) -> dict:
         return {"match": self.match, "next": self.next, "state": self.state,
-                "inflight": len(self.inflight), "inflight_bytes": self.inflight_bytes}
+                "inflight": len(self.inflight), "inflight_bytes": self.inflight_bytes,
+                "store": self.store, "recovering": self.recovering}
 
 
 def count_active(progress: Iterable[Progress], now_tick: int, window_ticks: int) -> int:

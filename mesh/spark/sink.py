@@ -31,8 +31,9 @@ rows again is harmless:
   batch id, same task ids) and every batch is dropped as a duplicate.
 
 The rules of what to send, resend, probe and finish are the sans-I/O
-``mesh.client.sequencer`` (the same the ``Producer`` drives), run here with a fixed
-producer id, ``duplicates_are_written`` and a linear backoff.
+``mesh.client.sequencer`` (the same the ``Producer`` drives, with the same window,
+retries in order under the same sequences, heartbeated connections and epoch-merged
+metadata), run here with a fixed producer id, ``probe_duplicates`` and a linear backoff.
 
 So ``commit(messages, batch_id)`` has nothing left to do: the dedup lives on the broker,
 which is also what survives a driver crash. What it needs: the rows of a task are the
@@ -76,10 +77,11 @@ __all__ = ["MeshSinkConfig", "MeshBatchWriter", "MeshStreamWriter", "MeshCommitM
 
 _ACKS = {"all": -1, "-1": -1, "1": 1}
 _BUFFER_BYTES = 32 << 20    # encoded but unacknowledged, per task
-# 5 in flight per partition (the broker remembers the last 5 batches per producer); a
-# partition that fails 50 times in a row fails the task; backoff 0.1 s per failure up to 1 s
+# 5 in flight per partition (within the broker's window of RECENT_BATCHES); a partition
+# that fails 50 times in a row fails the task; backoff 0.1 s per failure up to 1 s
 _POLICY = RetryPolicy(max_in_flight=5, max_failures=50, backoff_ms=100, backoff_max_ms=1_000,
-                      linear_backoff=True, duplicates_are_written=True)
+                      linear_backoff=True, probe_duplicates=True)
+_PRODUCE_TIMEOUT_MS = 3_000  # requestTimeoutMs of the sink's requests unless given (see Producer)
 
 
 class MeshCommitMessage(WriterCommitMessage):
@@ -101,8 +103,8 @@ class MeshSinkConfig:
     def __init__(self, options, schema):
         opts = MeshOptions(options, sink=True)
         self.bootstrap = opts.bootstrap
-        self.request_timeout_ms = opts.request_timeout_ms
         raw = opts.raw
+        self.request_timeout_ms = _int_option(raw, "requestTimeoutMs", _PRODUCE_TIMEOUT_MS, 1)
         self.topic = opts.topics[0] if opts.topics else None
         acks = raw.get("acks", "all").strip().lower()
         if acks not in _ACKS:
@@ -397,6 +399,7 @@ class _Sender:
         self.per_partition: dict[tuple[str, int], int] = collections.Counter()
         self._nparts: dict[str, int] = {}
         self._limit: dict[str, int] = {}
+        self._next_refresh = 0.0
 
     def _topic(self, t: str) -> dict:
         try:
@@ -446,27 +449,29 @@ class _Sender:
         for tp in seq.partitions():
             while (c := seq.next_to_send(tp, now_ms)) is not None:
                 addr = self._leader(tp)
-                if addr is None:
-                    self._retry(tp, c, MeshError(ErrorCode.LEADER_NOT_AVAILABLE, f"no leader for {tp}"), now_ms)
+                if addr is None or self.transport.is_down(addr):
+                    seq.wait(tp, now_ms)  # no leader, or its connection is down: ask again soon
+                    self._refresh(tp)
                     break
                 rid = self.transport.send(addr, ProduceRequest(tp[0], tp[1], self.cfg.acks, self.cfg.request_timeout_ms),
                                           c.payload if c.probe is None else c.probe.payload)
                 seq.sent(tp, c, rid, now_ms, addr)
         self._take_done()
         for _addr, rid, resp, _ in self.transport.poll(wait_ms):
-            err = resp.error if isinstance(resp, (ProduceResponse, ErrorResponse)) else ErrorCode.UNKNOWN
-            leader = getattr(resp, "leader", None)
-            out = seq.on_reply(rid, err, time.monotonic() * 1000, message=getattr(resp, "message", ""), leader=leader)
+            if not isinstance(resp, (ProduceResponse, ErrorResponse)):
+                continue  # a late answer to a metadata request given up on
+            err, leader = resp.error, resp.leader
+            out = seq.on_reply(rid, err, time.monotonic() * 1000, message=resp.message, leader=leader,
+                               rejected=isinstance(resp, ErrorResponse))
             if out is None:
                 continue  # an answer to an attempt given up on
             if out.action == SPLIT:
                 self.buffered += sum(len(x.payload) for x in out.replaced_by) - len(out.batch.payload)
             elif out.action == RETRY:
-                if leader:
-                    self.cluster.set_leader(out.tp[0], out.tp[1], leader)
                 self._after_retry(out.tp, MeshError(err, leader=leader))
             self._take_done()
-        for tp, _c, err in seq.expire(time.monotonic() * 1000, self.cfg.request_timeout_ms):
+        gone = self.transport.take_disconnected()
+        for tp, _c, err in seq.expire(time.monotonic() * 1000, self.cfg.request_timeout_ms, gone):
             self._after_retry(tp, err)
         self._take_done()
 
@@ -482,24 +487,21 @@ class _Sender:
             self.records += c.count
             self.per_partition[tp] += c.count
 
-    def _retry(self, tp, c: _Chunk, err: MeshError, now_ms: float) -> None:
-        """Send every unacknowledged batch of ``tp`` again, in order, after a backoff: the
-        broker drops the ones it has, so order and exactly-once both hold."""
-        if self.seq.retry(tp, c, err, now_ms):
-            self._after_retry(tp, err)
-        self._take_done()
-
     def _after_retry(self, tp, err: MeshError) -> None:
-        if err.code in (ErrorCode.TIMEOUT, ErrorCode.BROKER_UNAVAILABLE):
-            try:
-                self.transport.forget(self._leader(tp) or "")
-            except MeshError:
-                pass
-        if not err.leader:
-            try:
-                self.cluster.refresh([tp[0]])
-            except MeshError:
-                pass  # try again after the backoff
+        if err.leader:
+            self.cluster.set_leader(tp[0], tp[1], err.leader)
+        else:
+            self._refresh(tp)
+
+    def _refresh(self, tp) -> None:
+        now = time.monotonic()
+        if now < self._next_refresh:
+            return
+        self._next_refresh = now + 0.1
+        try:
+            self.cluster.refresh([tp[0]])  # answers to produce requests meanwhile wait in the transport
+        except MeshError:
+            pass  # try again after the backoff
 
     def _leader(self, tp) -> str | None:
         try:

@@ -5,6 +5,10 @@
 - ``mesh.testing.simnet``: the seeded simulated network every simulation runs on.
 - ``mesh.testing.gossip_sim`` / ``gossip_scenarios``: the gossip simulator and its
   scenarios (tests/sim and bench/gossip_scale.py both run them).
+- ``mesh.testing.jepsen``: Jepsen-style runs against real brokers (``history``: producer
+  processes that record every send; ``nemesis``: seeded kills, pauses and, with
+  ``netns``, network partitions; ``checker``: read back and check). The integration test
+  runs a short one, ``bench soak`` long ones.
 
 Nothing here is imported by the broker or the client; import the module you need.
 """

@@ -71,11 +71,14 @@ class BrokerProcess:
 
     def __init__(self, node_id: str, data_dir: str, port: int | None = None,
                  seeds: list[str] | None = None, extra: list[str] | None = None,
-                 log_path: str | None = None, new_session: bool = False):
+                 log_path: str | None = None, new_session: bool = False, host: str = "127.0.0.1",
+                 prefix: list[str] | None = None):
         self.node_id = node_id
         self.data_dir = str(data_dir)
         self.port = port or free_port()
-        self.address = f"127.0.0.1:{self.port}"
+        self.host = host  # another address than loopback: e.g. inside a network namespace
+        self.address = f"{host}:{self.port}"
+        self.prefix = prefix or []  # runs the node under this command, e.g. ["ip", "netns", "exec", ns]
         self.seeds = seeds or []
         self.extra = extra or []
         self.log_path = log_path or self.data_dir.rstrip("/") + ".log"
@@ -83,8 +86,8 @@ class BrokerProcess:
         self.proc: subprocess.Popen | None = None
 
     def command(self) -> list[str]:
-        cmd = [sys.executable, "-m", "tools.cli", "node", "--id", self.node_id, "--data", self.data_dir,
-               "--bind", self.address]
+        cmd = self.prefix + [sys.executable, "-m", "tools.cli", "node", "--id", self.node_id,
+                             "--data", self.data_dir, "--bind", self.address]
         for s in self.seeds:
             cmd += ["--seed", s]
         return cmd + self.extra
@@ -176,7 +179,10 @@ class Cluster:
     the Procfile does). Logs go to ``<root>/<id>.log``, or ``<log_dir>/<id>.log``."""
 
     def __init__(self, root, n: int = 1, extra: list[str] | None = None, log_dir: str | None = None,
-                 new_session: bool = False):
+                 new_session: bool = False, hosts: list[str] | None = None,
+                 prefixes: list[list[str]] | None = None):
+        """``hosts[i]`` / ``prefixes[i]``, when given, are node i+1's listen host and command
+        prefix (``BrokerProcess``): brokers in network namespaces (``mesh.testing.netns``)."""
         self.root = str(root)
         self.brokers: list[BrokerProcess] = []
         first = None
@@ -184,7 +190,9 @@ class Cluster:
             node_id = f"n{i}"
             log_path = os.path.join(log_dir, f"{node_id}.log") if log_dir else None
             b = BrokerProcess(node_id, os.path.join(self.root, node_id), seeds=[first] if first else [],
-                              extra=extra, log_path=log_path, new_session=new_session)
+                              extra=extra, log_path=log_path, new_session=new_session,
+                              host=hosts[i - 1] if hosts else "127.0.0.1",
+                              prefix=prefixes[i - 1] if prefixes else None)
             first = first or b.address
             self.brokers.append(b)
 

@@ -31,7 +31,7 @@ __all__ = [
 ]
 
 PROTOCOL_CLIENT = b"mesh/1"
-PROTOCOL_PEER = b"mesh-peer/1"
+PROTOCOL_PEER = b"mesh-peer/2"  # 2: store identity, lives and recovering flags in replication
 PROTOCOLS = (PROTOCOL_CLIENT, PROTOCOL_PEER)
 
 REGISTRY: dict[bytes, type] = {}

@@ -61,12 +61,20 @@ def retriable(code: int) -> bool:
 
 
 class MeshError(Exception):
-    """An error with a wire code. ``retriable`` follows from the code."""
+    """An error with a wire code. ``retriable`` follows from the code.
 
-    def __init__(self, code: ErrorCode | int, message: str = "", *, leader: str | None = None):
+    ``maybe_written`` (produce errors): True when the records may have been written all
+    the same ("outcome unknown": a request timed out or its connection dropped after it
+    was sent, or the broker failed it after appending, e.g. leadership moved before it
+    committed); False when they certainly were not ("not written": refused before any
+    append, such as MESSAGE_TOO_LARGE, UNKNOWN_TOPIC or NOT_LEADER, or never sent)."""
+
+    def __init__(self, code: ErrorCode | int, message: str = "", *, leader: str | None = None,
+                 maybe_written: bool = False):
         self.code = ErrorCode(code)
         self.message = message or self.code.name
         self.leader = leader
+        self.maybe_written = maybe_written
         super().__init__(f"{self.code.name}: {self.message}")
 
     @property

@@ -5,12 +5,18 @@ import re
 
 from mesh.wire.errors import ErrorCode, MeshError
 
-__all__ = ["TOPIC_DEFAULTS", "validate_topic_name", "normalize_config", "MAX_PARTITIONS"]
+__all__ = ["TOPIC_DEFAULTS", "validate_topic_name", "normalize_config", "MAX_PARTITIONS", "RECENT_BATCHES"]
 
 _NAME = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
 MAX_PARTITIONS = 10_000
 MAX_RECORD_BYTES = 1 << 20
 BATCH_OVERHEAD_BYTES = 4096
+# The idempotence window, shared by broker and client: a leader remembers the last
+# RECENT_BATCHES batches of each producer per partition (sequences and offsets,
+# mesh.node.producer_state), and a producer never has more than that many batches between
+# its oldest unacknowledged one and its newest sent one (mesh.client.sequencer), so a
+# retried batch that was stored is always recognised and answered with its offsets.
+RECENT_BATCHES = 16
 
 # Kafka's names where the meaning is the same. -1 means unlimited.
 TOPIC_DEFAULTS: dict[str, int] = {

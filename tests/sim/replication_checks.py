@@ -9,7 +9,12 @@ raises ``SimFailure`` with the command that reproduces the run.
 - the core's state matches what it asked to persist, and its epoch cache matches the
   epochs stored in the batches (``_check_replica``);
 - final: identical logs, every acknowledged batch present (``_check_final_logs``);
-  ``converged`` and ``balanced`` are the liveness conditions.
+  ``converged`` and ``balanced`` are the liveness conditions;
+- disk faults (issue 17): a replica whose disk was wiped, rolled back or cut for corruption
+  must hold again what it may have acknowledged (``Node.lost``: the lowest commit offset
+  of the other replicas at the fault, or its own commit before a corruption cut) before
+  it is elected (``_check_not_lost``), and a leader that heard from its new life never
+  counts it beyond what it durably holds (``_check_counted``).
 (Election safety is checked where leaderships are reported, in ``Sim._apply``.)
 """
 from __future__ import annotations
@@ -91,6 +96,34 @@ class Checkers:
                 if log.batches[j][2] != epoch:
                     self.fail(f"{node.id} p{pid}: batch at {log.bases[j]} has epoch {log.batches[j][2]}, "
                               f"epoch cache {cache}")
+
+    def _still_lost(self, node: Node, pid: int) -> bool:
+        mark = node.lost.get(pid)
+        if mark is None:
+            return False
+        if node.store.durable[pid].end >= mark:
+            del node.lost[pid]
+            return False
+        return True
+
+    def _check_not_lost(self, node: Node, pid: int, what: str) -> None:
+        if self._still_lost(node, pid):
+            self.fail(f"{node.id} p{pid}: {what} with lost state: its log ends at "
+                      f"{node.store.durable[pid].end}, it may have acknowledged up to {node.lost[pid]}")
+
+    def _check_counted(self, lead: Node, pid: int) -> None:
+        """A commit on ``lead``: no follower that lost state is counted beyond what it holds."""
+        for r in self.replicas[pid]:
+            f = self.nodes[r]
+            if r == lead.id or not f.up or not self._still_lost(f, pid):
+                continue
+            if (lead.core.peer_identity(r) != (f.store.store_id, f.core.life) or pid in f.cut
+                    or f.core.leader(pid)[1] != lead.core.leader(pid)[1]):
+                continue  # acks from before the damage, or a leader of an older term: honest then
+            fs = lead.core.status(pid)["followers"][r]
+            if not fs["recovering"] and fs["match"] > f.store.durable[pid].end:
+                self.fail(f"{lead.id} p{pid}: counts {r} at {fs['match']}, which lost state and holds "
+                          f"{f.store.durable[pid].end}")
 
     def converged(self) -> bool:
         for pid in self.pids:

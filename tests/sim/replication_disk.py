@@ -12,12 +12,16 @@ Beside the store it keeps, per partition, the checkers' index of the same log (`
 and ``durable`` ``PartLog``: whole batches as (base, end, epoch, raw)), updated with every
 effect, and compares both after every sync and every crash: offsets, log start and the
 persisted state must agree, so the twin checks the store as much as the store serves it.
+
+Disk faults (issue 17), applied while the broker is down: ``wipe`` (an empty store with a
+new store id), ``rollback`` (the store as it was at an earlier sync: log and persisted
+state, same store id; ``snapshot`` takes one); corrupt batches need nothing here: the sim
+shell reports the damaged offset to the core at start (``report_corrupt``), as the store's
+recovery check would, and the core cuts the log there.
 """
 from __future__ import annotations
 
-import msgpack
-
-from mesh.node.raft_host import StoreReader
+from mesh.node.raft_host import StoreReader, pack_state, unpack_state
 from mesh.raft import PersistState
 from mesh.wire.records import encode_batch, iter_batches, patch_batch
 from storage.memory import MemoryStore
@@ -38,8 +42,9 @@ def _state_key(pid: int) -> bytes:
 class SimDisk:
     """A ``MemoryStore`` plus the checkers' index of it; also the core's ``LogReader``."""
 
-    def __init__(self, pids: list[int], reads_staged: bool = True) -> None:
+    def __init__(self, pids: list[int], reads_staged: bool = True, store_id: str = "") -> None:
         self.pids = pids
+        self.store_id = store_id
         self.reads_staged = reads_staged  # False: like an LMDB reader outside the write txn
         self.mem = MemoryStore()
         self.durable = {pid: PartLog() for pid in pids}
@@ -86,8 +91,7 @@ class SimDisk:
         self.dirty.add(pid)
 
     def stage_state(self, st: PersistState) -> None:
-        self.mem.put("repl", _state_key(st.pid),
-                     msgpack.packb([st.term, st.vote, st.commit, [list(e) for e in st.epoch_cache]]))
+        self.mem.put("repl", _state_key(st.pid), pack_state(st))
         self.live_state[st.pid] = st
         self.dirty.add(st.pid)
 
@@ -124,12 +128,42 @@ class SimDisk:
             raise SimFailure(f"p{pid}: retention to {new_start} left the log starting at {got}")
         self._agree(pid)
 
+    # -- disk faults (the broker is down: nothing is staged) ---------------------------------
+    def snapshot(self) -> tuple:
+        """What the disk holds now (durable), to roll back to later."""
+        assert not self.dirty
+        return ({db: dict(kv) for db, kv in self.mem._durable.items()},
+                {pid: log.copy() for pid, log in self.durable.items()}, dict(self.durable_state))
+
+    def rollback(self, snap: tuple) -> None:
+        """The disk as it was at ``snap`` (a restored copy of the data directory)."""
+        durable, logs, states = snap
+        old = MemoryStore()
+        old._durable = {db: dict(kv) for db, kv in durable.items()}
+        self._replace(old.crash(), logs, states)
+
+    def wipe(self, store_id: str) -> None:
+        """An empty data directory: a new store with a new id."""
+        self.store_id = store_id
+        self._replace(MemoryStore(), {pid: PartLog() for pid in self.pids}, {pid: None for pid in self.pids})
+
+    def _replace(self, mem: MemoryStore, logs: dict, states: dict) -> None:
+        self.mem = mem
+        self.durable = {pid: log.copy() for pid, log in logs.items()}
+        self.live = {pid: log.copy() for pid, log in logs.items()}
+        self.durable_state = dict(states)
+        self.live_state = dict(states)
+        self.dirty.clear()
+        for pid in self.pids:
+            self._agree(pid)
+            if self._stored_state(pid) != self.durable_state[pid]:
+                raise SimFailure(f"p{pid}: restored state {self._stored_state(pid)}, expected {self.durable_state[pid]}")
+
     def _stored_state(self, pid: int) -> PersistState | None:
         raw = self.mem.get("repl", _state_key(pid))
         if raw is None:
             return None
-        term, vote, commit, cache = msgpack.unpackb(raw)
-        return PersistState(pid, term, vote, commit, tuple(tuple(e) for e in cache))
+        return unpack_state(pid, raw)
 
     def _agree(self, pid: int) -> None:
         log, mem = self.live[pid], self.mem

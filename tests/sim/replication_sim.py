@@ -2,6 +2,7 @@
 
     python -m tests.sim.replication_sim --seed 7 --steps 3000 [--brokers 3 --partitions 8]
     python -m tests.sim.replication_sim --seed 0 --seeds 1000 --steps 2000
+    python -m tests.sim.replication_sim --seed 0 --seeds 100 --steps 5000 --disk-faults
     python -m tests.sim.replication_sim --idle-rate --partitions 1000
 
 How it works
@@ -27,6 +28,15 @@ seeded from strings: a run is a pure function of its arguments.
   the broker are lost), restarts from what was committed, pauses (SIGSTOP: no ticks, the
   network holds the broker's messages, then a burst) and retention (the head of a log
   deleted below its persisted commit).
+- Identity: every broker has a store id and starts its core unconfirmed; a seeded moment
+  later (``identity_ms``) the shell plays gossip's answer: ``confirm_identity()``, or
+  ``declare_lost_state()`` after a wipe or rollback.
+- Disk faults (``--disk-faults``; only for brokers whose partitions all have RF >= 2, one
+  broker at a time, the next only once that one is refilled and back in every leader's
+  in-sync set, as the issue's checker did): crash and restart with (a) an empty store and
+  a new store id, (b) the store as it was at an earlier sync (log and persisted state), (c)
+  a corrupt batch found at recovery; or (d) a corrupt batch found by a running broker
+  (often a leader). For (c) and (d) the shell calls ``report_corrupt(pid, offset)``.
 - Clients produce batches to whoever some broker believes leads; a batch is acknowledged
   when the leader's ``committed`` covers it after the turn's sync (acks=all).
 
@@ -37,6 +47,8 @@ Checkers (replication_checks.py), after every Ready and turn:
   offset, equals the canonical committed log; truncations never cut below commit;
 - the core's state matches what it asked to persist, and its epoch cache matches the
   epochs stored in the batches;
+- disk faults: a replica that lost state is never elected, nor counted by a leader beyond
+  what it holds, before it holds again what it may have acknowledged;
 - final phase: heal everything, restart and resume every broker; within a bound every
   partition must have one leader known to all replicas, identical logs and commit = end;
   a new batch per partition must commit; every acknowledged batch must be present; then
@@ -47,8 +59,7 @@ A failure prints ``reproduce with: python -m tests.sim.replication_sim --seed N 
 Files: replication_sim.py (this: ``run``, the idle-rate measurement, the command line),
 replication_world.py (``Sim``: brokers, turns, clients, faults, the final phase),
 replication_checks.py (the invariants), replication_disk.py (the disk),
-replication_store.py (``PartLog``, the checkers' index of a log, and the older
-self-describing twin that tests/unit/test_replication.py still drives).
+replication_store.py (``PartLog``, the checkers' index of a log, and ``SimFailure``).
 """
 from __future__ import annotations
 
@@ -57,11 +68,11 @@ import sys
 import time
 
 from mesh.raft import ReplicationConfig
-from tests.sim.replication_store import PartLog, SimFailure, Store, encode_batch, iter_batches
+from tests.sim.replication_store import PartLog, SimFailure
 from tests.sim.replication_world import SIM_REPLICATION, US, Sim, SimConfig
 
 __all__ = [
-    "SimConfig", "Sim", "SimFailure", "Store", "PartLog", "run", "main", "encode_batch", "iter_batches",
+    "SimConfig", "Sim", "SimFailure", "PartLog", "run", "main",
     "idle_messages_per_sec", "expected_idle_messages_per_sec", "SIM_REPLICATION",
 ]
 
@@ -138,6 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--partitions", type=int, default=None, help="default 8 (1,000 with --idle-rate)")
     p.add_argument("--rf", type=int, default=3)
     p.add_argument("--no-faults", action="store_true")
+    p.add_argument("--disk-faults", action="store_true", help="also wipe, roll back and corrupt disks")
     p.add_argument("--idle-rate", action="store_true",
                    help="measure idle messages/s per broker (defaults: 1,000 partitions, production config)")
     p.add_argument("-q", "--quiet", action="store_true")
@@ -158,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     for seed in range(args.seed, args.seed + args.seeds):
         cfg = SimConfig(seed=seed, steps=args.steps, brokers=args.brokers, partitions=args.partitions or 8,
-                        rf=args.rf, faults=not args.no_faults)
+                        rf=args.rf, faults=not args.no_faults, disk_faults=args.disk_faults)
         try:
             sim = run(cfg)
         except SimFailure as exc:

@@ -56,20 +56,23 @@ class SimConfig:
     converge_ms: int = 30_000      # liveness bound after the heal
     rebalance_ms: int = 30_000     # preferred leaders back within this after convergence
     check_replicas: bool = True    # compare every replica's state with its disk after each turn
+    disk_faults: bool = False      # wipe / roll back / corrupt one broker's disk at a time
+    identity_ms: tuple[int, int] = (20, 400)  # a restarted broker learns from gossip whether it lost state
     replication: ReplicationConfig = SIM_REPLICATION
 
     def argv(self) -> str:
         return (f"--seed {self.seed} --steps {self.steps} --brokers {self.brokers} "
-                f"--partitions {self.partitions}" + ("" if self.rf == 3 else f" --rf {self.rf}"))
+                f"--partitions {self.partitions}" + ("" if self.rf == 3 else f" --rf {self.rf}")
+                + (" --disk-faults" if self.disk_faults else ""))
 
 
 # -- the simulated broker -----------------------------------------------------------------------
 
 class Node:
-    def __init__(self, nid: str, pids: list[int], tick_us: int, reads_staged: bool) -> None:
+    def __init__(self, nid: str, pids: list[int], tick_us: int, reads_staged: bool, store_id: str) -> None:
         self.id = nid
         self.pids = pids
-        self.store = SimDisk(pids, reads_staged)
+        self.store = SimDisk(pids, reads_staged, store_id)
         self.core: ReplicaManager | None = None
         self.up = False
         self.paused = False
@@ -82,6 +85,14 @@ class Node:
         self.commit_seen: dict[int, int] = {pid: 0 for pid in pids}
         self.turn_at_us: int | None = None
         self.crash_in_turn = False
+        # disk faults (issue 17)
+        self.snaps: list[tuple] = []           # rollback points (durable disk at some syncs)
+        self.disk_fault: str | None = None     # applied at the next restart
+        self.lost_state = False                # the disk forgot: gossip will say so
+        self.identity_due = False              # gossip's answer arrives at the next turn
+        self.corrupt: tuple[int, int] | None = None  # (pid, offset) found at recovery
+        self.lost: dict[int, int] = {}         # pid -> offset it must hold again before it may lead
+        self.cut: set[int] = set()             # pids it cut for corruption (in this life)
 
 
 class _Turn:
@@ -117,7 +128,7 @@ class Sim(Checkers):
         for nid in self.node_ids:
             hosted = [pid for pid in self.pids if nid in self.replicas[pid]]
             tick_us = int(cfg.tick_ms * US * self.rng.uniform(0.95, 1.05))  # clocks drift
-            self.nodes[nid] = Node(nid, hosted, tick_us, reads_staged)
+            self.nodes[nid] = Node(nid, hosted, tick_us, reads_staged, self._new_store_id())
         self.faults_on, self.clients_on = cfg.faults, cfg.clients
         # checkers' memory
         self.leader_of_epoch: dict[tuple[int, int], str] = {}
@@ -129,7 +140,8 @@ class Sim(Checkers):
         self.sent_messages: dict[str, int] = {nid: 0 for nid in self.node_ids}
         self.sent_rows: dict[str, int] = {nid: 0 for nid in self.node_ids}
         self.counts = {"crash": 0, "mid_turn_crash": 0, "pause": 0, "partition": 0, "retention": 0,
-                       "resets": 0, "truncates": 0, "elections": 0}
+                       "resets": 0, "truncates": 0, "elections": 0, "wipe": 0, "rollback": 0, "corrupt": 0}
+        self.disk_faulted: str | None = None  # at most one broker's disk at a time
         for nid in self.node_ids:
             self._start(self.nodes[nid])
             self._at(self.rng.randrange(self.nodes[nid].tick_us), "tick", nid)
@@ -159,10 +171,15 @@ class Sim(Checkers):
             node.turn_at_us = at
             self._at(delay_us, "turn", node.id)
 
+    def _new_store_id(self) -> str:
+        return "%016x" % self.rng.getrandbits(64)
+
     def _start(self, node: Node) -> None:
         node.incarnation += 1
         rng = random.Random(f"replication-sim/{self.cfg.seed}/{node.id}/{node.incarnation}")
-        core = ReplicaManager(node.id, rng, self.cfg.replication, node.store)
+        # unconfirmed until gossip answers (the "identity" event, a little later)
+        core = ReplicaManager(node.id, rng, self.cfg.replication, node.store, store_id=node.store.store_id,
+                              confirmed=False)
         for pid in node.pids:
             log = node.store.live[pid]
             core.add_partition(pid, self.replicas[pid], node.store.live_state[pid], log.end)
@@ -173,6 +190,9 @@ class Sim(Checkers):
         node.last_tick_us = self.now_us
         node.inbox, node.produce_q, node.turn_at_us = [], [], None
         node.pending = {pid: [] for pid in node.pids}
+        node.identity_due = False
+        node.cut = set()
+        self._at(self._ms(*self.cfg.identity_ms), "identity", (node.id, node.incarnation))
 
     # -- the event loop --------------------------------------------------------------------
     def run_steps(self, steps: int) -> None:
@@ -225,7 +245,14 @@ class Sim(Checkers):
         elif kind == "restart":
             node = self.nodes[arg]
             if not node.up:
+                if node.disk_fault is not None:
+                    self._damage_disk(node)
                 self._start(node)
+                self._want_turn(node)
+        elif kind == "identity":
+            node = self.nodes[arg[0]]
+            if node.up and node.incarnation == arg[1]:
+                node.identity_due = True
                 self._want_turn(node)
         elif kind == "resume":
             node = self.nodes[arg]
@@ -246,6 +273,14 @@ class Sim(Checkers):
         turn.busy = bool(inbox or node.produce_q)
         if node.inbox:
             self._want_turn(node, 1)
+        if node.corrupt is not None:  # found by the store's recovery check
+            self._report_corrupt(node, turn, *node.corrupt)
+            node.corrupt = None
+        if node.identity_due:  # gossip: our identity is the newest, or the cluster remembers more
+            node.identity_due = False
+            self._apply(node, turn, core.declare_lost_state() if node.lost_state else core.confirm_identity())
+            node.lost_state = False  # a later plain restart finds its own generation the newest
+            turn.busy = True
         for src, op, body, payload in inbox:
             self._apply(node, turn, core.step(src, decode_body(op, body), payload))
         ticks = (self.now_us - node.last_tick_us) // node.tick_us
@@ -259,6 +294,8 @@ class Sim(Checkers):
             self._crash(node, mid_turn=True)
             return
         node.store.sync()
+        if self.cfg.disk_faults and self.rng.random() < 0.03:
+            node.snaps = node.snaps[-3:] + [node.store.snapshot()]
         for pid in sorted(staged):
             self._apply(node, turn, core.synced(pid, node.store.live[pid].end))
         if not self.flush_before_sync:
@@ -319,7 +356,8 @@ class Sim(Checkers):
                 store.stage_append(pid, op.payload, batches)
             elif type(op) is Truncate:
                 self.counts["truncates"] += 1
-                if op.to_offset < node.commit_seen[pid] or not log.is_boundary(op.to_offset):
+                below_ok = node.corrupt is not None and node.corrupt[0] == pid  # a corrupt range: the one case
+                if (op.to_offset < node.commit_seen[pid] and not below_ok) or not log.is_boundary(op.to_offset):
                     self.fail(f"{node.id} p{pid}: Truncate to {op.to_offset}: commit {node.commit_seen[pid]}, "
                               f"log {log.start}..{log.end}")
                 store.stage_truncate(pid, op.to_offset)
@@ -345,6 +383,7 @@ class Sim(Checkers):
                 other = self.leader_of_epoch.setdefault((pid, epoch), node.id)
                 if other != node.id:
                     self.fail(f"election safety: p{pid} epoch {epoch} has leaders {other} and {node.id}")
+                self._check_not_lost(node, pid, "elected")
                 self._check_leader_completeness(node, pid, epoch)
 
     def _after_turn(self, node: Node, turn: _Turn) -> None:
@@ -358,6 +397,7 @@ class Sim(Checkers):
             node.commit_seen[pid] = commit
             self._check_committed(node, pid, commit, term=core.leader(pid)[1])
             if core.role(pid) is Role.LEADER:
+                self._check_counted(node, pid)
                 keep = []
                 log = node.store.live[pid]
                 for base, end, raw, key in node.pending[pid]:
@@ -441,7 +481,89 @@ class Sim(Checkers):
                 self._at(pause_us, "resume", node.id)
         elif r < 0.80:
             self._retention()
+        elif self.cfg.disk_faults and r < 0.97:
+            self._disk_fault()
         # else: a quiet spell
+
+    # -- disk faults (issue 17) ---------------------------------------------------------------
+    def _disk_fault(self) -> None:
+        """Crash one broker and damage its disk before it restarts: at most one at a time, and
+        only once the previous one is back in the in-sync set of all its partitions."""
+        if self.disk_faulted is not None:
+            if not self._back_in_sync(self.nodes[self.disk_faulted]):
+                return
+            self.disk_faulted = None
+        node = self.nodes[self.rng.choice(self.node_ids)]
+        if not node.up or node.paused or any(len(self.replicas[pid]) < 2 for pid in node.pids):
+            return  # RF 1: the only copy; nothing can bring it back
+        kind = self.rng.choice(("wipe", "rollback", "corrupt", "corrupt_live"))
+        if kind == "rollback" and not node.snaps:
+            kind = "wipe"
+        if kind == "corrupt_live":  # found while it runs (reading for a follower or a consumer)
+            led = [pid for pid in node.pids if node.core.role(pid) is Role.LEADER] or node.pids
+            pid = self.rng.choice(led)
+            bases = [b[0] for b in node.store.durable[pid].batches]
+            if bases:
+                self.counts["corrupt"] += 1
+                node.corrupt = (pid, self.rng.choice(bases))
+                self.disk_faulted = node.id
+                self._want_turn(node)
+            return
+        self._crash(node, mid_turn=False)
+        node.disk_fault = kind
+        self.disk_faulted = node.id
+
+    def _back_in_sync(self, node: Node) -> bool:
+        """Refilled (not recovering, gossip has spoken) and in every leader's in-sync set."""
+        if not node.up or node.lost_state or node.corrupt is not None:
+            return False
+        for pid in node.pids:
+            if node.core.recovering(pid):
+                return False
+            lead = next((self.nodes[r] for r in self.replicas[pid]
+                         if self.nodes[r].up and self.nodes[r].core.role(pid) is Role.LEADER), None)
+            if lead is None or node.id not in lead.core.isr(pid):
+                return False
+        return True
+
+    def _damage_disk(self, node: Node) -> None:
+        kind, node.disk_fault = node.disk_fault, None
+        store = node.store
+        if kind == "corrupt":
+            cands = [(pid, b[0]) for pid in node.pids for b in store.durable[pid].batches]
+            if cands:
+                self.counts["corrupt"] += 1
+                node.corrupt = self.rng.choice(cands)
+                return
+            kind = "wipe"
+        self.counts[kind] += 1
+        # what this replica may have acknowledged: it may not lead before it holds it again
+        for pid in node.pids:
+            others = [self.nodes[r] for r in self.replicas[pid] if r != node.id]
+            marks = [o.commit_seen[pid] if o.up else (o.store.durable_state[pid].commit
+                                                         if o.store.durable_state[pid] else 0) for o in others]
+            if marks:
+                node.lost[pid] = max(node.lost.get(pid, 0), min(marks))
+        if kind == "wipe":
+            store.wipe(self._new_store_id())
+            node.snaps = []
+        else:
+            i = self.rng.randrange(len(node.snaps))
+            store.rollback(node.snaps[i])
+            node.snaps = node.snaps[:i + 1]
+        node.lost_state = True
+        node.commit_seen = {pid: 0 for pid in node.pids}
+
+    def _report_corrupt(self, node: Node, turn: _Turn, pid: int, offset: int) -> None:
+        node.lost[pid] = max(node.lost.get(pid, 0), node.commit_seen[pid])
+        node.cut.add(pid)
+        rd = node.core.report_corrupt(pid, offset)
+        self._apply(node, turn, rd)
+        rd2 = node.core.report_corrupt(pid, offset)  # a repeated report changes nothing
+        if rd2.log_ops or rd2.messages:
+            self.fail(f"{node.id} p{pid}: a repeated corruption report acted again: {rd2}")
+        node.commit_seen[pid] = node.core.commit_offset(pid)
+        turn.busy = True
 
     def _crash(self, node: Node, mid_turn: bool) -> None:
         self.counts["mid_turn_crash" if mid_turn else "crash"] += 1
@@ -514,4 +636,6 @@ class Sim(Checkers):
                 f"{len(self.acked)}/{self.produced} batches acked ({self.refused} refused), "
                 f"{c['elections']} leaderships, {c['crash']}+{c['mid_turn_crash']} crashes, "
                 f"{c['pause']} pauses, {c['partition']} partitions, {c['truncates']} truncations, "
-                f"{c['retention']} retention cuts, {c['resets']} log resets, trace {self.trace.hexdigest()[:12]}")
+                f"{c['retention']} retention cuts, {c['resets']} log resets, "
+                f"disk: {c['wipe']} wiped, {c['rollback']} rolled back, {c['corrupt']} corrupt, "
+                f"trace {self.trace.hexdigest()[:12]}")

@@ -3,7 +3,7 @@ refresh decisions and the one ListOffsets with retries. No sockets, no sleeping:
 clock and sleep are replaced by a fake clock."""
 import pytest
 
-from mesh.client.cluster import ClusterView, TopicPartition
+from mesh.client.cluster import ClusterView, TopicPartition, merge_topics
 from mesh.wire.errors import ErrorCode, MeshError
 from mesh.wire.messages import EARLIEST, LATEST, ListOffsetsRequest, ListOffsetsResponse, MetadataResponse
 
@@ -23,18 +23,29 @@ class FakeTransport:
 
     def __init__(self):
         self.metadata = None
+        self.by_address = None
         self.metadata_calls = []
+        self.sent = []
         self.answers = {}
         self.calls = []
         self.forgotten = []
 
-    def call_first(self, addrs, msg, timeout_ms=2000):
-        self.metadata_calls.append((list(addrs), msg.topics))
+    def send(self, addr, msg, payload=None):
+        self.sent.append((addr, msg))
+        return len(self.sent) - 1
+
+    def gather(self, rids, timeout_ms, grace_ms=None):
+        """A refresh: one answer from the first address asked (``self.metadata``), or one
+        per address asked that ``self.by_address`` has."""
+        asked = [self.sent[r][0] for r in rids]
+        self.metadata_calls.append((asked, self.sent[rids[0]][1].topics))
+        if self.by_address is not None:
+            return {r: (a, self.by_address[a], None) for r, a in zip(rids, asked) if a in self.by_address}
         md = self.metadata.pop(0) if isinstance(self.metadata, list) and len(self.metadata) > 1 else (
             self.metadata[0] if isinstance(self.metadata, list) else self.metadata)
         if md is None:
-            raise MeshError(ErrorCode.TIMEOUT, "no answer")
-        return md, None
+            return {}
+        return {rids[0]: (asked[0], md, None)}
 
     def call(self, addr, msg, payload=None, timeout_ms=10_000):
         assert isinstance(msg, ListOffsetsRequest)
@@ -168,3 +179,39 @@ def test_list_offsets_of_an_unknown_topic_raises(view):
     with pytest.raises(MeshError) as ei:
         view.list_offsets([("nope", 0)], LATEST, timeout_ms=1000)
     assert ei.value.code == ErrorCode.UNKNOWN_TOPIC
+
+
+def entry(p, leader, epoch):
+    return {"partition": p, "leader": leader and f"n-{leader}", "leader_address": leader, "epoch": epoch,
+            "replicas": [], "isr": [], "log_start": 0, "log_end": 0, "high_watermark": 0}
+
+
+def test_merge_takes_the_highest_leader_epoch_per_partition():
+    stale = MetadataResponse(0, [], [{"name": "t", "error": 0, "partitions": [entry(0, "a:1", 4), entry(1, "b:2", 2)]},
+                                     {"name": "gone", "error": ErrorCode.UNKNOWN_TOPIC}])
+    fresh = MetadataResponse(0, [], [{"name": "t", "error": 0, "partitions": [entry(0, "c:3", 5), entry(1, None, 2)]},
+                                     {"name": "gone", "error": ErrorCode.UNKNOWN_TOPIC},
+                                     {"name": "new", "error": 0, "partitions": [entry(0, "a:1", 1)]}])
+    for answers in ([stale, fresh], [fresh, stale]):   # whatever the order of the answers
+        got = merge_topics(answers)
+        assert [(e["leader_address"], e["epoch"]) for e in got["t"]["partitions"]] == [("c:3", 5), ("b:2", 2)]
+        assert got["gone"] is None and got["new"]["partitions"][0]["leader_address"] == "a:1"
+
+
+def test_refresh_asks_three_brokers_and_a_lagging_one_does_not_win(view):
+    view.transport.by_address = {
+        "a:1": MetadataResponse(0, [{"id": "n-a", "address": "a:1", "status": "alive"},
+                                    {"id": "n-b", "address": "b:2", "status": "alive"},
+                                    {"id": "n-c", "address": "c:3", "status": "alive"},
+                                    {"id": "n-d", "address": "d:4", "status": "alive"}],
+                                [{"name": "t", "error": 0, "partitions": [entry(0, "d:4", 7)]}]),
+        "b:2": MetadataResponse(0, [], [{"name": "t", "error": 0, "partitions": [entry(0, "b:2", 8)]}]),
+    }
+    view.refresh()
+    assert view.leader_address("t", 0) == "b:2"
+    view.refresh()                                     # now four brokers known: three asked at once
+    (asked, _), = view.transport.metadata_calls[-1:]
+    assert len(asked) == 3
+    assert view.leader_address("t", 0) in ("b:2", "d:4")
+    if "b:2" in asked:
+        assert view.leader_address("t", 0) == "b:2"

@@ -483,3 +483,51 @@ def test_any_interleaving_converges_once_the_network_is_reliable(script):
     net.run(3_000)
     views = {repr((n.cluster_items(), [n.node_items(o) for o in "abc"], n.cluster_hash())) for n in nodes}
     assert len(views) == 1
+
+
+def test_a_row_for_us_from_another_life_of_our_generation_is_a_conflict():
+    a, b, net = pair()
+    mine = a.digest_entry("a")
+    other_life = [["a", mine[0], mine[1] + 50, mine[2] + 5, 0, "addr-a", False]]
+    a.receive("addr-b", GossipSyn("b", other_life, [], 0), net.now)
+    assert a.identity_conflict == mine[0] and a.stats["identity_conflicts"] == 1
+    assert a.heard_peer
+
+
+def test_reincarnate_moves_to_a_new_generation_and_peers_follow():
+    a, b, net = pair()
+    a.set_local("k", 1)
+    a.set_local("gone", 2)
+    a.delete_local("gone")
+    net.run(1_000)
+    a.receive("addr-b", GossipSyn("b", [["a", 7, 1, 0, 0, "addr-a", False]], [], 0), net.now)
+    assert a.identity_conflict == 7
+    with pytest.raises(ValueError):
+        a.reincarnate(1, net.now)
+    a.reincarnate(8, net.now)
+    assert a.identity_conflict == 0 and a.generation == 8
+    assert a.node_items("a") == {"k": 1}
+    net.run(2_000)
+    assert b.digest_entry("a")[0] == 8 and b.node_items("a") == {"k": 1}
+    a.check_invariants()
+    b.check_invariants()
+
+
+@pytest.mark.parametrize("first_life_ms", [0, 2_000])
+def test_a_second_life_of_the_same_generation_sees_the_first_one(first_life_ms):
+    """A store rolled back by one life restarts with a generation the cluster already saw:
+    held at heartbeat 0 until a peer is heard, it sees the peers' row from the other life,
+    however short that one was once a peer had shown it holds it (``seen_by_peer``)."""
+    a = make("a", gen=2)
+    b = make("b", seeds=[a.address])
+    a.hold_heartbeat = True
+    net = Net(a, b)
+    while not a.seen_by_peer:
+        net.run(50)
+    net.run(first_life_ms)
+    assert b.digest_entry("a")[1] > 0 and a.identity_conflict == 0
+    a2 = make("a", gen=2, now=net.now)             # the same generation again (a rolled-back copy)
+    a2.hold_heartbeat = True
+    net.add(a2)
+    net.run(1_000)
+    assert a2.identity_conflict == 2 and a2.heard_peer

@@ -30,13 +30,14 @@ class Cluster:
         self.published: dict[str, list] = {nid: [] for nid in self.ids}
         self.hosts = {nid: self._host(nid) for nid in self.ids}
 
-    def _host(self, nid: str) -> ReplicaHost:
+    def _host(self, nid: str, confirmed: bool = True) -> ReplicaHost:
         store = self.stores[nid]
         h = ReplicaHost(nid, store, ProducerStates(store), random.Random(nid),
                         send=lambda dest, msg, payload: self.queue.append(
                             (nid, dest, op_of(msg), encode_body(msg), payload)),
                         publish=lambda pid, leader, epoch: self.published[nid].append((pid, leader, epoch)),
-                        config=CFG, tick_ms=TICK_MS, now_ms=lambda: self.now_ms)
+                        config=CFG, tick_ms=TICK_MS, now_ms=lambda: self.now_ms,
+                        store_id=f"store-{nid}", confirmed=confirmed)
         h.reply = lambda ident, rid, msg: self.replies[nid].append((ident, rid, msg))
         return h
 
@@ -161,3 +162,54 @@ def test_ticks_and_deadlines_follow_the_injected_clock():
     h.expire()
     (_, _, resp), = c.replies["n0"]
     assert resp.error == int(ErrorCode.TIMEOUT)
+
+
+def test_lost_state_and_corruption_pass_through_and_survive_a_rebuild():
+    c = Cluster()
+    c.start()
+    for _ in range(3):
+        c.produce("n0")
+        c.deliver()
+    h = c.hosts["n1"]
+    h.declare_lost_state()
+    c.turn("n1")
+    assert h.recovering(PID) and h.status(PID)["recovering"] and h.status(PID)["confirmed"]
+    saved = c.stores["n1"].get("repl", PID.to_bytes(8, "big"))
+    assert h._load_state(PID).recovering  # persisted: a restart mid-refill stays recovering
+    h._rebuild()  # a failed commit rebuilds the core: still lost, still recovering
+    assert h.core.lost and h.recovering(PID) and saved is not None
+    c.advance(TICK_MS)
+    c.deliver()
+    c.advance(TICK_MS)
+    c.deliver()
+    assert not h.recovering(PID) and h.core.state(PID).vote == "n0"
+    # refilled: a later rebuild must not declare lost state again (every replica would refill
+    # anew, and with another replica's disk lost meanwhile, a partition had no voters left)
+    h._rebuild()
+    assert not h.recovering(PID) and not h.core.lost
+    # a corrupt batch on the leader: it hands over and cuts its log; a second report is a no-op
+    lead = c.hosts["n0"]
+    lead.report_corrupt(PID, 1)
+    lead.report_corrupt(PID, 1)
+    c.turn("n0")
+    assert lead.recovering(PID) and c.stores["n0"].log_end(PID) == 1
+    assert [op for _, _, op, *_ in c.queue].count(b"REPL_TIMEOUT_NOW") == 1
+    for _ in range(4):
+        c.deliver()
+        c.advance(TICK_MS)
+    assert not lead.recovering(PID) and c.stores["n0"].log_end(PID) == 3
+
+
+def test_an_unconfirmed_host_does_not_campaign_until_confirmed():
+    c = Cluster()
+    c.hosts = {nid: c._host(nid, confirmed=False) for nid in c.ids}
+    c.start()
+    assert not any(h.is_leader(PID) for h in c.hosts.values())
+    for h in c.hosts.values():
+        h.confirm_identity()
+    c.advance(TICK_MS)
+    c.deliver()
+    for _ in range(3 * CFG.election_ticks):
+        c.advance(TICK_MS)
+        c.deliver()
+    assert sum(h.is_leader(PID) for h in c.hosts.values()) == 1

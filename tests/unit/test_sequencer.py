@@ -99,10 +99,12 @@ def test_a_lost_reply_times_out_and_resends_it_and_everything_after_with_the_sam
     assert d.pump(until - 1) == []
     again = d.pump(until)
     assert [(name, pid, s) for _, name, pid, s in again] == [("b0", 7, 0), ("b1", 7, 1), ("b2", 7, 2)]
-    assert seq.on_reply(first[0][0], NONE, until + 1) is None  # the lost reply shows up late: ignored
-    for rid, *_ in again:
+    for rid, *_ in again[1:]:
         seq.on_reply(rid, NONE, until + 2)
-    assert names(seq.take_done()) == ["b0", "b1", "b2"]
+    # the lost reply shows up late: a success still counts, and the retry's answer is moot
+    assert seq.on_reply(first[0][0], NONE, until + 3, base_offset=40).action == DONE
+    assert seq.on_reply(again[0][0], NONE, until + 4) is None
+    assert [(x.batch.name, x.base_offset) for x in seq.take_done()] == [("b1", -1), ("b2", -1), ("b0", 40)]
 
 
 def test_a_retriable_error_puts_the_batch_and_every_later_in_flight_one_back_in_order():
@@ -111,11 +113,12 @@ def test_a_retriable_error_puts_the_batch_and_every_later_in_flight_one_back_in_
     assert seq.on_reply(r0, NONE, 1).action == DONE
     out = seq.on_reply(r1, ErrorCode.NOT_ENOUGH_REPLICAS, 2)
     assert (out.tp, out.batch.name, out.action) == (TP, "b1", RETRY)
-    assert seq.on_reply(r2, NONE, 3) is None   # b2 went back to the queue: its answer is stale
     assert [b.name for b in seq.unfinished(TP)] == ["b1", "b2", "b3", "b4"]
+    assert seq.in_flight(TP) == 0             # b2 went back to the queue too
     resent = d.pump(seq.backoff_until_ms(TP))
     assert [(name, s) for _, name, _, s in resent] == [("b1", 1), ("b2", 2), ("b3", 3)]
     assert bs[1].attempts == 2 and bs[3].attempts == 1
+    assert seq.on_reply(r2, ErrorCode.NOT_LEADER, 300) is None   # a stale failure: ignored
 
 
 def test_leader_change_not_leader_then_the_new_leader_takes_the_same_sequences():
@@ -149,7 +152,7 @@ def test_backoff_doubles_up_to_its_cap_and_resets_after_a_success():
     assert seq.backoff_until_ms(TP) - now == 100
 
 
-def test_linear_backoff_and_a_partition_that_keeps_failing_gives_up():
+def test_linear_backoff_and_a_partition_that_keeps_failing_gives_up_with_everything_after_it():
     policy = RetryPolicy(max_in_flight=5, max_failures=3, backoff_ms=100, backoff_max_ms=1_000, linear_backoff=True)
     seq, d, bs = make(policy, n=2)
     now = 0
@@ -160,8 +163,10 @@ def test_linear_backoff_and_a_partition_that_keeps_failing_gives_up():
         now = seq.backoff_until_ms(TP)
     (rid, *_), _ = d.pump(now)
     assert seq.on_reply(rid, ErrorCode.TIMEOUT, now).action == FAILED
-    assert [(x.batch.name, x.gave_up) for x in seq.take_done()] == [("b0", True)]
-    assert [b.name for b in seq.unfinished(TP)] == ["b1"]   # in flight: its answer decides
+    done = seq.take_done()
+    assert [(x.batch.name, x.gave_up, x.error.maybe_written) for x in done] == [("b0", True, True),
+                                                                               ("b1", False, True)]
+    assert not seq.busy()
 
 
 def test_a_batch_out_of_attempts_or_past_its_deadline_fails_and_so_do_the_queued_ones():
@@ -181,27 +186,113 @@ def test_a_batch_out_of_attempts_or_past_its_deadline_fails_and_so_do_the_queued
     assert x.batch.name == "late" and x.error.code == ErrorCode.TIMEOUT
 
 
-def test_a_non_retriable_error_fails_queued_batches_keeps_in_flight_ones_and_renews_the_producer_id():
+def test_a_non_retriable_error_fails_every_later_batch_and_renews_the_producer_id():
     seq, d, bs = make(n=5, producer_ids=iter([41, 42]).__next__)
     sent = d.pump(0)                                 # b0, b1, b2 in flight; b3, b4 queued
-    out = seq.on_reply(sent[0][0], ErrorCode.MESSAGE_TOO_LARGE, 1)
+    out = seq.on_reply(sent[0][0], ErrorCode.MESSAGE_TOO_LARGE, 1, rejected=True)
     assert out.action == FAILED
-    assert names(seq.take_done()) == ["b0", "b3", "b4"]
+    done = seq.take_done()
+    assert names(done) == ["b0", "b1", "b2", "b3", "b4"]
+    # refused before any append: b0 was not written, so nothing after it can have been
+    assert [x.error.maybe_written for x in done] == [False] * 5
+    assert seq.on_reply(sent[1][0], NONE, 2) is None   # a failed batch's late answer: ignored
     assert seq.producer_id_of(TP) == 41 and seq.producer_id_of(OTHER) == 7
     seq.append(TP, B("new"))
     (_, name, pid, s), = d.pump(2)
     assert (name, pid, s) == ("new", 41, 0)          # a fresh id restarts at sequence 0
-    # an old in-flight batch retried later is numbered again under the new id
-    seq.on_reply(sent[1][0], NOT_LEADER, 3)
-    resent = d.pump(seq.backoff_until_ms(TP))
-    assert ("b1", 41, 1) in [(n, p, s) for _, n, p, s in resent]
 
 
-def test_the_producer_treats_duplicate_sequence_as_fatal_today():
+def test_no_fresh_producer_id_while_an_earlier_batch_is_in_doubt():
+    seq, d, bs = make(RetryPolicy(max_in_flight=3, backoff_ms=100), n=3, producer_ids=iter([41, 42]).__next__)
+    r0, r1, r2 = [rid for rid, *_ in d.pump(0)]
+    # b1 is refused for good (not written); b0 is still in flight: its fate is unknown
+    assert seq.on_reply(r1, ErrorCode.UNAUTHORIZED, 1, rejected=True).action == FAILED
+    assert [(x.batch.name, x.error.maybe_written) for x in seq.take_done()] == [("b1", False), ("b2", False)]
+    seq.append(TP, B("new"))
+    assert d.pump(2) == []                           # b0 of producer 7 is in doubt: "new" waits
+    assert seq.producer_id_of(TP) == 7
+    assert seq.on_reply(r0, ErrorCode.NOT_LEADER, 3).action == RETRY
+    again = d.pump(seq.backoff_until_ms(TP))
+    assert [(n, p, s) for _, n, p, s in again] == [("b0", 7, 0)]   # re-sent as it was; "new" still waits
+    assert seq.on_reply(again[0][0], NONE, 500, base_offset=9).action == DONE
+    (_, name, pid, s), = d.pump(501)
+    assert (name, pid, s) == ("new", 41, 0)          # nothing of producer 7 is in doubt any more
+
+
+def test_a_possibly_written_batch_is_never_resent_under_a_new_producer_id():
+    seq, d, bs = make(RetryPolicy(max_in_flight=2, retries=0), n=3, producer_ids=iter([41, 42]).__next__)
+    d.pump(0)
+    assert seq.expire(10_001, timeout_ms=10_000)      # b0 timed out, out of attempts (retries=0)
+    done = seq.take_done()
+    assert [(x.batch.name, x.error.code, x.error.maybe_written) for x in done] == [
+        ("b0", ErrorCode.TIMEOUT, True), ("b1", ErrorCode.TIMEOUT, True), ("b2", ErrorCode.TIMEOUT, False)]
+    seq.append(TP, B("new"))
+    assert [(n, p, s) for _, n, p, s in d.pump(10_002)] == [("new", 41, 0)]
+    assert [(n, p, s) for _, n, p, s in d.sent[:2]] == [("b0", 7, 0), ("b1", 7, 1)]
+    assert len(d.sent) == 3                           # b0 and b1 were sent once each, under 7 only
+
+
+def test_duplicate_sequence_means_stored_before_and_completes_with_offset_minus_one():
+    seq, d, bs = make(n=2, count=3)
+    sent = d.pump(0)
+    out = seq.on_reply(sent[0][0], ErrorCode.DUPLICATE_SEQUENCE, 1, message="older than the batches kept",
+                       rejected=True)
+    assert out.action == DONE
+    assert seq.on_reply(sent[1][0], NONE, 1, base_offset=77).action == DONE
+    assert [(x.batch.name, x.base_offset, x.duplicate, x.error) for x in seq.take_done()] == [
+        ("b0", -1, True, None), ("b1", 77, False, None)]
+    assert seq.producer_id_of(TP) == 7               # no new producer id
+
+
+def test_a_retry_answered_with_the_original_offsets_is_a_plain_success():
+    seq, d, bs = make(n=2)
+    first = d.pump(0)
+    seq.on_reply(first[0][0], ErrorCode.NOT_LEADER, 1, leader="leader-b:1")
+    again = d.pump(seq.backoff_until_ms(TP))
+    assert [(n, s) for _, n, _, s in again] == [("b0", 0), ("b1", 1)]
+    # the new leader had both (replicated before the change): their original offsets come back
+    seq.on_reply(again[1][0], NONE, 300, base_offset=11)
+    seq.on_reply(again[0][0], NONE, 300, base_offset=10)
+    assert [(x.batch.name, x.base_offset, x.duplicate) for x in seq.take_done()] == [
+        ("b1", 11, False), ("b0", 10, False)]
+
+
+def test_the_window_is_never_exceeded_while_the_oldest_batch_is_unacknowledged():
+    policy = RetryPolicy(max_in_flight=3, window=5, backoff_ms=100)
+    seq, d, bs = make(policy, n=12)
+    sent = d.pump(0)
+    assert [n for _, n, *_ in sent] == ["b0", "b1", "b2"]
+    for rid, *_ in sent[1:]:
+        seq.on_reply(rid, NONE, 1)                   # b1, b2 acknowledged; b0's answer is lost
+    more = d.pump(2)
+    assert [n for _, n, *_ in more] == ["b3", "b4"]  # b0..b4: five batches, the window
+    for rid, *_ in more:
+        seq.on_reply(rid, NONE, 3)
+    assert d.pump(4) == []                           # nothing past the window, though only b0 is in flight
+    assert seq.in_flight(TP) == 1
+    seq.expire(20_000, timeout_ms=10_000)
+    again = d.pump(seq.backoff_until_ms(TP))
+    assert [(n, s) for _, n, _, s in again] == [("b0", 0)]   # the broker still remembers it
+    seq.on_reply(again[0][0], NONE, 20_200, base_offset=0)
+    assert [n for _, n, *_ in d.pump(20_201)] == ["b5", "b6", "b7"]
+
+
+def test_a_late_success_of_an_attempt_given_up_on_finishes_the_batch():
     seq, d, bs = make(n=2)
     sent = d.pump(0)
-    assert seq.on_reply(sent[0][0], ErrorCode.DUPLICATE_SEQUENCE, 1).action == FAILED
-    assert seq.producer_id_of(TP) == 1000
+    seq.on_reply(sent[1][0], ErrorCode.NOT_ENOUGH_REPLICAS, 1)     # b0 and b1 back to the queue
+    assert seq.on_reply(sent[0][0], NONE, 2, base_offset=5).action == DONE
+    assert [(x.batch.name, x.base_offset) for x in seq.take_done()] == [("b0", 5)]
+    assert [n for _, n, *_ in d.pump(seq.backoff_until_ms(TP))] == ["b1"]
+
+
+def test_wait_holds_a_partition_without_counting_a_failure():
+    seq, d, bs = make(RetryPolicy(max_in_flight=1, retries=0, backoff_ms=100), n=1)
+    b = seq.next_to_send(TP, 0)
+    for now in range(0, 5_000, 100):
+        seq.wait(TP, now)                            # no leader known, many times
+        assert seq.next_to_send(TP, now) is None
+    assert seq.next_to_send(TP, 5_000) is b and seq.take_done() == []
 
 
 def test_a_dropped_connection_retries_what_was_sent_there():
@@ -234,7 +325,7 @@ def test_partitions_are_independent():
 
 
 SINK = RetryPolicy(max_in_flight=5, max_failures=50, backoff_ms=100, linear_backoff=True,
-                   duplicates_are_written=True)
+                   probe_duplicates=True)
 
 
 def test_sink_a_duplicate_one_record_batch_was_written_before():
@@ -251,7 +342,7 @@ def test_sink_a_duplicate_multi_record_batch_is_probed_with_its_last_record():
     sent = d.pump(0)
     out = seq.on_reply(sent[1][0], ErrorCode.DUPLICATE_SEQUENCE, 1)
     assert out.action == PROBE and bs[1].probe.seq == 7
-    assert seq.on_reply(sent[2][0], NONE, 1) is None  # in-flight ones went back to the queue
+    assert seq.in_flight(TP) == 0   # in-flight ones went back to the queue
     again = d.pump(2)   # b0 again (it was in flight), then record 3 of b1 alone, then nothing
     assert [(n, s) for _, n, _, s in again] == [("b0", 0), ("b1[3]", 7)]
     assert d.pump(3) == []
@@ -285,9 +376,10 @@ def test_sink_keeps_its_producer_id_when_a_batch_fails():
     seq.append(TP, B("y"))
     d = Driver(seq)
     sent = d.pump(0)
-    assert seq.on_reply(sent[0][0], ErrorCode.INVALID_REQUEST, 1).action == FAILED
+    assert seq.on_reply(sent[0][0], ErrorCode.INVALID_REQUEST, 1, rejected=True).action == FAILED
     assert seq.producer_id_of(TP) == 5
-    assert [x.error.code for x in seq.take_done()] == [ErrorCode.INVALID_REQUEST]
+    assert [(x.batch.name, x.error.code) for x in seq.take_done()] == [
+        ("x", ErrorCode.INVALID_REQUEST), ("y", ErrorCode.INVALID_REQUEST)]
 
 
 def test_retry_without_a_leader_keeps_order():

@@ -172,3 +172,178 @@ def test_corrupt_batch_is_found_not_served(tmp_path):
     with pytest.raises(CorruptBatch):
         s.read(pid, 0, 1 << 20, 50)
     s.close()
+
+
+# ---------------------------------------------------------------- batch checks --------------
+
+def _flip_header_base(path, marker):
+    """Rewrite the stored base offset of the batch holding ``marker`` (its CRC stays valid:
+    the CRC does not cover the base offset)."""
+    data = bytearray((path / "data.mdb").read_bytes())
+    at = data.find(marker)
+    assert at > 0
+    for hdr in range(at - 56, max(0, at - 4096), -1):
+        if data[hdr + 16] == 1 and int.from_bytes(data[hdr + 52:hdr + 56], "big") > 0 and \
+                int.from_bytes(data[hdr:hdr + 8], "big") == 3:
+            data[hdr + 7] ^= 0x40
+            (path / "data.mdb").write_bytes(bytes(data))
+            return
+    raise AssertionError("header not found")
+
+
+def test_a_header_base_offset_that_is_not_its_key_is_corrupt_on_read_and_at_recovery(tmp_path):
+    path = tmp_path / "db"
+    s = Store(str(path), map_size=64 << 20)
+    pid = s.partition_id("t", 0)
+    append(s, pid, [b"a"] * 3)
+    append(s, pid, [b"BASE-MARK"] * 2)
+    append(s, pid, [b"c"] * 2)
+    s.commit()
+    s.close()
+    _flip_header_base(path, b"BASE-MARK")
+    s = Store(str(path), map_size=64 << 20)
+    assert s.take_corrupt() == [(pid, 3)]          # found by recovery's scan, reported once
+    assert offsets(s.read(pid, 0, 1 << 20, 7)) == [0, 1, 2]   # what precedes it is served
+    with pytest.raises(CorruptBatch) as e:
+        s.read(pid, 3, 1 << 20, 7)
+    assert (e.value.pid, e.value.offset) == (pid, 3) and "says it starts at" in str(e.value)
+    for _ in range(100):                          # found again and again: noted once
+        with pytest.raises(CorruptBatch):
+            s.read(pid, 3, 1 << 20, 7)
+    assert s.take_corrupt() == []
+    s.stage_truncate(pid, 3)                      # the repair: truncate and refill
+    s.commit()
+    assert s.corrupt == {}
+    s.close()
+
+
+def test_a_crc_failure_is_noted_once(tmp_path):
+    path = tmp_path / "db"
+    s = Store(str(path), map_size=64 << 20)
+    pid = s.partition_id("t", 0)
+    append(s, pid, [b"MARKER-%03d" % i for i in range(50)])
+    append(s, pid, [b"tail"])
+    s.commit()
+    s.close()
+    data = bytearray((path / "data.mdb").read_bytes())
+    data[data.find(b"MARKER-025")] ^= 0x20
+    (path / "data.mdb").write_bytes(bytes(data))
+    s = Store(str(path), map_size=64 << 20)
+    assert s.take_corrupt() == []                 # recovery checks the tail batch's CRC only
+    for _ in range(10):
+        with pytest.raises(CorruptBatch):
+            s.read(pid, 0, 1 << 20, 51)
+    assert s.take_corrupt() == [(pid, 0)]
+    s.close()
+
+
+# ---------------------------------------------------------------- data directory ------------
+
+from storage import datadir  # noqa: E402
+
+
+def _store_dir(tmp_path, node="n1", **kw):
+    return datadir.open_data_dir(str(tmp_path / "d"), node, map_size=64 << 20, **kw)
+
+
+def _close(o):
+    o.store.close()
+    o.data_dir.unlock()
+
+
+def test_identity_is_created_then_generations_grow(tmp_path):
+    o = _store_dir(tmp_path)
+    assert o.lost is None and o.identity.generation == 1
+    sid = o.identity.store_id
+    _close(o)
+    o = _store_dir(tmp_path)
+    assert o.lost is None and o.identity.generation == 2 and o.identity.store_id == sid
+    assert datadir.read_identity(str(tmp_path / "d")).generation == 2
+    assert o.store.get("meta", b"store_id") == sid.encode()
+    _close(o)
+
+
+def test_a_second_broker_on_the_directory_is_refused(tmp_path):
+    o = _store_dir(tmp_path)
+    with pytest.raises(datadir.DataDirLocked, match="in use by another broker"):
+        _store_dir(tmp_path)
+    _close(o)
+    _close(_store_dir(tmp_path))   # the lock went with the first
+
+
+def test_another_nodes_directory_is_refused(tmp_path):
+    _close(_store_dir(tmp_path, "n1"))
+    with pytest.raises(datadir.DataDirDamaged, match="belongs to node 'n1'"):
+        _store_dir(tmp_path, "n2")
+
+
+def test_an_empty_or_older_store_than_the_identity_lost_state(tmp_path, tmp_path_factory):
+    d = tmp_path / "d"
+    _close(_store_dir(tmp_path))
+    old = tmp_path_factory.mktemp("copy")
+    for f in ("data.mdb", "identity.json"):
+        (old / f).write_bytes((d / f).read_bytes())
+    o = _store_dir(tmp_path)
+    sid = o.identity.store_id
+    _close(o)
+    (d / "data.mdb").write_bytes((old / "data.mdb").read_bytes())   # roll LMDB back, keep the identity
+    o = _store_dir(tmp_path)
+    assert o.lost and "older" in o.lost and o.identity.generation == 3 and o.identity.store_id != sid
+    assert o.identity.recovering
+    _close(o)
+    # still recovering at the next start (nothing cleared it)
+    o = _store_dir(tmp_path)
+    assert o.lost and "refilling" in o.lost
+    datadir.update_identity(o, recovering=False)
+    _close(o)
+    o = _store_dir(tmp_path)
+    assert o.lost is None
+    _close(o)
+    (d / "data.mdb").unlink()
+    (d / "lock.mdb").unlink()
+    o = _store_dir(tmp_path)
+    assert o.lost and "empty" in o.lost and o.identity.generation == 6
+    _close(o)
+
+
+def test_a_truncated_store_is_refused_and_rejoin_empty_moves_it_aside(tmp_path):
+    o = _store_dir(tmp_path)
+    pid = o.store.partition_id("t", 0)
+    for _ in range(50):
+        append(o.store, pid, [b"x" * 1000] * 10)
+    o.store.commit()
+    _close(o)
+    f = tmp_path / "d" / "data.mdb"
+    size = f.stat().st_size
+    with open(f, "r+b") as fh:
+        fh.truncate(size // 2)
+    with pytest.raises(datadir.DataDirDamaged, match="truncated.*--rejoin-empty"):
+        _store_dir(tmp_path)
+    o = _store_dir(tmp_path, rejoin_empty=True)
+    assert o.lost and o.moved_to and o.identity.generation == 2 and o.identity.recovering
+    assert o.store.log_end(pid) == 0
+    moved = tmp_path / o.moved_to.rsplit("/", 1)[1]
+    assert (moved / "data.mdb").stat().st_size == size // 2      # kept, never deleted
+    _close(o)
+
+
+@pytest.mark.parametrize("damage", ["magic", "root", "short"])
+def test_damaged_meta_pages_are_a_clear_error(tmp_path, damage):
+    o = _store_dir(tmp_path)
+    pid = o.store.partition_id("t", 0)
+    append(o.store, pid, [b"x"] * 10)
+    o.store.commit()
+    _close(o)
+    f = tmp_path / "d" / "data.mdb"
+    data = bytearray(f.read_bytes())
+    if damage == "magic":
+        for page in (0, 4096):
+            data[page + 16] ^= 0xFF
+    elif damage == "root":          # the main root page number, in both metas, out of range
+        for page in (0, 4096):
+            data[page + 16 + 24 + 48 + 40 + 6] = 0x7F
+    else:
+        data = data[:5000]
+    f.write_bytes(bytes(data))
+    with pytest.raises(datadir.DataDirDamaged, match="--rejoin-empty"):
+        _store_dir(tmp_path)

@@ -1,0 +1,221 @@
+"""The leader half of one partition replica (a mixin of ``mesh.raft.partition.Partition``):
+replication to followers, the commit offset, leadership transfer and local appends.
+
+What a leader knows of each follower is a ``mesh.raft.progress.Progress``; the rules it
+follows (see ``mesh.raft.manager``, "Lost state", for why):
+
+- it believes a follower's reports: a rejection that places the point of agreement below
+  the follower's ``match`` lowers ``match`` at once (``Progress.lower``), so a follower
+  that forgot counts toward neither commit nor the in-sync set until it acks again;
+- an answer from another store, or from a new life of the same store, voids what it knew
+  (``peer_restarted``: ``match`` back to 0; from another store the probe starts over at
+  our log end, from a new life at the old ``match``, which a follower that kept its disk
+  acks at once);
+- a follower that says it is recovering counts toward neither commit nor the in-sync set
+  and is never a transfer target (``Progress.recovering``).
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from mesh.wire.errors import ErrorCode, MeshError
+from mesh.raft.messages import AppendRespRow, AppendRow, HeartbeatRespRow, HeartbeatRow, TimeoutNowRow
+from mesh.raft.progress import PROBE, REPLICATE, Progress
+from mesh.raft.quorum import committed_offset
+
+if TYPE_CHECKING:
+    from mesh.raft.partition import Partition
+
+__all__ = ["Leading"]
+
+
+class Leading:
+    """Leader-side methods of ``Partition`` (they use its state: ``self`` is a Partition)."""
+
+    # -- replication -------------------------------------------------------------------------
+    def _handle_append_resp(self: Partition, src: str, row: AppendRespRow) -> None:
+        pr = self.progress.get(src)
+        if pr is None:
+            return
+        now = self.host.now_tick
+        pr.last_resp_tick = now
+        self._note_recovering(pr, row.recovering)
+        if row.ok:
+            m = row.offset
+            if m > self.end:
+                return  # cannot be an answer to this leader
+            if pr.maybe_update(m):
+                self._maybe_commit()
+            if pr.state == PROBE:
+                pr.become_replicate()
+            elif m < row.hint_end and m == pr.match:
+                pr.become_probe(m)  # a partial ack: resend from where its log stops
+            if pr.match >= self.end:
+                pr.caught_up_tick = now
+                if self.transfer_to == src:
+                    self._maybe_send_timeout_now()
+        else:
+            rejected = row.offset
+            nxt = min(row.hint_end, self.cache.end_for_epoch(row.hint_epoch, self.end))
+            if nxt >= rejected:
+                # No progress (exact epoch caches always make some): the disagreement is at
+                # our log start. Probe below it, which restarts the follower's log there.
+                nxt = -1
+            if nxt < pr.match:
+                # The follower's log agrees with ours only below what it acked: it forgot
+                # (a lost or rolled-back disk). Believe it, whatever the probe state.
+                pr.lower(nxt)
+            elif pr.stale_rejection(rejected):
+                return
+            else:
+                pr.become_probe(min(max(nxt, pr.match), self.end))
+        self.host.want_flush(self)
+
+    def _handle_heartbeat_resp(self: Partition, src: str, row: HeartbeatRespRow) -> None:
+        pr = self.progress.get(src)
+        if pr is None:
+            return
+        now = self.host.now_tick
+        pr.last_resp_tick = now
+        self._note_recovering(pr, row.recovering)
+        if pr.state == PROBE:
+            pr.probe_sent = False  # the probe or its answer may be lost: retry
+        elif pr.recovering and not pr.inflight:
+            # it waits for an append to show it caught up (an idle partition sends none)
+            pr.become_probe(min(pr.match, self.end))
+        elif (oldest := pr.oldest_sent_tick()) is not None and now - oldest >= self.cfg.retransmit_ticks:
+            pr.become_probe(pr.match)  # lost in flight: resend from what it acknowledged
+        else:
+            return
+        self.host.want_flush(self)
+
+    def _note_recovering(self: Partition, pr: Progress, flag: int) -> None:
+        recovering = bool(flag)
+        if recovering != pr.recovering:
+            pr.recovering = recovering
+            if recovering:
+                pr.caught_up_tick = -(1 << 62)
+            else:
+                self._maybe_commit()
+
+    def peer_restarted(self: Partition, peer: str, store: str, new_store: bool) -> None:
+        """``peer`` answered from another store (``new_store``) or a new life of its store."""
+        pr = self.progress.get(peer) if self.role.value == "leader" else None
+        if pr is None:
+            return
+        pr.forget(self.end if new_store else min(pr.match, self.end))
+        pr.store = store
+        self.host.want_flush(self)
+
+    def _maybe_commit(self: Partition) -> None:
+        if self.role.value != "leader":
+            return
+        held = [self.synced] + [pr.match for pr in self.progress.values() if pr.counted()]
+        commit = committed_offset(held, self.epoch_start, self.quorum)
+        if commit is not None:
+            self._set_commit(commit)
+
+    def send_appends(self: Partition) -> None:
+        """Called by the manager's flush: fill every follower's pipeline."""
+        if self.role.value != "leader":
+            return
+        cfg = self.cfg
+        for peer in self.peers:
+            pr = self.progress[peer]
+            if pr.state == REPLICATE:
+                while pr.next < self.end and pr.can_send(cfg.max_inflight_msgs, cfg.max_inflight_bytes):
+                    if self._send_append(peer, pr, data=True) < 0:
+                        break  # fell behind our log start: now probing
+            if pr.state == PROBE and not pr.probe_sent:
+                pr.probe_prev = self._send_append(peer, pr, data=pr.next == pr.match)
+                pr.probe_sent = True
+
+    def _send_append(self: Partition, peer: str, pr: Progress, data: bool) -> int:
+        """Send one append row from ``pr.next``; returns its prev_offset, or -1 when nothing
+        was sent (switched to probing, or the reader cannot see the data yet)."""
+        start = self.host.reader.start_offset(self.pid)
+        prev = pr.next
+        if prev < start:
+            if pr.state != PROBE:
+                pr.become_probe(prev)
+                return -1
+            row = AppendRow(self.pid, self.term, start, self.cache.epoch_at(start - 1), start, 0,
+                            self.epoch_start, self.commit, 0, 1)
+            self._send(peer, row)
+            return start
+        prev_epoch = self.cache.epoch_at(prev - 1) if prev > 0 else 0
+        payload, end, epoch = b"", prev, 0
+        if data and prev < self.end:
+            epoch = self.cache.epoch_at(prev)
+            to = self.cache.end_for_epoch(epoch, self.end)
+            payload, end = self.host.reader.read(self.pid, prev, to, self.cfg.max_append_bytes)
+            assert prev <= end <= to and (end > prev) == (len(payload) > 0), (self.pid, prev, end, to)
+            if end == prev:  # staged where the reader cannot see it yet: the next flush sends it
+                self.host.want_flush(self)
+                if pr.state == REPLICATE:
+                    return -1
+                epoch = 0
+            payload = bytes(payload)
+        row = AppendRow(self.pid, self.term, prev, prev_epoch, end, epoch, self.epoch_start,
+                        self.commit, len(payload), 0)
+        self._send(peer, row, payload)
+        if pr.state == REPLICATE:
+            pr.sent(end, len(payload), self.host.now_tick)
+        return prev
+
+    def heartbeat(self: Partition) -> None:
+        for peer in self.peers:
+            pr = self.progress[peer]
+            self._send(peer, HeartbeatRow(self.pid, self.term, min(self.commit, pr.match)))
+
+    # -- leadership transfer ---------------------------------------------------------------------
+    def transfer_leadership(self: Partition, target: str) -> None:
+        """Stop taking appends; once ``target`` holds our whole log, tell it to campaign
+        (TimeoutNow). Abandoned after an election timeout. Never to a recovering replica."""
+        if (self.role.value != "leader" or target == self.node or target not in self.peers
+                or self.progress[target].recovering):
+            return
+        self.transfer_to = target
+        self.transfer_elapsed_ticks = 0
+        self._maybe_send_timeout_now()
+
+    def _maybe_send_timeout_now(self: Partition) -> None:
+        target = self.transfer_to
+        if target is not None and self.progress[target].match >= self.end:
+            self._send(target, TimeoutNowRow(self.pid, self.term))
+
+    def _best_successor(self: Partition) -> str | None:
+        """The most caught-up follower that answers and is not recovering (corruption hand-over)."""
+        now, window = self.host.now_tick, self.cfg.election_ticks
+        best = [(pr.match, peer) for peer, pr in self.progress.items()
+                if not pr.recovering and pr.active(now, window)]
+        return max(best)[1] if best else None
+
+    # -- local appends ---------------------------------------------------------------------------
+    def append_position(self: Partition) -> tuple[int, int]:
+        if self.role.value != "leader" or self.transfer_to is not None:
+            hint = self.transfer_to if self.role.value == "leader" else self.leader
+            raise MeshError(ErrorCode.NOT_LEADER, f"partition {self.pid}: not the leader", leader=hint)
+        now, window = self.host.now_tick, 3 * self.cfg.heartbeat_ticks + 1
+        if 1 + sum(1 for pr in self.progress.values() if pr.counted() and pr.active(now, window)) < self.quorum:
+            raise MeshError(ErrorCode.NOT_ENOUGH_REPLICAS,
+                            f"partition {self.pid}: the leader has not heard from a quorum of "
+                            f"{self.quorum} replicas (not recovering) recently")
+        return self.end, self.term
+
+    def leader_append(self: Partition, end_offset: int, epoch: int) -> None:
+        leading = self.role.value == "leader"
+        if not leading or epoch != self.term:
+            raise MeshError(ErrorCode.FENCED_EPOCH if leading else ErrorCode.NOT_LEADER,
+                            f"partition {self.pid}: append for epoch {epoch}, leader epoch is "
+                            f"{self.term if leading else 'not here'}", leader=self.leader)
+        if end_offset <= self.end:
+            raise MeshError(ErrorCode.INVALID_REQUEST,
+                            f"partition {self.pid}: append ends at {end_offset}, log end is {self.end}")
+        self.end = end_offset
+        self.host.want_flush(self)
+
+    def mark_synced(self: Partition, end_offset: int) -> None:
+        if end_offset > self.synced:
+            self.synced = min(end_offset, self.end)
+            self._maybe_commit()

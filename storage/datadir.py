@@ -1,0 +1,360 @@
+"""The data directory around the LMDB store: an exclusive lock, start-up checks of
+``data.mdb``, and the store's identity kept outside LMDB.
+
+Theory of operation
+-------------------
+A data directory holds ``data.mdb``/``lock.mdb`` (LMDB), ``mesh.lock`` and
+``identity.json``. ``open_data_dir`` runs before LMDB is opened:
+
+1. **Lock**: ``flock(LOCK_EX | LOCK_NB)`` on ``mesh.lock``, held for the life of the
+   process (the kernel drops it when the process dies, even on ``kill -9``). A second
+   broker on the same directory is refused (``DataDirLocked``) instead of overwriting the
+   first one's acknowledged records.
+2. **Structure of data.mdb**: LMDB trusts its file; a file shorter than its last used page
+   makes the first read of that page a SIGBUS, and flipped meta fields make it start on a
+   wrong tree. We read both meta pages with ordinary file I/O (``check_lmdb_file``):
+   magic, version, page size, last page number, root pages, and check the file is long
+   enough for the last used page of the meta LMDB will use (the one with the higher
+   transaction id), that the root page numbers are in range and that each root page
+   names itself in its header. A failure is ``DataDirDamaged`` with the path, what is
+   wrong and the way out.
+3. **Identity** (``identity.json``, written atomically: temp file, fsync, rename, fsync of
+   the directory): node id, store id (random hex, created with a new store) and the last
+   generation. LMDB's ``meta`` database keeps the same store id and generation. The
+   start-up order is LMDB first (sync), identity file second, so the file is never ahead
+   of LMDB unless LMDB lost state. ``Identity.reconcile`` compares them: another node id
+   is refused; an LMDB older than the file (lower generation, no generation at all, or
+   another store id at the same generation) means the store *lost state*: the node must
+   start as a replica that forgot (``ReplicaManager.declare_lost_state``), and the store
+   gets a new store id.
+
+What LMDB itself detects: bad magic or version in both metas (``MDB_INVALID``), some
+page-type mismatches on the way down a tree (``MDB_CORRUPTED``, not always). What it does
+not: a file shorter than its metas say (SIGBUS), a root page number flipped in range
+(a wrong or empty tree, silently), flipped bytes inside a value. We add: the checks
+above, the identity comparison, the lock, and per-batch checks on read and at recovery
+(``storage.base.StoreBase.read``, ``storage.log.Store._recover``: CRC, and the header's
+base offset against the key).
+
+``move_aside`` renames a refused directory to ``<dir>.<reason>-<UTC time>`` (never
+deletes it); ``mesh node ... --rejoin-empty`` uses it and starts as a new store that
+refills from its peers (lost state).
+"""
+from __future__ import annotations
+
+import dataclasses
+import fcntl
+import json
+import logging
+import os
+import struct
+import time
+from dataclasses import dataclass
+
+__all__ = ["DataDirError", "DataDirLocked", "DataDirDamaged", "Identity", "DataDir", "check_lmdb_file",
+           "read_identity", "write_identity", "move_aside", "new_store_id", "reconcile", "open_data_dir",
+           "update_identity", "Opened", "IDENTITY_FILE", "LOCK_FILE"]
+
+log = logging.getLogger("storage.datadir")
+
+IDENTITY_FILE = "identity.json"
+LOCK_FILE = "mesh.lock"
+DATA_FILE = "data.mdb"
+_FORMAT = 1
+
+_LMDB_MAGIC = 0xBEEFC0DE
+_LMDB_VERSION = 1
+_P_INVALID = (1 << 64) - 1
+_PAGE_HEADER = 16            # mp_pgno u64, pad u16, flags u16, lower/upper u16 x2
+_META = struct.Struct("<II QQ")       # magic, version, address, mapsize
+_DB = struct.Struct("<IHH QQQQQ")     # pad (psize in FREE_DBI), flags, depth, branch, leaf, overflow, entries, root
+_TAIL = struct.Struct("<QQ")          # last_pg, txnid
+_META_SIZE = _META.size + 2 * _DB.size + _TAIL.size
+
+
+class DataDirError(Exception):
+    """The data directory cannot be used as it is; the message says why and what to do."""
+
+
+class DataDirLocked(DataDirError):
+    """Another process holds the directory's lock."""
+
+
+class DataDirDamaged(DataDirError):
+    """The store or its identity is unreadable, damaged, or belongs to another node."""
+
+
+def new_store_id() -> str:
+    return os.urandom(8).hex()
+
+
+# ---------------------------------------------------------------- data.mdb structure ----
+
+def _parse_meta(raw: bytes, where: str) -> dict:
+    if len(raw) < _PAGE_HEADER + _META_SIZE:
+        raise DataDirDamaged(f"{where}: meta page cut short ({len(raw)} bytes)")
+    at = _PAGE_HEADER
+    magic, version, _, mapsize = _META.unpack_from(raw, at)
+    at += _META.size
+    free = _DB.unpack_from(raw, at)
+    main = _DB.unpack_from(raw, at + _DB.size)
+    last_pg, txnid = _TAIL.unpack_from(raw, at + 2 * _DB.size)
+    return {"magic": magic, "version": version, "psize": free[0], "free_root": free[7], "main_root": main[7],
+            "last_pg": last_pg, "txnid": txnid, "mapsize": mapsize}
+
+
+def check_lmdb_file(path: str) -> None:
+    """Raise ``DataDirDamaged`` unless ``path`` (a data.mdb) is structurally sound enough
+    to open: see the module docstring. A missing or empty file is fine (a new store)."""
+    try:
+        size = os.path.getsize(path)
+    except FileNotFoundError:
+        return
+    if size == 0:
+        return
+    with open(path, "rb") as f:
+        head = f.read(_PAGE_HEADER + _META_SIZE)
+        if len(head) < _PAGE_HEADER + _META_SIZE:
+            raise DataDirDamaged(f"{path} is {size} bytes: too short to hold LMDB's meta pages")
+        m0 = _parse_meta(head, "meta page 0")
+        psize = m0["psize"]
+        if m0["magic"] != _LMDB_MAGIC or m0["version"] != _LMDB_VERSION:
+            raise DataDirDamaged(f"{path}: meta page 0 has magic {m0['magic']:#x} version {m0['version']}, "
+                                 f"not an LMDB {_LMDB_VERSION} file")
+        if psize < 512 or psize > 65536 or psize & (psize - 1):
+            raise DataDirDamaged(f"{path}: page size {psize} in meta page 0 is not a power of two in 512..65536")
+        if size < 2 * psize:
+            raise DataDirDamaged(f"{path} is {size} bytes: shorter than its two meta pages ({2 * psize})")
+        f.seek(psize)
+        m1 = _parse_meta(f.read(_PAGE_HEADER + _META_SIZE), "meta page 1")
+        metas = [m for m in (m0, m1) if m["magic"] == _LMDB_MAGIC and m["version"] == _LMDB_VERSION]
+        meta = max(metas, key=lambda m: m["txnid"])  # the one LMDB will use
+        which = 0 if meta is m0 else 1
+        last = meta["last_pg"]
+        need = (last + 1) * psize
+        if last < 1 or need > size:
+            raise DataDirDamaged(f"{path} is {size} bytes but its meta page {which} (transaction {meta['txnid']}) "
+                                 f"uses pages up to {last}, i.e. {need} bytes: the file was truncated "
+                                 f"or the meta page is damaged")
+        for name in ("free_root", "main_root"):
+            root = meta[name]
+            if root == _P_INVALID:
+                continue
+            if root < 2 or root > last:
+                raise DataDirDamaged(f"{path}: meta page {which} names root page {root} ({name}), "
+                                     f"outside the used pages 2..{last}")
+            f.seek(root * psize)
+            pgno = struct.unpack("<Q", f.read(8))[0]
+            if pgno != root:
+                raise DataDirDamaged(f"{path}: root page {root} ({name}) of meta page {which} "
+                                     f"says it is page {pgno}: the file is damaged")
+
+
+# ---------------------------------------------------------------- identity ------------------
+
+@dataclass
+class Identity:
+    node_id: str
+    store_id: str
+    generation: int
+    recovering: bool = False   # lost state declared and not yet refilled (kept across restarts)
+
+
+def read_identity(data_dir: str) -> Identity | None:
+    path = os.path.join(data_dir, IDENTITY_FILE)
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(65536)
+    except FileNotFoundError:
+        return None
+    try:
+        d = json.loads(raw)
+        ident = Identity(str(d["node_id"]), str(d["store_id"]), int(d["generation"]), bool(d.get("recovering")))
+        if d.get("format") != _FORMAT or ident.generation < 0 or not ident.node_id or not ident.store_id:
+            raise ValueError("unexpected format or values")
+        return ident
+    except (ValueError, KeyError, TypeError) as exc:
+        raise DataDirDamaged(f"{path} is unreadable ({exc})") from exc
+
+
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_identity(data_dir: str, ident: Identity) -> None:
+    """Atomically: temp file, fsync, rename, fsync the directory."""
+    path = os.path.join(data_dir, IDENTITY_FILE)
+    tmp = path + ".tmp"
+    body = json.dumps({"format": _FORMAT, "node_id": ident.node_id, "store_id": ident.store_id,
+                       "generation": ident.generation, "recovering": ident.recovering}, sort_keys=True)
+    with open(tmp, "wb") as f:
+        f.write(body.encode() + b"\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    _fsync_dir(data_dir)
+
+
+# ---------------------------------------------------------------- the directory -------------
+
+def move_aside(data_dir: str, reason: str = "refused") -> str:
+    """Rename ``data_dir`` to ``<dir>.<reason>-<UTC time>`` (never delete); return the new name."""
+    base = os.path.abspath(data_dir).rstrip("/")
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
+    dest = f"{base}.{reason}-{stamp}"
+    n = 1
+    while os.path.exists(dest):
+        n += 1
+        dest = f"{base}.{reason}-{stamp}-{n}"
+    os.rename(base, dest)
+    _fsync_dir(os.path.dirname(base) or ".")
+    return dest
+
+
+class DataDir:
+    """The locked data directory of one broker process."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._lock_fd: int | None = None
+
+    def lock(self) -> None:
+        """Take the exclusive lock, or raise ``DataDirLocked``."""
+        os.makedirs(self.path, exist_ok=True)
+        fd = os.open(os.path.join(self.path, LOCK_FILE), os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = ""
+            try:
+                holder = os.pread(fd, 64, 0).decode(errors="replace").strip()
+            except OSError:
+                pass
+            os.close(fd)
+            raise DataDirLocked(f"data directory {self.path} is in use by another broker"
+                                f"{f' (pid {holder})' if holder else ''}: two brokers on one directory would "
+                                f"overwrite each other's records; stop the other one or use another --data")
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, str(os.getpid()).encode(), 0)
+        self._lock_fd = fd
+
+    def unlock(self) -> None:
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)   # closing the descriptor drops the flock
+            self._lock_fd = None
+
+    def check(self, node_id: str) -> Identity | None:
+        """Structural checks before LMDB is opened; the identity file (None if absent)."""
+        check_lmdb_file(os.path.join(self.path, DATA_FILE))
+        ident = read_identity(self.path)
+        if ident is not None and ident.node_id != node_id:
+            raise DataDirDamaged(f"data directory {self.path} belongs to node {ident.node_id!r} "
+                                 f"(its {IDENTITY_FILE} says so), not {node_id!r}: check --id and --data")
+        return ident
+
+    def move_aside(self, reason: str = "refused") -> str:
+        """Rename the directory aside and start a new, empty, locked one in its place."""
+        old_fd = self._lock_fd
+        dest = move_aside(self.path, reason)
+        self._lock_fd = None
+        self.lock()
+        if old_fd is not None:
+            os.close(old_fd)
+        return dest
+
+
+def reconcile(ident: Identity | None, lmdb_store_id: str | None, lmdb_generation: int,
+              node_id: str) -> tuple[Identity, str | None]:
+    """Compare the identity file with what LMDB says. Returns (the identity of this life,
+    with the generation bumped and a new store id if state was lost; the reason state was
+    lost, or None). The caller persists LMDB first, then the identity file."""
+    lost = None
+    store_id = lmdb_store_id
+    if ident is not None:
+        if lmdb_generation == 0:
+            lost = (f"the store is empty but {IDENTITY_FILE} says generation {ident.generation} "
+                    f"(store {ident.store_id}) was here")
+        elif lmdb_generation < ident.generation:
+            lost = (f"the store is older than {IDENTITY_FILE} says: generation {lmdb_generation}, "
+                    f"identity generation {ident.generation} (a rolled-back copy?)")
+        elif lmdb_generation == ident.generation and lmdb_store_id not in (None, ident.store_id):
+            lost = (f"the store {lmdb_store_id} is not the one {IDENTITY_FILE} names ({ident.store_id})")
+        elif ident.recovering:
+            lost = "the previous life had not finished refilling its lost state"
+    if store_id is None or (lost is not None and not ident.recovering):
+        store_id = new_store_id()   # what LMDB holds is not the store the identity described
+    last = max(lmdb_generation, ident.generation if ident is not None else 0)
+    return Identity(node_id, store_id, last + 1, recovering=lost is not None), lost
+
+
+@dataclass
+class Opened:
+    """What ``open_data_dir`` hands the node."""
+    data_dir: DataDir
+    store: object               # storage.log.Store
+    identity: Identity          # this life's (already persisted)
+    lost: str | None            # why this store lost state, or None
+    moved_to: str | None        # where --rejoin-empty moved a refused directory
+
+
+def open_data_dir(path: str, node_id: str, rejoin_empty: bool = False, **store_kwargs) -> Opened:
+    """Lock, check, open LMDB, compare identities, bump and persist the generation (LMDB
+    first, synced; then the identity file). A refused directory raises ``DataDirError``
+    (or ``LogError`` from LMDB) unless ``rejoin_empty``: then it is moved aside and the
+    node starts on a new, empty store that knows it lost state."""
+    from storage.base import LogError
+    from storage.log import Store
+    dd = DataDir(path)
+    dd.lock()
+    moved = None
+    old: Identity | None = None
+    try:
+        try:
+            old = dd.check(node_id)
+            store = Store(path, **store_kwargs)
+        except (DataDirDamaged, LogError) as exc:
+            if not rejoin_empty:
+                raise DataDirDamaged(f"{exc}. The way out: restart with --rejoin-empty, which moves "
+                                     f"{path} aside (renamed, not deleted) and rejoins as an empty "
+                                     f"replica that refills from its peers") from exc
+            try:
+                old = read_identity(path)
+            except DataDirError:
+                old = None
+            moved = dd.move_aside("refused")
+            log.error("--rejoin-empty: %s; moved %s to %s, starting on an empty store", exc, path, moved)
+            store = Store(path, **store_kwargs)
+        lmdb_store = store.get("meta", b"store_id")
+        lmdb_gen = int(store.get("meta", b"generation") or 0)
+        if moved is not None:
+            prev = Identity(node_id, "moved-aside", old.generation if old else 0, False)
+            ident, lost = reconcile(prev, None, 0, node_id)
+            lost = f"the previous store was moved aside to {moved}"
+        else:
+            ident, lost = reconcile(old, lmdb_store.decode() if lmdb_store else None, lmdb_gen, node_id)
+        store.put("meta", b"generation", str(ident.generation).encode())
+        store.put("meta", b"store_id", ident.store_id.encode())
+        store.commit()
+        store.sync_now()
+        write_identity(path, ident)
+    except BaseException:
+        dd.unlock()
+        raise
+    return Opened(dd, store, ident, lost, moved)
+
+
+def update_identity(opened: Opened, **changes) -> None:
+    """Change this life's identity (a generation bump, the recovering flag): LMDB first,
+    synced, then the identity file. The caller's store must have no open turn."""
+    ident = dataclasses.replace(opened.identity, **changes)
+    store = opened.store
+    store.put("meta", b"generation", str(ident.generation).encode())
+    store.put("meta", b"store_id", ident.store_id.encode())
+    store.commit()
+    store.sync_now()
+    write_identity(opened.data_dir.path, ident)
+    opened.identity = ident   # only once durable

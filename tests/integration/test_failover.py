@@ -1,0 +1,84 @@
+"""Client failover on real brokers: a producer with the default settings gets its next send
+acknowledged by a new leader within a few seconds of a SIGSTOP of the leader, then of a
+kill -9 of the (new) leader; nothing acknowledged is stored twice or out of send order."""
+import signal
+import time
+
+import pytest
+
+from mesh.client import Admin, Producer
+from mesh.testing.launcher import Cluster, wait_until
+from tests.integration.test_replication import read_all
+
+pytestmark = pytest.mark.integration
+
+RECOVERY_S = 5.0   # the cluster elects in ~1-2 s; the client must follow in about that
+
+
+@pytest.fixture
+def cluster3(tmp_path):
+    c = Cluster(tmp_path, 3).start()
+    yield c
+    for b in c.brokers:
+        if b.proc and b.proc.poll() is None:
+            try:
+                b.signal(signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+        b.kill()
+
+
+def _leader(addrs, topic):
+    with Admin(addrs, request_timeout_ms=1000) as a:
+        return a.describe_topic(topic)["partitions"][0]["leader"]
+
+
+def test_the_next_send_after_a_paused_or_killed_leader_is_acknowledged_within_seconds(cluster3):
+    c = cluster3
+    with Admin(c.bootstrap) as a:
+        a.create_topic("fo", partitions=1, replication_factor=3)
+    acked = {}
+    with Producer(c.bootstrap, linger_ms=0) as p:   # defaults: acks=all, idempotent
+        i = 0
+
+        def send_and_wait(timeout_s):
+            nonlocal i
+            v = b"v%05d" % i
+            i += 1
+            md = p.send("fo", v, partition=0).get(timeout_s)
+            acked[v] = md.offset
+            return md
+
+        for _ in range(20):
+            send_and_wait(10)
+        recovery = {}
+        for fault in ("pause", "kill"):
+            leader = wait_until(lambda: _leader(c.bootstrap, "fo"), 10, "a leader")
+            victim = next(b for b in c.brokers if b.node_id == leader)
+            others = ",".join(b.address for b in c.brokers if b is not victim)
+            if fault == "pause":
+                victim.signal(signal.SIGSTOP)
+            else:
+                victim.kill()
+            t0 = time.monotonic()
+            send_and_wait(RECOVERY_S + 5)       # the first send made after the fault
+            recovery[fault] = time.monotonic() - t0
+            assert _leader(others, "fo") not in (None, leader)
+            for _ in range(20):
+                send_and_wait(10)
+            if fault == "pause":
+                victim.signal(signal.SIGCONT)
+            else:
+                victim.start()
+            c.wait_converged()
+        for _ in range(20):
+            send_and_wait(10)
+    got = read_all(c.bootstrap, "fo", 1)[0]
+    values = [r.value for r in got]
+    assert len(values) == len(set(values)), "a record stored twice"
+    assert values == sorted(values), "stored out of send order"
+    assert {r.value: r.offset for r in got if r.value in acked} == acked
+    assert len(acked) == 20 + 2 * 21 + 20
+    print(f"first acknowledgement after the fault: {recovery}")
+    for fault, s in recovery.items():
+        assert s < RECOVERY_S, f"first acknowledgement {s:.1f} s after the {fault}: {recovery}"

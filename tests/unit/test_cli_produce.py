@@ -1,0 +1,65 @@
+"""``mesh produce`` says whether failed records may have been written (Kafka's "outcome
+unknown" versus "not written"), with a fake producer: no broker."""
+from click.testing import CliRunner
+
+import mesh.client
+from mesh.wire.errors import ErrorCode, MeshError
+from tools.cli import main
+
+
+class FakeFuture:
+    def __init__(self, exc):
+        self.exc = exc
+
+    def done(self):
+        return True
+
+    def exception(self):
+        return self.exc
+
+
+class FakeProducer:
+    outcomes: list = []
+
+    def __init__(self, *args, **kwargs):
+        self.i = 0
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        pass
+
+    def send(self, topic, value, **kwargs):
+        out = FakeFuture(self.outcomes[self.i])
+        self.i += 1
+        return out
+
+    def flush(self):
+        pass
+
+
+def run(monkeypatch, outcomes):
+    FakeProducer.outcomes = outcomes
+    monkeypatch.setattr(mesh.client, "Producer", FakeProducer)
+    return CliRunner().invoke(main, ["produce", "t"], input="a\nb\nc\n")
+
+
+def test_a_timeout_after_sending_is_outcome_unknown(monkeypatch):
+    res = run(monkeypatch, [None, MeshError(ErrorCode.TIMEOUT, "no answer within 3 s", maybe_written=True),
+                            MeshError(ErrorCode.TIMEOUT, "an earlier batch failed", maybe_written=False)])
+    assert res.exit_code == 1
+    assert "error: TIMEOUT: no answer within 3 s (outcome unknown: the record may have been written)" in res.stderr
+    assert "1 of 3 records produced to t; 2 failed: 1 with outcome unknown" in res.stderr
+    assert "1 not written" in res.stderr
+
+
+def test_a_refusal_is_not_written(monkeypatch):
+    res = run(monkeypatch, [MeshError(ErrorCode.UNKNOWN_TOPIC, "unknown topic 't'")] * 3)
+    assert res.exit_code == 1
+    assert "error: UNKNOWN_TOPIC: unknown topic 't' (not written)" in res.stderr
+
+
+def test_all_written(monkeypatch):
+    res = run(monkeypatch, [None, None, None])
+    assert res.exit_code == 0 and "produced 3 records to t" in res.stderr
