@@ -171,14 +171,17 @@ class Gossip:
 
     @property
     def heard_peer(self) -> bool:
-        """True once a message from another node was merged (it showed its view of us)."""
+        """True once another node showed its view of us: a row for us (in any message), or
+        a full digest (SYN) without one. An ACK without a row for us does not count: it
+        may be a late answer to another life of ours."""
         return self._members.heard_peer
 
     @property
     def hold_heartbeat(self) -> bool:
-        """Our heartbeat stays 0 until a peer is heard, then beats at once (set by a shell
-        that checks its identity): a peer holding a row for our generation with a heartbeat
-        above 0 then shows another life of it (R2, ``identity_conflict``)."""
+        """Our heartbeat stays 0 until a peer showed its view of us (``heard_peer``), then
+        beats at once (set by a shell that checks its identity): that first view is compared
+        before the first beat, so a peer holding a row for our generation with a heartbeat
+        above 0 always shows another life of it (R2, ``identity_conflict``)."""
         return self._members.hold_heartbeat
 
     @hold_heartbeat.setter
@@ -188,8 +191,8 @@ class Gossip:
     @property
     def seen_by_peer(self) -> bool:
         """True once a peer showed it holds this life of ours (our generation, a heartbeat
-        of this life): from then on a restart that reuses our generation is detectable.
-        With ``hold_heartbeat``, the heartbeat starts when a peer is first heard."""
+        >= 1 that this life sent): from then on a restart that reuses our generation is
+        detectable. With ``hold_heartbeat``, never before a peer's view of us was compared."""
         return self._members.seen_by_peer
 
     # ---------------------------------------------------------------- reads ------------

@@ -9,12 +9,18 @@ Rules:
 R2 Identity: rows merge by generation first. A higher generation *replaces* the origin
    (namespace dropped, not merged); within a generation the heartbeat and the ``left``
    flag only grow. Nobody but the owner changes its own row. A row for our own id that
-   cannot be this life's (a higher generation, or our generation with a heartbeat or max
-   version above ours: only we raise those) is an *identity conflict*: counted, ignored,
-   and the highest such generation kept in ``identity_conflict``. It means this node's
-   stored generation went back (its disk lost state); the shell persists a generation
-   above it and calls ``Gossip.reincarnate`` (never the core on its own: the new
-   generation must be durable before it is spoken).
+   cannot be this life's (a higher generation, or our generation with a max version above
+   ours or a heartbeat above the highest one this life ever *sent*: peers only hold what
+   we sent) is an *identity conflict*: counted, ignored, and the highest such generation
+   kept in ``identity_conflict``. It means this node's stored generation went back (its
+   disk lost state); the shell persists a generation above it and calls
+   ``Gossip.reincarnate`` (never the core on its own: the new generation must be durable
+   before it is spoken). With ``hold_heartbeat`` the heartbeat stays 0 until a peer has
+   shown its view of us (a row for us, or a full digest without one): that first view is
+   compared before the first beat, so a peer holding another life of our generation with
+   any heartbeat >= 1 is always a conflict, never a confirmation (``seen_by_peer``: a
+   peer holds a heartbeat >= 1 that we sent). An ACK without a row for us (it may be a
+   late answer to another life) is not a view of us.
 R4 Liveness: an origin's heartbeat moving feeds a phi-accrual detector
    (``mesh.gossip.detector``). ALIVE -> SUSPECT when phi > ``phi_threshold``;
    SUSPECT -> DEAD after ``dead_after_ms`` more; SUSPECT/DEAD -> ALIVE only when its
@@ -93,8 +99,9 @@ class Membership:
         self.graveyard: dict[str, Grave] = {}
         self.events: deque[MembershipEvent] = deque(maxlen=config.max_events)
         self.identity_conflict = 0          # highest generation of a row for us not of this life (R2)
-        self.heard_peer = False             # merged a message from another node (since start)
+        self.heard_peer = False             # a peer showed its view of us (since start): see saw_our_row
         self.seen_by_peer = False           # a peer's row for us showed this life's heartbeat (>= 1)
+        self.sent_heartbeat = 0             # the highest own heartbeat put in a message in this life
         self.hold_heartbeat = False         # heartbeat 0 until a peer is heard (see Gossip.hold_heartbeat)
 
     def share(self, rows: dict[str, Row], targets: list[str], tindex: dict[str, int]) -> None:
@@ -123,14 +130,15 @@ class Membership:
         self.retarget(self.node_id)
         self.event(self.node_id, ALIVE, LEFT)
 
-    def merge_rows(self, rows: dict[str, Row], now_ms: int, sender: str = "") -> None:
-        """Merge a peer's digest (R2), in the sender's order: deterministic."""
-        if sender and sender != self.node_id:
-            self.saw_our_row(rows.get(self.node_id))
+    def merge_rows(self, rows: dict[str, Row], now_ms: int, sender: str = "", full: bool = False) -> None:
+        """Merge a peer's digest (R2), in the sender's order: deterministic. ``full``: the
+        sender's whole digest (a SYN), so a missing row for us means it holds none."""
         mine_rows = self.rows
         if rows == mine_rows:
             if sender:
                 self.heard_from(sender, rows.get(sender), now_ms)
+            if sender and sender != self.node_id:
+                self.saw_our_row(rows.get(self.node_id), full)
             return
         status = self.status
         me = self.node_id
@@ -155,17 +163,37 @@ class Membership:
             get = mine_rows.get
         if sender:
             self.heard_from(sender, rows.get(sender), now_ms)
+        if sender and sender != self.node_id:
+            self.saw_our_row(rows.get(self.node_id), full)
 
-    def saw_our_row(self, row: Row | None) -> None:
-        """A peer's view of us: this life's row with a heartbeat moved means the peer holds
-        this life (a later life of the same generation would then see a conflict, R2)."""
+    def sending_own_row(self) -> None:
+        """Our row goes into a message: peers may hold its heartbeat from now on (R2)."""
+        hb = self.rows[self.node_id].heartbeat
+        if hb > self.sent_heartbeat:
+            self.sent_heartbeat = hb
+
+    def saw_our_row(self, row: Row | None, full: bool) -> None:
+        """A peer's view of us, after its rows were merged (a differing row for us was
+        compared there, ``_merge_row``). This life's row with a heartbeat we sent means the
+        peer holds this life (a later life of the same generation then sees a conflict, R2).
+        The first view of us (a row for us, or a full digest without one) releases a held
+        heartbeat: only after it was compared."""
+        if row is None and not full:
+            return                         # an ACK (maybe late, to another life) without our row
+        if row is not None and row.generation == self.generation:
+            if row.heartbeat > self.sent_heartbeat:
+                if row == self.rows[self.node_id]:     # equal to ours, so not compared in the merge
+                    self._conflict(row)
+            elif row.heartbeat >= 1:
+                self.seen_by_peer = True
         if not self.heard_peer:
             self.heard_peer = True
             if self.hold_heartbeat:
-                self.beat()                # the first beat of this life: peers will hold hb >= 1
-        if row is not None and row.generation == self.generation and 1 <= row.heartbeat <= \
-                self.rows[self.node_id].heartbeat:
-            self.seen_by_peer = True
+                self.beat()                # the first beat of this life, once a view of us was compared
+
+    def _conflict(self, r: Row) -> None:
+        self.stats["identity_conflicts"] += 1
+        self.identity_conflict = max(self.identity_conflict, r.generation)
 
     def heard_from(self, sender: str, row: Row | None, now_ms: int) -> None:
         """A message from ``sender`` carrying its own current row confirms an unconfirmed node."""
@@ -180,9 +208,8 @@ class Membership:
         if o == self.node_id:
             me = self.rows[o]
             if r.generation > self.generation or (r.generation == self.generation and (
-                    r.heartbeat > me.heartbeat or r.max_version > me.max_version)):
-                self.stats["identity_conflicts"] += 1
-                self.identity_conflict = max(self.identity_conflict, r.generation)
+                    r.heartbeat > self.sent_heartbeat or r.max_version > me.max_version)):
+                self._conflict(r)
             return
         mine = self.rows.get(o)
         if mine is None:
@@ -250,6 +277,8 @@ class Membership:
         self.generation = generation
         self.set_row(Row(me, generation, 0, len(namespace.entries) if namespace else 0, 0, self.address, self.left))
         self.identity_conflict = 0
+        self.sent_heartbeat = 0
+        self.seen_by_peer = False
         self.version += 1
 
     # ------------------------------------------------------------- liveness ------------

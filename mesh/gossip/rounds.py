@@ -58,6 +58,7 @@ class Rounds:
 
     def syn(self) -> GossipSyn:
         reg = self._registers
+        self._members.sending_own_row()
         return GossipSyn(self._node_id, list(self._members.rows.values()),
                          list(reg.buckets) if reg.entries else [], reg.gc_clock)
 
@@ -123,12 +124,12 @@ class Rounds:
         m = self._members
         if type(msg.digest) is list and msg.digest == list(m.rows.values()):
             rows = m.rows        # the same digest, row for row: nothing to merge or say
-            if msg.node_id != m.node_id:
-                m.saw_our_row(rows.get(m.node_id))
             m.heard_from(msg.node_id, rows.get(msg.node_id), now_ms)
+            if msg.node_id != m.node_id:
+                m.saw_our_row(rows.get(m.node_id), True)
         else:
             rows = parse_rows(msg.digest, 4 * self._config.max_nodes)
-            m.merge_rows(rows, now_ms, msg.node_id)
+            m.merge_rows(rows, now_ms, msg.node_id, full=True)
         # rows where we know more, or where we are behind: the sender needs to see them.
         # Slightly newer heartbeats alone do not justify an answer (they spread by push).
         reply_rows: list[Row] = []
@@ -160,6 +161,8 @@ class Rounds:
             reg.adopt_gc_clock(msg.cluster_gc)     # same store as the sender: its horizon is ours
         if not must_reply and not cluster_reply:
             return []
+        if rows.get(self._node_id) != m.rows[self._node_id]:
+            m.sending_own_row()              # (our row is among reply_rows, or they hold a higher one)
         deltas = self._namespaces.deltas([(r.node_id, rows.get(r.node_id)) for r in reply_rows], budget)
         ack = GossipAck(self._node_id, reply_rows, deltas, cluster_reply, centries, reg.gc_clock)
         return [Send(src, ack)]

@@ -531,3 +531,61 @@ def test_a_second_life_of_the_same_generation_sees_the_first_one(first_life_ms):
     net.add(a2)
     net.run(1_000)
     assert a2.identity_conflict == 2 and a2.heard_peer
+
+
+def _first_life(min_hb: int):
+    """Node a, generation 2, held at heartbeat 0 until heard (as the broker runs it), lives
+    until peer b holds a row for it with a heartbeat >= ``min_hb``; then it dies."""
+    a = make("a", gen=2)
+    a.set_local("member", 1)
+    a.hold_heartbeat = True
+    b = make("b", seeds=[a.address])
+    net = Net(a, b)
+    while b.digest_entry("a") is None or b.digest_entry("a")[1] < min_hb or b.digest_entry("a")[2] < 1:
+        net.run(10, step_ms=10)
+    del net.nodes[a.address]
+    return b, net
+
+
+@pytest.mark.parametrize("min_hb", [1, 2, 3, 6])
+@pytest.mark.parametrize("order", ["syn_first", "ack_first", "stale_ack_first"])
+def test_a_restart_reusing_a_seen_generation_is_a_conflict_before_any_confirm(min_hb, order):
+    """Issue 17: a copy of the data directory restarts with the generation (and store) of
+    the life the peers last saw, however short that life was (peer heartbeat 1, 2, ...),
+    whatever reaches it first: the peer's SYN (full digest), the ACK to its own SYN, or a
+    stale ACK without a row for it (then its row comes later). It must see the conflict
+    before it could ever confirm itself (``seen_by_peer``: it would vote on forgotten state)."""
+    b, net = _first_life(min_hb)
+    held = b.digest_entry("a")[1]
+    assert held >= min_hb
+    a2 = make("a", seeds=[b.address], gen=2, now=net.now)      # the rolled-back copy: generation 2 again
+    a2.set_local("member", 1)
+    a2.hold_heartbeat = True
+    net.add(a2)
+    wrong = []
+
+    def deliver(src, sends):
+        q = deque((src, s) for s in sends)
+        while q:
+            src, s = q.popleft()
+            dst = net.nodes[s.dest]
+            for r in dst.receive(src, wire(s.msg), net.now):
+                q.append((s.dest, r))
+            if a2.seen_by_peer and not a2.identity_conflict:
+                wrong.append((type(s.msg).__name__, a2.digest_entry("a")[1], b.digest_entry("a")[1]))
+
+    if order == "syn_first":
+        deliver(b.address, [Send(a2.address, b._syn())])
+    elif order == "ack_first":
+        while not (sends := a2.tick(net.now)):
+            net.now += 10
+        deliver(a2.address, sends)
+    else:   # an ACK b sent to the first life, delivered late: no row for a in it
+        row_b = list(b._syn().digest[[r[0] for r in b._syn().digest].index("b")])
+        deliver(b.address, [Send(a2.address, GossipAck("b", [row_b], [], [], [], 0))])
+    for _ in range(200):                                        # then 2 s of ordinary gossip
+        net.now += 10
+        for n in list(net.nodes.values()):
+            deliver(n.address, n.tick(net.now))
+        assert not wrong, f"confirmed without seeing the other life (held hb {held}): {wrong}"
+    assert a2.identity_conflict == 2 and a2.stats["identity_conflicts"] >= 1
