@@ -66,7 +66,6 @@ import hashlib
 import logging
 import random
 import sys
-import time
 from functools import partial
 
 from mesh.cluster.catalog import Catalog, cluster_pid
@@ -74,6 +73,7 @@ from mesh.cluster.keys import topic_key
 from mesh.node.datapath import DataPath
 from mesh.node.producer_state import ProducerStates
 from mesh.node.raft_host import ReplicaHost
+from mesh.testing.seeds import run_seeds
 from mesh.testing.simnet import DELIVER, SimNet
 from mesh.wire import messages as m
 from mesh.wire.codec import PROTOCOL_CLIENT, PROTOCOL_PEER, pack, unpack
@@ -472,22 +472,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("-v", "--verbose", action="store_true", help="show the shells' log (failed commits ...)")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.WARNING if args.verbose else logging.CRITICAL)
-    failures = 0
-    t0 = time.perf_counter()
-    for seed in range(args.seed, args.seed + args.seeds):
-        cfg = NodeSimConfig(seed=seed, steps=args.steps, brokers=args.brokers, partitions=args.partitions,
-                            rf=args.rf, producers=args.producers, faults=not args.no_faults,
-                            wipes=args.wipes)
-        try:
-            sim = run(cfg)
-        except SimFailure as exc:
-            failures += 1
-            print(f"FAIL {exc}", file=sys.stderr)
-            continue
-        if not args.quiet:
-            print(sim.summary())
-    print(f"{args.seeds - failures}/{args.seeds} seeds passed in {time.perf_counter() - t0:.1f}s")
-    return 1 if failures else 0
+    return run_seeds(args.seed, args.seeds, lambda seed: run(NodeSimConfig(
+        seed=seed, steps=args.steps, brokers=args.brokers, partitions=args.partitions, rf=args.rf,
+        producers=args.producers, faults=not args.no_faults, wipes=args.wipes)),
+        failure=SimFailure, quiet=args.quiet)
 
 
 if __name__ == "__main__":

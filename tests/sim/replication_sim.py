@@ -68,6 +68,7 @@ import sys
 import time
 
 from mesh.raft import ReplicationConfig
+from mesh.testing.seeds import run_seeds
 from tests.sim.replication_store import PartLog, SimFailure
 from tests.sim.replication_world import SIM_REPLICATION, US, Sim, SimConfig
 
@@ -166,21 +167,10 @@ def main(argv: list[str] | None = None) -> int:
               f"one message per partition would be {exp['uncoalesced_per_broker']:.0f}/s per broker")
         print(f"  ({time.perf_counter() - t0:.1f}s wall)")
         return 0
-    failures = 0
-    t0 = time.perf_counter()
-    for seed in range(args.seed, args.seed + args.seeds):
-        cfg = SimConfig(seed=seed, steps=args.steps, brokers=args.brokers, partitions=args.partitions or 8,
-                        rf=args.rf, faults=not args.no_faults, disk_faults=args.disk_faults)
-        try:
-            sim = run(cfg)
-        except SimFailure as exc:
-            failures += 1
-            print(f"FAIL {exc}", file=sys.stderr)
-            continue
-        if not args.quiet:
-            print(sim.summary())
-    print(f"{args.seeds - failures}/{args.seeds} seeds passed in {time.perf_counter() - t0:.1f}s")
-    return 1 if failures else 0
+    return run_seeds(args.seed, args.seeds, lambda seed: run(SimConfig(
+        seed=seed, steps=args.steps, brokers=args.brokers, partitions=args.partitions or 8, rf=args.rf,
+        faults=not args.no_faults, disk_faults=args.disk_faults)),
+        failure=SimFailure, quiet=args.quiet)
 
 
 if __name__ == "__main__":
