@@ -9,6 +9,9 @@
   processes that record every send; ``nemesis``: seeded kills, pauses and, with
   ``netns``, network partitions; ``checker``: read back and check). The integration test
   runs a short one, ``bench soak`` long ones.
+- ``mesh.testing.diskfaults``: damaging one broker's data directory (wipe, rollback,
+  truncate, flip) for the disk-loss tests and ``bench diskfaults``.
+- ``mesh.testing.seeds``: the seed sweep every simulator's command line runs.
 
 Nothing here is imported by the broker or the client; import the module you need.
 """
