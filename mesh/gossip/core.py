@@ -45,7 +45,7 @@ __all__ = ["Gossip"]
 _STATS = ("rounds", "syn_received", "ack_received", "ack2_received", "malformed", "unknown_messages",
           "deltas_applied", "deltas_skipped", "resets_sent", "resets_applied", "truncated",
           "stalls", "identity_conflicts", "seed_probes", "stale_cluster_killed", "stale_cluster_dropped",
-          "nodes_refused")
+          "nodes_refused", "identity_conflicts_refused")
 
 
 class Gossip:

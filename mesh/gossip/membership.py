@@ -47,6 +47,8 @@ from mesh.gossip.config import GossipConfig
 from mesh.gossip.detector import FailureDetector
 from mesh.gossip.rows import ALIVE, DEAD, LEFT, ROW_FIELDS, SUSPECT, Grave, Row, Verdict
 
+MAX_GENERATION = 2 ** 48  # a generation this high is forged: never adopted as ours (R2)
+
 if TYPE_CHECKING:
     from mesh.gossip.namespaces import Namespace
 
@@ -193,6 +195,9 @@ class Membership:
 
     def _conflict(self, r: Row) -> None:
         self.stats["identity_conflicts"] += 1
+        if r.generation >= MAX_GENERATION:   # no node restarts 2**48 times: forged, never adopted
+            self.stats["identity_conflicts_refused"] += 1
+            return
         self.identity_conflict = max(self.identity_conflict, r.generation)
 
     def heard_from(self, sender: str, row: Row | None, now_ms: int) -> None:

@@ -1,5 +1,4 @@
 """Real multi-node clusters: gossip membership, failure detection, metadata everywhere."""
-import signal
 
 import pytest
 

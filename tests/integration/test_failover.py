@@ -7,25 +7,12 @@ import time
 import pytest
 
 from mesh.client import Admin, Producer
-from mesh.testing.launcher import Cluster, wait_until
+from mesh.testing.launcher import wait_until
 from tests.integration.test_replication import read_all
 
 pytestmark = pytest.mark.integration
 
 RECOVERY_S = 5.0   # the cluster elects in ~1-2 s; the client must follow in about that
-
-
-@pytest.fixture
-def cluster3(tmp_path):
-    c = Cluster(tmp_path, 3).start()
-    yield c
-    for b in c.brokers:
-        if b.proc and b.proc.poll() is None:
-            try:
-                b.signal(signal.SIGCONT)
-            except ProcessLookupError:
-                pass
-        b.kill()
 
 
 def _leader(addrs, topic):

@@ -13,9 +13,9 @@ import time
 import pytest
 
 from mesh.client import Admin, Consumer, ErrorCode, MeshError, Producer, TopicPartition
-from mesh.wire.records import iter_batches, records_from
+from mesh.wire.records import iter_batches
 from storage.log import Store
-from mesh.testing.launcher import Cluster, wait_until
+from mesh.testing.launcher import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -135,19 +135,6 @@ def check_replicas_agree(cluster):
 
 def leader_of(admin, topic, partition):
     return admin.describe_topic(topic)["partitions"][partition]["leader"]
-
-
-@pytest.fixture
-def cluster3(tmp_path):
-    c = Cluster(tmp_path, 3).start()
-    yield c
-    for b in c.brokers:
-        if b.proc and b.proc.poll() is None:
-            try:
-                b.signal(signal.SIGCONT)
-            except ProcessLookupError:
-                pass
-        b.kill()
 
 
 def create(cluster, topic, partitions=3, rf=3):

@@ -2,7 +2,6 @@
 import collections
 import json
 import os
-import signal
 import subprocess
 import sys
 import threading
@@ -14,7 +13,7 @@ import zmq
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from mesh.wire import messages as m
-from mesh.client import Admin, Consumer, ErrorCode, MeshError, Producer, TopicPartition
+from mesh.client import Admin, Consumer, ErrorCode, MeshError, Producer
 from mesh.client.transport import Transport
 from mesh.wire.records import encode_batch
 from mesh.wire.codec import PROTOCOL_CLIENT, pack, unpack

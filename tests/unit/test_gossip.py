@@ -494,6 +494,15 @@ def test_a_row_for_us_from_another_life_of_our_generation_is_a_conflict():
     assert a.heard_peer
 
 
+def test_a_forged_huge_generation_for_us_is_refused_not_adopted():
+    """A row claiming a life of ours at generation 2**62 cannot make the node reincarnate
+    there (it would persist it and never come back below it)."""
+    a, b, net = pair()
+    net.run(1_000)
+    a.receive("addr-b", GossipSyn("b", [["a", 2 ** 62, 1, 0, 0, "addr-a", False]], [], 0), net.now)
+    assert a.identity_conflict == 0 and a.stats["identity_conflicts_refused"] == 1
+
+
 def test_reincarnate_moves_to_a_new_generation_and_peers_follow():
     a, b, net = pair()
     a.set_local("k", 1)
