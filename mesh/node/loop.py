@@ -33,9 +33,8 @@ order each turn (``run``, then ``_after_turn``):
 A storage error in steps 3-9 fails the turn, not the broker: the transaction is rolled back
 and the replication core rebuilt from disk (it had run ahead of it).
 
-Nothing a client sends can crash the loop: every request runs inside a guard that turns
-any failure into an error response (logged once per client and code). Peer messages get
-no error responses (peers do not read them); a bad one is logged and dropped.
+Nothing a client or a peer sends can crash the loop: each message is handled inside a
+guard (``mesh.node.dispatch``, which also owns the ROUTER socket).
 
 Identity (``storage.datadir``): the data directory is locked (a second broker on it is
 refused) and ``data.mdb`` checked before LMDB opens it. The node id is stable; each store
@@ -65,19 +64,17 @@ import zmq
 from mesh.cluster import keys
 from mesh.cluster.catalog import Catalog
 from mesh.cluster.leaders import lead_claims
-from mesh.gossip import Gossip, GossipAck, GossipAck2, GossipConfig, GossipSyn
+from mesh.gossip import Gossip, GossipConfig
 from mesh.node.clock import SYSTEM_CLOCK, Clock
 from mesh.node.datapath import DataPath
+from mesh.node.dispatch import Dispatcher, open_router
 from mesh.node.directory import Directory
 from mesh.node.group_host import GroupHost, GroupHostConfig
 from mesh.node.handlers import ClientHandlers
-from mesh.node.peers import PeerLinks, sender_address
+from mesh.node.peers import PeerLinks
 from mesh.node.producer_state import ProducerStates
-from mesh.node.raft_host import REPLICATION_MESSAGES, ReplicaHost
+from mesh.node.raft_host import ReplicaHost
 from mesh.raft import ReplicationConfig
-from mesh.wire import messages as m
-from mesh.wire.codec import PROTOCOL_CLIENT, PROTOCOL_PEER, pack, unpack
-from mesh.wire.errors import ErrorCode, MeshError
 from storage.base import LogError
 from storage.datadir import open_data_dir, update_identity
 
@@ -160,13 +157,7 @@ class Node:
                              address_of=self.directory.address_of)
         self.replicas.address_of = self.directory.address_of  # leader hints for waiting clients
         self.ctx = zmq.Context.instance()
-        self.router = self.ctx.socket(zmq.ROUTER)
-        self.router.setsockopt(zmq.ROUTER_MANDATORY, 1)
-        self.router.setsockopt(zmq.ROUTER_HANDOVER, 1)
-        self.router.setsockopt(zmq.SNDHWM, config.hwm_messages)
-        self.router.setsockopt(zmq.RCVHWM, config.hwm_messages)
-        self.router.setsockopt(zmq.LINGER, 0)
-        self.router.bind(f"tcp://{config.bind}")
+        self.router = open_router(self.ctx, config.bind, config.hwm_messages)
         self.peers = PeerLinks(self.ctx, self.address, config.hwm_messages)
         self.handlers = ClientHandlers(node_id=config.node_id, gossip=self.gossip, catalog=self.catalog,
                                        directory=self.directory, store=self.store, replicas=self.replicas,
@@ -174,7 +165,6 @@ class Node:
                                        apply_cluster_change=self._apply_cluster_change,
                                        identity=lambda: self._identity)
         self._running = False
-        self._logged: set[tuple[bytes, int]] = set()
         self._next_retention_ms = 0
         self._seen_version = -1
         self._next_stats_ms = 0
@@ -187,6 +177,8 @@ class Node:
             clock=clock, rng=_seeded_rng(), seeded=bool(config.seeds),
             config=GroupHostConfig(max_session_timeout_ms=config.group_max_session_timeout_ms,
                                    heartbeat_interval_ms=config.group_heartbeat_interval_ms))
+        self.dispatch = Dispatcher(self.router, self.handlers, self.groups, self.gossip, self.replicas,
+                                   self.directory, self._send, self.clock)
         self.text = None   # the telnet text gateway: a client of this node on its own thread
         if config.text_port is not None:
             from mesh.gateway.text import TextGateway
@@ -259,7 +251,7 @@ class Node:
                 frames = router.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
                 break
-            self._handle(frames)
+            self.dispatch.handle(frames)
 
     def _after_turn(self) -> None:
         now_ms = self.clock.wall_ms()
@@ -422,61 +414,5 @@ class Node:
             else:
                 self.gossip.delete_local(keys.RECOVERING_KEY)
 
-    # -- dispatch -----------------------------------------------------------------------
-    def _handle(self, frames: list) -> None:
-        ident = frames[0]
-        if len(frames) > 1 and frames[1] == PROTOCOL_PEER:
-            self._handle_peer(ident, frames)
-            return
-        rid = 0
-        try:
-            if len(frames) >= 3 and len(frames[2]) == 8:
-                rid = int.from_bytes(frames[2], "big")
-            protocol, rid, msg, payload = unpack(frames[1:])
-            handler = self.handlers.handler_for(msg)
-            if handler is not None:
-                handler(ident, rid, msg, payload)
-            elif self.groups.handles(msg):
-                self.groups.handle(ident, rid, msg)
-            else:
-                raise MeshError(ErrorCode.INVALID_REQUEST, f"{type(msg).__name__} is not a request")
-        except MeshError as exc:
-            self._error(ident, rid, exc.code, exc.message, exc.leader)
-        except Exception as exc:  # a bug or an input we did not foresee: answer, keep serving
-            log.exception("request from %r failed", ident)
-            self._error(ident, rid, ErrorCode.INVALID_REQUEST, f"request could not be handled: {exc}")
-
-    def _handle_peer(self, ident: bytes, frames: list) -> None:
-        src = sender_address(bytes(ident))
-        try:
-            if src is None:
-                raise MeshError(ErrorCode.INVALID_REQUEST, "peer message without a peer identity")
-            _, _, msg, payload = unpack(frames[1:])
-            if isinstance(msg, (GossipSyn, GossipAck, GossipAck2)):
-                self._send(self.gossip.receive(src, msg, self.clock.wall_ms()))
-            elif isinstance(msg, REPLICATION_MESSAGES):
-                node = self.directory.node_at(src)
-                if node is not None:  # not yet known through gossip: the sender will retry
-                    self.replicas.step(node, msg, payload)
-            else:
-                raise MeshError(ErrorCode.INVALID_REQUEST, f"unexpected peer message {type(msg).__name__}")
-        except Exception as exc:
-            key = (bytes(ident), -1)
-            if key not in self._logged and len(self._logged) < 10_000:
-                self._logged.add(key)
-                log.warning("bad peer message from %s: %s", src or bytes(ident).hex(), exc)
-
-    def _error(self, ident: bytes, rid: int, code: ErrorCode, message: str, leader: str | None = None) -> None:
-        key = (bytes(ident), int(code))
-        if key not in self._logged and len(self._logged) < 10_000:
-            self._logged.add(key)
-            log.warning("client %s: %s: %s", bytes(ident).hex(), code.name, message)
-        self._reply(ident, rid, m.ErrorResponse(int(code), message, leader))
-
     def _reply(self, ident: bytes, rid: int, msg, payload: bytes | None = None) -> None:
-        frames = [ident] + pack(PROTOCOL_CLIENT, rid, msg, payload)
-        try:
-            self.router.send_multipart(frames, zmq.NOBLOCK, copy=payload is None or len(payload) < 65536)
-        except zmq.ZMQError as exc:  # client gone (EHOSTUNREACH) or its pipe is full (EAGAIN)
-            log.debug("dropping reply to %s: %s", bytes(ident).hex(), exc)
-
+        self.dispatch.reply(ident, rid, msg, payload)
