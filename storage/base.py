@@ -98,6 +98,20 @@ class StoreBase:
         self._pid_cache[name] = pid
         return pid
 
+    def register_partitions(self, items: list[tuple[str, int, int]]) -> None:
+        """Register (topic key, partition, pid) rows the cluster assigned, staged in the
+        turn's transaction without a commit: a topic of 10,000 partitions is one synced
+        write (the caller commits). A rollback forgets them (``_pid_cache`` is cleared)."""
+        for topic, partition, pid in items:
+            name = (topic, partition)
+            if self._pid_cache.get(name) == pid:
+                continue
+            key = b"pid:" + topic.encode() + b"\x00" + str(partition).encode()
+            raw = self.get("meta", key)
+            if raw is None or int(raw) != pid:
+                self.put("meta", key, str(pid).encode())
+            self._pid_cache[name] = pid
+
     def partitions(self) -> list[tuple[str, int, int]]:
         """Every registered (topic key, partition, pid)."""
         out = []
@@ -225,19 +239,60 @@ class StoreBase:
     def read(self, pid: int, offset: int, max_bytes: int, limit_offset: int) -> list[bytes]:
         """Committed batches holding offsets in [offset, limit_offset), at least one batch
         if any, up to about max_bytes. Each batch's CRC and header base offset (against its
-        key) are checked: a flipped bit is found, not served. The batches before a corrupt
-        one are returned; a corrupt first batch raises ``CorruptBatch`` (and is recorded
-        once, see ``note_corrupt``)."""
-        out = []
+        key) are checked, and the batches must follow each other with no gap (the first one
+        holding ``offset``, unless it is below the log start) and with epochs that never go
+        down: a flipped bit in a batch or in a key is found, not served (O(1) per batch).
+        The batches before a bad one are returned; a bad first batch raises
+        ``CorruptBatch`` (and is recorded once, see ``note_corrupt``)."""
+        out: list[bytes] = []
+        expect = -1            # where the next batch must start (-1: the first batch)
+        prev_epoch = prev_base = -1
         for base, c in self._read_raw(pid, offset, max_bytes, limit_offset):
             why = batch_problem(base, c)
+            at = base
+            if why is None:
+                epoch = struct.unpack_from(">I", c, 8)[0]
+                if expect < 0:
+                    if base > offset >= self.log_start(pid):
+                        why = f"offset {offset} is missing: the next stored batch starts at {base}"
+                        at = self._gap_start(pid, offset)
+                elif base != expect:
+                    why, at = f"stored batch at offset {base} follows a batch ending at {expect}", expect
+                elif epoch < prev_epoch:   # one of the two is damaged: cut before both
+                    why, at = (f"stored batches at offsets {prev_base} and {base} have epochs "
+                               f"{prev_epoch} then {epoch}"), prev_base
+                    out.pop()
             if why is not None:
-                self.note_corrupt(pid, base, why)
+                self.note_corrupt(pid, at, why)
                 if out:
                     return out
-                raise CorruptBatch(f"partition {pid}: {why}", pid, base)
+                raise CorruptBatch(f"partition {pid}: {why}", pid, at)
             out.append(c)
+            expect = base + struct.unpack_from(">I", c, 20)[0]
+            prev_epoch, prev_base = epoch, base
+        if not out and self.log_start(pid) <= offset < min(limit_offset, self._committed_end(pid)):
+            why = f"offset {offset} is missing: no stored batch holds it (log end {self._committed_end(pid)})"
+            at = self._gap_start(pid, offset)
+            self.note_corrupt(pid, at, why)
+            raise CorruptBatch(f"partition {pid}: {why}", pid, at)
         return out
+
+    def _gap_start(self, pid: int, offset: int) -> int:
+        """Where the committed batches stop holding every offset before the missing
+        ``offset``: the end of the last batch below it (a batch boundary, so a repair that
+        cuts there refills cleanly), else the log start. Only on damage: one seek."""
+        before = self._batch_before(pid, offset)
+        if before is None:
+            return self.log_start(pid)
+        base, count = before
+        return base + count if base + count <= offset else base
+
+    def _committed_end(self, pid: int) -> int:
+        """The log end as of the last commit (reads see only committed batches)."""
+        if self._undo is not None and pid in self._undo:
+            st = self._undo[pid]
+            return st[1] if st else 0
+        return self.log_end(pid)
 
     def note_corrupt(self, pid: int, offset: int, why: str) -> None:
         """Record a corrupt batch; logged and queued for the replication core once per

@@ -15,9 +15,14 @@ A data directory holds ``data.mdb``/``lock.mdb`` (LMDB), ``mesh.lock`` and
    wrong tree. We read both meta pages with ordinary file I/O (``check_lmdb_file``):
    magic, version, page size, last page number, root pages, and check the file is long
    enough for the last used page of the meta LMDB will use (the one with the higher
-   transaction id), that the root page numbers are in range and that each root page
-   names itself in its header. A failure is ``DataDirDamaged`` with the path, what is
-   wrong and the way out.
+   transaction id), that the root page numbers are in range, that each root page names
+   itself in its header and has the shape its meta says (a leaf holding as many keys as
+   the tree has; the main tree's keys are named databases), and that no tree's root is a
+   page the free list holds (an old copy: LMDB never changes a page in place). Then
+   ``probe_in_child`` opens the store in a forked child, stages a write and aborts it:
+   whatever LMDB still trips over (its assertions abort the process) kills the child,
+   not the broker. A failure is ``DataDirDamaged`` with the path, what is wrong and the
+   way out.
 3. **Identity** (``identity.json``, written atomically: temp file, fsync, rename, fsync of
    the directory): node id, store id (random hex, created with a new store) and the last
    generation. LMDB's ``meta`` database keeps the same store id and generation. The
@@ -31,10 +36,16 @@ A data directory holds ``data.mdb``/``lock.mdb`` (LMDB), ``mesh.lock`` and
 What LMDB itself detects: bad magic or version in both metas (``MDB_INVALID``), some
 page-type mismatches on the way down a tree (``MDB_CORRUPTED``, not always). What it does
 not: a file shorter than its metas say (SIGBUS), a root page number flipped in range
-(a wrong or empty tree, silently), flipped bytes inside a value. We add: the checks
-above, the identity comparison, the lock, and per-batch checks on read and at recovery
-(``storage.base.StoreBase.read``, ``storage.log.Store._recover``: CRC, and the header's
-base offset against the key).
+(a wrong or empty tree, silently, or an assertion that aborts the process), flipped
+bytes inside a key or a value (no checksums). We add: the checks above, the identity
+comparison (a store older or emptier than ``identity.json`` lost state), the lock, and
+per-batch checks on read and at recovery (``storage.base.StoreBase.read``,
+``storage.log.Store._recover``): the CRC, the header's base offset against the key, no
+gap between batches (a flipped key byte moves a batch), epochs that never go down along
+a log (the CRC does not cover the epoch), and batches under a partition id nobody has
+(``Store.stray``). Still undetected: a flipped epoch in a partition's last batch that
+makes it larger, which nothing reads (Raft keeps its own epochs in ``repl``), and a
+flipped byte inside a ``meta``/``repl``/``offsets`` value that still parses.
 
 ``move_aside`` renames a refused directory to ``<dir>.<reason>-<UTC time>`` (never
 deletes it); ``mesh node ... --rejoin-empty`` uses it and starts as a new store that
@@ -51,7 +62,7 @@ import struct
 import time
 from dataclasses import dataclass
 
-__all__ = ["DataDirError", "DataDirLocked", "DataDirDamaged", "Identity", "DataDir", "check_lmdb_file",
+__all__ = ["DataDirError", "DataDirLocked", "DataDirDamaged", "Identity", "DataDir", "check_lmdb_file", "probe_in_child",
            "read_identity", "write_identity", "move_aside", "new_store_id", "reconcile", "open_data_dir",
            "update_identity", "Opened", "IDENTITY_FILE", "LOCK_FILE"]
 
@@ -65,6 +76,8 @@ _FORMAT = 1
 _LMDB_MAGIC = 0xBEEFC0DE
 _LMDB_VERSION = 1
 _P_INVALID = (1 << 64) - 1
+_P_BRANCH, _P_LEAF, _P_LEAF2 = 0x01, 0x02, 0x20   # page flags
+_F_BIGDATA, _F_SUBDATA = 0x01, 0x02               # node flags: data on overflow pages; a named database
 _PAGE_HEADER = 16            # mp_pgno u64, pad u16, flags u16, lower/upper u16 x2
 _META = struct.Struct("<II QQ")       # magic, version, address, mapsize
 _DB = struct.Struct("<IHH QQQQQ")     # pad (psize in FREE_DBI), flags, depth, branch, leaf, overflow, entries, root
@@ -100,7 +113,68 @@ def _parse_meta(raw: bytes, where: str) -> dict:
     main = _DB.unpack_from(raw, at + _DB.size)
     last_pg, txnid = _TAIL.unpack_from(raw, at + 2 * _DB.size)
     return {"magic": magic, "version": version, "psize": free[0], "free_root": free[7], "main_root": main[7],
-            "last_pg": last_pg, "txnid": txnid, "mapsize": mapsize}
+            "last_pg": last_pg, "txnid": txnid, "mapsize": mapsize,
+            "free_db": (free[2], free[6]), "main_db": (main[2], main[6])}   # (depth, entries)
+
+
+def _root_problem(page: bytes, root: int, depth: int, entries: int, main: bool) -> str | None:
+    """Why ``page`` cannot be the root page ``root`` of a tree of ``depth`` levels holding
+    ``entries`` keys (the main tree: only named databases), or None."""
+    pgno, _, flags, lower = struct.unpack_from("<QHHH", page, 0)
+    if pgno != root:
+        return f"says it is page {pgno}"
+    if depth > 1:
+        return None if flags & _P_BRANCH else f"is not a branch page (flags {flags:#x}) of a {depth}-level tree"
+    if not flags & _P_LEAF or flags & _P_LEAF2:
+        return f"is not a leaf page (flags {flags:#x})"
+    nkeys = (lower - _PAGE_HEADER) >> 1
+    if nkeys != entries:
+        return f"holds {nkeys} keys, but the meta page says the tree holds {entries}"
+    if main:
+        for i in range(min(nkeys, 64)):
+            at = struct.unpack_from("<H", page, _PAGE_HEADER + 2 * i)[0]
+            if at + 8 > len(page) or not struct.unpack_from("<H", page, at + 4)[0] & _F_SUBDATA:
+                return "holds keys that are not named databases"
+    return None
+
+
+def _nodes(page: bytes):
+    """(flags, key size, data size, offset of the key, child page number) of each node."""
+    lower = struct.unpack_from("<H", page, 12)[0]
+    for i in range(max(0, (lower - _PAGE_HEADER) >> 1)):
+        at = struct.unpack_from("<H", page, _PAGE_HEADER + 2 * i)[0]
+        if at + 8 > len(page):
+            raise ValueError(f"node {i} at {at} lies outside its page")
+        lo, hi, flags, ksize = struct.unpack_from("<HHHH", page, at)
+        yield flags, ksize, lo | hi << 16, at + 8, lo | hi << 16 | flags << 32
+
+
+def _free_pages(f, psize: int, root: int, last: int, limit: int = 1 << 20) -> set[int]:
+    """The page numbers LMDB's free list (the tree at ``root``) holds: pages no tree of the
+    current meta may use. At most ``limit`` pages are read."""
+    out: set[int] = set()
+    todo = [root]
+    while todo and limit > 0:
+        pg = todo.pop()
+        if not 2 <= pg <= last:
+            raise ValueError(f"page {pg} is outside the used pages 2..{last}")
+        f.seek(pg * psize)
+        page = f.read(psize)
+        limit -= 1
+        flags = struct.unpack_from("<H", page, 10)[0]
+        for nflags, ksize, dsize, at, child in _nodes(page):
+            if flags & _P_BRANCH:
+                todo.append(child)
+                continue
+            if nflags & _F_BIGDATA:   # the ids are on overflow pages
+                f.seek(struct.unpack_from("<Q", page, at + ksize)[0] * psize + _PAGE_HEADER)
+                data = f.read(dsize)
+                limit -= 1 + dsize // psize
+            else:
+                data = page[at + ksize:at + ksize + dsize]
+            n = struct.unpack_from("<Q", data, 0)[0] if len(data) >= 8 else 0
+            out.update(struct.unpack_from(f"<{min(n, len(data) // 8 - 1)}Q", data, 8))
+    return out
 
 
 def check_lmdb_file(path: str) -> None:
@@ -136,7 +210,7 @@ def check_lmdb_file(path: str) -> None:
             raise DataDirDamaged(f"{path} is {size} bytes but its meta page {which} (transaction {meta['txnid']}) "
                                  f"uses pages up to {last}, i.e. {need} bytes: the file was truncated "
                                  f"or the meta page is damaged")
-        for name in ("free_root", "main_root"):
+        for name, db in (("free_root", "free_db"), ("main_root", "main_db")):
             root = meta[name]
             if root == _P_INVALID:
                 continue
@@ -144,10 +218,72 @@ def check_lmdb_file(path: str) -> None:
                 raise DataDirDamaged(f"{path}: meta page {which} names root page {root} ({name}), "
                                      f"outside the used pages 2..{last}")
             f.seek(root * psize)
-            pgno = struct.unpack("<Q", f.read(8))[0]
-            if pgno != root:
+            why = _root_problem(f.read(psize), root, *meta[db], main=name == "main_root")
+            if why is not None:
                 raise DataDirDamaged(f"{path}: root page {root} ({name}) of meta page {which} "
-                                     f"says it is page {pgno}: the file is damaged")
+                                     f"{why}: the file is damaged")
+        # the trees must not start on a page the free list holds (an old copy of a root:
+        # LMDB writes every change to a new page and frees the old one)
+        roots = {"main_root": meta["main_root"]}
+        if meta["main_root"] != _P_INVALID:
+            f.seek(meta["main_root"] * psize)
+            page = f.read(psize)
+            for _, ksize, dsize, at, _ in _nodes(page):
+                if dsize >= _DB.size:
+                    name = page[at:at + ksize].decode(errors="replace")
+                    roots[f"root of database {name!r}"] = _DB.unpack_from(page, at + ksize)[7]
+        if meta["free_root"] != _P_INVALID:
+            try:
+                free = _free_pages(f, psize, meta["free_root"], last)
+            except (ValueError, struct.error) as exc:
+                raise DataDirDamaged(f"{path}: the free list of meta page {which} is unreadable "
+                                     f"({exc}): the file is damaged") from exc
+            for name, root in roots.items():
+                if root in free:
+                    raise DataDirDamaged(f"{path}: the {name} (page {root}) of meta page {which} is a "
+                                         f"page the free list holds (an old copy?): the file is damaged")
+
+
+def probe_in_child(path: str, **store_kwargs) -> None:
+    """Run ``storage.log.Store.probe`` on ``path`` in a forked child; raise
+    ``DataDirDamaged`` with LMDB's own words if it fails or the child dies (an LMDB
+    assertion aborts the process; a page beyond the file's end is a bus error). The child
+    touches nothing but LMDB (already imported) and leaves with ``os._exit``, so the
+    parent's threads (ZeroMQ's) and their locks do not matter; it costs a few ms."""
+    if not os.path.exists(os.path.join(path, DATA_FILE)):
+        return
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:   # the child: LMDB only, then _exit (no atexit, no flush of the parent's buffers)
+        code = 0
+        try:
+            os.close(r)
+            os.dup2(w, 2)            # LMDB prints its assertion on stderr
+            import faulthandler
+            faulthandler.disable()   # the parent's (pytest's) crash report is not ours to print
+            from storage.log import Store
+            Store.probe(path, **store_kwargs)
+        except BaseException as exc:
+            os.write(2, f"{type(exc).__name__}: {exc}".encode(errors="replace")[:2000])
+            code = 3
+        os._exit(code)
+    os.close(w)
+    chunks = []
+    with os.fdopen(r, "rb") as f:
+        while len(chunks) < 64:
+            chunk = f.read(4096)
+            if not chunk:
+                break
+            chunks.append(chunk)
+    _, status = os.waitpid(pid, 0)
+    said = b"".join(chunks).decode(errors="replace").strip()[-600:]
+    if os.WIFSIGNALED(status):
+        import signal
+        sig = signal.Signals(os.WTERMSIG(status)).name
+        raise DataDirDamaged(f"{path}: LMDB crashed ({sig}) opening the store in a test process"
+                             f"{': ' + said if said else ''}: the file is damaged")
+    if os.WEXITSTATUS(status) != 0:
+        raise DataDirDamaged(f"{path}: LMDB cannot open the store: {said or 'no reason given'}")
 
 
 # ---------------------------------------------------------------- identity ------------------
@@ -315,6 +451,7 @@ def open_data_dir(path: str, node_id: str, rejoin_empty: bool = False, **store_k
     try:
         try:
             old = dd.check(node_id)
+            probe_in_child(path, **store_kwargs)
             store = Store(path, **store_kwargs)
         except (DataDirDamaged, LogError) as exc:
             if not rejoin_empty:

@@ -20,12 +20,15 @@ a crash could take back.
 The node never opens a ``Store`` directly: ``storage.datadir.open_data_dir`` locks the
 directory, checks ``data.mdb`` before LMDB maps it, and keeps the store's identity (store
 id, generation) both here (``meta``) and in ``identity.json``. Every stored batch is
-checked when read (CRC, header base offset against the key) and, at recovery, each key
-against its header and the previous batch's end, and each partition's last batch in
-full; a failure is noted once (``note_corrupt``) for the replication core to repair.
+checked when read (CRC, header base offset against the key, no gap after the previous
+batch, epochs that never go down) and, at recovery, each key against its header, the
+previous batch's end and epoch, and each partition's last batch in full; a failure is
+noted once (``note_corrupt``) for the replication core to repair. Batches under a
+partition id that no partition has (a flipped key byte) are reported (``stray``).
 """
 from __future__ import annotations
 
+import logging
 import os
 import struct
 
@@ -35,6 +38,8 @@ from mesh.wire.records import HEADER_SIZE
 from storage.base import LogError, StoreBase, StorageFull, batch_problem, key_of, unkey
 
 __all__ = ["Store"]
+
+_log = logging.getLogger("storage")
 
 _DBS = (b"log", b"meta", b"repl", b"offsets", b"producers", b"gossip")
 DEFAULT_MAP_SIZE = 64 << 30  # address space, not disk: the file grows as written
@@ -57,38 +62,84 @@ class Store(StoreBase):
         super().__init__()
         self._recover()
 
+    @staticmethod
+    def probe(path: str, map_size: int = DEFAULT_MAP_SIZE, sync: bool = True) -> None:
+        """What opening the store does to the file, and no more: open the environment and
+        the named databases, stage a write to ``meta`` (as the start-up's generation bump
+        does; aborted, so nothing is written), and walk to each database's first and last
+        key. ``storage.datadir`` runs this in a child process first: a page LMDB trips
+        over (an assertion, a bus error) kills the child, not the broker."""
+        env = lmdb.open(path, map_size=map_size, max_dbs=len(_DBS) + 2, subdir=True, sync=False,
+                        metasync=False, readahead=False, lock=True, max_readers=64)
+        try:
+            txn = env.begin(write=True)
+            try:
+                dbs = {name: env.open_db(name, txn=txn) for name in _DBS}   # created only in txn
+                txn.put(b"probe", b"x", db=dbs[b"meta"])
+                for db in dbs.values():
+                    cur = txn.cursor(db=db)
+                    if cur.first():
+                        cur.last()
+            finally:
+                txn.abort()
+        finally:
+            env.close()
+
     # -- recovery ---------------------------------------------------------------------
     def _recover(self) -> None:
         """Rebuild start/end/size per partition from the log's keys (one scan). Each batch's
         header base offset is checked against its key and against the previous batch's end
-        (a gap or an overlap), and the last batch of each partition (it sets the log end)
+        (a gap, e.g. a flipped key byte, is noted at that end, so the repair refills the
+        gap), its epoch against the previous batch's (epochs never go down; a drop is noted
+        at the previous batch), and the last batch of each partition (it sets the log end)
         has its CRC checked: a mismatch is a corrupt batch (``note_corrupt``), repaired by
         replication once the node runs."""
         last: dict[int, tuple[int, bytes]] = {}
+        epochs: dict[int, int] = {}
         with self.env.begin(db=self._log, buffers=True) as txn:
             cur = txn.cursor()
             for k, v in cur:
                 pid, base = unkey(bytes(k))
+                st = self._parts.get(pid)
+                # where a repair must cut to drop this batch: a boundary of the sound prefix
+                # (the previous batch's end, or its base when this key lies inside it), so the
+                # leader can refill from there (its batches have the same boundaries)
+                cut = base if st is None else (st[1] if base >= st[1] else last[pid][0])
+                epoch = -1
                 if len(v) < HEADER_SIZE:
-                    self.note_corrupt(pid, base, f"stored batch at offset {base} is {len(v)} bytes")
+                    self.note_corrupt(pid, cut, f"stored batch at offset {base} is {len(v)} bytes")
                     count = 0
                 else:
+                    header_base, epoch = struct.unpack_from(">QI", v, 0)
                     count = struct.unpack_from(">I", v, 20)[0]
-                    header_base = struct.unpack_from(">Q", v, 0)[0]
                     if header_base != base:
-                        self.note_corrupt(pid, base, f"stored batch at offset {base} says it starts at {header_base}")
-                st = self._parts.get(pid)
+                        self.note_corrupt(pid, min(cut, header_base) if st is None else cut,
+                                          f"stored batch at offset {base} says it starts at {header_base}")
                 if st is None:
                     self._parts[pid] = st = [base, base + count, 0]
-                elif st[1] != base:
-                    self.note_corrupt(pid, base, f"stored batch at offset {base} follows a batch ending at {st[1]}")
+                else:
+                    if st[1] != base:
+                        self.note_corrupt(pid, cut, f"stored batch at offset {base} follows a batch ending at {st[1]}")
+                    if epoch < epochs.get(pid, -1):
+                        prev = last[pid][0]
+                        self.note_corrupt(pid, prev, f"stored batches at offsets {prev} and {base} have "
+                                                     f"epochs {epochs[pid]} then {epoch}")
                 st[1] = base + count
+                epochs[pid] = epoch
                 st[2] += len(v)
                 last[pid] = (base, v)
             for pid, (base, v) in last.items():
                 why = batch_problem(base, v)
                 if why is not None:
                     self.note_corrupt(pid, base, why)
+        self.stray: dict[int, tuple[int, int]] = {}   # pid no partition has -> (first, end) offsets
+        with self.env.begin(db=self.dbs["meta"]) as txn:
+            known = {int(v) for k, v in txn.cursor() if k.startswith(b"pid:")}
+        for pid in sorted(set(self._parts) - known):   # e.g. a flipped byte in a key's partition id
+            self.stray[pid] = (self._parts[pid][0], self._parts[pid][1])
+            _log.error("stored batches at offsets %d..%d under partition id %d, which no partition "
+                       "has: a damaged key? (left as they are; a partition that lost its tail "
+                       "refills from its peers)", *self.stray[pid], pid)
         with self.env.begin(db=self.dbs["meta"]) as txn:
             for k, v in txn.cursor():
                 if k.startswith(b"logstart:"):
@@ -238,6 +289,18 @@ class Store(StoreBase):
                 chunks.append((base, bytes(v)))
                 size += len(v)
         return chunks
+
+    def _batch_before(self, pid: int, offset: int) -> tuple[int, int] | None:
+        """(base, record count) of the last committed batch of ``pid`` whose base < offset."""
+        with self.env.begin(db=self._log, buffers=True) as txn:
+            cur = txn.cursor()
+            if not (cur.prev() if cur.set_range(key_of(pid, offset)) else cur.last()):
+                return None
+            p, base = unkey(bytes(cur.key()))
+            v = cur.value()
+            if p != pid or len(v) < HEADER_SIZE:
+                return None
+            return base, struct.unpack_from(">I", v, 20)[0]
 
     def sync_now(self) -> None:
         """Force what is committed to disk (even with ``sync=False``)."""

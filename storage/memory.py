@@ -110,6 +110,15 @@ class MemoryStore(StoreBase):
             size += len(v)
         return out
 
+    def _batch_before(self, pid, offset):
+        from storage.base import key_of
+        lst = [b for b in self._bases.get(pid, []) if key_of(pid, b) in self._durable["log"]]
+        i = bisect.bisect_left(lst, offset) - 1
+        if i < 0:
+            return None
+        v = self._durable["log"][key_of(pid, lst[i])]
+        return lst[i], int.from_bytes(v[20:24], "big")
+
     def sync_now(self) -> None:
         pass
 

@@ -14,11 +14,14 @@ import sys
 import click
 
 from mesh.wire.errors import MeshError
+from tools.node_options import node_bound_options
+from tools.security_cli import creds_option, node_security_options, security
 
 DEFAULT_BOOTSTRAP = "127.0.0.1:7101"
 
 
 def _bootstrap_option(f):
+    f = creds_option(f)   # --creds FILE ($MESH_CREDS): every client command
     return click.option("--bootstrap", "-b", default=lambda: os.environ.get("MESH_BOOTSTRAP", DEFAULT_BOOTSTRAP),
                         show_default="$MESH_BOOTSTRAP or 127.0.0.1:7101", help="any broker HOST:PORT")(f)
 
@@ -53,6 +56,15 @@ def main(verbose: int) -> None:
 @click.option("--bind", default="127.0.0.1:7101", show_default=True, help="HOST:PORT to listen on")
 @click.option("--seed", "seeds", multiple=True, help="address of any live node (repeatable)")
 @click.option("--text-port", type=int, default=None, help="also serve the telnet text protocol on this port")
+@click.option("--text-max-connections", type=click.IntRange(min=1), default=64, show_default=True,
+              help="text gateway: connections at once (one more closes the one idle longest, if idle "
+                   "for --text-evict-idle-ms, else it is refused with ERR)")
+@click.option("--text-evict-idle-ms", type=click.IntRange(min=1), default=10_000, show_default=True,
+              help="text gateway: when full, a connection idle this long is closed to make room")
+@click.option("--text-idle-timeout-ms", type=click.IntRange(min=1), default=300_000, show_default=True,
+              help="text gateway: a connection without a command for this long is closed")
+@click.option("--text-max-subscriptions", type=click.IntRange(min=1), default=256, show_default=True,
+              help="text gateway: SUBS held at once by all connections (16 per connection)")
 @click.option("--max-storage-bytes", type=int, default=64 << 30, show_default=True,
               help="size limit of the LMDB log (a full store refuses writes, keeps serving reads)")
 @click.option("--retention-check-ms", type=int, default=5_000, show_default=True,
@@ -65,13 +77,18 @@ def main(verbose: int) -> None:
               help="if the data directory is refused (damaged store, another node's identity), move it "
                    "aside (renamed with a timestamp, never deleted) and rejoin as an empty replica that "
                    "refills from its peers")
-def node(node_id, data_dir, bind, seeds, text_port, max_storage_bytes, retention_check_ms,
-         group_max_session_ms, rejoin_empty) -> None:
+@node_security_options
+@node_bound_options
+def node(node_id, data_dir, bind, seeds, text_port, text_max_connections, text_evict_idle_ms,
+         text_idle_timeout_ms, text_max_subscriptions, max_storage_bytes, retention_check_ms,
+         group_max_session_ms, rejoin_empty, security, bounds) -> None:
     """Run a broker node in the foreground (SIGTERM/SIGINT stop it cleanly).
 
     The data directory is locked while the node runs (a second broker on it is refused) and
     checked before it is opened; a damaged one is refused with the reason and the way out
-    (--rejoin-empty)."""
+    (--rejoin-empty); a gossip snapshot that cannot be loaded too (--reset-gossip). Every
+    resource a client can make the node hold has a bound (the --max-*, --fetch-*,
+    --client-*, --*-quota-* and --producer-* options)."""
     from mesh.node.loop import Node, NodeConfig
     logging.getLogger().setLevel(logging.INFO)
     for h in logging.getLogger().handlers:
@@ -79,8 +96,13 @@ def node(node_id, data_dir, bind, seeds, text_port, max_storage_bytes, retention
     try:
         n = Node(NodeConfig(node_id=node_id, bind=bind, data_dir=data_dir, seeds=list(seeds),
                             map_size_bytes=max_storage_bytes, text_port=text_port,
+                            text_max_connections=text_max_connections,
+                            text_evict_idle_ms=text_evict_idle_ms,
+                            text_idle_timeout_ms=text_idle_timeout_ms,
+                            text_max_subscriptions=text_max_subscriptions,
                             retention_check_ms=retention_check_ms,
-                            group_max_session_timeout_ms=group_max_session_ms, rejoin_empty=rejoin_empty))
+                            group_max_session_timeout_ms=group_max_session_ms, rejoin_empty=rejoin_empty,
+                            **security, **bounds))
     except Exception as exc:
         click.echo(f"error: cannot start node {node_id}: {exc}", err=True)
         sys.exit(1)
@@ -396,6 +418,12 @@ def cluster_status(as_json, bootstrap) -> None:
                    f"{r['leads']:>5} {r['replicas']:>8} {r['recovering']:>10}  "
                    f"{r['store_id'] or '-'}")
 
+
+from tools.acl_cli import acl, user  # noqa: E402  (mesh user ..., mesh acl ...)
+main.add_command(user); main.add_command(acl)  # noqa: E702
+
+
+main.add_command(security)
 
 if __name__ == "__main__":
     main()

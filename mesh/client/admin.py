@@ -4,6 +4,7 @@ from __future__ import annotations
 import time
 
 from mesh.client.cluster import ClusterView
+from mesh.client.security_admin import SecurityAdmin
 from mesh.client.transport import Transport
 from mesh.wire.errors import ErrorCode, MeshError
 from mesh.wire.messages import CreateTopicRequest, DeleteTopicRequest, MetadataRequest
@@ -14,8 +15,9 @@ __all__ = ["Admin", "ClientBase"]
 class ClientBase:
     """A synchronous client: a transport, a cluster view, a context manager."""
 
-    def __init__(self, bootstrap: str = "127.0.0.1:7101", request_timeout_ms: int = 10_000):
-        self.transport = Transport()
+    def __init__(self, bootstrap: str = "127.0.0.1:7101", request_timeout_ms: int = 10_000, *, creds=None):
+        """``creds``: a creds file path or ``Creds`` (None: $MESH_CREDS, else none)."""
+        self.transport = Transport(creds=creds)
         self.cluster = ClusterView(self.transport, bootstrap, timeout_ms=request_timeout_ms)
         self.timeout_ms = request_timeout_ms
 
@@ -29,8 +31,8 @@ class ClientBase:
         self.close()
 
 
-class Admin(ClientBase):
-    """Topics and cluster metadata."""
+class Admin(SecurityAdmin, ClientBase):
+    """Topics and cluster metadata; users and ACLs (``mesh.client.security_admin``)."""
 
     def _call(self, msg):
         """Send to the first broker that answers (any broker can serve admin requests)."""

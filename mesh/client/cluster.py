@@ -120,6 +120,8 @@ class ClusterView:
                 else:
                     last = MeshError(getattr(resp, "error", ErrorCode.UNKNOWN), getattr(resp, "message", ""))
             if not answers:
+                if isinstance(last, MeshError) and last.code == ErrorCode.UNAUTHORIZED:
+                    raise last   # an ACL said no: another broker would say the same
                 last = last or MeshError(ErrorCode.TIMEOUT, f"no answer from {', '.join(chunk)}")
                 continue
             first = answers[0]

@@ -28,10 +28,11 @@ class Consumer:
                  auto_offset_reset: str = "latest", fetch_max_wait_ms: int = 500,
                  fetch_min_bytes: int = 1, max_partition_fetch_bytes: int = 1 << 20,
                  fetch_max_bytes: int = 16 << 20, max_poll_records: int = 100_000,
-                 request_timeout_ms: int = 10_000, group_id: str | None = None, **group_options):
+                 request_timeout_ms: int = 10_000, group_id: str | None = None, context=None, creds=None,
+                 **group_options):
         if auto_offset_reset not in ("earliest", "latest", "none"):
             raise ValueError("auto_offset_reset must be 'earliest', 'latest' or 'none'")
-        self.transport = Transport()
+        self.transport = Transport(context=context, creds=creds)   # context, creds: see Transport
         self.cluster = ClusterView(self.transport, bootstrap)
         self.auto_offset_reset = auto_offset_reset
         self.max_wait_ms = fetch_max_wait_ms

@@ -18,8 +18,8 @@ log = logging.getLogger("mesh.group")
 class GroupAdmin(ClientBase):
     """List, describe and reset consumer groups (what ``mesh group`` does)."""
 
-    def __init__(self, bootstrap: str = "127.0.0.1:7101", request_timeout_ms: int = 5_000):
-        super().__init__(bootstrap, request_timeout_ms)
+    def __init__(self, bootstrap: str = "127.0.0.1:7101", request_timeout_ms: int = 5_000, *, creds=None):
+        super().__init__(bootstrap, request_timeout_ms, creds=creds)
 
     def _coordinator(self, group_id: str) -> Coordinator:
         return Coordinator(self.transport, self.cluster, group_id)

@@ -45,6 +45,7 @@ import zmq
 from mesh.client.cluster import ClusterView
 from mesh.client.sequencer import RETRY, RetryPolicy, SeqBatch, Sequencer
 from mesh.client.transport import Transport
+from mesh.security.creds import load_creds
 from mesh.wire.errors import ErrorCode, MeshError
 from mesh.wire.messages import ErrorResponse, ProduceRequest, ProduceResponse
 from mesh.wire.partitioner import partition_for_key
@@ -126,7 +127,8 @@ class Producer:
                  retry_backoff_ms: int = 100, retry_backoff_max_ms: int = 1000,
                  request_timeout_ms: int = 3_000, delivery_timeout_ms: int = 60_000,
                  buffer_memory: int = 64 << 20, max_block_ms: int = 60_000,
-                 max_record_bytes: int = MAX_RECORD_BYTES, enable_idempotence: bool = True):
+                 max_record_bytes: int = MAX_RECORD_BYTES, enable_idempotence: bool = True,
+                 context=None, creds=None):
         if acks not in _ACKS:
             raise ValueError(f"acks must be 0, 1 or 'all', not {acks!r}")
         self.acks = _ACKS[acks]
@@ -158,14 +160,15 @@ class Producer:
         # I/O side
         self._io_error: BaseException | None = None
         self._wake_addr = f"inproc://mesh-producer-{id(self)}-{_new_producer_id()}"
-        ctx = zmq.Context.instance()
+        self._ctx = ctx = context if context is not None else zmq.Context.instance()   # see Transport
         self._wake_rx = ctx.socket(zmq.PAIR)
         self._wake_rx.bind(self._wake_addr)
         self._wake_tx = ctx.socket(zmq.PAIR)
         self._wake_tx.connect(self._wake_addr)
         self._woken = False
         self._meta_lock = threading.Lock()
-        self._meta_transport = Transport()
+        self._creds = load_creds(creds)   # a path, a Creds, None: $MESH_CREDS (see Transport)
+        self._meta_transport = Transport(context=ctx, creds=self._creds)
         self.cluster = ClusterView(self._meta_transport, bootstrap)
         self._thread = threading.Thread(target=self._io_main, name="mesh-producer-io", daemon=True)
         self._thread.start()
@@ -262,8 +265,11 @@ class Producer:
     def _check_open(self) -> None:
         if self._closed:
             raise MeshError(ErrorCode.INVALID_REQUEST, "producer is closed")
-        if self._io_error is not None:
-            raise MeshError(ErrorCode.UNKNOWN, f"producer I/O thread failed: {self._io_error}")
+        exc = self._io_error
+        if isinstance(exc, MeshError) and exc.code == ErrorCode.UNAUTHORIZED:
+            raise MeshError(exc.code, exc.message)
+        if exc is not None:
+            raise MeshError(ErrorCode.UNKNOWN, f"producer I/O thread failed: {exc}")
 
     def _wait_for_space(self, size: int) -> None:
         deadline = time.monotonic() + self.max_block_s
@@ -333,15 +339,18 @@ class Producer:
         try:
             self._io_loop()
         except BaseException as exc:  # surface to users instead of hanging them
-            log.exception("producer I/O thread failed")
+            refused = isinstance(exc, MeshError) and exc.code == ErrorCode.UNAUTHORIZED  # creds refused
+            if not refused:
+                log.exception("producer I/O thread failed")
             self._io_error = exc
             with self._lock:
                 for b in list(self._unfinished):
-                    self._finish(b, exc=MeshError(ErrorCode.UNKNOWN, f"producer I/O failed: {exc}",
-                                                  maybe_written=b.attempts > 0))
+                    self._finish(b, exc=MeshError(exc.code, exc.message) if refused else
+                                 MeshError(ErrorCode.UNKNOWN, f"producer I/O failed: {exc}",
+                                           maybe_written=b.attempts > 0))
 
     def _io_loop(self) -> None:
-        transport = Transport()
+        transport = Transport(context=self._ctx, creds=self._creds)
         io_cluster = ClusterView(transport, self._bootstrap)
         transport.add_wakeup(self._wake_rx)
         policy = RetryPolicy(max_in_flight=self.max_in_flight, retries=self.retries,

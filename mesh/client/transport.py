@@ -24,6 +24,14 @@ connection dropped, and those that have had no connection for ``CONNECT_TIMEOUT_
 queue); requests in flight to them will never be answered, so callers retry them at once
 instead of waiting for their timeout. ``is_down`` says whether an address is known to
 have no connection now (do not send there; ask for metadata instead).
+
+Credentials. With ``creds`` (``mesh.security.load_creds``: a path, a ``Creds``, or None for
+$MESH_CREDS) every DEALER is a CURVE client. A broker that refuses the handshake never
+answers, so the monitor also watches for refusals: the broker's ZAP handler refused the key
+(HANDSHAKE_FAILED_AUTH), the mechanisms differ (credentials given to an open broker, or
+none to a secured one), or the broker closed three CURVE handshakes in a row before any
+succeeded (a wrong cluster key). Then every blocking call and ``poll`` raise
+``MeshError(UNAUTHORIZED)`` at once, naming the broker and the likely cause (never retried).
 """
 from __future__ import annotations
 
@@ -35,6 +43,7 @@ from typing import Any
 import zmq
 from zmq.utils.monitor import parse_monitor_message
 
+from mesh.security.creds import Creds, load_creds
 from mesh.wire.errors import ErrorCode, MeshError
 from mesh.wire.messages import ErrorResponse
 from mesh.wire.codec import PROTOCOL_CLIENT, pack, unpack
@@ -52,6 +61,10 @@ _ABANDONED_MAX = 4096        # request ids given up on, remembered to drop their
 
 _UP = zmq.EVENT_HANDSHAKE_SUCCEEDED
 _DOWN = zmq.EVENT_DISCONNECTED
+_AUTH_FAILED = zmq.EVENT_HANDSHAKE_FAILED_AUTH
+_PROTOCOL_FAILED = zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+_NO_DETAIL = zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+_NO_DETAIL_MAX = 3           # CURVE handshakes closed in a row, none succeeded: a wrong cluster key
 
 
 def parse_address(addr: str) -> str:
@@ -65,8 +78,14 @@ def parse_address(addr: str) -> str:
 
 class Transport:
     def __init__(self, hwm: int = 10_000, heartbeat_ivl_ms: int = HEARTBEAT_IVL_MS,
-                 heartbeat_timeout_ms: int = HEARTBEAT_TIMEOUT_MS, connect_timeout_ms: int = CONNECT_TIMEOUT_MS):
-        self.ctx = zmq.Context.instance()
+                 heartbeat_timeout_ms: int = HEARTBEAT_TIMEOUT_MS, connect_timeout_ms: int = CONNECT_TIMEOUT_MS,
+                 context: zmq.Context | None = None, creds: "str | Creds | None" = None):
+        # ``context``: the ZeroMQ context of its sockets (default the process's shared one;
+        # the text gateway gives its clients their own so they cannot use up the broker's)
+        self.ctx = context if context is not None else zmq.Context.instance()
+        self.creds = load_creds(creds)   # None: an open cluster
+        self._refused: MeshError | None = None       # a broker refused our credentials
+        self._no_detail: dict[str, int] = {}         # address -> CURVE handshakes closed in a row
         self._socks: dict[str, zmq.Socket] = {}
         self._addr_of: dict[zmq.Socket, str] = {}
         self._ids = itertools.count(1)
@@ -103,9 +122,12 @@ class Transport:
             s.setsockopt(zmq.HEARTBEAT_TIMEOUT, self._heartbeat_timeout_ms)
             s.setsockopt(zmq.HEARTBEAT_TTL, HEARTBEAT_TTL_MS)
             s.setsockopt(zmq.HANDSHAKE_IVL, HANDSHAKE_IVL_MS)
+            if self.creds is not None:
+                self.creds.apply(s)
             # A unique inproc name: pyzmq's default (the socket's fd) can collide with a
             # monitor of a closed socket that is still being torn down.
-            mon = s.get_monitor_socket(_UP | _DOWN, addr=f"inproc://mesh-monitor-{next(_MONITOR_IDS)}")
+            mon = s.get_monitor_socket(_UP | _DOWN | _AUTH_FAILED | _PROTOCOL_FAILED | _NO_DETAIL,
+                                       addr=f"inproc://mesh-monitor-{next(_MONITOR_IDS)}")
             s.connect(f"tcp://{parse_address(addr)}")
             self._socks[addr] = s
             self._addr_of[s] = addr
@@ -150,7 +172,10 @@ class Transport:
                 ev = parse_monitor_message(mon.recv_multipart(zmq.NOBLOCK))
             except zmq.Again:
                 return
-            if ev["event"] == _UP:
+            if ev["event"] in (_AUTH_FAILED, _PROTOCOL_FAILED, _NO_DETAIL):
+                self._on_refused(addr, ev["event"], ev["value"])
+            elif ev["event"] == _UP:
+                self._no_detail.pop(addr, None)
                 self._up.add(addr)
                 self._dropped.discard(addr)
                 self._down_since.pop(addr, None)
@@ -160,6 +185,33 @@ class Transport:
                     self._dropped.add(addr)
                     self._disconnected.add(addr)
                 self._down_since.setdefault(addr, time.monotonic())
+
+    def _on_refused(self, addr: str, event: int, value: int) -> None:
+        who = f"broker {addr}"
+        if event == _AUTH_FAILED:
+            why = (f"{who} refused the credentials of {self.creds.principal!r} (status {value}): not a user "
+                   f"of this cluster (mesh user add), or removed" if self.creds is not None
+                   else f"{who} refused this connection (status {value})")
+        elif event == _PROTOCOL_FAILED and value == zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH:
+            why = (f"{who} is open (no CURVE): it takes no credentials (drop creds= / --creds / $MESH_CREDS)"
+                   if self.creds is not None else
+                   f"{who} requires credentials: pass creds= (Python), --creds FILE or $MESH_CREDS (CLI), "
+                   f'.option("creds", FILE) (Spark)')
+        elif event == _NO_DETAIL and self.creds is not None:
+            n = self._no_detail[addr] = self._no_detail.get(addr, 0) + 1
+            if n < _NO_DETAIL_MAX:
+                return
+            why = (f"{who} closed {n} CURVE handshakes in a row: the cluster public key in the credentials of "
+                   f"{self.creds.principal!r} is probably not this cluster's")
+        else:
+            return   # a handshake cut short for another reason: the connection is retried
+        if self._refused is None:
+            self._refused = MeshError(ErrorCode.UNAUTHORIZED, why)
+
+    def check_refused(self) -> None:
+        """Raise ``MeshError(UNAUTHORIZED)`` if a broker refused our credentials."""
+        if self._refused is not None:
+            raise MeshError(self._refused.code, self._refused.message)
 
     # -- requests ---------------------------------------------------------------------------
     def send(self, addr: str, msg, payload: bytes | None = None) -> int:
@@ -181,6 +233,7 @@ class Transport:
 
     def _receive(self, timeout_ms: int) -> None:
         """Wait up to ``timeout_ms`` for something; move every answer that arrived into the inbox."""
+        self.check_refused()
         for sock, _ in self._poller.poll(timeout_ms):
             if sock is self._wakeup:
                 while True:

@@ -1,31 +1,47 @@
 """The node's view of topics, partitions and brokers, derived from gossip.
 
-Topics are cluster-wide last-writer-wins gossip registers ``topic/<name>`` holding
-``{name, uuid, partitions, replication_factor, config, replicas}``; ``replicas[p]`` lists
-the brokers of partition p, preferred leader first. The uuid tells a topic from an older
-one of the same name: local data is keyed by ``<name>#<uuid>``, so a node that missed a
-delete and a re-create still drops the old data.
+A topic lives in cluster-wide last-writer-wins gossip registers (``mesh.cluster.keys``):
+the header ``topic/<name>`` = ``{name, uuid, partitions, replication_factor, config,
+chunks}`` and its replica table in ``chunks`` registers ``tparts/<name>/<uuid>/<k>`` =
+``{first, replicas}``, each of at most ``TPARTS_CHUNK_PARTITIONS`` partitions and about
+``TPARTS_CHUNK_BYTES`` (no value has to fit one gossip message by luck). ``replicas[p]``
+lists the brokers of partition p, preferred leader first. The uuid tells a topic from an
+older one of the same name: local data is keyed by ``<name>#<uuid>``, so a node that
+missed a delete and a re-create still drops the old data.
+
+Rules:
+- a topic exists for this node once its header and *all* its chunks with the header's
+  uuid are present, consecutive (chunk k starts where chunk k-1 ended) and cover exactly
+  ``partitions`` partitions; until then it is pending (not listed, nothing registered);
+- create writes the chunks, then the header; delete tombstones the header and every
+  chunk of the name; the registers are never modified otherwise.
 
 ``reconcile`` runs whenever the gossip state moved: it rebuilds the topic table (``Topic``
-rows, see ``topics_from_registers``), registers a local partition id for every partition
-this node replicates, and forgets local partitions that no topic wants any more (deleted
-topics, or a re-created name).
+rows, reusing a row whose registers are the very same values as last time, so a node
+holding 100,000 partitions does not rebuild them for every heartbeat of metadata), then,
+only if the table changed, registers a local partition id for every partition this node
+replicates and forgets local partitions that no topic wants any more (deleted topics, or
+a re-created name), all in one store commit (one sync, however many partitions).
 """
 from __future__ import annotations
 
 import logging
 import uuid as uuidlib
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from mesh.wire.errors import ErrorCode, MeshError
-from mesh.cluster.keys import TOPIC_PREFIX, topic_key
+from mesh.cluster.keys import (TOPIC_PREFIX, TPARTS_CHUNK_BYTES, TPARTS_CHUNK_PARTITIONS, TPARTS_PREFIX,
+                               topic_key, tparts_key)
 from mesh.cluster.placement import place_replicas
 from mesh.wire.topic_config import MAX_PARTITIONS, normalize_config, validate_topic_name
 
-__all__ = ["Catalog", "Topic", "TOPIC_PREFIX", "cluster_pid", "topics_from_registers"]
+__all__ = ["Catalog", "Topic", "TOPIC_PREFIX", "MAX_REPLICATION_FACTOR", "cluster_pid", "split_replicas",
+           "topic_registers", "topics_from_registers"]
 
 log = logging.getLogger("mesh.cluster.catalog")
+
+MAX_REPLICATION_FACTOR = 16   # a chunk of the replica table stays bounded with long node ids
 
 
 def cluster_pid(topic_uuid: str, partition: int) -> int:
@@ -35,9 +51,34 @@ def cluster_pid(topic_uuid: str, partition: int) -> int:
     return (int(topic_uuid[:12], 16) << 14) | partition
 
 
+def _replicas_bytes(reps: Sequence[str]) -> int:
+    """What one partition's replica list costs in a gossip value (msgpack, upper bound)."""
+    return 5 + sum(len(n.encode()) + 5 for n in reps)
+
+
+def split_replicas(replicas: Sequence[Sequence[str]]) -> list[dict[str, Any]]:
+    """The ``tparts/`` chunk values of a replica table: consecutive runs of at most
+    ``TPARTS_CHUNK_PARTITIONS`` partitions and about ``TPARTS_CHUNK_BYTES`` each."""
+    chunks: list[dict[str, Any]] = []
+    run: list[list[str]] = []
+    size = 0
+    first = 0
+    for p, reps in enumerate(replicas):
+        cost = _replicas_bytes(reps)
+        if run and (len(run) >= TPARTS_CHUNK_PARTITIONS or size + cost > TPARTS_CHUNK_BYTES):
+            chunks.append({"first": first, "replicas": run})
+            run, size, first = [], 0, p
+        run.append(list(reps))
+        size += cost
+    if run:
+        chunks.append({"first": first, "replicas": run})
+    return chunks
+
+
 @dataclass(frozen=True, slots=True)
 class Topic:
-    """One row of the topic table: the ``topic/<name>`` register, plus this node's view.
+    """One row of the topic table: the ``topic/<name>`` header and its ``tparts/`` chunks,
+    plus this node's view.
 
     ``replicas[p]``: the brokers of partition p, preferred leader first. ``pids[p]``: the
     partition's cluster id if *this* node holds a replica, else None. ``config`` is the
@@ -56,36 +97,87 @@ class Topic:
         return f"{self.name}#{self.uuid}"
 
     @classmethod
-    def from_register(cls, value: Mapping[str, Any], node_id: str) -> "Topic":
-        """A row from a ``topic/<name>`` register value, seen from ``node_id``."""
-        replicas = tuple(tuple(reps) for reps in value["replicas"])
-        return cls(name=value["name"], uuid=value["uuid"], partitions=value["partitions"],
-                   replication_factor=value["replication_factor"], config=value["config"],
-                   replicas=replicas,
-                   pids=tuple(cluster_pid(value["uuid"], p) if node_id in reps else None
+    def from_registers(cls, header: Mapping[str, Any], chunks: Sequence[Mapping[str, Any]],
+                       node_id: str) -> "Topic":
+        """A row from a header and its chunks (in chunk order), seen from ``node_id``;
+        ValueError (or KeyError, TypeError) if they do not fit together."""
+        replicas: list[tuple[str, ...]] = []
+        for k, chunk in enumerate(chunks):
+            if chunk["first"] != len(replicas):
+                raise ValueError(f"chunk {k} starts at partition {chunk['first']}, not {len(replicas)}")
+            replicas.extend(tuple(reps) for reps in chunk["replicas"])
+        if len(replicas) != header["partitions"]:
+            raise ValueError(f"chunks hold {len(replicas)} partitions, the header says {header['partitions']}")
+        uuid = header["uuid"]
+        return cls(name=header["name"], uuid=uuid, partitions=header["partitions"],
+                   replication_factor=header["replication_factor"], config=header["config"],
+                   replicas=tuple(replicas),
+                   pids=tuple(cluster_pid(uuid, p) if node_id in reps else None
                               for p, reps in enumerate(replicas)))
 
-    def to_register(self) -> dict[str, Any]:
-        """The register value: exactly the msgpack shape every broker reads."""
+    def header(self, chunks: int) -> dict[str, Any]:
+        """The ``topic/<name>`` value: exactly the msgpack shape every broker reads."""
         return {"name": self.name, "uuid": self.uuid, "partitions": self.partitions,
-                "replication_factor": self.replication_factor, "config": self.config,
-                "replicas": [list(reps) for reps in self.replicas]}
+                "replication_factor": self.replication_factor, "config": self.config, "chunks": chunks}
 
 
-def topics_from_registers(registers: Mapping[str, Any], node_id: str) -> dict[str, Topic]:
-    """The topic table from the ``topic/`` registers (key -> value), as ``node_id`` sees it.
-    Values that are not topic rows are skipped."""
+def topic_registers(t: Topic) -> dict[str, Any]:
+    """Every register of topic ``t``, key -> value: its chunks, then its header."""
+    chunks = split_replicas(t.replicas)
+    out = {tparts_key(t.name, t.uuid, k): v for k, v in enumerate(chunks)}
+    out[topic_key(t.name)] = t.header(len(chunks))
+    return out
+
+
+def _chunk_keys(header: Any, key: str) -> list[str] | None:
+    """The ``tparts/`` keys a header names, in order; None if it is not a topic header."""
+    if not isinstance(header, dict):
+        return None
+    name, uuid, n = header.get("name"), header.get("uuid"), header.get("chunks")
+    if (type(name) is not str or key != topic_key(name) or type(uuid) is not str
+            or type(n) is not int or not 1 <= n <= MAX_PARTITIONS):
+        return None
+    return [tparts_key(name, uuid, k) for k in range(n)]
+
+
+def topics_from_registers(registers: Mapping[str, Any], node_id: str,
+                          previous: Mapping[str, tuple] | None = None) -> tuple[dict[str, Topic], dict[str, tuple]]:
+    """The topic table from the ``topic/`` and ``tparts/`` registers (key -> value), as
+    ``node_id`` sees it, and the memo to pass back as ``previous`` next time (a row whose
+    header and chunks are the same objects is reused). Pending and malformed topics are
+    skipped (see the module docstring)."""
+    previous = previous or {}
+    parts = {k: v for k, v in registers.items() if k.startswith(TPARTS_PREFIX)}
     topics: dict[str, Topic] = {}
-    for key, value in sorted(registers.items()):
-        if not isinstance(value, dict) or "replicas" not in value:
+    memo: dict[str, tuple] = {}
+    for key, header in sorted(registers.items()):
+        if not key.startswith(TOPIC_PREFIX):
             continue
+        old = previous.get(key)
+        if old is not None and old[0] is header:
+            _, chunk_keys, old_chunks, t = old
+            chunks = [parts.get(k) for k in chunk_keys]
+            if all(a is b for a, b in zip(old_chunks, chunks)):
+                memo[key] = old
+                topics[t.name] = t
+                continue
+        elif isinstance(header, dict) and "replicas" in header:   # legacy: the table inline, no chunks
+            chunk_keys, chunks = [], [{"first": 0, "replicas": header["replicas"]}]
+        else:
+            chunk_keys = _chunk_keys(header, key)
+            if chunk_keys is None:
+                continue
+            chunks = [parts.get(k) for k in chunk_keys]
+        if not all(isinstance(c, dict) for c in chunks):
+            continue                                # pending: a chunk has not arrived yet
         try:
-            t = Topic.from_register(value, node_id)
+            t = Topic.from_registers(header, chunks, node_id)
         except (KeyError, TypeError, ValueError) as exc:
-            log.warning("ignoring malformed topic register %s: %s", key[:80], exc)
+            log.warning("ignoring malformed topic %s: %s", key[:80], exc)
             continue
+        memo[key] = (header, chunk_keys, chunks, t)
         topics[t.name] = t
-    return topics
+    return topics, memo
 
 
 class Catalog:
@@ -95,6 +187,10 @@ class Catalog:
         self.store = store
         self.topics: dict[str, Topic] = {}
         self.local: dict[int, tuple[str, int]] = {}   # pid -> (topic name, partition)
+        self._memo: dict[str, tuple] = {}
+        self._loaded = False
+        self._signature = None      # the registers' bucket hashes at the last rebuild
+        self._calls = 0
 
     def replicas_of(self, pid: int) -> list[str]:
         name, p = self.local[pid]
@@ -102,26 +198,39 @@ class Catalog:
 
     # -- topics -------------------------------------------------------------------------
     def reconcile(self) -> tuple[set[int], set[int]]:
-        """Rebuild from gossip; returns (pids added, pids removed) on this node."""
-        topics = topics_from_registers(self.gossip.cluster_items(TOPIC_PREFIX), self.node_id)
-        wanted: dict[tuple[str, int], tuple[str, int]] = {}
+        """Rebuild from gossip; returns (pids added, pids removed) on this node. Gossip's
+        bucket hashes of the registers (``cluster_hash``) tell at once whether any register
+        moved; a change they miss (a 2**-32 chance per write) is caught by the full
+        rebuild every 64th call."""
+        cluster_hash = getattr(self.gossip, "cluster_hash", None)
+        signature = cluster_hash() if cluster_hash is not None else None
+        self._calls += 1
+        if self._loaded and signature is not None and signature == self._signature and self._calls % 64:
+            return set(), set()                     # no register changed (checked in full now and then)
+        self._signature = signature
+        registers = dict(self.gossip.cluster_items(TOPIC_PREFIX))
+        registers.update(self.gossip.cluster_items(TPARTS_PREFIX))
+        topics, memo = topics_from_registers(registers, self.node_id, self._memo)
+        self._memo = memo
+        if self._loaded and topics.keys() == self.topics.keys() and \
+                all(t is self.topics[name] for name, t in topics.items()):
+            return set(), set()                     # the same rows: nothing to do here
+        wanted: dict[tuple[str, int], tuple[str, int, int]] = {}
         for t in topics.values():
             for p, pid in enumerate(t.pids):
                 if pid is not None:
-                    wanted[(t.store_key, p)] = (t.name, p)
+                    wanted[(t.store_key, p)] = (t.name, p, pid)
         before = set(self.local)
         for tkey, p, pid in self.store.partitions():
             if (tkey, p) not in wanted:
                 log.info("dropping local partition %s/%d (topic deleted or replaced)", tkey, p)
                 self.store.forget_partition(tkey, p)
-        self.store.commit()
-        local: dict[int, tuple[str, int]] = {}
-        for (tkey, p), (name, _) in wanted.items():
-            pid = self.store.partition_id(tkey, p, pid=topics[name].pids[p])
-            local[pid] = (name, p)
+        self.store.register_partitions([(tkey, p, pid) for (tkey, p), (_, _, pid) in wanted.items()])
+        self.store.commit()                         # one sync for the whole change
         self.topics = topics
-        self.local = local
-        now = set(local)
+        self.local = {pid: (name, p) for name, p, pid in wanted.values()}
+        self._loaded = True
+        now = set(self.local)
         return now - before, before - now
 
     def topic(self, name: str) -> Topic:
@@ -143,8 +252,10 @@ class Catalog:
         validate_topic_name(name)
         if name in self.topics:
             raise MeshError(ErrorCode.TOPIC_EXISTS, f"topic {name!r} already exists")
-        if not 1 <= partitions <= MAX_PARTITIONS:
+        if type(partitions) is not int or not 1 <= partitions <= MAX_PARTITIONS:
             raise MeshError(ErrorCode.INVALID_CONFIG, f"partitions must be 1..{MAX_PARTITIONS}")
+        if type(replication_factor) is not int or not 1 <= replication_factor <= MAX_REPLICATION_FACTOR:
+            raise MeshError(ErrorCode.INVALID_CONFIG, f"replication factor must be 1..{MAX_REPLICATION_FACTOR}")
         cfg = normalize_config(config)
         try:
             replicas = place_replicas(partitions, replication_factor, live_nodes, self.leader_load())
@@ -153,11 +264,14 @@ class Catalog:
         t = Topic(name=name, uuid=uuidlib.uuid4().hex[:16], partitions=partitions,
                   replication_factor=replication_factor, config=cfg,
                   replicas=tuple(tuple(reps) for reps in replicas))
-        self.gossip.put_cluster(topic_key(name), t.to_register())
+        for key, value in topic_registers(t).items():   # chunks first, the header last
+            self.gossip.put_cluster(key, value)
         return t
 
     def delete(self, name: str) -> Topic:
         t = self.topic(name)
+        for key in self.gossip.cluster_items(f"{TPARTS_PREFIX}{name}/"):
+            self.gossip.delete_cluster(key)
         self.gossip.delete_cluster(topic_key(name))
         return t
 

@@ -30,7 +30,8 @@ def place_replicas(num_partitions: int, replication_factor: int, live_nodes: lis
     layout = []
     for li in leaders:
         ring = [nodes[(li + j) % n] for j in range(1, n)]
-        followers = sorted(ring, key=lambda x: (count[x], ring.index(x)))[:replication_factor - 1]
+        order = sorted(range(n - 1), key=lambda j: (count[ring[j]], j))   # no ring.index: O(n log n)
+        followers = [ring[j] for j in order[:replication_factor - 1]]
         for x in followers:
             count[x] += 1
         layout.append([nodes[li]] + followers)

@@ -32,9 +32,14 @@ R7 Determinism: no clock, no global random, no I/O. Time is ``now_ms``, randomne
    output.
 R8 Bounds: deltas per message (``max_delta_bytes``), entry size, key length, number of
    known nodes, graveyard and event queue sizes are all capped (``parsing``, ``config``).
+   Every message and every snapshot entry is checked before anything is applied or
+   persisted: counters and versions below 2**53, generations below 2**48, stamps no
+   later than now plus ``max_clock_skew_ms``, key kinds and value shapes through the
+   node's ``validate_entry`` (``checks``). A failing message is dropped whole and counted;
+   a failing snapshot piece is dropped with a warning.
 
 Modules, one per mechanism: ``messages`` (wire dataclasses), ``rows`` (typed rows and
-sizes), ``parsing`` (validation), ``namespaces`` (per-origin state and deltas),
+sizes), ``parsing`` (validation), ``checks`` (what a peer may write), ``namespaces`` (per-origin state and deltas),
 ``registers`` (cluster registers), ``membership`` (generations, liveness, graveyard),
 ``detector`` (phi accrual), ``rounds`` (peer selection and the exchange), ``snapshot``
 (persistence), ``config`` (``GossipConfig``), and ``core`` (the ``Gossip`` facade).

@@ -11,7 +11,7 @@ mechanism                   module                                             r
 ==========================  =================================================  ==========
 wire messages               ``mesh.gossip.messages``
 typed rows, sizes           ``mesh.gossip.rows``
-validation                  ``mesh.gossip.parsing``                            R8
+validation                  ``mesh.gossip.parsing``, ``checks``                R8
 namespaces and deltas       ``mesh.gossip.namespaces``                         R1, R3
 cluster registers           ``mesh.gossip.registers``                          R6
 membership and liveness     ``mesh.gossip.membership``, ``detector``           R2, R4, R5
@@ -29,11 +29,12 @@ from __future__ import annotations
 import random
 from typing import Any
 
+from mesh.gossip.checks import EntryCheck, Validator
 from mesh.gossip.config import GossipConfig
 from mesh.gossip.membership import Member, MembershipEvent, Membership
 from mesh.gossip.messages import GossipSyn
 from mesh.gossip.namespaces import Namespace, Namespaces
-from mesh.gossip.parsing import Malformed
+from mesh.gossip.parsing import MALFORMED_KINDS, Malformed
 from mesh.gossip.registers import ClusterRegisters
 from mesh.gossip.rounds import Rounds
 from mesh.gossip.rows import Row
@@ -45,7 +46,8 @@ __all__ = ["Gossip"]
 _STATS = ("rounds", "syn_received", "ack_received", "ack2_received", "malformed", "unknown_messages",
           "deltas_applied", "deltas_skipped", "resets_sent", "resets_applied", "truncated",
           "stalls", "identity_conflicts", "seed_probes", "stale_cluster_killed", "stale_cluster_dropped",
-          "nodes_refused", "identity_conflicts_refused")
+          "nodes_refused", "identity_conflicts_refused", "kills_refused", "snapshot_dropped",
+          *(f"malformed_{k}" for k in MALFORMED_KINDS))
 
 
 class Gossip:
@@ -53,7 +55,13 @@ class Gossip:
 
     def __init__(self, node_id: str, address: str, generation: int, seeds: list[str],
                  rng: random.Random, config: GossipConfig, now_ms: int,
-                 snapshot: dict | None = None) -> None:
+                 snapshot: dict | None = None, validate_entry: Validator | None = None,
+                 register_prefixes: tuple[str, ...] | None = None) -> None:
+        """``validate_entry(key, value, now_ms) -> str | None`` judges every live entry a
+        peer sends, a snapshot holds or this node writes (None: fine; else the reason);
+        with ``register_prefixes`` cluster registers must use one of them and node
+        namespace keys none (``mesh.gossip.checks``). Snapshot entries that fail are
+        dropped (``load_warnings`` says which; peers send them again)."""
         if type(node_id) is not str or not node_id or type(address) is not str or not address:
             raise ValueError("node_id and address must be non-empty strings")
         if type(generation) is not int or generation < 0:
@@ -63,11 +71,15 @@ class Gossip:
         self.generation = generation
         self.config = config
         self.stats: dict[str, int] = dict.fromkeys(_STATS, 0)
+        self._check = EntryCheck(validate_entry, register_prefixes, config.max_clock_skew_ms,
+                                 config.tombstone_gc_ms)
+        self._refused: str | None = None
+        self.load_warnings: list[str] = []
         self._members = Membership(node_id, address, generation, config, self.stats, now_ms)
         self._namespaces = Namespaces(self._members, rng, self.stats, config.max_entry_bytes)
         self._registers = ClusterRegisters(node_id, rng, self.stats, config.max_entry_bytes)
         self._rounds = Rounds(self._members, self._namespaces, self._registers, seeds, rng, config,
-                              self.stats, now_ms)
+                              self.stats, now_ms, self._check)
         self._interval_ms = config.interval_ms
         self._last_step_ms = now_ms
         self._next_round_ms = now_ms + rng.randrange(config.interval_ms)
@@ -75,7 +87,8 @@ class Gossip:
         self._gc_sweep_ms = max(config.interval_ms, config.tombstone_gc_ms // 16)
         self._next_gc_ms = now_ms + self._gc_sweep_ms
         if snapshot is not None:
-            restore_snapshot(snapshot, self._members, self._registers, now_ms)
+            self.load_warnings = restore_snapshot(snapshot, self._members, self._registers, now_ms, self._check)
+            self.stats["snapshot_dropped"] = len(self.load_warnings)
 
     # ---------------------------------------------------------------- inputs -----------
 
@@ -106,18 +119,28 @@ class Gossip:
         self._observe(now_ms)
         try:
             out = self._rounds.dispatch(src_address, msg, now_ms)
-        except Malformed:
+        except Malformed as exc:
             self.stats["malformed"] += 1
+            self.stats[f"malformed_{exc.kind}"] += 1
+            self._refused = f"{type(msg).__name__} refused ({exc.kind}): {exc}"[:400]
             return []
         if out is None:
             self.stats["unknown_messages"] += 1
             return []
         return out
 
+    def take_refused(self) -> str | None:
+        """Why the last message given to ``receive`` was refused (None if it was not, or if
+        this was already taken): the node logs it once per peer."""
+        why, self._refused = self._refused, None
+        return why
+
     # ------------------------------------------------------------- own writes ----------
 
     def set_local(self, key: str, value: Any) -> None:
-        """Write ``key`` in this node's namespace (a no-op if it already holds ``value``)."""
+        """Write ``key`` in this node's namespace (a no-op if it already holds ``value``).
+        ValueError if peers would refuse it (``validate_entry``, ``register_prefixes``)."""
+        self._own_check(self._check.node_entry, key, value)
         self._namespaces.set_local(key, value, self._members.now_ms)
 
     def delete_local(self, key: str) -> None:
@@ -125,8 +148,16 @@ class Gossip:
         self._namespaces.delete_local(key, self._members.now_ms)
 
     def put_cluster(self, key: str, value: Any) -> None:
-        """Write a cluster-wide last-writer-wins register, stamped (clock, this node)."""
+        """Write a cluster-wide last-writer-wins register, stamped (clock, this node).
+        ValueError if peers would refuse it (``validate_entry``, ``register_prefixes``)."""
+        self._own_check(self._check.register_entry, key, value)
         self._registers.put(key, value, self._members.now_ms)
+
+    def _own_check(self, check, key: Any, value: Any) -> None:
+        if type(key) is str:
+            why = check(key, value, False, self._members.now_ms)
+            if why is not None:
+                raise ValueError(f"gossip entry refused: {why}")
 
     def delete_cluster(self, key: str) -> None:
         """Delete a cluster register. The tombstone beats every older write, wherever it is."""

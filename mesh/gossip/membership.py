@@ -45,9 +45,7 @@ from typing import TYPE_CHECKING
 
 from mesh.gossip.config import GossipConfig
 from mesh.gossip.detector import FailureDetector
-from mesh.gossip.rows import ALIVE, DEAD, LEFT, ROW_FIELDS, SUSPECT, Grave, Row, Verdict
-
-MAX_GENERATION = 2 ** 48  # a generation this high is forged: never adopted as ours (R2)
+from mesh.gossip.rows import ALIVE, DEAD, LEFT, MAX_GENERATION, ROW_FIELDS, SUSPECT, Grave, Row, Verdict
 
 if TYPE_CHECKING:
     from mesh.gossip.namespaces import Namespace

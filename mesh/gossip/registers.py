@@ -8,7 +8,9 @@ other only the entries of the buckets whose hashes differ.
 
 Rule:
 R6 The greater stamp wins. Stamps come from a hybrid clock ``max(clock + 1, now_ms)`` (a
-   Lamport clock that also follows time). A tombstone is collected ``tombstone_gc_ms``
+   Lamport clock that also follows time), so a peer's stamp later than now plus
+   ``max_clock_skew_ms`` is forged and refused before it gets here (``mesh.gossip.checks``),
+   as is a kill of a stamp too young to have been collected. A tombstone is collected ``tombstone_gc_ms``
    after it was stored, raising the node's *cluster gc clock*. An entry for a key we do
    not hold, stamped at or below that clock, is a deleted key offered by a stale peer:
    it is never stored, and a live one is answered with a *kill* (same stamp, deleted)
@@ -104,8 +106,10 @@ class ClusterRegisters:
             self.tombstones -= 1
         self.version += 1
 
-    def merge(self, ents: Any, sizes: list[int], now_ms: int) -> list:
-        """Merge a peer's flat cluster entries (R6); returns kills to send back to that peer."""
+    def merge(self, ents: Any, sizes: list[int], now_ms: int, kill_limit: int | None = None) -> list:
+        """Merge a peer's flat cluster entries (R6); returns kills to send back to that peer.
+        A kill of a stamp above ``kill_limit`` is refused: that tombstone cannot have been
+        collected yet (``mesh.gossip.checks``)."""
         kills: list = []
         for j, i in enumerate(range(0, len(ents), REGISTER_FIELDS)):
             key, clock, writer, value, deleted = ents[i:i + REGISTER_FIELDS]
@@ -122,6 +126,9 @@ class ClusterRegisters:
                 if (clock, writer) == (old.clock, old.writer) and deleted and not old.deleted:
                     # a kill: the sender collected this key's tombstone long ago. Drop our
                     # copy, but store no tombstone: a kill never travels further than one hop
+                    if kill_limit is not None and clock > kill_limit:
+                        self._stats["kills_refused"] += 1
+                        continue
                     self.drop(key)
                     self._stats["stale_cluster_dropped"] += 1
                 continue

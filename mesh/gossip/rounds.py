@@ -22,11 +22,12 @@ from __future__ import annotations
 import random
 from typing import Any
 
+from mesh.gossip.checks import EntryCheck
 from mesh.gossip.config import GossipConfig
 from mesh.gossip.membership import Membership
 from mesh.gossip.messages import GossipAck, GossipAck2, GossipSyn
 from mesh.gossip.namespaces import Namespaces
-from mesh.gossip.parsing import Malformed, parse_buckets, parse_deltas, parse_registers, parse_rows
+from mesh.gossip.parsing import Malformed, parse_buckets, parse_deltas, parse_gc_clock, parse_registers, parse_rows
 from mesh.gossip.registers import ZERO_BUCKETS, ClusterRegisters
 from mesh.gossip.rows import BUCKETS, DEAD, Budget, Row
 from mesh.wire.effects import Send
@@ -42,8 +43,9 @@ class Rounds:
 
     def __init__(self, members: Membership, namespaces: Namespaces, registers: ClusterRegisters,
                  seeds: list[str], rng: random.Random, config: GossipConfig, stats: dict[str, int],
-                 now_ms: int) -> None:
+                 now_ms: int, check: EntryCheck) -> None:
         self._members = members
+        self._check = check
         self._namespaces = namespaces
         self._registers = registers
         self._node_id = members.node_id
@@ -119,16 +121,20 @@ class Rounds:
 
     def on_syn(self, src: str, msg: GossipSyn, now_ms: int) -> list[Send]:
         their_buckets = parse_buckets(msg.cluster)
-        if type(msg.cluster_gc) is not int:
-            raise Malformed("cluster_gc")
+        their_gc = parse_gc_clock(msg.cluster_gc, self._check, now_ms)
         m = self._members
-        if type(msg.digest) is list and msg.digest == list(m.rows.values()):
-            rows = m.rows        # the same digest, row for row: nothing to merge or say
-            m.heard_from(msg.node_id, rows.get(msg.node_id), now_ms)
+        same = type(msg.digest) is list and msg.digest == list(m.rows.values())
+        rows = m.rows if same else parse_rows(msg.digest, 4 * self._config.max_nodes)
+        own = rows.get(msg.node_id) if type(msg.node_id) is str else None
+        if own is None or own.address != src:
+            # every node's SYN carries its own row (its whole digest): anything else is not
+            # a peer joining or gossiping, and gets nothing of the cluster's state
+            raise Malformed("a SYN must carry its sender's own row, at the address it came from", "hello")
+        if same:
+            m.heard_from(msg.node_id, own, now_ms)   # the same digest, row for row: nothing to merge
             if msg.node_id != m.node_id:
                 m.saw_our_row(rows.get(m.node_id), True)
         else:
-            rows = parse_rows(msg.digest, 4 * self._config.max_nodes)
             m.merge_rows(rows, now_ms, msg.node_id, full=True)
         # rows where we know more, or where we are behind: the sender needs to see them.
         # Slightly newer heartbeats alone do not justify an answer (they spread by push).
@@ -158,7 +164,7 @@ class Rounds:
             centries = reg.entries_for(mismatched, budget)
             cluster_reply = list(mine)
         else:
-            reg.adopt_gc_clock(msg.cluster_gc)     # same store as the sender: its horizon is ours
+            reg.adopt_gc_clock(their_gc)           # same store as the sender: its horizon is ours
         if not must_reply and not cluster_reply:
             return []
         if rows.get(self._node_id) != m.rows[self._node_id]:
@@ -169,22 +175,24 @@ class Rounds:
 
     def on_ack(self, src: str, msg: GossipAck, now_ms: int) -> list[Send]:
         limit = 4 * self._config.max_nodes      # rows beyond max_nodes are refused one by one
+        check = self._check
+        if type(msg.node_id) is not str:
+            raise Malformed("sender")
         rows = parse_rows(msg.digest, limit)
-        deltas = parse_deltas(msg.deltas, limit)
-        their_entries, their_sizes = parse_registers(msg.cluster_entries, _MAX_CLUSTER_ENTRIES)
+        deltas = parse_deltas(msg.deltas, limit, check, now_ms)
+        their_entries, their_sizes = parse_registers(msg.cluster_entries, _MAX_CLUSTER_ENTRIES, check, now_ms)
         their_buckets = parse_buckets(msg.cluster)
-        if type(msg.cluster_gc) is not int:
-            raise Malformed("cluster_gc")
+        their_gc = parse_gc_clock(msg.cluster_gc, check, now_ms)
         self._members.merge_rows(rows, now_ms, msg.node_id)
         self._namespaces.apply(deltas, now_ms)
         reg = self._registers
-        kills = reg.merge(their_entries, their_sizes, now_ms)
+        kills = reg.merge(their_entries, their_sizes, now_ms, check.kill_limit(now_ms))
         budget = Budget(self._config.max_delta_bytes - 20 * len(kills))
         centries: list = kills
         if their_buckets is not None:
             mine = reg.hashes()
             if mine == their_buckets:
-                reg.adopt_gc_clock(msg.cluster_gc)
+                reg.adopt_gc_clock(their_gc)
             else:
                 mismatched = {i for i in range(BUCKETS) if mine[i] != their_buckets[i]}
                 centries += reg.entries_for(mismatched, budget, their_entries)
@@ -195,10 +203,11 @@ class Rounds:
 
     def on_ack2(self, msg: GossipAck2, now_ms: int) -> None:
         limit = 4 * self._config.max_nodes
-        deltas = parse_deltas(msg.deltas, limit)
-        their_entries, their_sizes = parse_registers(msg.cluster_entries, _MAX_CLUSTER_ENTRIES)
+        check = self._check
+        deltas = parse_deltas(msg.deltas, limit, check, now_ms)
+        their_entries, their_sizes = parse_registers(msg.cluster_entries, _MAX_CLUSTER_ENTRIES, check, now_ms)
         self._namespaces.apply(deltas, now_ms)
-        self._registers.merge(their_entries, their_sizes, now_ms)
+        self._registers.merge(their_entries, their_sizes, now_ms, check.kill_limit(now_ms))
 
     def dispatch(self, src: str, msg: Any, now_ms: int) -> list[Send] | None:
         """Handle a gossip message; None if ``msg`` is not one. Malformed propagates."""

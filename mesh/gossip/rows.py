@@ -31,7 +31,7 @@ __all__ = [
     "ALIVE", "SUSPECT", "DEAD", "LEFT",
     "Row", "Delta", "Entry", "Register", "Grave", "Verdict",
     "ROW_FIELDS", "DELTA_FIELDS", "ENTRY_FIELDS", "REGISTER_FIELDS", "BUCKETS",
-    "DELTA_OVERHEAD", "ENTRY_OVERHEAD", "MAX_KEY_CHARS",
+    "DELTA_OVERHEAD", "ENTRY_OVERHEAD", "MAX_KEY_CHARS", "MAX_NAME_CHARS", "MAX_COUNTER", "MAX_GENERATION",
     "Budget", "size_of", "check_key", "entry_size", "register_size",
 ]
 
@@ -107,6 +107,9 @@ BUCKETS = 16                # the cluster store is compared as this many bucket 
 DELTA_OVERHEAD = 40         # bytes: a delta's header, roughly
 ENTRY_OVERHEAD = 12
 MAX_KEY_CHARS = 1024
+MAX_NAME_CHARS = 255        # a node id, an address, a register's writer
+MAX_COUNTER = 2 ** 53 - 1   # heartbeats, versions, stamps: exact in every msgpack reader (R8)
+MAX_GENERATION = 2 ** 48    # a generation this high is forged: refused in rows, deltas, snapshots (R2)
 _MAX_DEPTH = 32
 
 

@@ -20,12 +20,30 @@ never stored twice. NOT_LEADER carries the leader's address when this node knows
 
 Fetch: answered from data below the high watermark (what a quorum has synced), or parked
 until the high watermark moves or ``max_wait_ms`` passes.
+
+Bounds (``DataLimits``, each a node option): a fetch answer holds at most
+``fetch_max_bytes`` (plus one batch, so a batch larger than the cap is still served) and
+at most ``partition_fetch_max_bytes`` per partition, whatever the request asks (Kafka:
+``fetch.max.bytes``, ``max.partition.fetch.bytes``); a partition listed twice is
+INVALID_REQUEST; ``max_wait_ms`` is capped at ``fetch_max_wait_ms``. At most
+``max_parked_fetches`` fetches wait at once, ``max_parked_per_client`` per client (one
+more is answered at once with what there is). Parked fetches are indexed by partition and
+by client (removal is O(partitions of the fetch)), so a produce wakes only the fetches of
+its partition, and a client that is gone (``drop_client``, from the outbox's
+EHOSTUNREACH) takes its parked fetches with it. A produce's ``timeout_ms`` is capped at
+``max_produce_timeout_ms``.
+
+Contained failures: ``doom(reason)`` marks the turn as possibly inconsistent (an
+unexpected exception somewhere in it); the next ``commit_turn`` then rolls the whole turn
+back instead of committing it (the store, producer states and the replication core, as
+for a failed sync) and refuses its produce requests with STORAGE_ERROR.
 """
 from __future__ import annotations
 
 import heapq
+import itertools
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 from mesh.cluster.catalog import Topic
@@ -38,9 +56,19 @@ from mesh.node.raft_host import ReplicaHost
 from mesh.wire.topic_config import MAX_PARTITIONS
 from storage.base import CorruptBatch, LogError, StorageFull
 
-__all__ = ["DataPath"]
+__all__ = ["DataPath", "DataLimits"]
 
 log = logging.getLogger("mesh.node.datapath")
+
+
+@dataclass(frozen=True)
+class DataLimits:
+    fetch_max_bytes: int = 8 << 20
+    partition_fetch_max_bytes: int = 4 << 20
+    fetch_max_wait_ms: int = 30_000
+    max_parked_fetches: int = 5_000
+    max_parked_per_client: int = 16
+    max_produce_timeout_ms: int = 300_000
 
 
 @dataclass
@@ -58,20 +86,25 @@ class _Staged:
 class _Waiter:
     ident: bytes
     rid: int
-    req: m.FetchRequest
+    parts: list            # [[topic, partition, offset, max_bytes]], bounds applied
+    max_bytes: int
+    min_bytes: int
     deadline_ms: int
     pids: tuple
+    seq: int = 0
     done: bool = False
+    parked: bool = field(default=False)
 
     def __lt__(self, other):  # heap order
-        return self.deadline_ms < other.deadline_ms
+        return (self.deadline_ms, self.seq) < (other.deadline_ms, other.seq)
 
 
 class DataPath:
     def __init__(self, store, catalog, replicas: ReplicaHost, producers: ProducerStates, reply: Callable,
                  leader_of: Callable[[Topic, int], str | None],
                  now_ms: Callable[[], int] = _monotonic_ms,
-                 address_of: Callable[[str], str | None] | None = None):
+                 address_of: Callable[[str], str | None] | None = None,
+                 limits: DataLimits | None = None):
         """``leader_of(topic, partition) -> address or None`` names the leader of a
         partition this node does not lead; ``now_ms``: the node's monotonic clock;
         ``address_of(node id) -> address or None`` turns the replication core's hints (a
@@ -84,10 +117,15 @@ class DataPath:
         self.reply = reply
         self.leader_of = leader_of
         self.producers = producers
+        self.limits = limits or DataLimits()
         self._staged: list[_Staged] = []
-        self._waiters: dict[int, list[_Waiter]] = {}
+        self._waiters: dict[int, dict[int, _Waiter]] = {}      # pid -> seq -> parked fetch
+        self._by_client: dict[bytes, dict[int, _Waiter]] = {}  # ident -> seq -> parked fetch
+        self._parked = 0
+        self._seq = itertools.count(1)
         self._deadlines: list[_Waiter] = []
         self._grown: set[int] = set()
+        self._doomed: str | None = None
 
     # -- helpers ------------------------------------------------------------------------
     def local_partition(self, topic: str, partition: int) -> tuple[Topic, int]:
@@ -102,12 +140,25 @@ class DataPath:
 
     def next_deadline_ms(self) -> int | None:
         """When the earliest parked fetch times out (``now_ms`` scale), None if none is parked."""
+        while self._deadlines and self._deadlines[0].done:
+            heapq.heappop(self._deadlines)
         return self._deadlines[0].deadline_ms if self._deadlines else None
+
+    @property
+    def parked(self) -> int:
+        return self._parked
+
+    def doom(self, reason: str) -> None:
+        """Something in this turn failed unexpectedly: roll the turn back at its commit."""
+        if self._doomed is None:
+            self._doomed = reason
 
     # -- produce ------------------------------------------------------------------------
     def on_produce(self, ident, rid, req: m.ProduceRequest, payload) -> None:
         if req.acks not in (0, 1, -1):
             raise MeshError(ErrorCode.INVALID_REQUEST, f"acks must be 0, 1 or -1 (all), not {req.acks}")
+        if req.timeout_ms < 0:
+            raise MeshError(ErrorCode.INVALID_REQUEST, f"timeout_ms must be >= 0, not {req.timeout_ms}")
         t, pid = self.local_partition(req.topic, req.partition)
         if payload is None:
             raise MeshError(ErrorCode.INVALID_REQUEST, "produce request has no record batch frame")
@@ -133,12 +184,18 @@ class DataPath:
         self.replicas.leader_append(pid, end, epoch)
         self.producers.stage(pid, h, base)
         # staged: from here on the answer is a ProduceResponse (the outcome may be "written")
-        self._staged.append(_Staged(ident, rid, req.acks, pid, base, end, req.timeout_ms))
+        self._staged.append(_Staged(ident, rid, req.acks, pid, base, end,
+                                    min(req.timeout_ms, self.limits.max_produce_timeout_ms)))
 
     def commit_turn(self) -> bool:
-        """Commit the turn (one sync) and answer its produce requests. False if it failed."""
+        """Commit the turn (one sync) and answer its produce requests. False if it failed
+        (or the turn was doomed: then it is rolled back)."""
         staged, self._staged = self._staged, []
         try:
+            if self._doomed is not None:
+                doomed, self._doomed = self._doomed, None
+                self.store.rollback()
+                raise LogError(f"turn rolled back after an internal error ({doomed})")
             self.replicas.before_commit(self.store.has_writes())
             self.store.commit()
         except (StorageFull, LogError) as exc:
@@ -161,38 +218,86 @@ class DataPath:
 
     # -- fetch --------------------------------------------------------------------------
     def on_fetch(self, ident, rid, req: m.FetchRequest, payload) -> None:
+        lim = self.limits
         if not req.parts or len(req.parts) > MAX_PARTITIONS:
             raise MeshError(ErrorCode.INVALID_REQUEST, f"fetch needs 1..{MAX_PARTITIONS} partitions")
-        pids = []
+        if req.min_bytes < 0 or req.max_bytes < 0:
+            raise MeshError(ErrorCode.INVALID_REQUEST, "min_bytes and max_bytes must be >= 0")
+        part_cap = lim.partition_fetch_max_bytes
+        parts, seen, pids = [], set(), []
         for part in req.parts:
-            if not (isinstance(part, list) and len(part) == 4):
-                raise MeshError(ErrorCode.INVALID_REQUEST, "each fetch part is [topic, partition, offset, max_bytes]")
+            if not (isinstance(part, list) and len(part) == 4 and isinstance(part[0], str)
+                    and all(type(v) is int for v in part[1:]) and part[3] >= 0):
+                raise MeshError(ErrorCode.INVALID_REQUEST,
+                                "each fetch part is [topic, partition, offset, max_bytes >= 0]")
+            key = (part[0], part[1])
+            if key in seen:
+                raise MeshError(ErrorCode.INVALID_REQUEST, f"{part[0]}/{part[1]} is listed twice in one fetch")
+            seen.add(key)
+            parts.append([part[0], part[1], part[2], min(part[3], part_cap)])
             try:
                 pids.append(self.local_partition(part[0], part[1])[1])
             except MeshError:
                 pass
-        w = _Waiter(ident, rid, req, self.now_ms() + max(0, req.max_wait_ms), tuple(pids))
-        if not self._answer_fetch(w, force=req.max_wait_ms <= 0):
-            for pid in pids:
-                self._waiters.setdefault(pid, []).append(w)
-            heapq.heappush(self._deadlines, w)
+        wait_ms = max(0, min(req.max_wait_ms, lim.fetch_max_wait_ms))   # negative: do not wait
+        w = _Waiter(ident, rid, parts, min(req.max_bytes, lim.fetch_max_bytes), req.min_bytes,
+                    self.now_ms() + wait_ms, tuple(pids))
+        client = self._by_client.get(ident)
+        full = self._parked >= lim.max_parked_fetches or (client is not None
+                                                          and len(client) >= lim.max_parked_per_client)
+        if not self._answer_fetch(w, force=wait_ms <= 0 or full):
+            self._park(w)
+
+    def _park(self, w: _Waiter) -> None:
+        w.seq = next(self._seq)
+        w.parked = True
+        self._parked += 1
+        for pid in w.pids:
+            self._waiters.setdefault(pid, {})[w.seq] = w
+        self._by_client.setdefault(w.ident, {})[w.seq] = w
+        heapq.heappush(self._deadlines, w)
+        if len(self._deadlines) > 2 * self._parked + 64:   # answered fetches linger in the heap
+            self._deadlines = [x for x in self._deadlines if not x.done]
+            heapq.heapify(self._deadlines)
+
+    def _unpark(self, w: _Waiter) -> None:
+        if not w.parked:
+            return
+        w.parked = False
+        self._parked -= 1
+        for pid in w.pids:
+            ws = self._waiters.get(pid)
+            if ws is not None:
+                ws.pop(w.seq, None)
+                if not ws:
+                    del self._waiters[pid]
+        ws = self._by_client.get(w.ident)
+        if ws is not None:
+            ws.pop(w.seq, None)
+            if not ws:
+                del self._by_client[w.ident]
+
+    def drop_client(self, ident: bytes) -> None:
+        """The client is gone: forget its parked fetches (nobody would read the answers)."""
+        for w in list(self._by_client.get(ident, {}).values()):
+            w.done = True
+            self._unpark(w)
 
     def _answer_fetch(self, w: _Waiter, force: bool) -> bool:
         """Answer ``w`` if it has min_bytes (or an error), or if ``force``. True if answered."""
-        req = w.req
         parts, chunks = [], []
-        total, has_error = 0, False
-        for topic, partition, offset, part_max in req.parts:
+        total, has_error, max_bytes = 0, False, w.max_bytes
+        for topic, partition, offset, part_max in w.parts:
             pid = None
             try:
                 _, pid = self.local_partition(topic, partition)
                 start, hw = self.store.log_start(pid), self.replicas.commit_offset(pid)
-                if not isinstance(offset, int) or offset < start or offset > max(hw, self.store.log_end(pid)):
+                if offset < start or offset > max(hw, self.store.log_end(pid)):
                     raise MeshError(ErrorCode.OFFSET_OUT_OF_RANGE,
                                     f"offset {offset} is outside [{start}, {hw}] of {topic}/{partition}")
                 got = []
-                if offset < hw and total < req.max_bytes:
-                    got = self.store.read(pid, offset, min(int(part_max), req.max_bytes - total), hw)
+                if offset < hw and total < max_bytes:
+                    got = self.store.read(pid, offset, min(part_max, max_bytes - total), hw)
                 n = sum(len(c) for c in got)
                 chunks.extend(got)
                 total += n
@@ -206,11 +311,24 @@ class DataPath:
                 if exc.code == ErrorCode.OFFSET_OUT_OF_RANGE and pid is not None:
                     start, hw = self.store.log_start(pid), self.replicas.commit_offset(pid)
                 parts.append([topic, partition, int(exc.code), hw, start, 0, exc.leader])
-        if not (force or has_error or total >= max(1, req.min_bytes)):
+        if not (force or has_error or total >= max(1, w.min_bytes)):
             return False
         w.done = True
+        self._unpark(w)
         self.reply(w.ident, w.rid, m.FetchResponse(parts), b"".join(chunks))
         return True
+
+    def _answer_guarded(self, w: _Waiter, force: bool) -> bool:
+        """``_answer_fetch`` for a parked fetch: an unexpected failure answers it with an
+        error (and is logged) instead of escaping into the loop's turn."""
+        try:
+            return self._answer_fetch(w, force)
+        except Exception as exc:
+            log.error("parked fetch of client %s failed: %r", bytes(w.ident).hex(), exc)
+            w.done = True
+            self._unpark(w)
+            self.reply(w.ident, w.rid, m.ErrorResponse(int(ErrorCode.UNKNOWN), f"fetch failed: {exc}"))
+            return True
 
     def after_turn(self) -> None:
         if self._grown:
@@ -221,22 +339,16 @@ class DataPath:
         while self._deadlines and self._deadlines[0].deadline_ms <= now:
             w = heapq.heappop(self._deadlines)
             if not w.done:
-                self._answer_fetch(w, force=True)
+                self._answer_guarded(w, force=True)
 
     def _wake(self, pids: set[int]) -> None:
+        """Answer the parked fetches of ``pids`` that now have enough (O(their fetches))."""
         for pid in pids:
-            waiters = self._waiters.pop(pid, None)
-            if not waiters:
-                continue
-            for w in waiters:
-                if not w.done and not self._answer_fetch(w, force=False):
-                    self._waiters.setdefault(pid, []).append(w)
-        for pid in list(self._waiters):  # forget answered waiters still listed elsewhere
-            ws = [w for w in self._waiters[pid] if not w.done]
+            ws = self._waiters.get(pid)
             if ws:
-                self._waiters[pid] = ws
-            else:
-                del self._waiters[pid]
+                for w in list(ws.values()):
+                    if not w.done:
+                        self._answer_guarded(w, force=False)
 
     def forget(self, pids: set[int]) -> None:
         """Partitions that left this node: parked fetches learn it now."""

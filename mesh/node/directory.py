@@ -42,7 +42,12 @@ class Directory:
         """The node id of the peer at ``address`` (None if gossip does not know it yet)."""
         node = self._node_of_address.get(address)
         if node is None:
-            self._node_of_address = {mem.address: mem.node_id for mem in self.gossip.members(self.wall_ms())}
+            # live members last, so they win an address that a dead or departed row also names
+            # (a forged or stale row must not take a live broker's address over)
+            now = self.wall_ms()
+            live = set(self.gossip.live_members(now))
+            members = sorted(self.gossip.members(now), key=lambda mem: (mem.node_id in live, mem.node_id))
+            self._node_of_address = {mem.address: mem.node_id for mem in members}
             node = self._node_of_address.get(address)
         return node
 

@@ -7,8 +7,16 @@ once; replication input is stepped, its effects staged by the replica host); a c
 request goes to its handler (``mesh.node.handlers``, the data path, the group host).
 
 Nothing a client or a peer sends can crash the loop: every message runs inside a guard.
-A client request that fails becomes an error response (logged once per client and code);
-a peer message gets no response (peers do not read them): a bad one is logged and dropped.
+A client request that fails becomes an error response (logged once per client and code
+per minute); a peer message gets no response (peers do not read them): a bad one is
+logged (same limit) and dropped. An unexpected exception (not a ``MeshError``: a bug, or
+an input nobody foresaw) may have left the turn's state half-updated: it calls
+``on_doom(reason)`` (the node's ``DataPath.doom``: the turn is rolled back and nothing
+from it persisted; ``gossip_suspect`` is set when it came out of the gossip core), unless
+the request only reads (fetch, metadata, list offsets: nothing to roll back) and writes one traceback per exception site per minute
+(``mesh.node.ratelog``). Bodies are decoded with the node's bounds (``limits``,
+``peer_limits``: ``mesh.wire.codec.DecodeLimits``); answers go out through the node's
+``Outbox`` (backlogs, quotas, gone clients: ``mesh.node.outbox``) when it has one.
 """
 from __future__ import annotations
 
@@ -19,7 +27,9 @@ import zmq
 
 from mesh.gossip import GossipAck, GossipAck2, GossipSyn
 from mesh.node.peers import sender_address
+from mesh.node.ratelog import RateLimitedLog
 from mesh.node.raft_host import REPLICATION_MESSAGES
+from mesh.security.creds import BROKER_PRINCIPAL
 from mesh.wire import messages as m
 from mesh.wire.codec import PROTOCOL_CLIENT, PROTOCOL_PEER, pack, unpack
 from mesh.wire.errors import ErrorCode, MeshError
@@ -29,24 +39,39 @@ __all__ = ["Dispatcher", "open_router"]
 log = logging.getLogger("mesh.node.dispatch")
 
 _GOSSIP_MESSAGES = (GossipSyn, GossipAck, GossipAck2)
+_READ_ONLY = frozenset({m.FetchRequest, m.MetadataRequest, m.ListOffsetsRequest})   # change no state
 
 
-def open_router(ctx: zmq.Context, bind: str, hwm_messages: int) -> zmq.Socket:
-    """The node's ROUTER, bound to ``bind`` (host:port)."""
+def open_router(ctx: zmq.Context, bind: str, hwm_messages: int, options: dict | None = None,
+                configure: Callable[[zmq.Socket], None] | None = None) -> zmq.Socket:
+    """The node's ROUTER, bound to ``bind`` (host:port). ``options``: more socket options
+    set before binding (the node's bounds: MAXMSGSIZE, SNDHWM, heartbeats); ``configure``:
+    called before binding (security: ZAP, CURVE, ``BrokerSecurity.configure_router``)."""
     router = ctx.socket(zmq.ROUTER)
     router.setsockopt(zmq.ROUTER_MANDATORY, 1)
     router.setsockopt(zmq.ROUTER_HANDOVER, 1)
     router.setsockopt(zmq.SNDHWM, hwm_messages)
     router.setsockopt(zmq.RCVHWM, hwm_messages)
     router.setsockopt(zmq.LINGER, 0)
+    for opt, value in (options or {}).items():
+        router.setsockopt(opt, value)
+    if configure is not None:
+        configure(router)
     router.bind(f"tcp://{bind}")
     return router
 
 
 class Dispatcher:
     def __init__(self, router: zmq.Socket, handlers, groups, gossip, replicas, directory,
-                 send: Callable, clock) -> None:
-        """``send(effects)``: carry out gossip send effects (the loop's ``_send``)."""
+                 send: Callable, clock, security=None) -> None:
+        """``send(effects)``: carry out gossip send effects (the loop's ``_send``);
+        ``security``: the node's ``mesh.security.broker.BrokerSecurity``.
+
+        Secured mode: ``recv`` also reads the ZAP User-Id of each message (the sender's
+        public key); peer messages are accepted only from the cluster key (else dropped,
+        counted in ``peer_messages_refused``, logged once per sender); a client request
+        goes through ``authorizer.authorize(principal, msg)`` before its handler. Open mode:
+        ``recv`` is the socket's own ``recv_multipart``, nothing is checked."""
         self.router = router
         self.handlers = handlers
         self.groups = groups
@@ -55,18 +80,62 @@ class Dispatcher:
         self.directory = directory
         self._send = send
         self.clock = clock
-        self._logged: set[tuple[bytes, int]] = set()
+        self._rlog = RateLimitedLog(log)
+        self.limits = None        # DecodeLimits for client bodies, set by the node
+        self.peer_limits = None   # and for peer bodies
+        self.outbox = None        # mesh.node.outbox.Outbox, set by the node
+        self.on_doom: Callable[[str], None] = lambda reason: None   # roll the turn back
+        self.gossip_suspect = False
+        self._due: dict[tuple[bytes, int], int] = {}   # produce answers held by the quota
+        self.security = security if security is not None and security.secured else None
+        self.user_id = ""                 # the ZAP User-Id of the message being handled
+        self.peer_messages_refused = 0
+        self.recv = router.recv_multipart if self.security is None else self._recv_secured
+
+    def _recv_secured(self, flags: int = 0) -> list:
+        """``recv_multipart``, keeping the first frame's ZAP User-Id in ``user_id``."""
+        router = self.router
+        first = router.recv(flags, copy=False)
+        try:
+            self.user_id = first.get("User-Id")
+        except zmq.ZMQError:
+            self.user_id = ""
+        frames = [first.bytes]
+        while router.getsockopt(zmq.RCVMORE):
+            frames.append(router.recv(flags))
+        return frames
+
+    def _refuse_peer(self, ident: bytes) -> None:
+        self.peer_messages_refused += 1
+        principal = self.security.principal_of(self.user_id) if self.user_id else None
+        self._rlog.warning((bytes(ident), "not-a-broker"), "peer message refused from %r: not authenticated as a "
+                           "broker (key %s, principal %s)", bytes(ident)[:64], self.user_id or "-", principal or "-")
+
+    def _authorize(self, msg):
+        principal = self.security.principal_of(self.user_id)
+        if principal is None:
+            raise MeshError(ErrorCode.UNAUTHORIZED, "these credentials are not (any more) those of a user")
+        if principal == BROKER_PRINCIPAL:
+            return msg   # the cluster keypair: only brokers (and whoever holds cluster.key) have it
+        return self.security.authorizer.authorize(principal, msg)
 
     def handle(self, frames: list) -> None:
         ident = frames[0]
         if len(frames) > 1 and frames[1] == PROTOCOL_PEER:
+            if self.security is not None and self.user_id != self.security.cluster_key:
+                self._refuse_peer(ident)
+                return
             self.handle_peer(ident, frames)
             return
-        rid = 0
+        rid, msg = 0, None
         try:
             if len(frames) >= 3 and len(frames[2]) == 8:
                 rid = int.from_bytes(frames[2], "big")
-            protocol, rid, msg, payload = unpack(frames[1:])
+            protocol, rid, msg, payload = unpack(frames[1:], self.limits)
+            if self.security is not None:
+                msg = self._authorize(msg)
+            if payload is not None and type(msg) is m.ProduceRequest and self.outbox is not None:
+                self._charge_produce(ident, rid, msg, payload)
             handler = self.handlers.handler_for(msg)
             if handler is not None:
                 handler(ident, rid, msg, payload)
@@ -77,38 +146,64 @@ class Dispatcher:
         except MeshError as exc:
             self.error(ident, rid, exc.code, exc.message, exc.leader)
         except Exception as exc:  # a bug or an input we did not foresee: answer, keep serving
-            log.exception("request from %r failed", ident)
+            if type(msg) not in _READ_ONLY:   # a read changed nothing: no need to fail the others' turn
+                self.on_doom(f"{type(exc).__name__} while handling a client request")
+            self._rlog.exception((bytes(ident), "bug"), exc, "request from client %s failed", bytes(ident).hex())
             self.error(ident, rid, ErrorCode.INVALID_REQUEST, f"request could not be handled: {exc}")
+
+    def _charge_produce(self, ident: bytes, rid: int, msg, payload) -> None:
+        if msg.acks == 0:
+            return   # no answer to delay
+        delay = self.outbox.charge("produce", ident, len(payload))
+        if delay:
+            if len(self._due) >= 100_000:
+                self._due.clear()   # answers that never came (the client left): forget them
+            self._due[(bytes(ident), rid)] = self.clock.now_ms() + delay
 
     def handle_peer(self, ident: bytes, frames: list) -> None:
         src = sender_address(bytes(ident))
+        msg = None
         try:
             if src is None:
                 raise MeshError(ErrorCode.INVALID_REQUEST, "peer message without a peer identity")
-            _, _, msg, payload = unpack(frames[1:])
+            _, _, msg, payload = unpack(frames[1:], peer_limits=self.peer_limits)
             if isinstance(msg, _GOSSIP_MESSAGES):
                 self._send(self.gossip.receive(src, msg, self.clock.wall_ms()))
+                refused = self.gossip.take_refused()   # dropped whole and counted by the core
+                if refused is not None:
+                    raise MeshError(ErrorCode.INVALID_REQUEST, refused)
             elif isinstance(msg, REPLICATION_MESSAGES):
                 node = self.directory.node_at(src)
                 if node is not None:  # not yet known through gossip: the sender will retry
                     self.replicas.step(node, msg, payload)
             else:
                 raise MeshError(ErrorCode.INVALID_REQUEST, f"unexpected peer message {type(msg).__name__}")
-        except Exception as exc:
-            key = (bytes(ident), -1)
-            if key not in self._logged and len(self._logged) < 10_000:
-                self._logged.add(key)
-                log.warning("bad peer message from %s: %s", src or bytes(ident).hex(), exc)
+        except MeshError as exc:
+            self._rlog.warning((bytes(ident), int(exc.code)), "bad peer message from %s: %s",
+                               src or bytes(ident).hex(), exc)
+        except Exception as exc:   # the core may be half-updated: the loop rolls the turn back
+            self.on_doom(f"{type(exc).__name__} while handling a peer message")
+            if isinstance(msg, _GOSSIP_MESSAGES):
+                self.gossip_suspect = True
+            self._rlog.exception((bytes(ident), "bug"), exc, "peer message %s from %s could not be handled",
+                                 type(msg).__name__, src or bytes(ident).hex())
 
     def error(self, ident: bytes, rid: int, code: ErrorCode, message: str, leader: str | None = None) -> None:
-        key = (bytes(ident), int(code))
-        if key not in self._logged and len(self._logged) < 10_000:
-            self._logged.add(key)
-            log.warning("client %s: %s: %s", bytes(ident).hex(), code.name, message)
+        self._rlog.warning((bytes(ident), int(code)), "client %s: %s: %s", bytes(ident).hex(), code.name, message)
         self.reply(ident, rid, m.ErrorResponse(int(code), message, leader))
 
     def reply(self, ident: bytes, rid: int, msg, payload: bytes | None = None) -> None:
         frames = [ident] + pack(PROTOCOL_CLIENT, rid, msg, payload)
+        if self.outbox is not None:
+            delay = 0
+            if self._due:
+                due = self._due.pop((bytes(ident), rid), None)
+                if due is not None:
+                    delay = max(0, due - self.clock.now_ms())
+            if payload is not None and type(msg) is m.FetchResponse:
+                delay = max(delay, self.outbox.charge("fetch", ident, len(payload)))
+            self.outbox.send(ident, frames, delay)
+            return
         try:
             self.router.send_multipart(frames, zmq.NOBLOCK, copy=payload is None or len(payload) < 65536)
         except zmq.ZMQError as exc:  # client gone (EHOSTUNREACH) or its pipe is full (EAGAIN)

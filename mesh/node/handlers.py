@@ -21,6 +21,7 @@ from mesh.cluster.catalog import Catalog, Topic
 from mesh.node.clock import Clock
 from mesh.node.datapath import DataPath
 from mesh.node.directory import Directory
+from mesh.node.security_handlers import SecurityHandlers
 from mesh.wire import messages as m
 from mesh.wire.errors import ErrorCode, MeshError
 
@@ -56,6 +57,10 @@ class ClientHandlers:
             m.DeleteTopicRequest: self.on_delete_topic,
             m.ListOffsetsRequest: self.on_list_offsets,
         }
+        # users and ACLs (``mesh.node.security_handlers``); secured mode sets ``.registry``
+        self.security = SecurityHandlers(gossip=gossip, commit_turn=data.commit_turn,
+                                         apply_cluster_change=apply_cluster_change, reply=reply)
+        self._table.update(self.security.table())
 
     def handler_for(self, msg: Any) -> Callable | None:
         return self._table.get(type(msg))
@@ -84,12 +89,11 @@ class ClientHandlers:
         members = self.gossip.members(now)
         live = set(self.gossip.live_members(now))
         brokers = []
-        stats: dict[str, dict] = {}
-        recovering: dict[str, dict] = {}   # node -> {topic: [partitions refilling lost state]}
+        stats: dict[str, dict] = {}        # node -> {stats/<topic>/<k>: {"<p>": [start, end, hw]}}
+        recovering: dict[str, dict] = {}   # node -> {recovering/<topic>/<k>: [partitions refilling]}
         for mem in members:
             age = None if mem.last_heard_ms is None else now - mem.last_heard_ms
-            rec = self.gossip.node_items(mem.node_id, keys.RECOVERING_KEY).get(keys.RECOVERING_KEY) or {}
-            recovering[mem.node_id] = rec if isinstance(rec, dict) else {}
+            recovering[mem.node_id] = self.gossip.node_items(mem.node_id, keys.RECOVERING_PREFIX)
             member = self.gossip.node_items(mem.node_id, keys.MEMBER_KEY).get(keys.MEMBER_KEY) or {}
             entry = {"id": mem.node_id, "address": mem.address, "status": mem.status,
                      "generation": mem.generation, "heartbeat": mem.heartbeat, "heartbeat_age_ms": age,
@@ -101,7 +105,9 @@ class ClientHandlers:
                 entry.update(heartbeat_age_ms=0, peer_messages_sent=self.peers.sent,
                              peer_bytes_sent=self.peers.bytes_sent, peer_messages_dropped=self.peers.dropped)
             brokers.append(entry)
-            stats[mem.node_id] = self.gossip.node_items(mem.node_id, keys.STATS_KEY).get(keys.STATS_KEY) or {}
+            stats[mem.node_id] = self.gossip.node_items(mem.node_id, keys.STATS_PREFIX)
+        addresses = {mem.node_id: mem.address for mem in members}
+        addresses[self.node_id] = self.directory.address
         names = sorted(self.catalog.topics) if req.topics is None else list(req.topics)
         topics = []
         for name in names:
@@ -111,12 +117,12 @@ class ClientHandlers:
                 continue
             topics.append({"name": name, "error": 0, "config": t.config,
                            "replication_factor": t.replication_factor,
-                           "partitions": [self._partition_entry(t, p, live, stats, recovering)
+                           "partitions": [self._partition_entry(t, p, live, stats, recovering, addresses)
                                           for p in range(len(t.replicas))]})
         self.reply(ident, rid, m.MetadataResponse(0, brokers, topics, self.node_id))
 
     def _partition_entry(self, t: Topic, p: int, live: set[str], stats: dict[str, dict],
-                         recovering: dict[str, dict]) -> dict:
+                         recovering: dict[str, dict], addresses: dict[str, str]) -> dict:
         reps = list(t.replicas[p])
         leader, epoch = self.directory.leader(t, p, live)
         pid = t.pids[p]
@@ -124,21 +130,22 @@ class ClientHandlers:
             start, end, hw = self.store.log_start(pid), self.store.log_end(pid), self.replicas.commit_offset(pid)
             isr = self.replicas.isr(pid)
         else:
-            start, end, hw = (stats.get(leader, {}).get(t.name, {}).get(str(p)) or [-1, -1, -1])
+            chunk = stats.get(leader, {}).get(keys.stats_key(t.name, keys.chunk_of(p)))
+            start, end, hw = (chunk.get(str(p)) if isinstance(chunk, dict) else None) or [-1, -1, -1]
             isr = [r for r in reps if r in live]
         local = {}
         if pid is not None and self.replicas.hosts(pid):  # this node's own replica, first hand
             local = {"local_end": self.store.log_end(pid), "local_recovering": self.replicas.recovering(pid)}
         return {**local, "partition": p, "leader": leader,
-                "leader_address": self.directory.address_of(leader) if leader else None,
+                "leader_address": addresses.get(leader) if leader else None,
                 "epoch": max(epoch, 0), "replicas": reps, "isr": isr,
                 "log_start": start, "log_end": end, "high_watermark": hw,
                 "recovering": [r for r in reps if self._recovering(recovering.get(r), t.name, p)]}
 
     @staticmethod
     def _recovering(rec: dict | None, topic: str, p: int) -> bool:
-        """Whether a node's ``recovering`` gossip entry lists ``topic``/``p``."""
-        parts = rec.get(topic) if rec else None
+        """Whether a node's ``recovering/`` gossip entries list ``topic``/``p``."""
+        parts = rec.get(keys.recovering_key(topic, keys.chunk_of(p))) if rec else None
         return isinstance(parts, list) and p in parts
 
     # -- offsets ------------------------------------------------------------------------

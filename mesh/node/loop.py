@@ -20,18 +20,40 @@ order each turn (``run``, then ``_after_turn``):
 4. if the gossip state moved (not on mere heartbeats): reconcile the topic catalog
    (create/drop local partitions), tell the group host (coordination and offsets may
    have moved) and stage the gossip snapshot;
-5. publish this node's partition stats to gossip (every ``stats_every_ms``);
+5. publish this node's partition stats to gossip (every ``stats_every_ms``;
+   ``mesh.node.publish``);
 6. tick the group host;
 7. every ``retention_check_ms``, stage retention (``DataPath.enforce_retention``) into
    the turn's transaction (a failure there dooms the turn like any other write);
 8. commit the turn's LMDB transaction with one sync (group commit), then answer the
-   staged produce requests, send the held replication messages, publish leadership
-   changes and answer acks=all requests now committed (``DataPath.commit_turn``);
+   staged produce requests, send the held replication messages, note leadership
+   changes and answer acks=all requests now committed (``DataPath.commit_turn``), and
+   write the leadership chunks they touched to gossip (``Publisher.flush``);
 9. wake parked fetches whose partitions grew, expire acks=all waits, answer fetches whose
    wait is over (``DataPath.after_turn``).
 
 A storage error in steps 3-9 fails the turn, not the broker: the transaction is rolled back
-and the replication core rebuilt from disk (it had run ahead of it).
+and the replication core rebuilt from disk (it had run ahead of it). So does any other
+exception, in a message handler (``Dispatcher``) or in one step here (``_step``): the
+turn is doomed (``DataPath.doom``), rolled back at its commit, and nothing from it is
+persisted; the next good turn reconciles and persists again. After an exception out of
+the gossip core, its snapshot is persisted again only once it loads (``_persist_snapshot``).
+Each failing site writes one traceback per minute (``mesh.node.ratelog``).
+
+Bounds (issue 13): every resource a client can make the node hold has a ``NodeConfig``
+field and a ``mesh node`` option: frame size (ZMQ_MAXMSGSIZE: a bigger frame is dropped
+by ZeroMQ, with its connection, before it is read), body decoding (``DecodeLimits``),
+fetch bytes, waits and parked fetches (``DataLimits``), answers queued per client
+(SNDHWM and ``Outbox``), byte-rate quotas, idempotent-producer state, and heartbeats on
+peer links (a dead client's pipe goes by the TTL its own PINGs announce: see
+``mesh.node.bounds.router_options`` for why the ROUTER has none). RLIMIT_NOFILE's soft
+limit is raised to the hard limit at start.
+
+Persisted state that cannot be loaded stops the start with one message (``StartupError``)
+saying what and how to recover: a gossip snapshot -> ``--reset-gossip`` (start without it
+and relearn the cluster from peers: partitions are neither reconciled nor dropped, and no
+snapshot is written, until gossip has been quiet for ``_RELEARN_QUIET_MS`` after a peer
+was heard); the replication state -> move the data directory aside and rejoin empty.
 
 Nothing a client or a peer sends can crash the loop: each message is handled inside a
 guard (``mesh.node.dispatch``, which also owns the ROUTER socket).
@@ -61,26 +83,35 @@ from dataclasses import dataclass, field
 import msgpack
 import zmq
 
-from mesh.cluster import keys
+from mesh.cluster import keys, schema
 from mesh.cluster.catalog import Catalog
-from mesh.cluster.leaders import lead_claims
 from mesh.gossip import Gossip, GossipConfig
 from mesh.node.clock import SYSTEM_CLOCK, Clock
-from mesh.node.datapath import DataPath
+from mesh.node.bounds import StartupError, check_bounds, raise_nofile_limit, router_options
+from mesh.node.datapath import DataLimits, DataPath
+from mesh.node.outbox import Outbox
+from mesh.node.ratelog import RateLimitedLog
 from mesh.node.dispatch import Dispatcher, open_router
 from mesh.node.directory import Directory
 from mesh.node.group_host import GroupHost, GroupHostConfig
 from mesh.node.handlers import ClientHandlers
 from mesh.node.peers import PeerLinks
 from mesh.node.producer_state import ProducerStates
+from mesh.node.publish import Publisher
 from mesh.node.raft_host import ReplicaHost
+from mesh.node.security_handlers import SecuritySync
+from mesh.security.broker import BrokerSecurity, check_text_gateway
 from mesh.raft import ReplicationConfig
+from mesh.wire.codec import DecodeLimits
 from storage.base import LogError
 from storage.datadir import open_data_dir, update_identity
 
-__all__ = ["NodeConfig", "Node"]
+__all__ = ["NodeConfig", "Node", "StartupError"]
 
 log = logging.getLogger("mesh.node.loop")
+
+_RELEARN_QUIET_MS = 2_000      # --reset-gossip: gossip unchanged this long after a peer was heard
+_PRODUCER_EXPIRY_CHECK_MS = 60_000
 
 
 @dataclass
@@ -101,9 +132,36 @@ class NodeConfig:
     sync: bool = True
     hwm_messages: int = 10_000
     text_port: int | None = None
+    text_max_connections: int = 64         # text gateway limits: see mesh.gateway.text
+    text_idle_timeout_ms: int = 300_000
+    text_evict_idle_ms: int = 10_000
+    text_max_subscriptions: int = 256
     group_max_session_timeout_ms: int = 10_000   # also the takeover grace of a new coordinator
     group_heartbeat_interval_ms: int = 500
+    # bounds (issue 13; each has a `mesh node` option; Kafka's names in the comments)
+    max_frame_bytes: int = 16 << 20          # ZMQ_MAXMSGSIZE on the ROUTER (socket.request.max.bytes)
+    max_body_bytes: int = 1 << 20            # msgpack body of a client request (records travel apart)
+    fetch_max_bytes: int = 8 << 20           # per fetch answer, plus one batch (fetch.max.bytes)
+    partition_fetch_max_bytes: int = 4 << 20  # per partition of a fetch (max.partition.fetch.bytes)
+    fetch_max_wait_ms: int = 30_000          # long-poll cap (fetch.max.wait.ms)
+    max_parked_fetches: int = 5_000          # long-poll fetches waiting at once
+    max_parked_per_client: int = 16
+    client_sndhwm: int = 16                  # answers queued in ZeroMQ per client pipe
+    client_backlog_bytes: int = 4 << 20      # then in the node per client; beyond, answers dropped
+    heartbeat_ivl_ms: int = 1_000            # ZMTP PING on every link to a peer
+    heartbeat_timeout_ms: int = 3_000        # a peer link silent this long after a PING: dropped (both ends)
+    produce_quota_bytes_per_s: int = 0       # per client, 0 = off (quota producer_byte_rate)
+    fetch_quota_bytes_per_s: int = 0         # per client, 0 = off (quota consumer_byte_rate)
+    producer_id_expiration_ms: int = 86_400_000  # producer.id.expiration.ms
+    max_producer_ids: int = 1_000_000        # idempotent-producer states kept (longest idle go first)
+    reset_gossip: bool = False               # start without the gossip snapshot, relearn from peers
     rejoin_empty: bool = False   # a refused data directory is moved aside; start empty (lost state)
+    # security (mesh.security): CURVE + ZAP with the secrets directory; open only on loopback
+    secrets_dir: str | None = None
+    superusers: list[str] = field(default_factory=list)   # more superusers, by user name
+    insecure: bool = False       # allow running open on a non-loopback address (a warning)
+    max_connections: int = 4096  # open connections to the ROUTER; beyond: handshakes refused
+    text_creds: str | None = None   # secured: the creds file the text gateway's clients use
 
 
 def _seeded_rng() -> random.Random:
@@ -116,6 +174,17 @@ class Node:
         self.clock = clock
         self.node_id = config.node_id
         self.address = config.bind
+        check_bounds(config)
+        raise_nofile_limit()
+        self._rlog = RateLimitedLog(log)
+        self._gossip_suspect = False
+        self._relearning = config.reset_gossip   # --reset-gossip: see _relearned
+        self._relearn_quiet_since: int | None = None
+        self.ctx = zmq.Context.instance()
+        self.security = BrokerSecurity(self.ctx, secrets_dir=config.secrets_dir, superusers=config.superusers,
+                                       max_connections=config.max_connections, binds=[config.bind],
+                                       insecure=config.insecure, topic_names=lambda: self.catalog.topics)
+        text_creds = check_text_gateway(self.security, config.bind, config.text_port, config.text_creds)
         # lock, check, and a new life: the generation bumped and synced before saying anything
         self.disk = open_data_dir(config.data_dir, config.node_id, rejoin_empty=config.rejoin_empty,
                                   map_size=config.map_size_bytes, sync=config.sync)
@@ -126,39 +195,61 @@ class Node:
             log.error("node %s: this store lost state (%s): starting as store %s, generation %d, whose "
                       "replicas refill from their leaders and neither vote nor count before they catch up",
                       config.node_id, self.disk.lost, self.store_id, gen)
-        raw = self.store.get("gossip", b"snapshot")
-        snapshot = msgpack.unpackb(raw, raw=False, strict_map_key=False) if raw else None
         seeds = [s for s in config.seeds if s != self.address]
-        self.gossip = Gossip(config.node_id, self.address, gen, seeds, _seeded_rng(),
-                             GossipConfig.lan(interval_ms=config.gossip_interval_ms), clock.wall_ms(),
-                             snapshot=snapshot)
+        if config.reset_gossip:
+            if not seeds:
+                raise StartupError("--reset-gossip needs --seed: this node relearns the cluster from its peers")
+            log.warning("starting without the gossip snapshot (--reset-gossip): relearning the cluster from "
+                        "peers %s; raft state and logs are kept", ",".join(seeds))
+        snapshot = None
+        try:
+            raw = None if config.reset_gossip else self.store.get("gossip", b"snapshot")
+            snapshot = msgpack.unpackb(raw, raw=False, strict_map_key=False) if raw else None
+            self.gossip = self._make_gossip(gen, seeds, snapshot)
+        except Exception as exc:
+            self.disk.data_dir.unlock()
+            raise StartupError(
+                f"the gossip snapshot in {config.data_dir} cannot be loaded ({type(exc).__name__}: {exc}). "
+                "Restart with --reset-gossip (and --seed of a live broker) to start without it and relearn "
+                "the cluster from peers; raft state and logs are kept") from exc
         self.gossip.set_local(keys.MEMBER_KEY, {"address": self.address, "text_port": config.text_port,
                                                 "store_id": self.store_id})
         self.gossip.hold_heartbeat = True   # heartbeat 0 until a peer is heard: see identity_conflict
         # unconfirmed until a peer shows its view of us; at once if there is nobody to ask
         alone = not seeds and len(self.gossip.members(clock.wall_ms())) <= 1
         self._identity = "lost" if self.disk.lost is not None else ("confirmed" if alone else "unconfirmed")
-        self._recovering_published: dict = {}
         self._identity_write_failed = False
         self.catalog = Catalog(config.node_id, self.gossip, self.store)
-        self.producers = ProducerStates(self.store)
+        self.producers = ProducerStates(self.store, now_ms=clock.wall_ms,
+                                        expiration_ms=config.producer_id_expiration_ms,
+                                        max_ids=config.max_producer_ids)
+        self._next_producer_expiry_ms = 0
+        self.publish = Publisher(config.node_id, self.gossip, self.catalog, self.store)  # lead/, stats/
         self.replicas = ReplicaHost(config.node_id, self.store, self.producers, _seeded_rng(),
-                                    self._send_to_node, self._publish_leadership,
+                                    self._send_to_node, self.publish.leadership,
                                     ReplicationConfig(election_ticks=config.election_ticks),
                                     tick_ms=config.tick_ms, now_ms=clock.now_ms,
                                     store_id=self.store_id, confirmed=self._identity == "confirmed")
         self.replicas.reply = self._reply
+        self.publish.replicas = self.replicas
         if self._identity == "lost":
             self.replicas.declare_lost_state()
         self.directory = Directory(config.node_id, self.address, self.gossip, clock.wall_ms,
                                    self._local_leader)
         self.data = DataPath(self.store, self.catalog, self.replicas, self.producers, self._reply,
                              self.directory.leader_address, now_ms=clock.now_ms,
-                             address_of=self.directory.address_of)
+                             address_of=self.directory.address_of,
+                             limits=DataLimits(fetch_max_bytes=config.fetch_max_bytes,
+                                               partition_fetch_max_bytes=config.partition_fetch_max_bytes,
+                                               fetch_max_wait_ms=config.fetch_max_wait_ms,
+                                               max_parked_fetches=config.max_parked_fetches,
+                                               max_parked_per_client=config.max_parked_per_client))
         self.replicas.address_of = self.directory.address_of  # leader hints for waiting clients
-        self.ctx = zmq.Context.instance()
-        self.router = open_router(self.ctx, config.bind, config.hwm_messages)
-        self.peers = PeerLinks(self.ctx, self.address, config.hwm_messages)
+        self.router = open_router(self.ctx, config.bind, config.hwm_messages, options=router_options(config),
+                                  configure=self.security.configure_router)
+        self.peers = PeerLinks(self.ctx, self.address, config.hwm_messages, creds=self.security.peer_creds,
+                               heartbeat_ivl_ms=config.heartbeat_ivl_ms,
+                               heartbeat_timeout_ms=config.heartbeat_timeout_ms)
         self.handlers = ClientHandlers(node_id=config.node_id, gossip=self.gossip, catalog=self.catalog,
                                        directory=self.directory, store=self.store, replicas=self.replicas,
                                        data=self.data, peers=self.peers, reply=self._reply, clock=clock,
@@ -168,7 +259,6 @@ class Node:
         self._next_retention_ms = 0
         self._seen_version = -1
         self._next_stats_ms = 0
-        self._last_stats: dict = {}
         self._isolated_logged = False
         self.groups = GroupHost(
             config.node_id, store=self.store, commit_turn=self.data.commit_turn, gossip=self.gossip,
@@ -178,14 +268,40 @@ class Node:
             config=GroupHostConfig(max_session_timeout_ms=config.group_max_session_timeout_ms,
                                    heartbeat_interval_ms=config.group_heartbeat_interval_ms))
         self.dispatch = Dispatcher(self.router, self.handlers, self.groups, self.gossip, self.replicas,
-                                   self.directory, self._send, self.clock)
+                                   self.directory, self._send, self.clock, security=self.security)
+        self.dispatch.limits = DecodeLimits(max_body_bytes=config.max_body_bytes)
+        self.dispatch.peer_limits = DecodeLimits(max_body_bytes=config.max_frame_bytes, max_str_len=config.max_frame_bytes,
+                                                 max_bin_len=config.max_frame_bytes, max_array_len=1 << 22,
+                                                 max_map_len=1 << 22)
+        self.dispatch.on_doom = self.data.doom
+        self.outbox = Outbox(self.router, clock.now_ms, max_backlog_bytes=config.client_backlog_bytes,
+                             produce_bytes_per_s=config.produce_quota_bytes_per_s,
+                             fetch_bytes_per_s=config.fetch_quota_bytes_per_s)
+        self.outbox.on_gone = self.data.drop_client
+        self.dispatch.outbox = self.outbox
+        self.security_sync = SecuritySync(self.gossip, self.security.registry, self.security.authorizer)
+        self.security_sync.refresh()
+        if self.security.secured:
+            self.handlers.security.registry = self.security.registry
         self.text = None   # the telnet text gateway: a client of this node on its own thread
         if config.text_port is not None:
             from mesh.gateway.text import TextGateway
             self.text = TextGateway(self.address, config.text_port,
                                     max_session_timeout_ms=config.group_max_session_timeout_ms,
-                                    now_ms=clock.now_ms)
-        self._reconcile()
+                                    now_ms=clock.now_ms, max_connections=config.text_max_connections,
+                                    idle_timeout_ms=config.text_idle_timeout_ms,
+                                    evict_idle_ms=config.text_evict_idle_ms,
+                                    max_subscriptions=config.text_max_subscriptions, creds=text_creds)
+        try:
+            self._reconcile()
+        except Exception as exc:
+            self.router.close(linger=0)
+            self.disk.data_dir.unlock()
+            raise StartupError(
+                f"the replication state in {config.data_dir} cannot be loaded ({type(exc).__name__}: {exc}). "
+                f"Move the data directory aside (keep it: mv {config.data_dir} {config.data_dir}.damaged) and "
+                "start the node again: it rejoins as an empty replica and refills from its peers (with no "
+                "peers, what it held is only in the moved directory)") from exc
 
     # -- lifecycle ----------------------------------------------------------------------
     def install_signal_handlers(self) -> None:
@@ -201,18 +317,23 @@ class Node:
                  self.generation, self.address, self.cfg.data_dir, ",".join(self.cfg.seeds) or "none")
         poller = zmq.Poller()
         poller.register(self.router, zmq.POLLIN)
+        zap = self.security.zap
+        poller.register(zap.sock, zmq.POLLIN)
         try:
             while self._running:
                 try:
                     events = dict(poller.poll(self._poll_timeout_ms()))
                 except InterruptedError:
                     continue
+                if zap.sock in events:
+                    zap.handle()   # before the ROUTER: a handshake waits for this answer
                 if self.router in events:
                     self._drain()
                 try:
-                    self._after_turn()
-                except LogError as exc:  # e.g. a full disk: fail the turn, not the broker
-                    log.error("storage error, turn rolled back: %s", exc)
+                    self._after_turn()   # each step guarded (_step); this is the last resort
+                except Exception as exc:  # fail the turn, not the broker
+                    self._rlog.exception("turn", exc, "turn failed, rolled back: %s", exc)
+                    self.data.doom(f"{type(exc).__name__} after the turn")
                     self.data.commit_turn()  # fails: rolls back, rebuilds the replication core
             if self.text is not None:
                 self.text.close()  # subscriptions commit and leave their groups first
@@ -231,6 +352,7 @@ class Node:
         except LogError:
             self.store.rollback()
         self.peers.flush_and_close()
+        self.security.close(self.router)
         self.router.close(linger=0)
         self.store.close()
         self.disk.data_dir.unlock()
@@ -242,41 +364,88 @@ class Node:
         d = self.data.next_deadline_ms()
         if d is not None:
             t = min(t, max(0, d - self.clock.now_ms() + 1))
+        d = self.outbox.next_due_ms()
+        if d is not None:
+            t = min(t, max(0, d - self.clock.now_ms()))
         return max(0, min(t, self.gossip.next_tick_ms - self.clock.wall_ms()))
 
     def _drain(self) -> None:
-        router = self.router
+        recv = self.dispatch.recv
         for _ in range(self.cfg.max_requests_per_turn):
             try:
-                frames = router.recv_multipart(zmq.NOBLOCK)
+                frames = recv(zmq.NOBLOCK)   # recv_multipart (+ the ZAP User-Id when secured)
             except zmq.Again:
                 break
             self.dispatch.handle(frames)
 
     def _after_turn(self) -> None:
+        """Steps 3-9, each guarded by ``_step``."""
         now_ms = self.clock.wall_ms()
-        self._send(self.gossip.tick(now_ms))
-        self.replicas.tick_due()
-        self._report_corrupt()
+        if self.dispatch.gossip_suspect:   # a gossip message raised inside the core this turn
+            self.dispatch.gossip_suspect = False
+            self._gossip_suspect = True
+        self._step("gossip tick", self._tick_gossip, now_ms)
+        self._step("replication tick", self.replicas.tick_due)
+        self._step("corrupt batches", self._report_corrupt)
         if self.gossip.version != self._seen_version:
             self._seen_version = self.gossip.version
-            self._reconcile()
-            self._persist_snapshot()
+            self._step("security sync", self.security_sync.refresh)   # users and ACLs: cluster-wide within a few rounds
+            if self._relearning:
+                self._relearn_quiet_since = now_ms
+            self._step("reconcile", self._reconcile)
+            self._step("gossip snapshot", self._persist_snapshot)
+        elif self._relearning:
+            self._step("relearn", self._relearned, now_ms)
         if now_ms >= self._next_stats_ms:
             self._next_stats_ms = now_ms + self.cfg.stats_every_ms
-            self._publish_stats()
+            self._step("stats", self.publish.stats)
         isolated = self.gossip.isolated
         if isolated and not self._isolated_logged and self.cfg.seeds:
             log.warning("no live peer known: retrying seeds %s with backoff", ",".join(self.cfg.seeds))
         self._isolated_logged = isolated
-        self.groups.tick(now_ms)
+        self._step("groups", self.groups.tick, now_ms)
         mono_ms = self.clock.now_ms()
         if mono_ms >= self._next_retention_ms:
             self._next_retention_ms = mono_ms + self.cfg.retention_check_ms
-            self.data.enforce_retention(self.clock.wall_ms())
-        self.data.commit_turn()  # the turn's one sync; then acks, replication sends, wake-ups
-        self.data.after_turn()
-        self._check_identity()
+            self._step("retention", self.data.enforce_retention, self.clock.wall_ms())
+        if mono_ms >= self._next_producer_expiry_ms:
+            self._next_producer_expiry_ms = mono_ms + min(_PRODUCER_EXPIRY_CHECK_MS, self.cfg.producer_id_expiration_ms)
+            self._step("producer expiry", self.producers.expire, self.clock.wall_ms())
+        if not self.data.commit_turn():  # the turn's one sync; then acks, replication sends, wake-ups
+            self._seen_version = -1      # reconcile and persist the snapshot again on a good turn
+        self._step("publish", self.publish.flush)     # leadership changes of the turn, to gossip
+        self.outbox.flush()
+        self._step("wake fetches", self.data.after_turn)
+        self._step("identity", self._check_identity)
+
+    def _step(self, name: str, fn, *args) -> None:
+        """Run one step of the turn; an exception dooms the turn (rolled back at its commit,
+        nothing persisted from it) and is logged (a traceback per site per minute)."""
+        try:
+            fn(*args)
+        except LogError as exc:   # e.g. a full disk: the store refuses the rest of the turn
+            self._rlog.warning(("storage", name), "storage error in %s, turn rolled back: %s", name, exc)
+            self.data.doom(f"storage error in {name}")
+        except Exception as exc:
+            self.data.doom(f"{type(exc).__name__} in {name}")
+            if name in ("gossip tick", "stats", "publish"):
+                self._gossip_suspect = True   # the gossip core may be half-updated
+            self._rlog.exception(("step", name), exc, "%s failed, turn rolled back: %s", name, exc)
+
+    def _tick_gossip(self, now_ms: int) -> None:
+        self._send(self.gossip.tick(now_ms))
+
+    def _relearned(self, now_ms: int) -> None:
+        """--reset-gossip: once a peer was heard and gossip stayed unchanged for
+        ``_RELEARN_QUIET_MS``, the cluster is known again: reconcile and persist."""
+        if not self.gossip.seen_by_peer or self._relearn_quiet_since is None:
+            return
+        if now_ms - self._relearn_quiet_since >= _RELEARN_QUIET_MS:
+            self._relearning = False
+            log.warning("gossip relearned from peers (%d topics): reconciling partitions and persisting "
+                        "the snapshot again", len(self.gossip.cluster_items(keys.TOPIC_PREFIX)))
+            self._reconcile()
+            self._persist_snapshot()
 
     # -- identity and lost state --------------------------------------------------------
     def _check_identity(self) -> None:
@@ -348,26 +517,9 @@ class Node:
     def _local_leader(self, pid: int) -> tuple[str | None, int] | None:
         return self.replicas.leader(pid) if self.replicas.hosts(pid) else None
 
-    def _epoch_if_leading(self, pid: int) -> int | None:
-        return self.replicas.leader(pid)[1] if self.replicas.is_leader(pid) else None
-
-    def _publish_leadership(self, pid: int, leader: str | None, epoch: int) -> None:
-        """Leaders announce themselves in gossip (``lead/<topic>``, see
-        ``mesh.cluster.leaders``), so any broker can redirect a client."""
-        where = self.catalog.local.get(pid)
-        if where is None:
-            return
-        name, _ = where
-        t = self.catalog.topics.get(name)
-        led = lead_claims(t, self._epoch_if_leading) if t is not None else {}
-        if led:
-            self.gossip.set_local(keys.lead_key(name), led)
-        elif self.gossip.node_items(self.node_id, keys.lead_key(name)):
-            self.gossip.delete_local(keys.lead_key(name))
-        if leader is not None:
-            log.info("%s/%d: leader %s, epoch %d", name, where[1], leader, epoch)
-
     def _reconcile(self) -> None:
+        if self._relearning:
+            return   # --reset-gossip: an empty view must not drop the partitions on disk
         added, removed = self.catalog.reconcile()
         for pid in removed:
             self.replicas.remove(pid)
@@ -375,7 +527,10 @@ class Node:
             self.data.forget(removed)
         for pid in sorted(added):
             self.replicas.add(pid, self.catalog.replicas_of(pid))
-            log.info("now hosting %s/%d", *self.catalog.local[pid])
+            if len(added) <= 8:
+                log.info("now hosting %s/%d", *self.catalog.local[pid])
+        if len(added) > 8:
+            log.info("now hosting %d more partitions", len(added))
         self.groups.on_cluster_change(self.clock.wall_ms())
 
     def _apply_cluster_change(self) -> bool:
@@ -387,32 +542,32 @@ class Node:
     def _persist_snapshot(self) -> None:
         """Stage the gossip state into the turn's transaction, so a restart comes back
         knowing the cluster (and a topic whose creation was acknowledged here survives a
-        kill -9 of the whole cluster). The caller commits."""
+        kill -9 of the whole cluster). The caller commits.
+
+        Not while relearning (--reset-gossip), and after an exception out of the gossip
+        core only a snapshot that loads."""
+        if self._relearning:
+            return
+        packed = msgpack.packb(self.gossip.snapshot(), use_bin_type=True)
+        if self._gossip_suspect:
+            try:
+                self._make_gossip(self.generation + 1, [], msgpack.unpackb(packed, raw=False, strict_map_key=False))
+            except Exception as exc:
+                self._rlog.warning("snapshot", "gossip state does not load after an internal error (%s): "
+                                   "the snapshot on disk is kept as it was", exc)
+                return
+            self._gossip_suspect = False
         try:
-            self.store.put("gossip", b"snapshot", msgpack.packb(self.gossip.snapshot(), use_bin_type=True))
+            self.store.put("gossip", b"snapshot", packed)
         except LogError as exc:
             log.warning("could not persist the gossip snapshot: %s", exc)
 
-    def _publish_stats(self) -> None:
-        """Offsets of the partitions led here (``stats``), so any broker can describe them."""
-        stats: dict[str, dict[str, list[int]]] = {}
-        for pid, (name, p) in sorted(self.catalog.local.items()):
-            if self.replicas.is_leader(pid):
-                stats.setdefault(name, {})[str(p)] = [self.store.log_start(pid), self.store.log_end(pid),
-                                                      self.replicas.commit_offset(pid)]
-        if stats != self._last_stats:
-            self._last_stats = stats
-            self.gossip.set_local(keys.STATS_KEY, stats)
-        recovering: dict[str, list[int]] = {}
-        for pid, (name, p) in sorted(self.catalog.local.items()):
-            if self.replicas.recovering(pid):
-                recovering.setdefault(name, []).append(p)
-        if recovering != self._recovering_published:
-            self._recovering_published = recovering
-            if recovering:
-                self.gossip.set_local(keys.RECOVERING_KEY, recovering)
-            else:
-                self.gossip.delete_local(keys.RECOVERING_KEY)
+    def _make_gossip(self, generation: int, seeds: list[str], snapshot: dict | None) -> Gossip:
+        """The gossip core (at start, and to check that a snapshot loads)."""
+        return Gossip(self.cfg.node_id, self.address, generation, seeds, _seeded_rng(),
+                      GossipConfig.lan(interval_ms=self.cfg.gossip_interval_ms), self.clock.wall_ms(),
+                      snapshot=snapshot, validate_entry=schema.validate_entry, register_prefixes=keys.REGISTER_PREFIXES)
 
     def _reply(self, ident: bytes, rid: int, msg, payload: bytes | None = None) -> None:
         self.dispatch.reply(ident, rid, msg, payload)
+

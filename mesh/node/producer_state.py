@@ -22,10 +22,22 @@ The state is written in the same LMDB transaction as the batch it describes, so 
 crash the log and the dedup state agree. On a follower the same state is derived from the
 batch headers it appends (they carry producer id and sequence), so a new leader keeps
 dropping duplicates.
+
+Bounds (Kafka: ``producer.id.expiration.ms``): each state is stored with the time
+(wall-clock ms) of its last batch; ``expire(now_ms)`` (the node runs it about every
+minute, staged in the turn's transaction) deletes the states idle for longer than
+``expiration_ms`` (1 day by default), and then the longest-idle ones beyond ``max_ids``.
+In memory at most ``max_cached`` states are kept (least recently used go first; they are
+read back from LMDB when needed). A producer whose state expired and that comes back with
+a sequence other than 0 gets OUT_OF_ORDER_SEQUENCE until its batch fails, then continues
+under a fresh producer id (the client's rule 6, ``mesh.client.sequencer``), as Kafka's
+producer does after UNKNOWN_PRODUCER_ID.
 """
 from __future__ import annotations
 
 import struct
+import time
+from typing import Callable
 
 import msgpack
 
@@ -38,9 +50,27 @@ __all__ = ["ProducerStates", "RECENT_BATCHES"]
 _KEY = struct.Struct(">Qq")
 
 
+def _decode(raw: bytes) -> tuple[list[list[int]], int]:
+    """(batches, last-used ms) of a stored state; states written before expiry existed have
+    no time (0: the first sweep stamps them with its own time)."""
+    v = msgpack.unpackb(raw)
+    if isinstance(v, dict):
+        return v["b"], v["t"]
+    return v, 0
+
+
+def _encode(st: list[list[int]], t_ms: int) -> bytes:
+    return msgpack.packb({"b": st, "t": t_ms})
+
+
 class ProducerStates:
-    def __init__(self, store):
+    def __init__(self, store, now_ms: Callable[[], int] | None = None, expiration_ms: int = 86_400_000,
+                 max_ids: int = 1_000_000, max_cached: int = 10_000):
         self.store = store
+        self.now_ms = now_ms or (lambda: int(time.time() * 1000))
+        self.expiration_ms = expiration_ms
+        self.max_ids = max_ids
+        self.max_cached = max_cached
         self._cache: dict[tuple[int, int], list[list[int]]] = {}
         self._undo: dict[tuple[int, int], list[list[int]] | None] = {}
 
@@ -49,9 +79,49 @@ class ProducerStates:
         st = self._cache.get(key)
         if st is None:
             raw = self.store.get("producers", _KEY.pack(pid, producer_id))
-            st = msgpack.unpackb(raw) if raw else []
+            st = _decode(raw)[0] if raw else []
+            if len(self._cache) >= self.max_cached:
+                self._evict()
             self._cache[key] = st
         return st
+
+    def _evict(self) -> None:
+        """Drop the older half of the cache (insertion order), keeping states staged this turn."""
+        n = len(self._cache) // 2
+        for key in list(self._cache)[:n]:
+            if key not in self._undo:
+                del self._cache[key]
+
+    def _put(self, pid: int, producer_id: int, st: list[list[int]]) -> None:
+        self.store.put("producers", _KEY.pack(pid, producer_id), _encode(st, self.now_ms()))
+
+    def expire(self, now_ms: int) -> int:
+        """Delete states idle past ``expiration_ms``, then the longest idle beyond
+        ``max_ids``. Staged in the turn's transaction; returns how many went."""
+        rows = self.store.items("producers")
+        doomed, kept = [], []
+        for k, raw in rows:
+            try:
+                st, t = _decode(raw)
+            except Exception:   # unreadable: it cannot dedup anything
+                st, t = None, -1
+            if t == 0 and st is not None:   # an old-format state: idle from now on
+                t = now_ms
+                self.store.put("producers", k, _encode(st, t))
+            if t < 0 or now_ms - t > self.expiration_ms:
+                doomed.append(k)
+            else:
+                kept.append((t, k))
+        if len(kept) > self.max_ids:
+            kept.sort()
+            doomed.extend(k for _, k in kept[:len(kept) - self.max_ids])
+        for k in doomed:
+            pid, producer_id = _KEY.unpack(k)
+            if (pid, producer_id) in self._undo:
+                continue   # written this turn: not idle
+            self.store.delete("producers", k)
+            self._cache.pop((pid, producer_id), None)
+        return len(doomed)
 
     def check(self, pid: int, h: BatchHeader) -> int | None:
         """The original base offset if ``h`` is a duplicate, None if it is new; raises
@@ -87,7 +157,7 @@ class ProducerStates:
             self._undo[key] = [list(e) for e in st]
         st.append([h.base_sequence, h.base_sequence + h.record_count - 1, base_offset])
         del st[:-RECENT_BATCHES]
-        self.store.put("producers", _KEY.pack(pid, h.producer_id), msgpack.packb(st))
+        self._put(pid, h.producer_id, st)
 
     def stage_replicated(self, pid: int, batches) -> None:
         """A follower's append: learn sequences from the batch headers (already offset)."""
@@ -108,14 +178,14 @@ class ProducerStates:
                 if key not in self._undo:
                     self._undo[key] = [list(e) for e in st]
                 st[:] = keep
-                self.store.put("producers", k, msgpack.packb(st))
+                self._put(pid, producer_id, st)
         for (p, producer_id), st in list(self._cache.items()):  # staged, not yet in the db
             if p == pid and any(e[2] >= to_offset for e in st):
                 key = (pid, producer_id)
                 if key not in self._undo:
                     self._undo[key] = [list(e) for e in st]
                 st[:] = [e for e in st if e[2] < to_offset]
-                self.store.put("producers", _KEY.pack(pid, producer_id), msgpack.packb(st))
+                self._put(pid, producer_id, st)
 
     def committed(self) -> None:
         self._undo.clear()

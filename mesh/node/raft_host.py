@@ -15,11 +15,21 @@ Per loop turn:
 acks=all waiters are answered when the commit offset passes their batch's end, failed with
 NOT_LEADER when this node loses leadership or truncates below them, and with TIMEOUT when
 their ``timeout_ms`` passes (all retriable; the idempotent producer makes retries safe).
+
+Input checks (defense in depth, before the core sees a message): the core checks rows
+(``mesh.raft.messages``: bounds; ``mesh.raft.partition`` rule 8: against its state) but
+never reads the opaque batches, so an append's payload is checked here, where the store
+would otherwise fail half-way through a turn the core already advanced: each row's bytes
+must be whole batches (CRC included) running exactly from its ``prev_offset`` to its
+``end_offset``, all of the row's ``batch_epoch``. A message that fails is dropped whole
+(``MeshError``: the dispatcher logs it once per peer); rows the core refused are logged
+once per peer and reason (``ReplicaManager.take_refusals``), and counted there.
 """
 from __future__ import annotations
 
 import logging
 import random
+import re
 import struct
 from dataclasses import dataclass
 from typing import Callable
@@ -28,22 +38,47 @@ import msgpack
 
 from mesh.wire import messages as m
 from mesh.wire.effects import Send
-from mesh.wire.errors import ErrorCode
-from mesh.wire.records import parse_header
+from mesh.wire.errors import ErrorCode, MeshError
+from mesh.wire.records import MAGIC, iter_batches, parse_header
 from mesh.raft import (
-    PEER_MESSAGES, Append, PersistState, Ready, ReplicaManager, ReplicationConfig, ResetLog, Truncate,
+    PEER_MESSAGES, Append, PersistState, Ready, ReplAppend, ReplicaManager, ReplicationConfig, ResetLog, Truncate,
 )
+from mesh.raft.messages import parse_rows
 from mesh.node.clock import now_ms as _monotonic_ms
 from mesh.node.producer_state import ProducerStates
 from storage.base import CorruptBatch, StoreBase
 
-__all__ = ["ReplicaHost", "StoreReader", "REPLICATION_MESSAGES", "pack_state", "unpack_state"]
+__all__ = ["ReplicaHost", "StoreReader", "REPLICATION_MESSAGES", "pack_state", "unpack_state",
+           "check_append_payload"]
 
 log = logging.getLogger("mesh.node.raft_host")
 _STATE_KEY = struct.Struct(">Q")
 
 
 REPLICATION_MESSAGES: tuple[type, ...] = PEER_MESSAGES  # what the node loop routes to ``step``
+
+
+def check_append_payload(msg: ReplAppend, payload: bytes | None) -> None:
+    """MeshError unless every row of ``msg`` carries whole, intact batches from its
+    ``prev_offset`` to its ``end_offset``, all of its ``batch_epoch`` (see the module doc)."""
+    rows = parse_rows(msg)
+    view, at = memoryview(payload or b""), 0
+    for r in rows:
+        chunk, at = view[at:at + r.payload_bytes], at + r.payload_bytes
+        if r.end_offset == r.prev_offset:
+            continue
+        expect = r.prev_offset
+        for h, _ in iter_batches(chunk):
+            if (h.base_offset != expect or h.record_count < 1 or h.leader_epoch != r.batch_epoch
+                    or h.magic != MAGIC):
+                raise MeshError(ErrorCode.INVALID_REQUEST,
+                                f"REPL_APPEND row for partition {r.pid}: batch at {h.base_offset} (epoch "
+                                f"{h.leader_epoch}, {h.record_count} records) where {expect} of epoch "
+                                f"{r.batch_epoch} was due")
+            expect = h.next_offset
+        if expect != r.end_offset:
+            raise MeshError(ErrorCode.INVALID_REQUEST, f"REPL_APPEND row for partition {r.pid}: batches end at "
+                            f"{expect}, the row says {r.end_offset}")
 
 
 def pack_state(st: PersistState) -> bytes:
@@ -127,6 +162,7 @@ class ReplicaHost:
         self._persisted: dict[int, PersistState] = {}
         self._lazy: dict[int, PersistState] = {}
         self._next_lazy_flush_ms = 0
+        self._logged: set[tuple[str, str]] = set()  # (peer, reason shape) refusals logged once
         self.reply: Callable[[bytes, int, object], None] | None = None  # set by the node: reply(ident, rid, msg)
         self.address_of: Callable[[str], str | None] = lambda node_id: None  # set by the node: leader hints
 
@@ -234,7 +270,16 @@ class ReplicaHost:
         return st.commit if st is not None else 0
 
     def step(self, src_node: str, msg: object, payload: bytes | None) -> None:
+        """One replication message from peer ``src_node``; MeshError (nothing applied) if it
+        is malformed. Rows the core refused are logged once per peer and reason."""
+        if type(msg) is ReplAppend and payload:
+            check_append_payload(msg, payload)
         self.apply(self.core.step(src_node, msg, payload))
+        for peer, why in self.core.take_refusals().items():
+            key = (peer, re.sub(r"\d+", "#", why)[:80])
+            if key not in self._logged and len(self._logged) < 10_000:
+                self._logged.add(key)
+                log.warning("replication rows from %s refused: %s", peer, why)
 
     def tick_due(self) -> None:
         n = (self.now_ms() - self._last_tick_ms) // self.tick_ms

@@ -29,6 +29,7 @@ class ReplicationConfig:
     max_rows_per_message: int = 4096
     max_partitions: int = 100_000
     max_replicas: int = 9
+    max_term_jump: int = 100            # a row more terms ahead than this is refused (see Partition.step)
 
     def __post_init__(self) -> None:
         if self.heartbeat_ticks < 1 or self.election_ticks < 2 * self.heartbeat_ticks + 1:
@@ -36,6 +37,6 @@ class ReplicationConfig:
                             "need heartbeat_ticks >= 1 and election_ticks > 2 * heartbeat_ticks")
         for name in ("retransmit_ticks", "rebalance_delay_ticks", "isr_lag_ticks", "housekeeping_ticks",
                      "max_inflight_msgs", "max_inflight_bytes", "max_append_bytes", "max_message_bytes",
-                     "max_rows_per_message", "max_partitions", "max_replicas"):
+                     "max_rows_per_message", "max_partitions", "max_replicas", "max_term_jump"):
             if getattr(self, name) < 1:
                 raise MeshError(ErrorCode.INVALID_CONFIG, f"{name} must be positive")

@@ -62,6 +62,12 @@ class EpochCache:
             return self._epochs[0] if self._epochs else 0
         return self._epochs[i]
 
+    def epoch_before(self, offset: int) -> int:
+        """The last epoch starting before ``offset`` (0 if none): what ``last_epoch`` is
+        after ``truncate_from(offset)``."""
+        i = bisect.bisect_left(self._starts, offset)
+        return self._epochs[i - 1] if i > 0 else 0
+
     def end_for_epoch(self, epoch: int, log_end: int) -> int:
         """The first offset whose epoch is greater than ``epoch`` (``log_end`` if none)."""
         i = bisect.bisect_right(self._epochs, epoch)

@@ -266,6 +266,8 @@ class ReplicaManager:
         self._announced: dict[int, tuple[str | None, int]] = {}
         self._flush: set[int] = set()
         self.unknown_rows = 0                         # rows for partitions not hosted here
+        self.refused_rows = 0                         # rows refused by a partition (its rule 8)
+        self._refusals: dict[str, str] = {}           # peer -> why its last row was refused (bounded)
 
     # -- partitions ----------------------------------------------------------------------
     def add_partition(self, pid: int, replicas: list[str] | tuple[str, ...],
@@ -333,6 +335,7 @@ class ReplicaManager:
             p = self._parts.get(row.pid)
             if p is None:
                 self.unknown_rows += 1
+                self.refuse(src, f"partition {row.pid} is not hosted here")
                 continue
             p.step(src, row, chunks[i] if chunks is not None else b"")
         return self._ready()
@@ -499,6 +502,16 @@ class ReplicaManager:
         rows.append(row)
         if type(row) is AppendRow:
             self._payloads.setdefault(dest, []).append(payload)
+
+    def refuse(self, src: str, reason: str) -> None:
+        self.refused_rows += 1
+        if src in self._refusals or len(self._refusals) < 1024:
+            self._refusals[src] = reason
+
+    def take_refusals(self) -> dict[str, str]:
+        """Peer -> why a row of it was refused, since the last call (the shell logs them)."""
+        out, self._refusals = self._refusals, {}
+        return out
 
     def log_op(self, op: LogOp) -> None:
         self._log_ops.append(op)

@@ -1,4 +1,4 @@
-"""Wire messages of partition replication (peer protocol ``mesh-peer/2``).
+"""Wire messages of partition replication (peer protocol ``mesh-peer/3``).
 
 MultiRaft coalescing is built into the message shapes: every message carries a list of
 *rows*, one row per partition, and a node sends at most one message of each kind to each
@@ -22,6 +22,12 @@ sender's replication core started (one per process start). A leader that sees a 
 answer from another store, or from a new life of the same store, stops trusting what it
 knew of that follower (``mesh.raft.manager``, "Lost state"). Both are bounded
 (``MAX_STORE_ID``) and validated with the rows.
+
+Bounds (``parse_rows``, before anything is applied): terms and epochs below ``MAX_TERM``
+(2**40: a term moves once per election), offsets, counts and commits below ``MAX_OFFSET``
+(2**62), flags 0 or 1, and each row consistent in itself (an append's epochs at most its
+term and ascending, its end not before its start; a vote's last epoch at most its term).
+What depends on the receiver's state (term jumps, who leads) is checked by the partition.
 """
 from __future__ import annotations
 
@@ -36,11 +42,13 @@ __all__ = [
     "AppendRow", "AppendRespRow", "HeartbeatRow", "HeartbeatRespRow", "VoteRow", "VoteRespRow",
     "TimeoutNowRow", "ReplAppend", "ReplAppendResp", "ReplHeartbeat", "ReplHeartbeatResp",
     "ReplVote", "ReplVoteResp", "ReplTimeoutNow", "PeerRow", "PeerMessage", "PEER_MESSAGES",
-    "ROW_OF", "MESSAGE_OF", "parse_rows", "MAX_ROWS_PER_MESSAGE",
+    "ROW_OF", "MESSAGE_OF", "parse_rows", "MAX_ROWS_PER_MESSAGE", "MAX_TERM", "MAX_OFFSET",
 ]
 
 MAX_ROWS_PER_MESSAGE = 65_536  # a hard bound on what a peer may send; the sender splits far below it
 MAX_STORE_ID = 64              # characters of a store id on the wire
+MAX_TERM = 1 << 40             # terms and epochs: one per election, this is never reached honestly
+MAX_OFFSET = 1 << 62           # offsets, commits, byte counts
 
 
 # -- rows ------------------------------------------------------------------------------
@@ -211,20 +219,72 @@ def parse_rows(msg: object) -> list[PeerRow]:
         raise MeshError(ErrorCode.INVALID_REQUEST, f"{type(msg).__name__}: rows must be a list "
                         f"of at most {MAX_ROWS_PER_MESSAGE}")
     kinds = _FIELDS[row_type]
-    n = len(kinds)
     rows = []
     for raw in raw_rows:
-        if type(raw) is row_type:
-            rows.append(raw)
-            continue
-        if not isinstance(raw, (list, tuple)) or len(raw) < n:
-            raise MeshError(ErrorCode.INVALID_REQUEST,
-                            f"{type(msg).__name__}: each row needs {n} fields {row_type._fields}")
-        for value, kind, name in zip(raw, kinds, row_type._fields):
-            if type(value) is not kind:  # exact: a bool is not an int here
-                raise MeshError(ErrorCode.INVALID_REQUEST,
-                                f"{row_type.__name__}.{name}: expected {kind.__name__}, got {type(value).__name__}")
-            if kind is int and not (-1 <= value < 1 << 63):
-                raise MeshError(ErrorCode.INVALID_REQUEST, f"{row_type.__name__}.{name}: {value} out of range")
-        rows.append(row_type._make(raw[:n]))
+        if type(raw) is row_type:   # handed over in-process (the simulators): typed already
+            row = raw
+        else:
+            row = _typed(raw, row_type, kinds, type(msg).__name__)
+        why = _check_row(row)
+        if why is not None:
+            raise MeshError(ErrorCode.INVALID_REQUEST, f"{row_type.__name__} for partition {row.pid}: {why}")
+        rows.append(row)
     return rows
+
+
+def _typed(raw: object, row_type: type, kinds: tuple[type, ...], msg_name: str) -> PeerRow:
+    n = len(kinds)
+    if not isinstance(raw, (list, tuple)) or len(raw) < n:
+        raise MeshError(ErrorCode.INVALID_REQUEST, f"{msg_name}: each row needs {n} fields {row_type._fields}")
+    for value, kind, name in zip(raw, kinds, row_type._fields):
+        if type(value) is not kind:  # exact: a bool is not an int here
+            raise MeshError(ErrorCode.INVALID_REQUEST,
+                            f"{row_type.__name__}.{name}: expected {kind.__name__}, got {type(value).__name__}")
+        if kind is int and not (-1 <= value < 1 << 63):
+            raise MeshError(ErrorCode.INVALID_REQUEST, f"{row_type.__name__}.{name}: {value} out of range")
+    return row_type._make(raw[:n])
+
+
+def _check_row(r: PeerRow) -> str | None:
+    """Why a row is out of bounds or inconsistent in itself (None: fine)."""
+    if not 0 <= r.pid < MAX_OFFSET:
+        return "partition id out of range"
+    if not 0 <= r.term < MAX_TERM:
+        return f"term {r.term} out of range"
+    kind = type(r)
+    if kind is AppendRow:
+        if not (0 <= r.prev_offset <= r.end_offset < MAX_OFFSET and 0 <= r.commit < MAX_OFFSET
+                and 0 <= r.epoch_start < MAX_OFFSET and 0 <= r.payload_bytes < MAX_OFFSET):
+            return "offsets out of range"
+        if r.term < 1 or not 0 <= r.prev_epoch <= r.term or not 0 <= r.batch_epoch <= r.term or r.reset not in (0, 1):
+            return "epochs beyond the term"
+        if r.end_offset > r.prev_offset and r.batch_epoch < max(1, r.prev_epoch):
+            return "batches of an epoch older than the one before them"
+        # the leader's log holds its own epoch from epoch_start on
+        if r.prev_offset > r.epoch_start and r.prev_epoch != r.term:
+            return "an offset past the leader's epoch start of another epoch"
+        if r.end_offset > r.prev_offset and (r.batch_epoch != r.term if r.prev_offset >= r.epoch_start
+                                             else r.end_offset > r.epoch_start):
+            return "batches across the leader's epoch start"
+        if r.reset and r.prev_offset > r.commit:
+            return "a log start above the leader's commit"
+    elif kind is AppendRespRow:
+        if not (0 <= r.offset < MAX_OFFSET and 0 <= r.hint_end < MAX_OFFSET and 0 <= r.hint_epoch < MAX_TERM
+                and r.ok in (0, 1) and r.recovering in (0, 1) and r.code >= 0):
+            return "fields out of range"
+    elif kind is HeartbeatRow:
+        if r.term < 1 or not 0 <= r.commit < MAX_OFFSET:
+            return "commit out of range"
+    elif kind is HeartbeatRespRow:
+        if r.recovering not in (0, 1) or r.code < 0:
+            return "fields out of range"
+    elif kind is VoteRow:
+        if (r.term < 1 or not 0 <= r.last_epoch <= r.term or not 0 <= r.end_offset < MAX_OFFSET
+                or r.pre_vote not in (0, 1) or r.transfer not in (0, 1)):
+            return "fields out of range"
+    elif kind is VoteRespRow:
+        if r.granted not in (0, 1) or r.pre_vote not in (0, 1) or r.code < 0:
+            return "fields out of range"
+    elif r.term < 1:  # TimeoutNowRow
+        return "term out of range"
+    return None

@@ -51,6 +51,17 @@ Rules, in the order ``step`` applies them:
 7. Heartbeat commit. A follower takes a heartbeat's commit offset only up to ``agreed``:
    where an append of this term showed its log equal to the leader's (its own persisted
    commit before that); a rolled-back log never gets a commit over data it does not hold.
+8. Refusals (defense in depth; ``host.refuse`` counts each with its reason, nothing else
+   happens). Rows are bounded and consistent in themselves (``messages.parse_rows``); here,
+   against our state: a row from a node that is not a replica; a row more than
+   ``max_term_jump`` terms ahead (a term moves once per election), except a vote answer
+   while we campaign, which is how a replica that was away long catches up; an append or
+   heartbeat of our term from another node than the leader we follow; a TimeoutNow that
+   is not from our leader in our term; an append whose leader epoch starts below our
+   commit while we do not hold its marker (a leader holds every committed entry), or
+   whose batches are of an epoch older than our log before them. A vote request's
+   ``transfer`` flag skips the lease check only for the term right after ours (the
+   successor of the leader we follow); otherwise it is an ordinary request.
 """
 from __future__ import annotations
 
@@ -105,6 +116,8 @@ class PartitionHost(Protocol):
     def leader_changed(self, p: Partition) -> None: ...
     # There is data to send to followers on the next flush.
     def want_flush(self, p: Partition) -> None: ...
+    # A row from ``src`` was refused (rule 8): count it.
+    def refuse(self, src: str, reason: str) -> None: ...
 
 
 class Partition(Leading):
@@ -286,11 +299,19 @@ class Partition(Leading):
     # -- input ---------------------------------------------------------------------------
     def step(self, src: str, row: PeerRow, payload: bytes) -> None:
         if src == self.node or src not in self.replicas:
+            self.host.refuse(src, "not a replica of the partition")
             return
         kind = type(row)
+        why = self._refusal(src, row, kind)
+        if why is not None:
+            self.host.refuse(src, why)
+            return
         if row.term > self.term:
             if kind is VoteRow:
-                if not row.transfer and self._in_lease():
+                transfer = row.transfer and row.term == self.term + 1
+                if row.transfer and not transfer:
+                    self.host.refuse(src, "a transfer vote not for the term after ours (taken as a plain vote)")
+                if not transfer and self._in_lease():
                     return
                 if not row.pre_vote:
                     self._become_follower(row.term, None)
@@ -313,6 +334,22 @@ class Partition(Leading):
             self._handle_vote(src, row)
         else:
             self._step(src, row, payload)
+
+    def _refusal(self, src: str, row: PeerRow, kind: type) -> str | None:
+        """Why ``row`` must be refused against our state (rule 8); None to step it."""
+        if row.term > self.term + self.cfg.max_term_jump and not (
+                kind is VoteRespRow and self.role in (Role.PRE_CANDIDATE, Role.CANDIDATE)):
+            return f"term {row.term} is more than {self.cfg.max_term_jump} ahead of ours ({self.term})"
+        if kind is TimeoutNowRow:
+            if row.term != self.term or src != self.leader:
+                return "TimeoutNow not from the leader of our term"
+        elif kind is AppendRow or kind is HeartbeatRow:
+            if row.term == self.term and self.leader is not None and src != self.leader:
+                return f"{kind.__name__} of term {row.term} from {src}, whose leader is {self.leader}"
+            if (kind is AppendRow and row.term >= self.term and row.epoch_start < self.commit
+                    and self.cache.last_epoch() < row.term):
+                return f"the leader's epoch starts at {row.epoch_start}, below our commit {self.commit}"
+        return None
 
     def _in_lease(self) -> bool:
         if not self.cfg.check_quorum:
@@ -349,7 +386,7 @@ class Partition(Leading):
             self._set_leader(src)
             self._set_commit(min(row.commit, self.end, self.agreed))
             self._send(src, HeartbeatRespRow(self.pid, self.term, _NONE, int(self.recovering)))
-        elif kind is TimeoutNowRow and self.eligible():
+        elif kind is TimeoutNowRow and self.eligible():  # from our leader (rule 8)
             self._campaign(pre=False, transfer=True)
 
     def _step_candidate(self, src: str, row: PeerRow, payload: bytes) -> None:
@@ -380,6 +417,10 @@ class Partition(Leading):
             self._reset_log(p, row.prev_epoch)
         if p > self.end or (p > self.commit and self.cache.epoch_at(p - 1) != row.prev_epoch):
             self._reject(src, row)
+            return
+        if row.end_offset > p and row.batch_epoch < self.cache.epoch_before(p):
+            # our log agrees with the leader's below p, so its batches there cannot be older
+            self.host.refuse(src, f"batches of epoch {row.batch_epoch} after epoch {self.cache.epoch_before(p)}")
             return
         match = self._accept_batches(row, payload) if row.end_offset > p else p
         if match == row.epoch_start and self.cache.last_epoch() < self.term:

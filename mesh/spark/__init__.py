@@ -32,10 +32,13 @@ Source options (names as in Spark's Kafka source where the meaning is the same):
   failOnDataLoss       true (default): fail when records to read were deleted by
                        retention; false: skip them
   requestTimeoutMs     per request (default 10000); fetchMaxBytes per fetch (8 MiB)
+  creds                a secured cluster: the creds file of the principal to act as
+                       (mesh user add ... --out FILE); the same path on every worker.
+                       Default: $MESH_CREDS where the task runs, else none (open)
 
 Sink options: bootstrap, topic (else a "topic" column), acks (all | 1, default all),
 maxBatchRecords (10000), maxBatchBytes (512 KiB), deliveryTimeoutMs (120000),
-requestTimeoutMs. Columns: value (required), key, partition, headers, topic, timestamp.
+requestTimeoutMs, creds. Columns: value (required), key, partition, headers, topic, timestamp.
 Exactly-once writes: see ``mesh.spark.sink``.
 
 Lag: each micro-batch's progress carries, per source, ``endOffset`` and

@@ -59,6 +59,20 @@ def _bool_option(opts: dict, name: str, default: bool) -> bool:
     return raw.strip().lower() == "true"
 
 
+def _creds_option(opts: dict) -> str | None:
+    """The ``creds`` option: a creds file path (checked here, on the driver; every worker
+    loads it from the same path, so the secret key never travels in a task). None:
+    $MESH_CREDS where the client runs, else an open cluster."""
+    path = (opts.get("creds") or "").strip() or None
+    if path is not None:
+        from mesh.security import CredsError, load_creds
+        try:
+            load_creds(path)
+        except CredsError as exc:
+            raise MeshSparkError(f'option creds: {exc}') from None
+    return path
+
+
 class MeshOptions:
     """The parsed options shared by source and sink (plain data: it is pickled to tasks)."""
 
@@ -69,6 +83,7 @@ class MeshOptions:
         if not self.bootstrap:
             raise MeshSparkError('option "bootstrap" is required, e.g. .option("bootstrap", "127.0.0.1:7101")')
         self.request_timeout_ms = _int_option(opts, "requestTimeoutMs", _DEFAULT_TIMEOUT_MS, 1)
+        self.creds = _creds_option(opts)
         topic = opts.get("topic")
         subscribe = opts.get("subscribe")
         pattern = opts.get("subscribepattern")

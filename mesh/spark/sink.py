@@ -103,6 +103,7 @@ class MeshSinkConfig:
     def __init__(self, options, schema):
         opts = MeshOptions(options, sink=True)
         self.bootstrap = opts.bootstrap
+        self.creds = opts.creds
         raw = opts.raw
         self.request_timeout_ms = _int_option(raw, "requestTimeoutMs", _PRODUCE_TIMEOUT_MS, 1)
         self.topic = opts.topics[0] if opts.topics else None
@@ -391,7 +392,7 @@ class _Sender:
 
     def __init__(self, cfg: MeshSinkConfig, producer_id: int):
         self.cfg, self.producer_id = cfg, producer_id
-        self.transport = Transport()
+        self.transport = Transport(creds=cfg.creds)
         self.cluster = ClusterView(self.transport, cfg.bootstrap, timeout_ms=cfg.request_timeout_ms)
         self.seq = Sequencer(_POLICY, producer_id=producer_id)
         self.buffered = 0

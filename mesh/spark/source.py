@@ -77,7 +77,8 @@ class _Cluster:
     @property
     def admin(self) -> Admin:
         if self._admin is None:
-            self._admin = Admin(self.opts.bootstrap, request_timeout_ms=self.opts.request_timeout_ms)
+            self._admin = Admin(self.opts.bootstrap, request_timeout_ms=self.opts.request_timeout_ms,
+                                creds=self.opts.creds)
         return self._admin
 
     def _unreachable(self, exc: Exception) -> MeshSparkError:
@@ -164,7 +165,7 @@ def read_range(part: MeshPartition) -> Iterator:
     schema = arrow_schema()
     opts = part.opts
     topic, partition, end = part.topic, part.partition, part.end
-    transport = Transport()
+    transport = Transport(creds=opts.creds)
     addr = part.leader
     off = part.start
     t0 = time.monotonic()

@@ -72,8 +72,13 @@ class BrokerProcess:
     def __init__(self, node_id: str, data_dir: str, port: int | None = None,
                  seeds: list[str] | None = None, extra: list[str] | None = None,
                  log_path: str | None = None, new_session: bool = False, host: str = "127.0.0.1",
-                 prefix: list[str] | None = None):
+                 prefix: list[str] | None = None, secrets: str | None = None, creds=None):
+        """``secrets``: a secrets directory (``mesh node --secrets``); ``creds``: what this
+        launcher's own requests (readiness, metadata) use with it. Without secrets, a
+        non-loopback ``host`` runs the node with ``--insecure``."""
         self.node_id = node_id
+        self.secrets = secrets
+        self.creds = creds
         self.data_dir = str(data_dir)
         self.port = port or free_port()
         self.host = host  # another address than loopback: e.g. inside a network namespace
@@ -90,6 +95,10 @@ class BrokerProcess:
                              "--data", self.data_dir, "--bind", self.address]
         for s in self.seeds:
             cmd += ["--seed", s]
+        if self.secrets:
+            cmd += ["--secrets", str(self.secrets)]
+        elif not self.host.startswith("127."):
+            cmd += ["--insecure"]   # open on a non-loopback address (network namespace tests)
         return cmd + self.extra
 
     def start(self, wait: bool = True, timeout_s: float = 20.0) -> "BrokerProcess":
@@ -120,7 +129,7 @@ class BrokerProcess:
     def metadata(self, timeout_ms: int = 500):
         """This broker's own metadata answer (not a cluster view's first responder)."""
         from mesh.client import Admin
-        with Admin(self.address, request_timeout_ms=timeout_ms) as a:
+        with Admin(self.address, request_timeout_ms=timeout_ms, creds=self.creds) as a:
             return a.metadata([])
 
     def wait_ready(self, timeout_s: float = 20.0) -> None:
@@ -180,9 +189,11 @@ class Cluster:
 
     def __init__(self, root, n: int = 1, extra: list[str] | None = None, log_dir: str | None = None,
                  new_session: bool = False, hosts: list[str] | None = None,
-                 prefixes: list[list[str]] | None = None):
+                 prefixes: list[list[str]] | None = None, secrets: str | None = None, creds=None):
         """``hosts[i]`` / ``prefixes[i]``, when given, are node i+1's listen host and command
-        prefix (``BrokerProcess``): brokers in network namespaces (``mesh.testing.netns``)."""
+        prefix (``BrokerProcess``): brokers in network namespaces (``mesh.testing.netns``).
+        ``secrets`` / ``creds``: every broker secured with that secrets directory, and the
+        credentials the launcher's own requests use (``BrokerProcess``)."""
         self.root = str(root)
         self.brokers: list[BrokerProcess] = []
         first = None
@@ -192,7 +203,7 @@ class Cluster:
             b = BrokerProcess(node_id, os.path.join(self.root, node_id), seeds=[first] if first else [],
                               extra=extra, log_path=log_path, new_session=new_session,
                               host=hosts[i - 1] if hosts else "127.0.0.1",
-                              prefix=prefixes[i - 1] if prefixes else None)
+                              prefix=prefixes[i - 1] if prefixes else None, secrets=secrets, creds=creds)
             first = first or b.address
             self.brokers.append(b)
 

@@ -13,6 +13,15 @@ A ZeroMQ message (after the ROUTER identity) is a list of frames::
 
 ``PROTOCOL_CLIENT`` is spoken by clients, ``PROTOCOL_PEER`` between brokers. The raw
 payload frame carries record batches as opaque bytes (see ``mesh.wire.records``).
+
+Bounds (``DecodeLimits``): a broker decodes bodies with limits, so a small frame cannot
+become a large object graph. A body over ``max_body_bytes`` is refused before msgpack
+sees it (each msgpack byte can become a ~70-byte Python object: an empty map is one byte);
+strings, binaries, arrays and maps are capped by msgpack itself (``max_str_len``,
+``max_bin_len``, ``max_array_len``, ``max_map_len``); an ``int`` field must be a signed
+64-bit integer (msgpack also carries unsigned 64-bit ones), beyond that it does not
+decode at all. Handlers check each field's own range where they use it. Clients decode responses with ``NO_LIMITS`` (a metadata answer of a large
+cluster is big, and comes from a broker they chose to trust).
 """
 from __future__ import annotations
 
@@ -27,14 +36,35 @@ from mesh.wire.errors import ErrorCode, MeshError
 
 __all__ = [
     "PROTOCOL_CLIENT", "PROTOCOL_PEER", "REGISTRY", "message", "encode_body", "decode_body",
-    "pack", "unpack", "op_of",
+    "pack", "unpack", "op_of", "DecodeLimits", "NO_LIMITS",
 ]
 
 PROTOCOL_CLIENT = b"mesh/1"
-PROTOCOL_PEER = b"mesh-peer/2"  # 2: store identity, lives and recovering flags in replication
+PROTOCOL_PEER = b"mesh-peer/3"  # 2: store identity, lives and recovering flags in replication;
+#                                 3: gossip keys chunked (tparts/, lead/, stats/, recovering/<topic>/<k>), users, ACLs
 PROTOCOLS = (PROTOCOL_CLIENT, PROTOCOL_PEER)
 
 REGISTRY: dict[bytes, type] = {}
+_I64_MIN, _I64_MAX = -(1 << 63), (1 << 63) - 1
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class DecodeLimits:
+    """Bounds for decoding one body (0 = no bound)."""
+    max_body_bytes: int = 1 << 20
+    max_str_len: int = 1 << 20
+    max_bin_len: int = 1 << 20
+    max_array_len: int = 100_000
+    max_map_len: int = 10_000
+
+    def unpack_kwargs(self) -> dict:
+        big = 2 ** 31 - 1
+        return {"max_str_len": self.max_str_len or big, "max_bin_len": self.max_bin_len or big,
+                "max_array_len": self.max_array_len or big, "max_map_len": self.max_map_len or big,
+                "max_ext_len": 0}
+
+
+NO_LIMITS = DecodeLimits(0, 0, 0, 0, 0)
 _CHECKERS: dict[type, tuple[tuple[str, Callable[[Any], bool], str], ...]] = {}
 
 
@@ -51,8 +81,9 @@ def _checker(tp: Any) -> tuple[Callable[[Any], bool], str]:
     base = origin or tp
     if base is float:
         return (lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)), "float"
-    if base is int:
-        return (lambda v: isinstance(v, int) and not isinstance(v, bool)), "int"
+    if base is int:   # a signed 64-bit int: what every store key, struct and peer can hold
+        return (lambda v: isinstance(v, int) and not isinstance(v, bool) and _I64_MIN <= v <= _I64_MAX), \
+            "int (64-bit signed)"
     if base in (list, tuple):
         return (lambda v: isinstance(v, (list, tuple))), "list"
     if base is dict:
@@ -93,14 +124,25 @@ def encode_body(msg: Any) -> bytes:
                          use_bin_type=True)
 
 
-def decode_body(op: bytes, body: bytes) -> Any:
-    """Decode a body for ``op``; any problem raises MeshError(INVALID_REQUEST, reason)."""
+def decode_body(op: bytes, body: bytes, limits: DecodeLimits | None = None) -> Any:
+    """Decode a body for ``op``; any problem raises MeshError(INVALID_REQUEST, reason).
+    ``limits``: bounds for an untrusted body (None: msgpack's defaults, bounded by the
+    body's own length)."""
     cls = REGISTRY.get(bytes(op))
     if cls is None:
         raise MeshError(ErrorCode.INVALID_REQUEST, f"unknown operation {bytes(op)[:40]!r}")
     try:
-        values = msgpack.unpackb(body, raw=False, use_list=True, strict_map_key=False)
-    except Exception as exc:  # msgpack raises several types for bad input
+        if limits is None:
+            values = msgpack.unpackb(body, raw=False, use_list=True, strict_map_key=False)
+        else:
+            if limits.max_body_bytes and len(body) > limits.max_body_bytes:
+                raise MeshError(ErrorCode.MESSAGE_TOO_LARGE,
+                                f"{cls.__name__}: body of {len(body)} bytes; at most {limits.max_body_bytes}")
+            values = msgpack.unpackb(body, raw=False, use_list=True, strict_map_key=False,
+                                     **limits.unpack_kwargs())
+    except MeshError:
+        raise
+    except Exception as exc:  # msgpack raises several types for bad input (and limits)
         raise MeshError(ErrorCode.INVALID_REQUEST, f"{cls.__name__}: body is not msgpack ({exc})")
     checks = _CHECKERS[cls]
     if not isinstance(values, list):
@@ -135,8 +177,11 @@ def pack(protocol: bytes, request_id: int, msg: Any, payload: bytes | None = Non
     return frames
 
 
-def unpack(frames: list) -> tuple[bytes, int, Any, Any]:
-    """(protocol, request id, message, payload or None) from frames without identity."""
+def unpack(frames: list, limits: DecodeLimits | None = None,
+           peer_limits: DecodeLimits | None = None) -> tuple[bytes, int, Any, Any]:
+    """(protocol, request id, message, payload or None) from frames without identity.
+    ``limits`` bound client bodies, ``peer_limits`` peer bodies (None: unbounded but
+    for the body's own length)."""
     if len(frames) not in (4, 5):
         raise MeshError(ErrorCode.INVALID_REQUEST,
                         f"expected 4 or 5 frames [protocol, request id, op, body, payload?], got {len(frames)}")
@@ -147,6 +192,6 @@ def unpack(frames: list) -> tuple[bytes, int, Any, Any]:
     rid = bytes(frames[1])
     if len(rid) != 8:
         raise MeshError(ErrorCode.INVALID_REQUEST, "request id must be 8 bytes")
-    msg = decode_body(frames[2], frames[3])
+    msg = decode_body(frames[2], frames[3], peer_limits if protocol == PROTOCOL_PEER else limits)
     payload = frames[4] if len(frames) == 5 else None
     return protocol, int.from_bytes(rid, "big"), msg, payload

@@ -15,6 +15,9 @@ __all__ = [
     "MetadataRequest", "MetadataResponse", "CreateTopicRequest", "CreateTopicResponse",
     "DeleteTopicRequest", "DeleteTopicResponse", "ListOffsetsRequest", "ListOffsetsResponse",
     "EARLIEST", "LATEST",
+    "AddUserRequest", "AddUserResponse", "RemoveUserRequest", "RemoveUserResponse",
+    "ListUsersRequest", "ListUsersResponse", "AddAclRequest", "AddAclResponse",
+    "RemoveAclRequest", "RemoveAclResponse", "ListAclsRequest", "ListAclsResponse",
 ]
 
 EARLIEST = -2
@@ -130,3 +133,109 @@ class ListOffsetsResponse:
     parts: list
     error: int = 0
     message: str = ""
+
+
+# -- users and ACLs (``mesh.node.security_handlers``; rules in ``mesh.security.acl``) ---
+
+@message("USER_ADD")
+@dataclass(frozen=True, slots=True)
+class AddUserRequest:
+    """A principal ``name`` authenticated by the CURVE key ``public_key`` (40 chars Z85)."""
+    name: str
+    public_key: str
+
+
+@message("USER_ADD_R")
+@dataclass(frozen=True, slots=True)
+class AddUserResponse:
+    error: int
+    message: str = ""
+
+
+@message("USER_REMOVE")
+@dataclass(frozen=True, slots=True)
+class RemoveUserRequest:
+    name: str
+
+
+@message("USER_REMOVE_R")
+@dataclass(frozen=True, slots=True)
+class RemoveUserResponse:
+    error: int
+    message: str = ""
+
+
+@message("USER_LIST")
+@dataclass(frozen=True, slots=True)
+class ListUsersRequest:
+    pass
+
+
+@message("USER_LIST_R")
+@dataclass(frozen=True, slots=True)
+class ListUsersResponse:
+    """users: [{name, public_key}], sorted by name."""
+    error: int
+    message: str = ""
+    users: list = field(default_factory=list)
+
+
+@message("ACL_ADD")
+@dataclass(frozen=True, slots=True)
+class AddAclRequest:
+    """One ACL row (``mesh.security.acl.AclRule``); its id follows from its content."""
+    principal: str
+    permission: str           # allow | deny
+    operations: list          # [read | write | create | delete | describe | alter | all, ...]
+    resource: str             # topic | group | cluster
+    name: str
+    pattern: str = "literal"  # literal | prefixed
+
+
+@message("ACL_ADD_R")
+@dataclass(frozen=True, slots=True)
+class AddAclResponse:
+    error: int
+    message: str = ""
+    id: str = ""
+
+
+@message("ACL_REMOVE")
+@dataclass(frozen=True, slots=True)
+class RemoveAclRequest:
+    """Remove the row ``id``, or every row whose fields equal all the filters given (None:
+    any; at least one filter)."""
+    id: str | None = None
+    principal: str | None = None
+    permission: str | None = None
+    operations: list | None = None
+    resource: str | None = None
+    name: str | None = None
+    pattern: str | None = None
+
+
+@message("ACL_REMOVE_R")
+@dataclass(frozen=True, slots=True)
+class RemoveAclResponse:
+    """removed: the rows removed, as in ListAclsResponse."""
+    error: int
+    message: str = ""
+    removed: list = field(default_factory=list)
+
+
+@message("ACL_LIST")
+@dataclass(frozen=True, slots=True)
+class ListAclsRequest:
+    """Rows whose fields equal every filter given (None: any)."""
+    principal: str | None = None
+    resource: str | None = None
+    name: str | None = None
+
+
+@message("ACL_LIST_R")
+@dataclass(frozen=True, slots=True)
+class ListAclsResponse:
+    """acls: [{id, principal, permission, operations, resource, name, pattern}], by id."""
+    error: int
+    message: str = ""
+    acls: list = field(default_factory=list)

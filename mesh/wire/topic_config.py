@@ -1,11 +1,17 @@
-"""Topic names, configs and their validation (shared by the node and the client)."""
+"""Topic names, configs and their validation (shared by the node and the client).
+
+Every config value is an integer within its range (``CONFIG_RANGES``); anything else is
+INVALID_CONFIG with the range named, never a crash further in (a value the store or the
+msgpack encoder could not hold, e.g. retention.ms=99999999999999999999999).
+"""
 from __future__ import annotations
 
 import re
 
 from mesh.wire.errors import ErrorCode, MeshError
 
-__all__ = ["TOPIC_DEFAULTS", "validate_topic_name", "normalize_config", "MAX_PARTITIONS", "RECENT_BATCHES"]
+__all__ = ["TOPIC_DEFAULTS", "CONFIG_RANGES", "MAX_MESSAGE_BYTES", "validate_topic_name", "normalize_config",
+           "MAX_PARTITIONS", "RECENT_BATCHES"]
 
 _NAME = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
 MAX_PARTITIONS = 10_000
@@ -17,12 +23,23 @@ BATCH_OVERHEAD_BYTES = 4096
 # its oldest unacknowledged one and its newest sent one (mesh.client.sequencer), so a
 # retried batch that was stored is always recognised and answered with its offsets.
 RECENT_BATCHES = 16
+# The largest max.message.bytes a topic may set; a broker's frame limit (``mesh node
+# --max-frame-bytes``, ZMQ_MAXMSGSIZE) must leave room for it.
+MAX_MESSAGE_BYTES = 8 << 20
+_FOREVER_MS = 100 * 365 * 24 * 3600 * 1000   # 100 years: "as good as unlimited"
 
 # Kafka's names where the meaning is the same. -1 means unlimited.
 TOPIC_DEFAULTS: dict[str, int] = {
     "retention.ms": 7 * 24 * 3600 * 1000,
     "retention.bytes": -1,
     "max.message.bytes": MAX_RECORD_BYTES + BATCH_OVERHEAD_BYTES,
+}
+
+# Inclusive ranges; -1 (unlimited) is inside where it is allowed.
+CONFIG_RANGES: dict[str, tuple[int, int]] = {
+    "retention.ms": (-1, _FOREVER_MS),
+    "retention.bytes": (-1, 1 << 50),
+    "max.message.bytes": (1024, MAX_MESSAGE_BYTES),
 }
 
 
@@ -35,14 +52,20 @@ def validate_topic_name(name: str) -> None:
 def normalize_config(config: dict) -> dict[str, int]:
     """Defaults filled in; unknown keys and non-integer values are errors."""
     out = dict(TOPIC_DEFAULTS)
+    if config is not None and not isinstance(config, dict):
+        raise MeshError(ErrorCode.INVALID_CONFIG, "topic config must be a map of names to integers")
     for k, v in (config or {}).items():
         if k not in TOPIC_DEFAULTS:
             raise MeshError(ErrorCode.INVALID_CONFIG,
                             f"unknown topic config {k!r}; known: {', '.join(sorted(TOPIC_DEFAULTS))}")
+        if isinstance(v, bool) or isinstance(v, float) or (isinstance(v, str) and len(v) > 40):
+            raise MeshError(ErrorCode.INVALID_CONFIG, f"topic config {k}={str(v)[:40]!r} is not an integer")
         try:
-            out[k] = int(v)
+            n = int(v)
         except (TypeError, ValueError):
             raise MeshError(ErrorCode.INVALID_CONFIG, f"topic config {k}={v!r} is not an integer")
-    if out["max.message.bytes"] < 1024:
-        raise MeshError(ErrorCode.INVALID_CONFIG, "max.message.bytes must be at least 1024")
+        lo, hi = CONFIG_RANGES[k]
+        if not lo <= n <= hi:
+            raise MeshError(ErrorCode.INVALID_CONFIG, f"topic config {k}={n} is out of range: {lo}..{hi}")
+        out[k] = n
     return out

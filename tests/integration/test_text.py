@@ -3,6 +3,7 @@ when it is installed."""
 from __future__ import annotations
 
 import json
+import signal
 import shutil
 import socket
 import subprocess
@@ -250,3 +251,184 @@ def test_the_gateway_survives_many_connections(broker):
     finally:
         c.close()
     assert time.monotonic() - t0 < 10
+
+
+# -- one client never stalls another; the gateway's own limits (issue 13) ------------------
+
+def serves(address: str, topic: str) -> None:
+    """The broker still takes an acks=all produce and serves it to a consumer."""
+    from mesh.client import Producer
+    with Producer(address, acks="all") as p:
+        md = p.send(topic, b"still-serving", partition=0).get(timeout=10)
+    with Consumer(bootstrap=address, auto_offset_reset="earliest") as c:
+        c.assign([(topic, 0)])
+        c.seek((topic, 0), md.offset)
+        got = []
+        wait_until(lambda: got.extend(r for rs in c.poll_batches(100) for r in rs) or got, 10, "the record")
+    assert got[0].value == b"still-serving"
+
+
+def test_the_first_cons_may_carry_an_offset(broker):
+    c = Client(broker.text_port)
+    try:
+        for i in range(4):
+            assert c.cmd(f"PUBS solo early{i}").startswith("OK ")
+        sub = c.cmd("SUBS solo fresh-group").split()[1]
+        got = records(c.cons(f"CONS solo {sub} 0"))   # at once: the group has not assigned yet
+        assert got and min(r[1] for r in got) == 0
+        got += cons_until(c, f"CONS solo {sub}", 4 - len(got))
+        assert {r[2]["Body"] for r in got} >= {f"early{i}" for i in range(4)}
+        assert min(r[1] for r in got) == 0
+    finally:
+        c.close()
+    serves(broker.address, "solo")
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    """Two brokers; n1 serves text with small limits: 3 connections (the one idle 1.5 s closed
+    to make room), closed after 3 s idle, 2 subscriptions."""
+    root = tmp_path_factory.mktemp("text-limits")
+    port = free_port()
+    n1 = BrokerProcess("n1", str(root / "n1"), extra=[
+        "--text-port", str(port), "--text-max-connections", "3", "--text-idle-timeout-ms", "3000",
+        "--text-evict-idle-ms", "1500",
+        "--text-max-subscriptions", "2"]).start()
+    n2 = BrokerProcess("n2", str(root / "n2"), seeds=[n1.address]).start()
+    n1.text_port = port
+    wait_until(lambda: {x["id"] for x in n1.metadata(500).brokers if x["status"] == "alive"} == {"n1", "n2"},
+               20, "n1 to see n2")
+    with Admin(n1.address) as a:
+        a.create_topic("spread", 4)
+        a.create_topic("here", 1)
+        a.create_topic("quiet", 1)
+    yield n1, n2
+    for b in (n2, n1):
+        if b.alive():
+            b.signal(signal.SIGCONT)
+        b.kill()
+
+
+def _leaders(b, topic: str) -> dict[int, str]:
+    with Admin(b.address, request_timeout_ms=1000) as a:
+        meta = a.metadata([topic])
+    t = next(t for t in meta.topics if t["name"] == topic)
+    return {p["partition"]: p["leader"] for p in t["partitions"]}
+
+
+def test_a_pubs_waiting_for_its_leader_delays_only_its_connection(pair):
+    n1, n2 = pair
+    wait_until(lambda: set(_leaders(n1, "spread").values()) == {"n1", "n2"}, 20, "leaders on both brokers")
+    far = next(p for p, lead in _leaders(n1, "spread").items() if lead == "n2")
+    near = next(p for p, lead in _leaders(n1, "spread").items() if lead == "n1")
+    far_key = next(k for k in (f"k{i}" for i in range(1000)) if partition_for_key(k.encode(), 4) == far)
+    near_key = next(k for k in (f"k{i}" for i in range(1000)) if partition_for_key(k.encode(), 4) == near)
+    a, b = Client(n1.text_port), Client(n1.text_port)
+    try:
+        assert a.cmd(f'PUBS spread {{"Key": "{far_key}", "Body": "warm"}}').startswith("OK ")
+        n2.signal(signal.SIGSTOP)          # the leader of `far` stops answering
+        a.send(f'PUBS spread {{"Key": "{far_key}", "Body": "stuck"}}\n'.encode())
+        for i in range(5):                 # another connection is served meanwhile, at once
+            t0 = time.monotonic()
+            ok, p, _ = b.cmd(f'PUBS spread {{"Key": "{near_key}", "Body": "free{i}"}}').split()
+            assert ok == "OK" and int(p) == near and time.monotonic() - t0 < 2
+        a.sock.settimeout(0.05)
+        with pytest.raises(socket.timeout):  # ... while a's PUBS still waits
+            a.sock.recv(100)
+        a.sock.settimeout(20)
+        n2.signal(signal.SIGCONT)
+        answer = a.line()                   # the leader is back (OK) or the delivery timed out (ERR)
+        assert answer.startswith(("OK ", "ERR ")), answer
+    finally:
+        n2.signal(signal.SIGCONT)
+        a.close()
+        b.close()
+    serves(n1.address, "here")
+
+
+def test_a_long_cons_delays_only_its_connection(pair):
+    n1, _ = pair
+    a, b = Client(n1.text_port), Client(n1.text_port)
+    try:
+        sub = a.cmd("SUBS quiet idle-readers 0").split()[1]
+        a.send(f"CONS quiet {sub}\n".encode())      # a long-poll: nothing to read
+        t0 = time.monotonic()
+        assert b.cmd("PUBS here while-a-waits").startswith("OK ")
+        assert time.monotonic() - t0 < 0.45         # well under CONS's wait (0.5 s)
+        assert a.line() == "END"
+    finally:
+        a.close()
+        b.close()
+    serves(n1.address, "here")
+
+
+def test_connection_and_subscription_limits(pair):
+    n1, _ = pair
+    clients = [Client(n1.text_port) for _ in range(3)]
+    try:
+        for c in clients:
+            assert c.cmd("HELP") == HELP_FIRST
+            while c.line() != "END":
+                pass
+        extra = Client(n1.text_port)               # the fourth: refused with a reason, closed
+        try:
+            assert extra.line().startswith("ERR too many connections")
+            with pytest.raises(ConnectionError):
+                extra.line()
+        finally:
+            extra.close()
+        assert clients[0].cmd("SUBS here lim1 0").startswith("OK ")
+        assert clients[1].cmd("SUBS here lim2 0").startswith("OK ")
+        assert clients[2].cmd("SUBS here lim3 0").startswith("ERR ")   # 2 in all
+        assert clients[2].cmd("PUBS here still-open").startswith("OK ")
+        clients[0].close()                          # its subscription and its slot go with it
+        wait_until(lambda: clients[2].cmd("SUBS here lim3 0").startswith("OK "), 10, "a free subscription")
+        late = []
+
+        def admitted():
+            c = Client(n1.text_port)
+            late.append(c)
+            return c.cmd("PUBS here late").startswith("OK ")
+        wait_until(admitted, 10, "a free connection slot")
+    finally:
+        for c in clients + late:
+            c.close()
+    serves(n1.address, "here")
+
+
+def test_a_full_gateway_closes_the_connection_idle_longest_to_make_room(pair):
+    n1, _ = pair
+    clients = [Client(n1.text_port) for _ in range(3)]
+    late = []
+    try:
+        for c in clients:                           # clients[0] idle longest
+            assert c.cmd("PUBS here hi").startswith("OK ")
+
+        def admitted():   # refused until some connection has been idle 1.5 s
+            c = Client(n1.text_port)
+            late.append(c)
+            return c.cmd("PUBS here room").startswith("OK ")
+        wait_until(admitted, 10, "room made for a new connection")
+        assert clients[0].line().startswith("ERR idle while the gateway is full")
+        with pytest.raises(ConnectionError):
+            clients[0].line()
+        assert clients[2].cmd("PUBS here kept").startswith("OK ")   # the others stay
+    finally:
+        for c in clients + late:
+            c.close()
+    serves(n1.address, "here")
+
+
+def test_an_idle_connection_is_closed(pair):
+    n1, _ = pair
+    c = Client(n1.text_port)
+    try:
+        assert c.cmd("PUBS here hello").startswith("OK ")
+        t0 = time.monotonic()
+        assert c.line().startswith("ERR idle for 3000 ms")
+        assert 2.5 < time.monotonic() - t0 < 10
+        with pytest.raises(ConnectionError):
+            c.line()
+    finally:
+        c.close()
+    serves(n1.address, "here")

@@ -68,8 +68,7 @@ import random
 import sys
 from functools import partial
 
-from mesh.cluster.catalog import Catalog, cluster_pid
-from mesh.cluster.keys import topic_key
+from mesh.cluster.catalog import Catalog, Topic, cluster_pid, topic_registers
 from mesh.node.datapath import DataPath
 from mesh.node.producer_state import ProducerStates
 from mesh.node.raft_host import ReplicaHost
@@ -110,9 +109,9 @@ class NodeSim(NodeClients, NodeChecks):
         self.quorum = rf // 2 + 1
         uuid = hashlib.blake2b(f"node-sim/{cfg.seed}/topic".encode(), digest_size=16).hexdigest()
         replicas = [[self.broker_ids[(p + k) % cfg.brokers] for k in range(rf)] for p in range(cfg.partitions)]
-        self.registry = Registry({topic_key(TOPIC): {
-            "name": TOPIC, "uuid": uuid, "partitions": cfg.partitions, "replication_factor": rf,
-            "config": normalize_config({}), "replicas": replicas}})
+        self.registry = Registry(topic_registers(Topic(
+            name=TOPIC, uuid=uuid, partitions=cfg.partitions, replication_factor=rf,
+            config=normalize_config({}), replicas=tuple(tuple(r) for r in replicas))))
         self.pid_of = {p: cluster_pid(uuid, p) for p in range(cfg.partitions)}
         self.replicas = {p: replicas[p] for p in range(cfg.partitions)}
         self.brokers = {nid: Broker(nid, sorted(self.pid_of[p] for p in range(cfg.partitions)

@@ -4,7 +4,7 @@ from hypothesis import given, settings, strategies as st
 
 from mesh.wire import messages as m
 from mesh.wire.errors import ErrorCode, MeshError, retriable
-from mesh.wire.codec import PROTOCOL_CLIENT, decode_body, encode_body, pack, unpack
+from mesh.wire.codec import PROTOCOL_CLIENT, decode_body, pack, unpack
 
 
 def test_round_trip_every_client_message():

@@ -489,17 +489,20 @@ def test_a_row_for_us_from_another_life_of_our_generation_is_a_conflict():
     a, b, net = pair()
     mine = a.digest_entry("a")
     other_life = [["a", mine[0], mine[1] + 50, mine[2] + 5, 0, "addr-a", False]]
-    a.receive("addr-b", GossipSyn("b", other_life, [], 0), net.now)
+    a.receive("addr-b", GossipAck("b", other_life, [], [], [], 0), net.now)
     assert a.identity_conflict == mine[0] and a.stats["identity_conflicts"] == 1
     assert a.heard_peer
 
 
 def test_a_forged_huge_generation_for_us_is_refused_not_adopted():
     """A row claiming a life of ours at generation 2**62 cannot make the node reincarnate
-    there (it would persist it and never come back below it)."""
+    there (it would persist it and never come back below it): the message is refused whole,
+    and a row that got in anyway (below the parsing bound) is never adopted as ours."""
     a, b, net = pair()
     net.run(1_000)
-    a.receive("addr-b", GossipSyn("b", [["a", 2 ** 62, 1, 0, 0, "addr-a", False]], [], 0), net.now)
+    a.receive("addr-b", GossipAck("b", [["a", 2 ** 62, 1, 0, 0, "addr-a", False]], [], [], [], 0), net.now)
+    assert a.identity_conflict == 0 and a.stats["malformed_bounds"] == 1
+    a._members._conflict(a._members.rows["a"]._replace(generation=2 ** 48))
     assert a.identity_conflict == 0 and a.stats["identity_conflicts_refused"] == 1
 
 
@@ -509,7 +512,7 @@ def test_reincarnate_moves_to_a_new_generation_and_peers_follow():
     a.set_local("gone", 2)
     a.delete_local("gone")
     net.run(1_000)
-    a.receive("addr-b", GossipSyn("b", [["a", 7, 1, 0, 0, "addr-a", False]], [], 0), net.now)
+    a.receive("addr-b", GossipAck("b", [["a", 7, 1, 0, 0, "addr-a", False]], [], [], [], 0), net.now)
     assert a.identity_conflict == 7
     with pytest.raises(ValueError):
         a.reincarnate(1, net.now)

@@ -1,7 +1,7 @@
 """The LMDB store and its in-memory twin behave the same (parametrized over both)."""
 import pytest
 
-from mesh.wire.records import encode_batch, parse_header, records_from
+from mesh.wire.records import encode_batch, records_from
 from storage.base import CorruptBatch, StorageFull
 from storage.log import Store
 from storage.memory import MemoryStore
@@ -347,3 +347,213 @@ def test_damaged_meta_pages_are_a_clear_error(tmp_path, damage):
     f.write_bytes(bytes(data))
     with pytest.raises(datadir.DataDirDamaged, match="--rejoin-empty"):
         _store_dir(tmp_path)
+
+
+# ---------------------------------------------------------------- flipped keys and epochs ---
+# Each case damages a real data.mdb the way a bad disk would, then checks that the store
+# never serves a wrong record silently: every read either raises CorruptBatch or returns
+# batches that hold exactly the offsets asked for, and the damage is reported.
+
+import struct  # noqa: E402
+
+from storage.base import key_of  # noqa: E402
+
+
+def _three_batches(path, epochs=(1, 1, 1)):
+    s = Store(str(path), map_size=64 << 20)
+    pid = s.partition_id("t", 0)
+    for n, epoch, tag in zip((3, 2, 2), epochs, (b"A", b"B", b"C")):
+        append(s, pid, [b"EPOCH-MARK-" + tag] * n, epoch=epoch)
+    s.commit()            # one transaction: few stale copies of the pages in the file
+    s.close()
+    return pid
+
+
+def _replace_all(path, old: bytes, new: bytes) -> None:
+    data = (path / "data.mdb").read_bytes()
+    assert old in data
+    (path / "data.mdb").write_bytes(data.replace(old, new))
+
+
+def _served_or_refused(s, pid, end):
+    """Every read from 0..end either raises or returns exactly contiguous offsets from there."""
+    refused = 0
+    for o in range(end):
+        try:
+            got = offsets(s.read(pid, o, 1 << 20, end))
+        except CorruptBatch:
+            refused += 1
+            continue
+        first = next(i for i in range(len(got)) if got[i] >= o) if got and got[-1] >= o else None
+        assert first is not None, f"offset {o}: nothing served below the log end {end}"
+        assert got[first:] == list(range(o, o + len(got) - first)), f"offset {o}: served {got}"
+    return refused
+
+
+@pytest.mark.parametrize("flip", [
+    ("offset-in-order", 1, 3, 1, 4),       # the key of the batch at 3 now says 4
+    ("offset-out-of-order", 1, 3, 1, 67),  # ... says 67 (the page's key order is broken too)
+    ("pid-middle", 1, 3, 0, 3),            # the batch at 3 moved to partition id 0
+    ("offset-inside-previous", 1, 5, 1, 4),  # the key of the batch at 5 now lies inside 3..4
+])
+def test_a_flipped_key_byte_is_found_not_served(tmp_path, flip):
+    _, pid0, off0, pid1, off1 = flip
+    path = tmp_path / "db"
+    pid = _three_batches(path)
+    assert pid == pid0
+    _replace_all(path, key_of(pid0, off0), key_of(pid1, off1))
+    s = Store(str(path), map_size=64 << 20)
+    noted = s.take_corrupt()
+    assert noted and all(p == pid or p == pid1 for p, _ in noted)
+    cut = min(o for p, o in noted if p == pid)
+    # the repair cuts at or before the damage, at a batch boundary (else the leader could
+    # not refill from there: its batches have the same boundaries)
+    assert cut <= min(off0, off1) and cut in (0, 3, 5)
+    assert _served_or_refused(s, pid, s.log_end(pid)) > 0   # and the rest served exactly
+    s.close()
+
+
+@pytest.mark.parametrize("kind", ["lmdb", "memory"])
+def test_a_missing_offset_on_read_is_noted_at_the_end_of_the_batch_before(tmp_path, kind):
+    """A read that finds no batch holding its offset (a key moved away while running)
+    reports the boundary where the sound prefix stops, not the offset asked for."""
+    s = Store(str(tmp_path / "db"), map_size=64 << 20) if kind == "lmdb" else MemoryStore()
+    pid = s.partition_id("t", 0)
+    for n in (3, 2, 2):
+        append(s, pid, [b"x"] * n)
+    s.commit()
+    s._del_batch(pid, 3)                          # as if its key had been damaged
+    s.commit()
+    s._parts[pid][1] = 7                          # ... while the log end still says 7
+    with pytest.raises(CorruptBatch) as e:
+        s.read(pid, 4, 1 << 20, 7)
+    assert e.value.offset == 3 and s.take_corrupt() == [(pid, 3)]
+    s.close()
+
+
+def test_a_flipped_pid_of_the_last_batch_is_reported_as_a_stray(tmp_path):
+    path = tmp_path / "db"
+    pid = _three_batches(path)
+    _replace_all(path, key_of(pid, 5), key_of(pid | 0x100, 5))
+    s = Store(str(path), map_size=64 << 20)
+    assert s.stray == {pid | 0x100: (5, 7)}               # batches under an id no partition has
+    assert s.log_end(pid) == 5                             # what the log can vouch for
+    assert _served_or_refused(s, pid, 5) == 0
+    s.close()
+
+
+def _flip_epoch(path, tag: bytes, new_epoch: int) -> None:
+    data = bytearray((path / "data.mdb").read_bytes())
+    at = data.find(b"EPOCH-MARK-" + tag)
+    assert at > 0
+    for hdr in range(at - 56, max(0, at - 4096), -1):
+        if data[hdr + 16] == 1 and int.from_bytes(data[hdr + 8:hdr + 12], "big") == 1 and \
+                int.from_bytes(data[hdr:hdr + 8], "big") in (0, 3, 5):
+            data[hdr + 8:hdr + 12] = struct.pack(">I", new_epoch)
+            (path / "data.mdb").write_bytes(bytes(data))
+            return
+    raise AssertionError("header not found")
+
+
+@pytest.mark.parametrize("tag,new_epoch,cut", [(b"B", 0x01000001, 3), (b"C", 0, 3)])
+def test_a_flipped_epoch_is_found_at_recovery_and_on_read(tmp_path, tag, new_epoch, cut):
+    """Epochs never go down along a log; a flipped one breaks that with a neighbour (the CRC
+    does not cover the epoch). The repair cuts before both batches of the pair."""
+    path = tmp_path / "db"
+    pid = _three_batches(path)
+    _flip_epoch(path, tag, new_epoch)
+    s = Store(str(path), map_size=64 << 20)
+    assert (pid, cut) in s.take_corrupt()
+    with pytest.raises(CorruptBatch):
+        s.read(pid, cut, 1 << 20, 7)
+    assert offsets(s.read(pid, 0, 1 << 20, 7)) == [0, 1, 2]   # what precedes the damage is served
+    s.close()
+
+
+def test_growing_epochs_are_fine(tmp_path):
+    path = tmp_path / "db"
+    pid = _three_batches(path, epochs=(1, 2, 9))
+    s = Store(str(path), map_size=64 << 20)
+    assert s.take_corrupt() == [] and offsets(s.read(pid, 0, 1 << 20, 7)) == list(range(7))
+    s.close()
+
+
+def test_a_root_page_number_flipped_in_range_in_both_metas_is_never_a_silent_new_store(tmp_path):
+    """LMDB would open the tree at whatever page the metas name; a page that is not the main
+    tree's root is refused by the structural check, and an old copy of it (LMDB never
+    overwrites a page in place) is a store older than its identity: lost state, not a new node."""
+    o = _store_dir(tmp_path)
+    pid = o.store.partition_id("t", 0)
+    for _ in range(20):
+        append(o.store, pid, [b"y" * 500] * 8)
+        o.store.commit()
+    _close(o)
+    f, ident = tmp_path / "d" / "data.mdb", tmp_path / "d" / "identity.json"
+    clean, clean_ident = f.read_bytes(), ident.read_bytes()
+    metas = [datadir._parse_meta(clean[p:p + 200], "m") for p in (0, 4096)]
+    meta = max(metas, key=lambda m: m["txnid"])
+    main_at = 16 + datadir._META.size + datadir._DB.size + 40   # md_root of the main tree
+    outcomes = set()
+    for page in range(2, meta["last_pg"] + 1):
+        if page == meta["main_root"]:
+            continue
+        data = bytearray(clean)
+        for m in (0, 4096):
+            data[m + main_at:m + main_at + 8] = page.to_bytes(8, "little")
+        f.write_bytes(bytes(data))
+        ident.write_bytes(clean_ident)
+        try:
+            o = _store_dir(tmp_path)
+        except datadir.DataDirDamaged as exc:
+            assert "--rejoin-empty" in str(exc)
+            outcomes.add("refused")
+            continue
+        assert o.lost, f"page {page}: started as if nothing were wrong"
+        outcomes.add("lost state")
+        _close(o)
+    assert "refused" in outcomes
+
+
+def test_what_lmdb_itself_dies_of_is_tried_in_a_child_process_first(tmp_path):
+    """An old copy of the main tree's root (LMDB leaves it in the file, on the free list)
+    makes LMDB abort on its first write (an assertion in mdb_page_touch): the probe runs in a
+    forked child, so the broker gets a clear error instead of dying."""
+    o = _store_dir(tmp_path)
+    pid = o.store.partition_id("t", 0)
+    for _ in range(20):
+        append(o.store, pid, [b"y" * 500] * 8)
+        o.store.commit()
+    _close(o)
+    path = str(tmp_path / "d")
+    f = tmp_path / "d" / "data.mdb"
+    clean = f.read_bytes()
+    datadir.probe_in_child(path, map_size=64 << 20)        # a sound store passes
+    metas = [datadir._parse_meta(clean[p:p + 200], "m") for p in (0, 4096)]
+    meta = max(metas, key=lambda m: m["txnid"])
+    with open(f, "rb") as fh:
+        free = datadir._free_pages(fh, 4096, meta["free_root"], meta["last_pg"])
+    main_at = 16 + datadir._META.size + datadir._DB.size + 40
+    crashed = []
+    for page in sorted(free):
+        if datadir._root_problem(clean[page * 4096:(page + 1) * 4096], page, 1, 6, main=True) is not None:
+            continue           # not an old copy of the main root
+        data = bytearray(clean)
+        for m in (0, 4096):
+            data[m + main_at:m + main_at + 8] = page.to_bytes(8, "little")
+        f.write_bytes(bytes(data))
+        try:
+            datadir.probe_in_child(path, map_size=64 << 20)
+        except datadir.DataDirDamaged as exc:
+            crashed.append(str(exc))
+    assert any("LMDB crashed (SIGABRT)" in c for c in crashed), crashed
+
+
+def test_a_read_in_the_middle_of_a_turn_sees_only_committed_batches_and_no_damage(store):
+    pid = store.partition_id("t", 0)
+    append(store, pid, [b"a"] * 3)
+    store.commit()
+    append(store, pid, [b"b"] * 2)               # staged, not committed: invisible, not missing
+    assert store.read(pid, 3, 1 << 20, 5) == []
+    assert store.take_corrupt() == []
+    store.commit()
+    assert offsets(store.read(pid, 3, 1 << 20, 5)) == [3, 4]

@@ -116,3 +116,11 @@ def test_a_pubs_round_trip_matches_the_record_line():
     key, value, headers = parse_message(cmd.message)
     obj = json.loads(record_line(_record(value, key=key, headers=headers)).split(b" ", 2)[2])
     assert obj == {"Key": "k", "Header": "h", "Body": "b", "Timestamp": 1234}
+
+
+@pytest.mark.parametrize("limit", ["max_connections", "idle_timeout_ms", "max_subscriptions",
+                                   "max_subscriptions_per_connection", "max_sockets"])
+def test_the_gateway_refuses_limits_that_are_not_positive(limit):
+    from mesh.gateway.text import TextGateway
+    with pytest.raises(ValueError, match=limit):
+        TextGateway("127.0.0.1:1", 0, **{limit: 0})   # refused before anything is bound

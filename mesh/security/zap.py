@@ -1,0 +1,141 @@
+"""The node's ZAP handler (ZeroMQ RFC 27): who may open a connection to the broker's ROUTER.
+
+Theory of operation
+-------------------
+libzmq asks the ZAP handler about every new connection of a socket that has a ZAP domain,
+before the connection carries a single message: a REP socket bound to
+``inproc://zeromq.zap.01`` in the socket's context receives ``[version, request id, domain,
+address, identity, mechanism, credentials...]`` and answers ``[version, request id, status,
+text, user id, metadata]``. The node polls that REP socket in its own loop, next to the
+ROUTER (no thread, no lock); libzmq holds the handshake until the answer comes.
+
+``decide`` (pure) makes the decision:
+
+- the connection cap first: beyond ``max_connections`` open connections a handshake is
+  refused with 300 (temporary: the client's ZeroMQ retries it later, as a connection Kafka's
+  ``max.connections`` holds back);
+- secured (CURVE) mode: the client key is the cluster's public key (a broker), or a key the
+  registry knows (a superuser from the secrets directory, or a user added by an admin):
+  200, and the ZAP User-Id is that key, in Z85. Anything else: 400. The dispatcher reads
+  the User-Id of every message and maps it to a principal again (so a user removed or
+  re-keyed loses access at once, on open connections too);
+- open mode: the NULL mechanism, 200 with an empty User-Id (a ZAP domain is set on the
+  ROUTER only so that the cap applies).
+
+The ZAP request's identity frame is the *server* socket's own routing id, not the one the
+client chose (checked against libzmq 4.3.5): ZAP cannot refuse a client that claims a
+``peer:`` routing id. The ROUTER therefore runs without ROUTER_HANDOVER in secured mode (a
+second connection claiming a routing id in use is refused by libzmq, so nobody can cut a
+broker's link by posing as it), and the dispatcher accepts peer messages only from the
+cluster key.
+
+Connections are counted with a monitor on the ROUTER (ACCEPTED minus DISCONNECTED, which
+libzmq also reports for a refused handshake). The monitor is drained before each decision.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Callable
+
+import zmq
+from zmq.utils import z85
+from zmq.utils.monitor import parse_monitor_message
+
+__all__ = ["decide", "ZapHandler", "ZAP_ENDPOINT", "ZAP_DOMAIN", "DEFAULT_MAX_CONNECTIONS"]
+
+log = logging.getLogger("mesh.security.zap")
+
+ZAP_ENDPOINT = "inproc://zeromq.zap.01"
+ZAP_DOMAIN = b"mesh"
+DEFAULT_MAX_CONNECTIONS = 4096
+
+
+def decide(mechanism: bytes, client_key: str | None, *, cluster_key: str | None,
+           known_key: Callable[[str], bool], connections: int,
+           max_connections: int) -> tuple[bytes, bytes, bytes]:
+    """(status code, status text, user id) for one handshake. ``connections`` counts the
+    open connections, this one included; ``cluster_key`` is None in open mode."""
+    if connections > max_connections:
+        return b"300", b"too many connections", b""
+    if cluster_key is None:
+        if mechanism == b"NULL":
+            return b"200", b"OK", b""
+        return b"400", b"this broker is open: it takes no credentials", b""
+    if mechanism != b"CURVE" or client_key is None:
+        return b"400", b"CURVE credentials required", b""
+    if client_key == cluster_key or known_key(client_key):
+        return b"200", b"OK", client_key.encode("ascii")
+    return b"400", b"unknown key", b""
+
+
+class ZapHandler:
+    """The REP socket answering ZAP requests, and the ROUTER's connection count."""
+
+    def __init__(self, ctx: zmq.Context, *, cluster_key: str | None, known_key: Callable[[str], bool],
+                 max_connections: int = DEFAULT_MAX_CONNECTIONS) -> None:
+        self.cluster_key = cluster_key
+        self.known_key = known_key
+        self.max_connections = max_connections
+        self.sock = ctx.socket(zmq.REP)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.bind(ZAP_ENDPOINT)   # before the ROUTER binds: no handshake goes unchecked
+        self.monitor: zmq.Socket | None = None
+        self.connections = 0
+        self.accepted = 0
+        self.refused = 0
+        self.refused_cap = 0
+        self._logged: set[str] = set()
+
+    def watch(self, router: zmq.Socket, name: str) -> None:
+        """Count ``router``'s connections (call before it binds)."""
+        self.monitor = router.get_monitor_socket(zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED,
+                                                 addr=f"inproc://mesh-router-monitor-{name}")
+
+    def drain_monitor(self) -> None:
+        mon = self.monitor
+        if mon is None:
+            return
+        while True:
+            try:
+                ev = parse_monitor_message(mon.recv_multipart(zmq.NOBLOCK))
+            except zmq.Again:
+                return
+            if ev["event"] == zmq.EVENT_ACCEPTED:
+                self.connections += 1
+            elif ev["event"] == zmq.EVENT_DISCONNECTED:
+                self.connections = max(0, self.connections - 1)
+
+    def handle(self) -> None:
+        """Answer every ZAP request waiting (called when the REP socket is readable)."""
+        while True:
+            try:
+                frames = self.sock.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            self.drain_monitor()
+            if len(frames) < 6:   # not from libzmq: answer something well-formed all the same
+                self.sock.send_multipart([b"1.0", frames[1] if len(frames) > 1 else b"", b"500",
+                                          b"bad ZAP request", b"", b""])
+                continue
+            version, rid, _domain, address, _identity, mechanism = frames[:6]
+            key = None
+            if mechanism == b"CURVE" and len(frames) > 6 and len(frames[6]) == 32:
+                key = z85.encode(frames[6]).decode("ascii")
+            status, text, user = decide(mechanism, key, cluster_key=self.cluster_key, known_key=self.known_key,
+                                        connections=self.connections, max_connections=self.max_connections)
+            if status == b"200":
+                self.accepted += 1
+            else:
+                self.refused += 1
+                self.refused_cap += status == b"300"
+                who = f"{address.decode(errors='replace')}/{key or mechanism.decode(errors='replace')}"
+                if who not in self._logged and len(self._logged) < 10_000:
+                    self._logged.add(who)
+                    log.warning("connection from %s refused: %s", who, text.decode())
+            self.sock.send_multipart([version, rid, status, text, user, b""])
+
+    def close(self) -> None:
+        if self.monitor is not None:
+            self.monitor.close(linger=0)
+            self.monitor = None
+        self.sock.close(linger=0)

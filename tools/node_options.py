@@ -1,0 +1,59 @@
+"""The resource-bound options of ``mesh node`` (issue 13), one per ``NodeConfig`` field.
+
+``node_bound_options`` adds them to the command and passes them on as ``bounds=dict(...)``
+(field name -> value), ready for ``NodeConfig(**bounds)``. The defaults here are
+``NodeConfig``'s (a unit test keeps them equal; importing the node here would make every
+``mesh`` command slow to start); Kafka's or NATS's name for the same knob is in each help.
+"""
+from __future__ import annotations
+
+import functools
+
+import click
+
+__all__ = ["node_bound_options", "BOUND_OPTIONS"]
+
+# (field, minimum, default, help). Every field is an int >= its minimum (0 where 0 means
+# "off" or "no wait").
+BOUND_OPTIONS: list[tuple[str, int, int, str]] = [
+    ("max_frame_bytes", 1, 16 << 20, "largest frame accepted (ZMQ_MAXMSGSIZE): a bigger one is dropped with its "
+                           "connection before it is read (Kafka socket.request.max.bytes, NATS max_payload)"),
+    ("max_body_bytes", 1, 1 << 20, "largest msgpack body of a client request; record batches travel apart"),
+    ("fetch_max_bytes", 1, 8 << 20, "bytes in one fetch answer, plus at most one batch (Kafka fetch.max.bytes)"),
+    ("partition_fetch_max_bytes", 1, 4 << 20, "bytes per partition in one fetch answer (Kafka max.partition.fetch.bytes)"),
+    ("fetch_max_wait_ms", 0, 30_000, "longest long-poll wait; a larger max_wait_ms is capped (Kafka fetch.max.wait.ms)"),
+    ("max_parked_fetches", 1, 5_000, "long-poll fetches waiting at once; one more is answered at once"),
+    ("max_parked_per_client", 1, 16, "long-poll fetches waiting at once per client"),
+    ("client_sndhwm", 1, 16, "answers queued in ZeroMQ per client connection (SNDHWM)"),
+    ("client_backlog_bytes", 1, 4 << 20, "then queued in the node per client; beyond, answers to it are dropped "
+                                "(NATS max_pending, slow consumer)"),
+    ("heartbeat_ivl_ms", 1, 1_000, "ZeroMQ heartbeat (PING) interval on links to peers"),
+    ("heartbeat_timeout_ms", 1, 3_000, "a peer link silent this long after a PING is dropped at both ends"),
+    ("produce_quota_bytes_per_s", 0, 0, "per-client produce byte rate; answers are delayed to keep it, "
+                                     "0 = off (Kafka producer_byte_rate)"),
+    ("fetch_quota_bytes_per_s", 0, 0, "per-client fetch byte rate; answers are delayed to keep it, "
+                                   "0 = off (Kafka consumer_byte_rate)"),
+    ("producer_id_expiration_ms", 1, 86_400_000, "idempotent-producer state idle this long is deleted "
+                                     "(Kafka producer.id.expiration.ms)"),
+    ("max_producer_ids", 1, 1_000_000, "idempotent-producer states kept; the longest idle beyond go first"),
+]
+
+
+def node_bound_options(f):
+    """Add the bound options to ``f``; it receives them as ``bounds=dict(...)``."""
+    names = [name for name, _, _, _ in BOUND_OPTIONS]
+
+    @functools.wraps(f)
+    def wrapper(*args, reset_gossip, **kwargs):
+        bounds = {name: kwargs.pop(name) for name in names}
+        bounds["reset_gossip"] = reset_gossip
+        return f(*args, bounds=bounds, **kwargs)
+
+    wrapped = click.option(
+        "--reset-gossip", is_flag=True,
+        help="start without the gossip snapshot (when it cannot be loaded) and relearn the cluster from "
+             "the peers given with --seed; raft state and logs are kept")(wrapper)
+    for name, minimum, default, help_text in reversed(BOUND_OPTIONS):
+        wrapped = click.option("--" + name.replace("_", "-"), name, type=click.IntRange(min=minimum),
+                               default=default, show_default=True, help=help_text)(wrapped)
+    return wrapped

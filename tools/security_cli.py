@@ -1,0 +1,87 @@
+"""``mesh security ...``, the node's security options, and ``--creds`` for client commands.
+
+- ``mesh security init --dir secrets``: a new cluster keypair (``secrets/cluster.key``), a
+  first superuser ``admin`` (``secrets/admin.creds``, its key in ``secrets/superusers.json``);
+  every file written 0600.
+- ``node_security_options``: ``mesh node --secrets DIR --superuser NAME --insecure
+  --max-connections N --text-creds FILE``, handed to the node function as one ``security``
+  dict of NodeConfig fields.
+- ``creds_option``: ``--creds FILE`` (default $MESH_CREDS) on every client command; the file
+  is checked at once (a missing, malformed or group/world-readable one is one clear error)
+  and passed on through $MESH_CREDS, which every client (``mesh.security.load_creds``) reads.
+"""
+from __future__ import annotations
+
+import functools
+import os
+import sys
+
+import click
+
+from mesh.security.creds import CREDS_ENV, Creds, CredsError, init_secrets
+from mesh.security.zap import DEFAULT_MAX_CONNECTIONS
+
+__all__ = ["security", "node_security_options", "creds_option"]
+
+
+def _use_creds(ctx, param, value):
+    if value:
+        try:
+            Creds.load(value)
+        except CredsError as exc:
+            raise click.BadParameter(str(exc), ctx=ctx, param=param) from None
+        os.environ[CREDS_ENV] = value
+    return value
+
+
+def creds_option(f):
+    """``--creds FILE``: the principal this command acts as (a secured cluster)."""
+    return click.option("--creds", type=click.Path(dir_okay=False), default=None, expose_value=False,
+                        callback=_use_creds, is_eager=True,
+                        help=f"credentials file (mesh security init / mesh user add); default ${CREDS_ENV}")(f)
+
+
+def node_security_options(f):
+    """The security options of ``mesh node``, passed to ``f`` as ``security=dict(...)``."""
+    @click.option("--secrets", "secrets_dir", type=click.Path(file_okay=False), default=None,
+                  help="secrets directory (mesh security init): CURVE and authentication on every "
+                       "connection. Without it the node runs open, and only on loopback")
+    @click.option("--superuser", "superusers", multiple=True,
+                  help="a user (mesh user add) allowed everything, like the admin of init (repeatable)")
+    @click.option("--insecure", is_flag=True,
+                  help="allow running open (no --secrets) on a non-loopback address; logs a warning")
+    @click.option("--max-connections", type=click.IntRange(min=1), default=DEFAULT_MAX_CONNECTIONS,
+                  show_default=True, help="open connections at once (clients and peers); new handshakes "
+                                          "beyond it are refused until some close")
+    @click.option("--text-creds", type=click.Path(dir_okay=False), default=None,
+                  help="secured node with --text-port: the creds file of the principal the text gateway "
+                       "acts as (the gateway has no authentication of its own: loopback only)")
+    @functools.wraps(f)
+    def wrapper(*args, secrets_dir, superusers, insecure, max_connections, text_creds, **kwargs):
+        security = {"secrets_dir": secrets_dir, "superusers": list(superusers), "insecure": insecure,
+                    "max_connections": max_connections, "text_creds": text_creds}
+        return f(*args, security=security, **kwargs)
+    return wrapper
+
+
+@click.group()
+def security() -> None:
+    """Cluster keys and credentials files (CurveZMQ)."""
+
+
+@security.command("init")
+@click.option("--dir", "directory", required=True, type=click.Path(file_okay=False),
+              help="the secrets directory to create (give it to every broker: mesh node --secrets DIR)")
+@click.option("--admin", default="admin", show_default=True, help="name of the first superuser")
+@click.option("--force", is_flag=True, help="replace an existing cluster key (old creds stop working)")
+def security_init(directory, admin, force) -> None:
+    """Create a cluster keypair and a first superuser's credentials file."""
+    try:
+        _, creds_path = init_secrets(directory, admin=admin, force=force)
+    except (CredsError, OSError) as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(1)
+    click.echo(f"cluster key:   {os.path.join(directory, 'cluster.key')} (every broker: mesh node --secrets "
+               f"{directory})")
+    click.echo(f"superuser:     {admin}, credentials in {creds_path} (mesh ... --creds {creds_path})")
+    click.echo("keep both secret: they are written with mode 0600")
