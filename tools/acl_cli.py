@@ -14,38 +14,19 @@ fails the new file is removed again. The rules of ACLs are ``mesh.security.acl``
 """
 from __future__ import annotations
 
-import functools
 import json
 import os
 import sys
 
 import click
 
-from mesh.wire.errors import MeshError
-from tools.security_cli import creds_option
+from tools.common import bootstrap_option, friendly
 
 __all__ = ["user", "acl"]
 
 
-def _client_options(f):
-    f = creds_option(f)   # --creds FILE, checked at once, passed on as $MESH_CREDS
-    return click.option("--bootstrap", "-b", default=lambda: os.environ.get("MESH_BOOTSTRAP", "127.0.0.1:7101"),
-                        show_default="$MESH_BOOTSTRAP or 127.0.0.1:7101", help="any broker HOST:PORT")(f)
-
-
-def _friendly(f):
-    """MeshError and bad input (ValueError, CredsError) as one line and exit code 1."""
-    @functools.wraps(f)
-    def wrapper(*args, **kwargs):
-        try:
-            return f(*args, **kwargs)
-        except MeshError as exc:
-            click.echo(f"error: {exc.code.name}: {exc.message}", err=True)
-            sys.exit(1)
-        except (ValueError, OSError) as exc:
-            click.echo(f"error: {exc}", err=True)
-            sys.exit(1)
-    return wrapper
+_client_options = bootstrap_option
+_friendly = friendly
 
 
 def _admin(bootstrap: str):

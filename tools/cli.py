@@ -5,7 +5,6 @@ Every client command takes ``--bootstrap HOST:PORT`` (default: $MESH_BOOTSTRAP, 
 """
 from __future__ import annotations
 
-import functools
 import json
 import logging
 import os
@@ -13,32 +12,12 @@ import sys
 
 import click
 
-from mesh.wire.errors import MeshError
 from tools.node_options import node_bound_options
-from tools.security_cli import creds_option, node_security_options, security
+from tools.common import bootstrap_option, friendly
+from tools.security_cli import node_security_options, security
 
-DEFAULT_BOOTSTRAP = "127.0.0.1:7101"
-
-
-def _bootstrap_option(f):
-    f = creds_option(f)   # --creds FILE ($MESH_CREDS): every client command
-    return click.option("--bootstrap", "-b", default=lambda: os.environ.get("MESH_BOOTSTRAP", DEFAULT_BOOTSTRAP),
-                        show_default="$MESH_BOOTSTRAP or 127.0.0.1:7101", help="any broker HOST:PORT")(f)
-
-
-def _friendly(f):
-    """Turn MeshError and bad input into one clear line and exit code 1."""
-    @functools.wraps(f)
-    def wrapper(*args, **kwargs):
-        try:
-            return f(*args, **kwargs)
-        except MeshError as exc:
-            click.echo(f"error: {exc.code.name}: {exc.message}", err=True)
-            sys.exit(1)
-        except ValueError as exc:
-            click.echo(f"error: {exc}", err=True)
-            sys.exit(1)
-    return wrapper
+_bootstrap_option = bootstrap_option
+_friendly = friendly
 
 
 @click.group()
