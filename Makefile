@@ -11,7 +11,7 @@ STAMP := $(VENV)/.installed
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[test,spark]'
+	$(BIN)/python -m pip install -q -e '.[test,spark,peer]'
 	@touch $(STAMP)
 
 run: $(STAMP)

@@ -11,7 +11,9 @@ Definitions (all computed by Spark; Python only formats the collected rows):
   tables.
 - produce latency of a record = ack time - intended send time of its batch, weighted by
   the batch's record count; end-to-end latency of a record = receive time - the
-  producer's stamp in it (streaming cells only: in split mode records wait by design).
+  producer's stamp in it (streaming cells only: in split mode records wait by design);
+  per-record stamps arrive rounded down to 0.1 ms (``STAMP_QUANTUM_US``), so it may read
+  up to 0.1 ms high.
 - percentiles p50/p95/p99/p99.9 are exact (Spark's ``percentile`` with a frequency
   column, linear interpolation between closest ranks, like numpy's default).
 - timelines: records/s, kB/s and latency p50/p99 per time bin since the phase's "go";
@@ -215,14 +217,15 @@ def analyze(run_dir: str, spark=None, master: str | None = None) -> dict:
         summary = cells.join(p_agg, "cell", "left").join(c_agg, "cell", "left").orderBy("index").cache()
         rows = [_spread(_spread(r.asDict(), "ack"), "e2e") for r in summary.collect()]
 
-        # -- the DSBS-style long table: (mode, side, batch, size) -> rps, kB/s ------------
-        dsbs = (summary.select("mode", "batch", "message_bytes", F.lit("production").alias("side"),
+        # -- the DSBS-style long table: (mode, side, producers, consumers, batch, size) -> rps, kB/s
+        dims = ("mode", "batch", "message_bytes", "producers", "consumers")
+        dsbs = (summary.select(*dims, F.lit("production").alias("side"),
                                F.col("produce_rps").alias("rps"), F.col("produce_kBps").alias("kBps"))
-                .unionByName(summary.select("mode", "batch", "message_bytes", F.lit("consumption").alias("side"),
+                .unionByName(summary.select(*dims, F.lit("consumption").alias("side"),
                                             F.col("consume_rps").alias("rps"), F.col("consume_kBps").alias("kBps")))
-                .groupBy("mode", "side", "batch", "message_bytes")
+                .groupBy("mode", "side", "producers", "consumers", "batch", "message_bytes")
                 .agg(F.avg("rps").alias("rps"), F.avg("kBps").alias("kBps"))
-                .orderBy("mode", "side", "batch", "message_bytes"))
+                .orderBy("mode", "side", F.desc("producers"), "consumers", "batch", "message_bytes"))
         dsbs_rows = [r.asDict() for r in dsbs.collect()]
 
         # -- timelines ------------------------------------------------------------------

@@ -4,6 +4,9 @@
     bench run --scenario dsbs                   # the DSBS study's matrix
     bench run --bootstrap 127.0.0.1:7101 --scenario quick   # against a running cluster
     bench run --scenario quick --size 100,1K --batch 1,50   # flags override (lists sweep)
+    bench run --scenario quick --rate 20000                 # the latency cell's target rate
+    bench run --scenario rate-sweep                         # latency against offered rate
+    bench run --scenario peer-nats                          # beside NATS JetStream (bench/peer.py)
     bench analyze results/<run>                 # re-run the Spark analysis and the report
     bench compare results/<a> results/<b>       # two runs side by side
     bench scenarios [NAME]                      # scenarios, their parameters and cells
@@ -139,6 +142,12 @@ def run(scenario, bootstrap, brokers, out_dir, master, skip_analysis, keep_topic
     from bench.events import environment, now_iso, write_run_json
 
     sc = get_scenario(scenario).with_overrides(_overrides(kw))
+    if sc.runner == "peer-nats":
+        if bootstrap:
+            raise BenchError("peer-nats starts its own mesh and NATS clusters (so that neither shares the "
+                             "machine with the other); run it without --bootstrap")
+        _run_peer(sc, out_dir)
+        return
     cells = sc.cells()
     if any(c.workload.group for c in cells):
         check_group_support()
@@ -205,6 +214,23 @@ def run(scenario, bootstrap, brokers, out_dir, master, skip_analysis, keep_topic
         click.echo(f"bench: analyse with `bench analyze {out_dir}`")
         return
     _analyze_and_report(out_dir, master)
+
+
+def _run_peer(sc, out_dir: str | None) -> None:
+    """The peer-nats scenario: its own clusters and report, no Spark (``bench.peer``)."""
+    from bench.peer import run_peer
+    from bench.peer_nats import INSTALL_HINT, available
+    missing = available()
+    if missing:
+        raise BenchError(f"{missing}. {INSTALL_HINT}")
+    out_dir = out_dir or os.path.join("results", f"{time.strftime('%Y%m%d-%H%M%S')}-{sc.name}")
+    if os.path.exists(os.path.join(out_dir, "peer.json")):
+        raise BenchError(f"{out_dir} already holds a run; choose another --out")
+    os.makedirs(out_dir, exist_ok=True)
+    command = "bench " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    click.echo(f"bench: scenario {sc.name} -> {out_dir}")
+    path = run_peer(out_dir, sc.base.message_bytes, sc.base.messages, command=command, echo=click.echo)
+    click.echo(f"bench: report: {path}")
 
 
 def _analyze_and_report(run_dir: str, master: str | None) -> None:

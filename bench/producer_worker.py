@@ -7,10 +7,11 @@ Producer *i* sends its share of the cell's messages (or sends for ``duration_s``
 ``batch`` records per request with ``Producer.send_batch`` (round-robin over partitions;
 keyed batches use keys that hash to that partition, so they land where Kafka's
 partitioner would put them), or record by record with ``Producer.send`` when
-``batch == 0``. With a target ``rate`` the k-th batch is due at ``t0 + k * batch /
-rate_per_producer`` and stamped with that due time; without one, as fast as flow control
-allows. Each value starts with its 8-byte due time in microseconds (the consumer's
-end-to-end latency). Every batch's future records its ack time in the client's I/O
+``batch == 0``. With a target ``rate`` (split evenly among the producers) records follow
+an open-loop schedule (``bench.pacing``): record k is due at ``t0 + k / rate`` and is
+stamped with that due time, and latency is measured from it; without a rate, as fast as
+flow control allows. Each value starts with its 8-byte due time in microseconds (the
+consumer's end-to-end latency). Every batch's future records its ack time in the client's I/O
 thread. At the end a producer reports how many records it got acknowledged per partition.
 
 It puts its index on ``ready`` once connected (metadata fetched), starts on ``go``, keeps
@@ -25,10 +26,16 @@ import traceback
 from collections import Counter
 
 from bench.events import PRODUCE, EventBuffer
+from bench.pacing import RateSchedule
 from bench.scenarios import Workload
 from bench.worker_common import MIB, STAMP, partition_count, request_bytes
 
-__all__ = ["producer_main"]
+__all__ = ["producer_main", "MIN_SLEEP_S"]
+
+# A paced send() loop sleeps at least this long between wake-ups: at 100,000 rec/s one
+# wake-up per record would cost the producer (and a busy machine) more than the sends.
+# A record sent up to this late is measured from its due time, so nothing is hidden.
+MIN_SLEEP_S = 0.0005
 
 
 def _key_pools(partitions: int, key_space: int) -> list[list[bytes]]:
@@ -69,57 +76,18 @@ def _produce(spec: dict, idx: int, ready, go, progress, events_dir: str) -> dict
     try:
         n_parts = partition_count(p, topic)
         pools = _key_pools(n_parts, w.key_space) if w.keys else None
-        size, pad_len = w.message_bytes, max(0, w.message_bytes - 8)
-        pad = b"m" * pad_len
+        pad = b"m" * max(0, w.message_bytes - 8)
         ready.put(idx)
         go.wait()
         t0 = time.time_ns()
         end_ns = t0 + int(w.duration_s * 1e9) if not w.messages else None
         rows: list = []   # [partition, send_ns, intended_ns, count, bytes, ack_ns, error]
-
-        def done(row):
-            def cb(f):
-                row[5] = time.time_ns()
-                exc = f.exception()
-                if exc is not None:
-                    row[6] = str(exc)
-                else:
-                    progress[idx] += row[3]
-            return cb
-
-        sent = 0
-        k = 0
-        part = idx % n_parts
-        batch = w.batch
-        if batch:
-            while (sent < share) if share else (time.time_ns() < end_ns):
-                n = min(batch, share - sent) if share else batch
-                if rate:
-                    intended = t0 + int(k * batch / rate * 1e9)
-                    if end_ns and intended >= end_ns:
-                        break
-                    wait = (intended - time.time_ns()) / 1e9
-                    if wait > 0:
-                        time.sleep(wait)  # the rate schedule: this batch is not due yet
-                    send_ns = time.time_ns()
-                else:
-                    intended = send_ns = time.time_ns()
-                stamp_us = intended // 1000
-                value = STAMP.pack(stamp_us) + pad if size >= 8 else b"m" * size
-                keys = None
-                if pools:
-                    pool = pools[part]
-                    keys = [pool[(sent + j) % len(pool)] for j in range(n)]
-                nbytes = n * size + (sum(map(len, keys)) if keys else 0)
-                row = [part, send_ns, intended, n, nbytes, 0, None]
-                fut = p.send_batch(topic, [value] * n, partition=part, keys=keys, timestamp_ms=stamp_us // 1000)
-                rows.append(row)
-                fut.add_done_callback(done(row))
-                sent += n
-                k += 1
-                part = (part + 1) % n_parts
+        sched = RateSchedule(t0, rate, share, end_ns) if rate else None
+        if w.batch:
+            _produce_batches(p, w, topic, share, sched, end_ns, pools, idx % n_parts, n_parts, pad,
+                             rows, progress, idx)
         else:
-            _produce_records(p, w, topic, share, rate, t0, end_ns, pad, rows, progress, idx)
+            _produce_records(p, w, topic, share, sched, end_ns, pad, rows, progress, idx)
         p.flush()
     finally:
         p.close()
@@ -135,26 +103,71 @@ def _produce(spec: dict, idx: int, ready, go, progress, events_dir: str) -> dict
     return {"acked": dict(acked), "batches": len(rows), "errors": errors, "first_error": first_error}
 
 
-def _produce_records(p, w: Workload, topic: str, share: int, rate: float, t0: int, end_ns, pad: bytes,
-                     rows: list, progress, idx: int) -> None:
+def _done(row, progress, idx):
+    def cb(f):
+        row[5] = time.time_ns()
+        exc = f.exception()
+        if exc is not None:
+            row[6] = str(exc)
+        else:
+            progress[idx] += row[3]
+    return cb
+
+
+def _produce_batches(p, w: Workload, topic: str, share: int, sched: RateSchedule | None, end_ns,
+                     pools, part: int, n_parts: int, pad: bytes, rows: list, progress, idx: int, *,
+                     clock=time.time_ns, sleep=time.sleep) -> None:
+    """batch >= 1: ``batch`` records per ``send_batch``, round-robin over partitions. With a
+    schedule, a batch is due when its first record is and is stamped with that time."""
+    size, batch = w.message_bytes, w.batch
+    sent = 0
+    while (sent < share) if share else (clock() < end_ns):
+        n = min(batch, share - sent) if share else batch
+        if sched is not None:
+            if sched.done(sent):
+                break
+            intended = sched.due_ns(sent)
+            wait = sched.wait_s(sent, clock())
+            if wait > 0:
+                sleep(wait)  # the rate schedule: this batch is not due yet
+            send_ns = clock()
+        else:
+            intended = send_ns = clock()
+        stamp_us = intended // 1000
+        value = STAMP.pack(stamp_us) + pad if size >= 8 else b"m" * size
+        keys = None
+        if pools:
+            pool = pools[part]
+            keys = [pool[(sent + j) % len(pool)] for j in range(n)]
+        nbytes = n * size + (sum(map(len, keys)) if keys else 0)
+        row = [part, send_ns, intended, n, nbytes, 0, None]
+        fut = p.send_batch(topic, [value] * n, partition=part, keys=keys, timestamp_ms=stamp_us // 1000)
+        rows.append(row)
+        fut.add_done_callback(_done(row, progress, idx))
+        sent += n
+        part = (part + 1) % n_parts
+
+
+def _produce_records(p, w: Workload, topic: str, share: int, sched: RateSchedule | None, end_ns, pad: bytes,
+                     rows: list, progress, idx: int, *, clock=time.time_ns, sleep=time.sleep) -> None:
     """batch == 0: one ``send()`` per record; the client batches by linger and batch_bytes.
     One event row per chunk of records handed over together (the records due at once with
     a target rate, else 100); its ack time and partition are those of the chunk's last
-    record, so its latency is that of the last record (earlier ones waited up to the
+    record and its intended time is the last record's due time, so the row's latency is
+    that of the last record, measured from when it was due (earlier ones waited up to the
     chunk's span longer; the consumer's end-to-end latency is per record)."""
     size = w.message_bytes
     chunk_max = 100
     sent = 0
     keyed = w.keys
-    while (sent < share) if share else (time.time_ns() < end_ns):
-        now = time.time_ns()
-        if rate:
-            due = int((now - t0) / 1e9 * rate) + 1
-            if share:
-                due = min(due, share)
-            n = due - sent
-            if n <= 0:
-                time.sleep(max(0.0, (t0 + (sent + 1) / rate * 1e9 - now) / 1e9))  # not due yet
+    while (sent < share) if share else (clock() < end_ns):
+        now = clock()
+        if sched is not None:
+            if sched.done(sent):
+                break
+            n = sched.due_by(now) - sent
+            if n <= 0:  # not due yet; at high rates wake at most every MIN_SLEEP_S (what is
+                sleep(max(sched.wait_s(sent, now), MIN_SLEEP_S))  # sent late counts as latency)
                 continue
             n = min(n, 10 * chunk_max)
         else:
@@ -163,7 +176,7 @@ def _produce_records(p, w: Workload, topic: str, share: int, rate: float, t0: in
         nbytes = 0
         intended = now
         for j in range(n):
-            intended = t0 + int((sent + j) / rate * 1e9) if rate else time.time_ns()
+            intended = sched.due_ns(sent + j) if sched is not None else clock()
             stamp_us = intended // 1000
             value = STAMP.pack(stamp_us) + pad if size >= 8 else b"m" * size
             key = b"key-%d" % ((sent + j) % w.key_space) if keyed else None
@@ -174,11 +187,11 @@ def _produce_records(p, w: Workload, topic: str, share: int, rate: float, t0: in
 
         def ok(md, row=row):
             row[0] = md.partition
-            row[5] = time.time_ns()
+            row[5] = clock()
             progress[idx] += row[3]
 
         def bad(exc, row=row):
-            row[5] = time.time_ns()
+            row[5] = clock()
             row[6] = str(exc)
 
         last.add_callback(ok)

@@ -187,9 +187,10 @@ def main() -> None:
     ap.add_argument("--fault", default="kill,pause", help="failover faults: kill, pause or both")
     ap.add_argument("--skip", default="")
     ap.add_argument("--settle", type=float, default=0, help="seconds to wait after creating a topic")
+    ap.add_argument("--metrics", action="store_true", help="brokers with --metrics-port (cost of metrics)")
     args = ap.parse_args()
     skip = set(args.skip.split(","))
-    c = Cluster(Path(tempfile.mkdtemp(prefix="mesh-repl-")), 3).start()
+    c = Cluster(Path(tempfile.mkdtemp(prefix="mesh-repl-")), 3, metrics=args.metrics).start()
     try:
         if "throughput" not in skip:
             throughput(c, args.records)

@@ -1,7 +1,7 @@
 """The report people read: report.md (tables), summary.csv, PNG plots; and `bench compare`.
 
 Everything here formats what the Spark job (``bench.analysis``) computed; nothing is
-aggregated again. Plots use matplotlib's Agg backend (no display needed).
+aggregated again. The plots are ``bench.plots``.
 """
 from __future__ import annotations
 
@@ -10,9 +10,13 @@ import math
 import os
 import time
 
+from bench import plots as charts
 from bench.scenarios import BenchError, format_size
 
-__all__ = ["write_report", "compare_runs", "PAPER", "paper_cell", "SUMMARY_FIELDS"]
+__all__ = ["write_report", "compare_runs", "PAPER", "paper_cell", "SUMMARY_FIELDS", "headline_rows",
+           "SATURATED_BELOW"]
+
+SATURATED_BELOW = 0.9   # a paced cell that got less than this share of its offered rate
 
 # -- the DSBS paper's published averages ----------------------------------------------------
 # Transcribed from reference/seeds/004_a5a7143f391079be.txt ("Redesigning Kafka Message
@@ -154,127 +158,6 @@ def _write_csv(path: str, cells: list[dict]) -> None:
             w.writerow(row)
 
 
-# -- plots ----------------------------------------------------------------------------------
-def _plt():
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    return plt
-
-
-def _plot_throughput(path: str, cells: list[dict]) -> None:
-    plt = _plt()
-    fig, ax = plt.subplots(figsize=(max(6, 0.5 * len(cells) + 3), 4))
-    xs = range(len(cells))
-    width = 0.4
-    ax.bar([x - width / 2 for x in xs], [c.get("produce_rps") or 0 for c in cells], width, label="production")
-    ax.bar([x + width / 2 for x in xs], [c.get("consume_rps") or 0 for c in cells], width, label="consumption")
-    ax.set_xticks(list(xs))
-    ax.set_xticklabels([c["cell"] for c in cells], rotation=60, ha="right", fontsize=7)
-    ax.set_ylabel("records/s")
-    ax.set_title("Throughput per cell")
-    ax.legend()
-    ax.grid(axis="y", alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
-def _plot_by(path: str, rows: list[dict], x_key: str, group_key: str, title: str) -> bool:
-    """Lines of rec/s and kB/s against ``x_key`` for each (mode, side, group value);
-    False (no file) when no series has two points."""
-    series: dict = {}
-    for r in rows:
-        if r["rps"] is None:
-            continue
-        series.setdefault((r["mode"], r["side"], r[group_key]), []).append(r)
-    series = {k: sorted(v, key=lambda r: r[x_key]) for k, v in series.items() if len(v) >= 2}
-    if not series:
-        return False
-    plt = _plt()
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-    for (mode, side, g), pts in sorted(series.items()):
-        shown = f"size {format_size(g)}" if group_key == "message_bytes" else f"{group_key} {g}"
-        label = f"{mode} {side} ({shown})"
-        style = "-" if side == "production" else "--"
-        for ax, metric in zip(axes, ("rps", "kBps")):
-            ax.plot([p[x_key] for p in pts], [p[metric] for p in pts], style, marker="o", label=label)
-    for ax, ylabel in zip(axes, ("records/s", "kB/s")):
-        ax.set_xscale("log", base=2)
-        ax.set_xlabel("message size (bytes)" if x_key == "message_bytes" else "records per request (batch)")
-        ax.set_ylabel(ylabel)
-        ax.grid(alpha=0.3)
-    axes[1].set_yscale("log")
-    axes[0].legend(fontsize=7)
-    fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return True
-
-
-def _plot_latency(path: str, cells: list[dict]) -> None:
-    plt = _plt()
-    names = ("p50", "p95", "p99", "p999")
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4), sharey=True)
-    for ax, prefix, title in zip(axes, ("ack", "e2e"), ("produce ack latency", "end-to-end latency (streaming)")):
-        shown = [c for c in cells if c.get(f"{prefix}_p50_ms") is not None]
-        width = 0.8 / len(names)
-        for i, n in enumerate(names):
-            ax.bar([x + (i - 1.5) * width for x in range(len(shown))],
-                   [max(c[f"{prefix}_{n}_ms"], 1e-3) for c in shown], width, label=n.replace("p999", "p99.9"))
-        ax.set_xticks(list(range(len(shown))))
-        ax.set_xticklabels([c["cell"] for c in shown], rotation=60, ha="right", fontsize=7)
-        ax.set_yscale("log")
-        ax.set_title(title)
-        ax.grid(axis="y", alpha=0.3)
-        if not shown:
-            ax.text(0.5, 0.5, "no streaming cells", ha="center", va="center", transform=ax.transAxes)
-    axes[0].set_ylabel("ms")
-    axes[0].legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
-def _plot_timeline(path: str, timeline: list[dict], cells: list[dict], bin_s: float) -> None:
-    plt = _plt()
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4), sharey=True)
-    order = [c["cell"] for c in cells]
-    for ax, side in zip(axes, ("produce", "consume")):
-        for cell in order:
-            pts = sorted((r["t_s"], r["rps"]) for r in timeline if r["cell"] == cell and r["side"] == side)
-            if pts:
-                ax.step([p[0] for p in pts], [p[1] for p in pts], where="post", label=cell)
-        ax.set_title(f"{side}: records/s per {bin_s:g} s bin")
-        ax.set_xlabel("seconds since the phase started")
-        ax.grid(alpha=0.3)
-    axes[0].set_ylabel("records/s")
-    if len(order) <= 12:
-        axes[0].legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
-def _plot_paper(path: str, pairs: list[tuple[str, float, float]]) -> None:
-    plt = _plt()
-    fig, ax = plt.subplots(figsize=(max(6, 0.45 * len(pairs) + 3), 4.5))
-    xs = range(len(pairs))
-    ax.bar([x - 0.2 for x in xs], [p[1] for p in pairs], 0.4, label="this cluster")
-    ax.bar([x + 0.2 for x in xs], [p[2] for p in pairs], 0.4, label="DSBS paper (avg)")
-    ax.set_xticks(list(xs))
-    ax.set_xticklabels([p[0] for p in pairs], rotation=70, ha="right", fontsize=7)
-    ax.set_ylabel("records/s")
-    ax.set_yscale("log")
-    ax.set_title("This cluster vs the DSBS paper, cell by cell")
-    ax.legend()
-    ax.grid(axis="y", alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
 # -- report.md -----------------------------------------------------------------------------
 def _dsbs_tables(dsbs: list[dict]) -> list[str]:
     """The DSBS-style grid: rows (mode, side, batch), columns message sizes."""
@@ -283,19 +166,23 @@ def _dsbs_tables(dsbs: list[dict]) -> list[str]:
     if len(sizes) < 2 and len(batches) < 2:
         return []
     out = []
-    by = {(r["mode"], r["side"], r["batch"], r["message_bytes"]): r for r in dsbs}
+    par = sorted({(r.get("producers", 1), r.get("consumers", 1)) for r in dsbs}, reverse=True)
+    by = {(r["mode"], r["side"], r.get("producers", 1), r.get("consumers", 1), r["batch"], r["message_bytes"]): r
+          for r in dsbs}
     for metric, unit in (("rps", "records/s"), ("kBps", "kB/s")):
         rows = []
         for mode in ("split", "streaming"):
             for side in ("production", "consumption"):
-                for b in batches:
-                    vals = [by.get((mode, side, b, s), {}).get(metric) for s in sizes]
-                    if all(v is None for v in vals):
-                        continue
-                    rows.append([mode, side, b] + [_num(v) for v in vals])
-        out.append(f"**{unit}** (message size across, batch = records per request)\n\n"
-                   + _table(["mode", "side", "batch"] + [format_size(s) for s in sizes], rows,
-                            "lll" + "r" * len(sizes)))
+                for np_, nc in par:
+                    for b in batches:
+                        vals = [by.get((mode, side, np_, nc, b, s), {}).get(metric) for s in sizes]
+                        if all(v is None for v in vals):
+                            continue
+                        rows.append([mode, side, f"{np_}/{nc}", b] + [_num(v) for v in vals])
+        out.append(f"**{unit}** (message size across; P/C = producer/consumer processes; batch = records "
+                   f"per request)\n\n"
+                   + _table(["mode", "side", "P/C", "batch"] + [format_size(s) for s in sizes], rows,
+                            "llll" + "r" * len(sizes)))
     return out
 
 
@@ -315,16 +202,51 @@ def _paper_section(cells: list[dict]) -> tuple[list[str], list[tuple[str, float,
                 z_rps, _ = PAPER[key]["ZK"]
                 ours, ours_kb = c.get(f"{prefix}_rps"), c.get(f"{prefix}_kBps")
                 rows.append([c["mode"], side, format_size(c["message_bytes"]), c["batch"],
-                             _num(ours), _num(d_rps), _ratio(ours, d_rps), _num(z_rps), _ratio(ours, z_rps),
+                             f"{c.get('producers', 1)}/{c.get('consumers', 1)}", _num(ours), _num(d_rps), _ratio(ours, d_rps), _num(z_rps), _ratio(ours, z_rps),
                              _num(ours_kb), _num(d_kb), _ratio(ours_kb, d_kb)])
                 if sweep == "size" or c["batch"] != 20:
-                    pairs.append((f"{c['mode'][:5]} {side[:4]} {format_size(c['message_bytes'])} b{c['batch']}",
+                    pairs.append((f"{c['mode'][:5]} {side[:4]} {format_size(c['message_bytes'])} b{c['batch']} "
+                                  f"{c.get('producers', 1)}/{c.get('consumers', 1)}",
                                   ours or 0, d_rps))
         if rows:
             parts.append(f"### {title}\n\nPaper: {source}, average of 4 tries.\n\n" + _table(
-                ["mode", "side", "size", "batch", "ours rec/s", "DSBS rec/s", "ours/DSBS", "Kafka+ZK rec/s",
-                 "ours/ZK", "ours kB/s", "DSBS kB/s", "ours/DSBS"], rows, "llll" + "r" * 8))
+                ["mode", "side", "size", "batch", "P/C", "ours rec/s", "DSBS rec/s", "ours/DSBS", "Kafka+ZK rec/s",
+                 "ours/ZK", "ours kB/s", "DSBS kB/s", "ours/DSBS"], rows, "lllll" + "r" * 8))
     return parts, pairs
+
+
+def headline_rows(cells: list[dict]) -> tuple[list[list], list[list]]:
+    """(paced rows, maximum-throughput rows): cells with a target rate, with what they got
+    and their latency; cells without one, with their throughput."""
+    paced, unpaced = [], []
+    for c in cells:
+        w = f"{c.get('replication_factor')}/{c.get('acks')}/{c.get('producers')}/{c.get('consumers')}"
+        if c.get("rate"):
+            got = c.get("produce_rps")
+            state = "-" if got is None else "saturated" if got < SATURATED_BELOW * c["rate"] else "below saturation"
+            paced.append([c["cell"], w, _num(c["rate"]), _num(got), _ms(c.get("ack_p50_ms")),
+                          _ms(c.get("ack_p99_ms")), _ms(c.get("e2e_p50_ms")), _ms(c.get("e2e_p99_ms")), state])
+        else:
+            unpaced.append([c["cell"], w, c["batch"] or f"send(), linger {c['linger_ms']} ms",
+                            _num(c.get("produce_rps")), _num(c.get("consume_rps")), _ms(c.get("ack_p50_ms")),
+                            _ms(c.get("ack_p99_ms"))])
+    return paced, unpaced
+
+
+def _headline(cells: list[dict]) -> list[str]:
+    paced, unpaced = headline_rows(cells)
+    out = ["## Headline", ""]
+    if paced:
+        out += ["Open loop at a target rate: latency from each record's scheduled send time (ms); "
+                f"\"saturated\" = got under {SATURATED_BELOW:.0%} of the offered rate, so latency there is "
+                "queueing.", "",
+                _table(["cell", "RF/acks/P/C", "offered rec/s", "achieved rec/s", "ack p50", "ack p99",
+                        "e2e p50", "e2e p99", ""], paced, "ll" + "r" * 6 + "l"), ""]
+    if unpaced:
+        out += ["As fast as flow control allows (maximum throughput; its latency is queueing by design):", "",
+                _table(["cell", "RF/acks/P/C", "batch", "produce rec/s", "consume rec/s", "ack p50", "ack p99"],
+                       unpaced, "lll" + "r" * 4), ""]
+    return out
 
 
 def write_report(run_dir: str, analysis: dict, run_info: dict) -> str:
@@ -343,18 +265,19 @@ def write_report(run_dir: str, analysis: dict, run_info: dict) -> str:
         except Exception as exc:  # a plot must not cost the tables
             print(f"warning: plot {name} failed: {exc}")
 
-    plot("throughput.png", _plot_throughput, cells)
-    plot("latency.png", _plot_latency, cells)
-    plot("timeline.png", _plot_timeline, analysis["timeline"], cells, analysis.get("timeline_bin_s", 1.0))
+    plot("throughput.png", charts.plot_throughput, cells)
+    plot("latency.png", charts.plot_latency, cells)
+    plot("timeline.png", charts.plot_timeline, analysis["timeline"], cells, analysis.get("timeline_bin_s", 1.0))
     if len({r["message_bytes"] for r in analysis["dsbs"]}) > 1:
-        plot("throughput_by_size.png", _plot_by, analysis["dsbs"], "message_bytes", "batch",
+        plot("throughput_by_size.png", charts.plot_by, analysis["dsbs"], "message_bytes", "batch",
              "Throughput by message size")
     if len({r["batch"] for r in analysis["dsbs"]}) > 1:
-        plot("throughput_by_batch.png", _plot_by, analysis["dsbs"], "batch", "message_bytes",
+        plot("throughput_by_batch.png", charts.plot_by, analysis["dsbs"], "batch", "message_bytes",
              "Throughput by batch size")
     paper_parts, pairs = _paper_section(cells) if run_info.get("paper") else ([], [])
     if pairs:
-        plot("dsbs_vs_paper.png", _plot_paper, pairs)
+        plot("dsbs_vs_paper.png", charts.plot_paper, pairs)
+    plot("rate_sweep.png", charts.plot_rate_sweep, cells)
 
     env = run_info.get("environment", {})
     cluster = run_info.get("cluster", {})
@@ -366,6 +289,7 @@ def write_report(run_dir: str, analysis: dict, run_info: dict) -> str:
              run_info.get("description", ""), ""]
     if run_info.get("notes"):
         lines += [run_info["notes"], ""]
+    lines += _headline(cells)
     setup = [
         ["run", os.path.basename(os.path.abspath(run_dir))],
         ["started", run_info.get("started", "-")],
@@ -409,8 +333,10 @@ def write_report(run_dir: str, analysis: dict, run_info: dict) -> str:
             lines += [t, ""]
     if paper_parts:
         lines += ["## Compared with the DSBS paper", "",
-                  "The paper ran Java producers/consumers on separate machines against 3-5 brokers (2017); "
-                  "here everything shares one machine. Ratios above 1 mean this cluster was faster.", ""]
+                  "The paper ran a multi-threaded Java producer machine and a consumer machine against 3-5 "
+                  "brokers (2017); here everything shares one machine. P/C = producer/consumer processes of "
+                  "the cell (the `dsbs` scenario runs each cell with 3/3, the paper's parallelism, and with "
+                  "1/1). Ratios above 1 mean this cluster was faster.", ""]
         for p in paper_parts:
             lines += [p, ""]
         lines += ["The paper published its 1-128 KB results only as figures, so those cells have no "

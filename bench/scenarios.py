@@ -123,11 +123,13 @@ class Scenario:
     sweeps: tuple = ()                       # tuple of {knob: [values]}
     notes: str = ""
     paper: bool = False                      # compare with the DSBS paper's tables
+    runner: str = ""                         # "" = cells through bench.cell; "peer-nats" = bench.peer
 
     def with_overrides(self, overrides: dict) -> "Scenario":
         """Flags win. ``overrides`` maps a knob to a list of values: one value sets the
-        knob in the base and removes it from every sweep; several values sweep it in
-        every sweep."""
+        knob in the base and removes it from every sweep (except a sweep's ``rate`` of 0:
+        ``--rate`` paces the latency cells, not a maximum-throughput cell); several values
+        sweep it in every sweep."""
         for k in overrides:
             if k not in KNOBS:
                 raise BenchError(f"unknown knob {k!r}; known: {', '.join(KNOBS)}")
@@ -138,15 +140,34 @@ class Scenario:
             for k, v in overrides.items():
                 if len(v) > 1:
                     sw[k] = list(v)
+                elif k == "rate" and list(sw.get(k, ())) == [0]:
+                    pass  # a sweep's unpaced maximum-throughput cell stays unpaced
                 else:
                     sw.pop(k, None)
             sweeps.append(sw)
         return dataclasses.replace(self, base=base, sweeps=tuple(sweeps))
 
+    def swept_knobs(self) -> tuple:
+        """Knobs besides size, batch and mode that name a cell: those a sweep lists
+        several values of, and configuration knobs that different sweeps set differently
+        (amounts of work, messages and duration_s, only when one sweep lists several)."""
+        out = []
+        for k in KNOBS:
+            if k in ("message_bytes", "batch", "mode"):
+                continue
+            if any(len(sw.get(k, ())) > 1 for sw in self.sweeps):
+                out.append(k)
+            elif k not in ("messages", "duration_s", "max_bytes"):
+                vals = {v for sw in self.sweeps for v in sw.get(k, ())}
+                if any(k not in sw for sw in self.sweeps):
+                    vals.add(getattr(self.base, k))
+                if len(vals) > 1:
+                    out.append(k)
+        return tuple(out)
+
     def cells(self) -> list[Cell]:
         seen, out = set(), []
-        swept = tuple(k for k in KNOBS if k not in ("message_bytes", "batch", "mode")
-                      and any(len(sw.get(k, ())) > 1 for sw in self.sweeps))
+        swept = self.swept_knobs()
         for sw in self.sweeps or ({},):
             keys = list(sw)
             for combo in itertools.product(*(sw[k] for k in keys)):
@@ -195,15 +216,56 @@ DSBS_SIZES = [8, 16, 32, 64, 128, 1 * KB, 2 * KB, 4 * KB, 8 * KB, 16 * KB, 32 * 
 DSBS_BATCHES = [1, 20, 50]
 _DSBS_BASE = Workload(message_bytes=32, batch=20, acks="1", in_flight=5, producers=1, consumers=1,
                       partitions=3, messages=30_000, max_bytes=256 * KB * KB, mode="split")
+# The paper's parallelism: "one Linux machine as a producer and one ... as consumer. Both
+# machines will use multi-thread programming to simulate a producer/consumer group", 3-5
+# brokers, and its information table shows a topic of 3 partitions, one per broker. It
+# does not give the thread count. We run 3 producer and 3 consumer processes: a consumer
+# group cannot use more consumers than the topic's 3 partitions, and one producer per
+# partition keeps each partition's leader fed by its own stream. And, for contrast, one
+# of each (the configuration of earlier runs).
+DSBS_PARALLEL = ({"producers": [3], "consumers": [3]}, {"producers": [1], "consumers": [1]})
+RATE_SWEEP = (1_000, 2_000, 5_000, 10_000, 20_000, 40_000, 80_000, 160_000, 320_000)
+
+
+def _dsbs_sweeps(sizes: list[int], batches: list[int], cross: bool) -> tuple:
+    out = []
+    for par in DSBS_PARALLEL:
+        if cross:
+            out.append({"message_bytes": sizes, "batch": batches, "mode": ["split", "streaming"], **par})
+        else:
+            out.append({"message_bytes": sizes, "batch": [20], "mode": ["split", "streaming"], **par})
+            out.append({"message_bytes": [32], "batch": batches, "mode": ["split", "streaming"], **par})
+    return tuple(out)
+
 
 SCENARIOS: dict[str, Scenario] = {s.name: s for s in [
     Scenario("smoke", "tiny: two cells, a few thousand records (for tests)",
              Workload(message_bytes=64, batch=20, producers=1, consumers=1, partitions=2, messages=2_000),
              sweeps=({"mode": ["split", "streaming"]},)),
-    Scenario("quick", "a first look in under two minutes: 100 B records, batch 50, split and streaming",
-             Workload(message_bytes=100, batch=50, in_flight=8, producers=1, consumers=1, partitions=3,
-                      messages=200_000),
-             sweeps=({"mode": ["split", "streaming"]},)),
+    # quick: the replicated system as a user would run it (3 brokers, RF 3, acks=all).
+    # Cell 1 measures latency open-loop at a fixed rate well below saturation (10,000 rec/s,
+    # send() with the client's default linger and in-flight limit), cell 2 the maximum
+    # throughput (send_batch of 100, split); a rate past saturation would measure queueing.
+    Scenario("quick", "a first look in about a minute: 3 brokers RF 3 acks=all, 100 B; latency at 10,000 rec/s "
+                      "(streaming, 8 s) and maximum throughput (batch 100, split)",
+             Workload(message_bytes=100, acks="all", replication_factor=3, producers=1, consumers=1,
+                      partitions=3),
+             sweeps=({"batch": [0], "rate": [10_000], "messages": [0], "duration_s": [8.0],
+                      "mode": ["streaming"]},
+                     {"batch": [100], "rate": [0], "in_flight": [8], "messages": [300_000], "mode": ["split"]}),
+             notes="Latency is measured from each record's scheduled send time (open loop, as the "
+                   "OpenMessaging Benchmark does), so queueing behind a slow request is counted. "
+                   "`--rate` changes the target rate; `bench run --scenario rate-sweep` draws the whole "
+                   "latency-versus-throughput curve."),
+    Scenario("rate-sweep", "latency against offered rate (open loop): send() at 1k-320k rec/s, 6 s each, "
+                           "streaming; 3 brokers RF 3 acks=all, 100 B",
+             Workload(message_bytes=100, batch=0, acks="all", replication_factor=3, producers=1, consumers=1,
+                      partitions=3, messages=0, duration_s=6.0, mode="streaming"),
+             sweeps=({"rate": list(RATE_SWEEP)},),
+             notes="Each cell offers a fixed rate and measures latency from the scheduled send time. "
+                   "Below saturation the achieved rate equals the offered rate and latency is flat; past it "
+                   "the achieved rate stops growing and latency grows with the run (queueing). Cells whose "
+                   "achieved rate is under 90% of the offered rate are marked saturated."),
     Scenario("default", "throughput: 2 producers, 2 consumers, 6 partitions; 100 B and 1 KB; batch 20 and 200",
              Workload(message_bytes=100, batch=200, in_flight=8, producers=2, consumers=2, partitions=6,
                       messages=200_000),
@@ -211,15 +273,17 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in [
     Scenario("dsbs", "the DSBS study's published cross: sizes 8 B-128 KB at batch 20, batches 1/20/50 at 32 B; "
                      "30,000 messages; split and streaming",
              _DSBS_BASE,
-             sweeps=({"message_bytes": DSBS_SIZES, "batch": [20], "mode": ["split", "streaming"]},
-                     {"message_bytes": [32], "batch": DSBS_BATCHES, "mode": ["split", "streaming"]}),
+             sweeps=_dsbs_sweeps(DSBS_SIZES, DSBS_BATCHES, cross=False),
              notes="Cells are compared with the paper's appendix tables where it published numbers "
-                   "(8-128 B at batch 20; batches 1/20/50 at 32 B). Each cell is capped at 256 MB "
+                   "(8-128 B at batch 20; batches 1/20/50 at 32 B). Every cell runs twice: with the "
+                   "paper's parallelism (3 producer and 3 consumer processes: the paper used one "
+                   "multi-threaded producer machine and one consumer machine against 3-5 brokers and a "
+                   "3-partition topic) and with one of each. Each cell is capped at 256 MB "
                    "(16 KB and up send fewer than 30,000 messages); --max-bytes 0 lifts the cap.",
              paper=True),
-    Scenario("dsbs-full", "every size x batch x mode of the DSBS study (78 cells; long)",
+    Scenario("dsbs-full", "every size x batch x mode of the DSBS study, 3+3 and 1+1 processes (156 cells; long)",
              _DSBS_BASE,
-             sweeps=({"message_bytes": DSBS_SIZES, "batch": DSBS_BATCHES, "mode": ["split", "streaming"]},),
+             sweeps=_dsbs_sweeps(DSBS_SIZES, DSBS_BATCHES, cross=True),
              paper=True),
     # in_flight 32: a linger-bound producer stays on one partition (the sticky partitioner
     # moves on when a batch fills), and 5 requests in flight, each waiting for a synced
@@ -227,6 +291,15 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in [
     Scenario("latency", "fixed rate 10,000 records/s for 20 s, streaming, send()+linger 1 ms: latency percentiles",
              Workload(message_bytes=100, batch=0, linger_ms=1, in_flight=32, producers=1, consumers=1,
                       partitions=3, messages=0, duration_s=20, rate=10_000, mode="streaming")),
+    # peer-nats: not cells; bench.peer runs it (its own clusters, no Spark)
+    Scenario("peer-nats", "the same 100 B workload against this mesh (3 brokers RF 3 acks=all; 1 broker) and a "
+                          "NATS JetStream cluster it starts (R3; R1): blocking publish latency, async publish and "
+                          "consume throughput, side by side",
+             Workload(message_bytes=100, batch=0, acks="all", replication_factor=3, producers=1, consumers=1,
+                      partitions=1, messages=100_000),
+             notes="Needs `nats-server` on the PATH (`apt-get install nats-server`) and nats-py "
+                   "(`pip install .[peer]`). --size and --messages change the workload.",
+             runner="peer-nats"),
 ]}
 
 

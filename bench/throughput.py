@@ -19,7 +19,7 @@ import shutil
 import tempfile
 import time
 
-from mesh.testing.launcher import BrokerProcess
+from mesh.testing.launcher import BrokerProcess, free_port
 
 
 def _bulk_producer(addr, topic, partitions, records, size, batch, acks, out):
@@ -76,7 +76,7 @@ def _consumer(addr, topic, records, size, out):
 
 def run(args) -> list[dict]:
     tmp = tempfile.mkdtemp(prefix="mesh-bench-")
-    broker = BrokerProcess("b1", os.path.join(tmp, "b1"))
+    broker = BrokerProcess("b1", os.path.join(tmp, "b1"), metrics_port=free_port() if args.metrics else None)
     addr = broker.address
     results = []
     try:
@@ -118,6 +118,7 @@ def main() -> None:
     ap.add_argument("--partitions", type=int, default=6)
     ap.add_argument("--acks", default="1", choices=["0", "1", "all"])
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--metrics", action="store_true", help="broker with --metrics-port (cost of metrics)")
     args = ap.parse_args()
     res = run(args)
     if args.json:

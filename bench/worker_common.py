@@ -13,9 +13,10 @@ import time
 
 from bench.scenarios import Workload
 
-__all__ = ["MIB", "STAMP", "partition_count", "request_bytes", "topic_config"]
+__all__ = ["MIB", "STAMP", "STAMP_QUANTUM_US", "partition_count", "request_bytes", "topic_config"]
 
 STAMP = struct.Struct(">q")
+STAMP_QUANTUM_US = 100   # the consumer's end-to-end records group stamps to 0.1 ms
 MIB = 1 << 20
 
 

@@ -72,6 +72,7 @@ class StoreBase:
         # the node (``take_corrupt``) into ``ReplicaManager.report_corrupt``
         self.corrupt: dict[int, set[int]] = {}
         self._corrupt_new: list[tuple[int, int]] = []
+        self.retention_deleted_batches = 0   # staged by retention, running total (node metrics)
 
     # -- partition registry -----------------------------------------------------------
     def partition_id(self, topic: str, partition: int, create: bool = True,
@@ -342,6 +343,7 @@ class StoreBase:
                 break
             doomed.append((base, len(v)))
             new_start = end
+        self.retention_deleted_batches += len(doomed)
         for base, n in doomed:
             self._del_batch(pid, base)
             st[2] -= n

@@ -404,5 +404,8 @@ main.add_command(user); main.add_command(acl)  # noqa: E702
 
 main.add_command(security)
 
+from tools.top import top  # noqa: E402  (mesh top)
+main.add_command(top)
+
 if __name__ == "__main__":
     main()

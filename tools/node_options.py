@@ -1,8 +1,9 @@
 """The resource-bound options of ``mesh node`` (issue 13), one per ``NodeConfig`` field.
 
 ``node_bound_options`` adds them to the command and passes them on as ``bounds=dict(...)``
-(field name -> value), ready for ``NodeConfig(**bounds)``. The defaults here are
-``NodeConfig``'s (a unit test keeps them equal; importing the node here would make every
+(field name -> value), ready for ``NodeConfig(**bounds)``, with ``--reset-gossip`` and the
+metrics options (``--metrics-port``, ``--metrics-per-partition``: ``mesh.node.metrics``).
+The defaults here are ``NodeConfig``'s (a unit test keeps them equal; importing the node here would make every
 ``mesh`` command slow to start); Kafka's or NATS's name for the same knob is in each help.
 """
 from __future__ import annotations
@@ -44,11 +45,18 @@ def node_bound_options(f):
     names = [name for name, _, _, _ in BOUND_OPTIONS]
 
     @functools.wraps(f)
-    def wrapper(*args, reset_gossip, **kwargs):
+    def wrapper(*args, reset_gossip, metrics_port, metrics_per_partition, **kwargs):
         bounds = {name: kwargs.pop(name) for name in names}
         bounds["reset_gossip"] = reset_gossip
+        bounds.update(metrics_port=metrics_port, metrics_per_partition=metrics_per_partition)   # issue 16
         return f(*args, bounds=bounds, **kwargs)
 
+    wrapper = click.option("--metrics-port", type=click.IntRange(1, 65535), default=None,
+                           help="serve Prometheus metrics on http://HOST:PORT/metrics (HOST: the --bind "
+                                "host); off by default")(wrapper)
+    wrapper = click.option("--metrics-per-partition/--no-metrics-per-partition", default=True, show_default=True,
+                           help="export per-partition series (partitions hosted here); off bounds the "
+                                "series count on brokers with many partitions")(wrapper)
     wrapped = click.option(
         "--reset-gossip", is_flag=True,
         help="start without the gossip snapshot (when it cannot be loaded) and relearn the cluster from "

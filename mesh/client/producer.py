@@ -1,9 +1,15 @@
 """The producer: batching, partitioning, pipelining, retries, idempotence.
 
 ``send()`` only appends the record to its partition's open batch (under a lock) and
-returns a future; a background I/O thread closes batches when they are full or have
-lingered ``linger_ms``, encodes each once, and pipelines up to ``max_in_flight`` requests
-per partition to its leader.
+returns a future; a background I/O thread closes batches, encodes each once, and
+pipelines up to ``max_in_flight`` requests per partition to its leader.
+
+When a batch closes (``lingered``): when it is full; at once when its partition has nothing
+unfinished (no request in flight, nothing queued or backing off), so a lone record, and a
+blocking ``send().get()``, never waits a timer; otherwise when the partition's requests
+in flight finish (it became idle) or after ``linger_ms``, whichever comes first. Batching
+therefore grows with load (records gather while a request is outstanding), not with a
+timer; ``linger_ms`` is only the upper bound of that wait.
 
 Ordering and exactly-once across retries: the producer has a random 62-bit producer id;
 every batch carries it and the sequence number of its first record. On a retriable error,
@@ -52,7 +58,7 @@ from mesh.wire.partitioner import partition_for_key
 from mesh.wire.records import encode_batch
 from mesh.wire.topic_config import MAX_RECORD_BYTES, RECENT_BATCHES
 
-__all__ = ["Producer", "RecordMetadata", "RecordFuture"]
+__all__ = ["Producer", "RecordMetadata", "RecordFuture", "lingered"]
 
 log = logging.getLogger("mesh.producer")
 _ACKS = {"0": 0, "1": 1, "all": -1, "-1": -1, 0: 0, 1: 1, -1: -1}
@@ -115,6 +121,22 @@ class _Batch(SeqBatch):
         self.future: Future = Future()
         self.payload: bytes | None = None
         self.closed = False
+
+
+def lingered(open_batches, ready_tps, idle, now: float, linger_s: float) -> tuple[list, float | None]:
+    """The batching decision (see the module doc): which ``open_batches`` close now, and
+    when the earliest of the others reaches ``linger_s`` (None if none is left open).
+    ``ready_tps``: partitions with a closed batch not yet handed to the sequencer (busy);
+    ``idle(tp)``: the sequencer has nothing unfinished of ``tp``."""
+    close, next_at = [], None
+    for b in open_batches:
+        tp = (b.topic, b.partition)
+        due = b.created + linger_s
+        if due <= now or (tp not in ready_tps and idle(tp)):
+            close.append(b)
+        elif next_at is None or due < next_at:
+            next_at = due
+    return close, next_at
 
 
 def _new_producer_id() -> int:
@@ -214,7 +236,7 @@ class Producer:
             if b is None:
                 b = self._open[tp] = _Batch(topic, partition, time.monotonic(), self.delivery_s)
                 self._unfinished.add(b)
-                self._wake()  # so the I/O thread starts this batch's linger clock
+                self._wake()  # the I/O thread sends it at once if its partition is idle, else lingers
             idx = len(b.values)
             b.values.append(value)
             b.timestamps.append(ts)
@@ -366,11 +388,12 @@ class Producer:
             # collect closed batches and lingered open ones
             with self._lock:
                 self._woken = False
-                for b in [b for b in self._open.values() if now - b.created >= self.linger_s]:
+                ready_tps = {(b.topic, b.partition) for b in self._ready} if self._ready else ()
+                close, next_linger = lingered(self._open.values(), ready_tps, seq.idle, now, self.linger_s)
+                for b in close:
                     self._close_batch(b)
                 ready, self._ready = self._ready, collections.deque()
                 closing = self._closed
-                next_linger = min((b.created + self.linger_s for b in self._open.values()), default=None)
             for b in ready:
                 seq.append((b.topic, b.partition), b)
             if need_refresh and now >= next_refresh:

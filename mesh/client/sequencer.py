@@ -187,6 +187,12 @@ class Sequencer:
         """Some batch is still unfinished (queued or in flight)."""
         return any(p.batches for p in self._parts.values())
 
+    def idle(self, tp: TP) -> bool:
+        """Nothing of ``tp`` is unfinished (queued or in flight): a driver that lingers only
+        while a partition is busy sends a new batch of an idle one at once."""
+        p = self._parts.get(tp)
+        return p is None or not p.batches
+
     def in_flight(self, tp: TP | None = None) -> int:
         if tp is None:
             return len(self._by_rid)

@@ -33,6 +33,14 @@ its partition, and a client that is gone (``drop_client``, from the outbox's
 EHOSTUNREACH) takes its parked fetches with it. A produce's ``timeout_ms`` is capped at
 ``max_produce_timeout_ms``.
 
+Listeners (``on_commit``: callables taking ``ok``) hear how every commit ended, right
+after it: the group host answers the offsets commits staged in the turn then, so they
+share the turn's one sync instead of syncing on their own.
+
+Parked fetches wake in the turn whose commit moved their partition's high watermark (a
+follower's answer is stepped while the turn drains; ``after_turn`` answers the fetches
+right after that turn's commit), never a turn later.
+
 Contained failures: ``doom(reason)`` marks the turn as possibly inconsistent (an
 unexpected exception somewhere in it); the next ``commit_turn`` then rolls the whole turn
 back instead of committing it (the store, producer states and the replication core, as
@@ -43,6 +51,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import logging
+from time import perf_counter as _perf
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -126,6 +135,8 @@ class DataPath:
         self._deadlines: list[_Waiter] = []
         self._grown: set[int] = set()
         self._doomed: str | None = None
+        self.on_commit: list[Callable[[bool], None]] = []   # told after every commit_turn: ok or not
+        self.metrics = None   # mesh.node.metrics.NodeMetrics (--metrics-port)
 
     # -- helpers ------------------------------------------------------------------------
     def local_partition(self, topic: str, partition: int) -> tuple[Topic, int]:
@@ -181,8 +192,10 @@ class DataPath:
         except LogError as exc:  # nothing staged; the turn is doomed, commit_turn fails its other requests
             raise MeshError(ErrorCode.STORAGE_ERROR, str(exc))
         assert staged_base == base, (pid, staged_base, base)
-        self.replicas.leader_append(pid, end, epoch)
+        self.replicas.leader_append(pid, end, epoch, base, payload)   # (its appends may leave before the sync)
         self.producers.stage(pid, h, base)
+        if self.metrics is not None:
+            self.metrics.appended(t.name, h.record_count, len(payload))
         # staged: from here on the answer is a ProduceResponse (the outcome may be "written")
         self._staged.append(_Staged(ident, rid, req.acks, pid, base, end,
                                     min(req.timeout_ms, self.limits.max_produce_timeout_ms)))
@@ -197,7 +210,10 @@ class DataPath:
                 self.store.rollback()
                 raise LogError(f"turn rolled back after an internal error ({doomed})")
             self.replicas.before_commit(self.store.has_writes())
+            t0 = _perf() if self.metrics is not None and self.store.has_writes() else None
             self.store.commit()
+            if t0 is not None:
+                self.metrics.synced(_perf() - t0)   # the turn's commit + sync
         except (StorageFull, LogError) as exc:
             self.producers.rollback()
             self.replicas.after_commit(False)
@@ -205,6 +221,8 @@ class DataPath:
             for s in staged:
                 if s.acks != 0:
                     self.reply(s.ident, s.rid, m.ProduceResponse(int(ErrorCode.STORAGE_ERROR), str(exc)))
+            for listener in self.on_commit:
+                listener(False)
             return False
         self.producers.committed()
         for s in staged:
@@ -214,6 +232,8 @@ class DataPath:
             elif s.acks == -1:
                 self.replicas.park_ack(s.pid, s.ident, s.rid, s.base, s.end, s.timeout_ms)
         self._grown.update(self.replicas.after_commit(True))
+        for listener in self.on_commit:
+            listener(True)
         return True
 
     # -- fetch --------------------------------------------------------------------------
@@ -302,6 +322,8 @@ class DataPath:
                 chunks.extend(got)
                 total += n
                 parts.append([topic, partition, 0, hw, start, n, None])
+                if n and self.metrics is not None:
+                    self.metrics.fetched(topic, n)
             except CorruptBatch:  # logged once and reported to the core by the store (note_corrupt)
                 has_error = True
                 parts.append([topic, partition, int(ErrorCode.CORRUPT_MESSAGE), -1, -1, 0, None])

@@ -90,6 +90,7 @@ class Dispatcher:
         self.security = security if security is not None and security.secured else None
         self.user_id = ""                 # the ZAP User-Id of the message being handled
         self.peer_messages_refused = 0
+        self.metrics = None   # mesh.node.metrics.NodeMetrics (--metrics-port): request counts, latency, bytes
         self.recv = router.recv_multipart if self.security is None else self._recv_secured
 
     def _recv_secured(self, flags: int = 0) -> list:
@@ -132,6 +133,8 @@ class Dispatcher:
             if len(frames) >= 3 and len(frames[2]) == 8:
                 rid = int.from_bytes(frames[2], "big")
             protocol, rid, msg, payload = unpack(frames[1:], self.limits)
+            if self.metrics is not None:
+                self.metrics.request(ident, rid, msg, frames)
             if self.security is not None:
                 msg = self._authorize(msg)
             if payload is not None and type(msg) is m.ProduceRequest and self.outbox is not None:
@@ -150,6 +153,8 @@ class Dispatcher:
                 self.on_doom(f"{type(exc).__name__} while handling a client request")
             self._rlog.exception((bytes(ident), "bug"), exc, "request from client %s failed", bytes(ident).hex())
             self.error(ident, rid, ErrorCode.INVALID_REQUEST, f"request could not be handled: {exc}")
+        if self.metrics is not None:
+            self.metrics.handled()
 
     def _charge_produce(self, ident: bytes, rid: int, msg, payload) -> None:
         if msg.acks == 0:
@@ -168,6 +173,8 @@ class Dispatcher:
                 raise MeshError(ErrorCode.INVALID_REQUEST, "peer message without a peer identity")
             _, _, msg, payload = unpack(frames[1:], peer_limits=self.peer_limits)
             if isinstance(msg, _GOSSIP_MESSAGES):
+                if self.metrics is not None:
+                    self.metrics.gossip_received_bytes += sum(map(len, frames))
                 self._send(self.gossip.receive(src, msg, self.clock.wall_ms()))
                 refused = self.gossip.take_refused()   # dropped whole and counted by the core
                 if refused is not None:
@@ -194,6 +201,8 @@ class Dispatcher:
 
     def reply(self, ident: bytes, rid: int, msg, payload: bytes | None = None) -> None:
         frames = [ident] + pack(PROTOCOL_CLIENT, rid, msg, payload)
+        if self.metrics is not None:
+            self.metrics.answered(ident, rid, msg, frames)
         if self.outbox is not None:
             delay = 0
             if self._due:

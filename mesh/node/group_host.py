@@ -15,11 +15,15 @@ answers GROUP_FIND_COORDINATOR from the same view.
 
 Offsets, durable then gossiped (the etcd-raft "persist, then send" order):
 1. the core accepts a commit and returns ``PersistOffsets``;
-2. each partition's ``[offset, metadata, commit wall ms]`` is put in the store's db
-   ``offsets`` (key: msgpack ``[group, topic, partition]``) and ``commit_turn`` syncs it;
-3. only then the member gets its answer (a failed sync answers STORAGE_ERROR and puts the
-   core's offsets back as they were);
+2. each partition's ``[offset, metadata, commit wall ms]`` is staged in the turn's
+   transaction, db ``offsets`` (key: msgpack ``[group, topic, partition]``), and the
+   answer is held: the turn's one sync makes it durable with everything else the turn
+   staged (group commit; no sync of its own);
+3. only after that sync (``after_commit``, which the node registers with the data path)
+   the member gets its answer (a failed sync answers STORAGE_ERROR and puts the core's
+   offsets back as they were, latest commit first);
 4. then the offsets go into this node's gossip namespace (``mesh.cluster.keys.offsets_key``).
+Adopting offsets at a takeover (rare) still syncs on its own (``_persist``).
 
 Failover: ``on_cluster_change`` (the node calls it whenever the gossip state moved) merges
 the ``off/`` entries that moved, then carries out the book's answer: ``begin_takeover``
@@ -123,6 +127,7 @@ class GroupHost:
         self._topics: dict[str, int] = {}
         self._next_tick_ms = 0
         self._next_prune_ms = 0
+        self._held: list[tuple] = []   # (ident, rid, msg, resp, [(PersistOffsets, wall_ms)], previous)
         self._load_store()
 
     # -- node hooks ---------------------------------------------------------------------
@@ -156,7 +161,7 @@ class GroupHost:
         for effect in effects:
             if isinstance(effect, PersistOffsets):
                 wall_ms = self.book.next_stamp(self._clock.wall_ms())
-                if not self._persist(effect.group_id, effect.offsets, wall_ms):
+                if not self._stage(effect.group_id, effect.offsets, wall_ms):
                     self._restore(effect.group_id, effect.offsets, previous or {})
                     reply(ident, rid, error_response(msg, ErrorCode.STORAGE_ERROR,
                                                      "offsets could not be made durable; retry"))
@@ -164,10 +169,28 @@ class GroupHost:
                 persisted.append((effect, wall_ms))
         if isinstance(resp, GroupDescribeResponse):
             resp = dataclasses.replace(resp, coordinator=self.node_id)
+        if persisted:   # answered once the turn's sync made them durable (after_commit)
+            self._held.append((ident, rid, msg, resp, persisted, previous))
+            return
         reply(ident, rid, resp)
-        for effect, wall_ms in persisted:   # durable and answered: now tell the cluster
-            self._gossip_chunks(effect.group_id,
-                                self.book.committed_here(effect.group_id, effect.offsets, wall_ms))
+
+    def after_commit(self, ok: bool) -> None:
+        """The turn's transaction was synced (``ok``) or rolled back: answer the offsets
+        commits it held, and gossip them; or put the core's offsets back and refuse them."""
+        held, self._held = self._held, []
+        if not ok:
+            for _, _, _, _, persisted, previous in reversed(held):   # latest first: the oldest value wins
+                for effect, _ in persisted:
+                    self._restore(effect.group_id, effect.offsets, previous or {})
+            for ident, rid, msg, _, _, _ in held:
+                self._reply(ident, rid, error_response(msg, ErrorCode.STORAGE_ERROR,
+                                                       "offsets could not be made durable; retry"))
+            return
+        for ident, rid, _, resp, persisted, _ in held:
+            self._reply(ident, rid, resp)
+            for effect, wall_ms in persisted:   # durable and answered: now tell the cluster
+                self._gossip_chunks(effect.group_id,
+                                    self.book.committed_here(effect.group_id, effect.offsets, wall_ms))
 
     def tick(self, now_ms: int) -> None:
         if self._next_tick_ms - TICK_EVERY_MS <= now_ms < self._next_tick_ms:
@@ -239,8 +262,9 @@ class GroupHost:
         return GroupListResponse(error=0, groups=groups)
 
     # -- carrying out -------------------------------------------------------------------
-    def _persist(self, group_id: str, entries: Iterable[tuple], wall_ms: int | None) -> bool:
-        """Put offsets in the store and sync; ``wall_ms`` None: each entry carries its own."""
+    def _stage(self, group_id: str, entries: Iterable[tuple], wall_ms: int | None) -> bool:
+        """Put offsets in the turn's transaction; ``wall_ms`` None: each entry carries its
+        own. False if the store refused (the turn is then rolled back)."""
         try:
             for topic, partition, offset, metadata, *stamp in entries:
                 self._store.put(OFFSETS_DB, _store_key(group_id, topic, partition),
@@ -249,7 +273,11 @@ class GroupHost:
             log.error("group %s: could not stage offsets: %s", group_id, exc)
             self._commit_turn()   # fails and rolls the doomed transaction back
             return False
-        return self._commit_turn()
+        return True
+
+    def _persist(self, group_id: str, entries: Iterable[tuple], wall_ms: int | None) -> bool:
+        """Put offsets in the store and sync at once (adoption at a takeover)."""
+        return self._stage(group_id, entries, wall_ms) and self._commit_turn()
 
     def _restore(self, group_id: str, offsets, previous: dict) -> None:
         tps = [(t, p) for t, p, _, _ in offsets]

@@ -162,6 +162,8 @@ class NodeConfig:
     insecure: bool = False       # allow running open on a non-loopback address (a warning)
     max_connections: int = 4096  # open connections to the ROUTER; beyond: handshakes refused
     text_creds: str | None = None   # secured: the creds file the text gateway's clients use
+    metrics_port: int | None = None   # /metrics (Prometheus) on the bind host: mesh.node.metrics
+    metrics_per_partition: bool = True
 
 
 def _seeded_rng() -> random.Random:
@@ -256,6 +258,7 @@ class Node:
                                        apply_cluster_change=self._apply_cluster_change,
                                        identity=lambda: self._identity)
         self._running = False
+        self.metrics = None   # mesh.node.metrics.NodeMetrics with --metrics-port
         self._next_retention_ms = 0
         self._seen_version = -1
         self._next_stats_ms = 0
@@ -267,6 +270,7 @@ class Node:
             clock=clock, rng=_seeded_rng(), seeded=bool(config.seeds),
             config=GroupHostConfig(max_session_timeout_ms=config.group_max_session_timeout_ms,
                                    heartbeat_interval_ms=config.group_heartbeat_interval_ms))
+        self.data.on_commit.append(self.groups.after_commit)   # offsets commits share the turn's sync
         self.dispatch = Dispatcher(self.router, self.handlers, self.groups, self.gossip, self.replicas,
                                    self.directory, self._send, self.clock, security=self.security)
         self.dispatch.limits = DecodeLimits(max_body_bytes=config.max_body_bytes)
@@ -302,6 +306,9 @@ class Node:
                 f"Move the data directory aside (keep it: mv {config.data_dir} {config.data_dir}.damaged) and "
                 "start the node again: it rejoins as an empty replica and refills from its peers (with no "
                 "peers, what it held is only in the moved directory)") from exc
+        if config.metrics_port is not None:   # /metrics on prometheus_client's own thread
+            from mesh.node.metrics import serve_metrics
+            self.metrics = self.dispatch.metrics = self.data.metrics = serve_metrics(self, config)
 
     # -- lifecycle ----------------------------------------------------------------------
     def install_signal_handlers(self) -> None:
@@ -352,6 +359,8 @@ class Node:
         except LogError:
             self.store.rollback()
         self.peers.flush_and_close()
+        if self.metrics is not None:
+            self.metrics.close()
         self.security.close(self.router)
         self.router.close(linger=0)
         self.store.close()
@@ -417,6 +426,8 @@ class Node:
         self.outbox.flush()
         self._step("wake fetches", self.data.after_turn)
         self._step("identity", self._check_identity)
+        if self.metrics is not None:
+            self.metrics.maybe_refresh(mono_ms)   # the snapshot /metrics serves (guarded, read-only)
 
     def _step(self, name: str, fn, *args) -> None:
         """Run one step of the turn; an exception dooms the turn (rolled back at its commit,
@@ -506,8 +517,11 @@ class Node:
                 self.store.corrupt.get(pid, set()).discard(offset)  # found again when hosted and read
 
     def _send(self, effects) -> None:
+        before = self.peers.bytes_sent
         for e in effects:
             self.peers.send(e.dest, e.msg, e.payload)
+        if self.metrics is not None:   # gossip effects only come this way
+            self.metrics.gossip_sent_bytes += self.peers.bytes_sent - before
 
     def _send_to_node(self, node_id: str, msg, payload) -> None:
         addr = self.directory.address_of(node_id)

@@ -5,6 +5,18 @@ Per loop turn:
 - every ``Ready`` the core returns is applied at once to the turn's write transaction
   (log appends/truncations/resets, producer-state updates, the persisted Raft state), and
   its messages, commit advances and leadership changes are *held*;
+- right before the turn's sync (``before_commit``): ``flush()``, and the leader's appends
+  leave at once (``early_appends``, on by default): followers store and sync the batches
+  while the leader syncs its own copy. The reader serves the batches staged this turn as
+  leader from memory (``StoreReader.tail``). Only ``ReplAppend`` messages leave early,
+  and only if no partition they name wrote its term, vote or epoch cache this turn (a
+  new leader's term is durable before it speaks in it); everything else (votes and their
+  answers, append and heartbeat answers, heartbeats) stays held. Safe because the leader
+  counts its own copy toward commit only after ``synced()`` (a commit still needs a
+  synced quorum, which may be the followers alone), and an append claims nothing durable
+  of the leader: if its sync fails the core is rebuilt from disk as a follower, exactly
+  as after a crash, and the followers' extra entries are of its old term (Raft's log
+  matching repairs them);
 - after the turn's single sync (``after_commit(True)``): ``synced()`` for the partitions
   this node appended to as leader, ``flush()`` to stream new data to followers, then the
   held messages go out, acks=all produce requests whose batch is now committed are
@@ -39,14 +51,14 @@ import msgpack
 from mesh.wire import messages as m
 from mesh.wire.effects import Send
 from mesh.wire.errors import ErrorCode, MeshError
-from mesh.wire.records import MAGIC, iter_batches, parse_header
+from mesh.wire.records import MAGIC, iter_batches, parse_header, patch_batch
 from mesh.raft import (
     PEER_MESSAGES, Append, PersistState, Ready, ReplAppend, ReplicaManager, ReplicationConfig, ResetLog, Truncate,
 )
 from mesh.raft.messages import parse_rows
 from mesh.node.clock import now_ms as _monotonic_ms
 from mesh.node.producer_state import ProducerStates
-from storage.base import CorruptBatch, StoreBase
+from storage.base import CorruptBatch, LogError, StoreBase
 
 __all__ = ["ReplicaHost", "StoreReader", "REPLICATION_MESSAGES", "pack_state", "unpack_state",
            "check_append_payload"]
@@ -94,13 +106,31 @@ def unpack_state(pid: int, raw: bytes) -> PersistState:
 
 
 class StoreReader:
-    """The core's ``LogReader`` over the store: committed batches only (the core sends
-    staged data on a later flush). A batch that fails its CRC is not replicated."""
+    """The core's ``LogReader`` over the store: committed batches, plus the batches this
+    turn staged as leader (``tail``: pid -> [(base, next offset, batch as stored)],
+    contiguous from the durable log end), so appends can leave before the turn's sync.
+    A batch that fails its CRC is not replicated."""
 
     def __init__(self, store: StoreBase) -> None:
         self.store = store
+        self.tail: dict[int, list[tuple[int, int, bytes]]] = {}
+
+    def _read_tail(self, tail: list, from_offset: int, to_offset: int, max_bytes: int) -> tuple[bytes, int]:
+        out, end, size = [], from_offset, 0
+        for base, nxt, batch in tail:
+            if nxt <= from_offset:
+                continue
+            if base != end or nxt > to_offset or (out and size + len(batch) > max_bytes):
+                break   # (a read always starts at a batch boundary: base == from_offset first)
+            out.append(batch)
+            size += len(batch)
+            end = nxt
+        return b"".join(out), end
 
     def read(self, pid: int, from_offset: int, to_offset: int, max_bytes: int) -> tuple[bytes, int]:
+        tail = self.tail.get(pid)
+        if tail and from_offset >= tail[0][0]:
+            return self._read_tail(tail, from_offset, to_offset, max_bytes)
         try:
             chunks = self.store.read(pid, from_offset, max_bytes, to_offset)
         except CorruptBatch:  # logged once and reported to the core by the store (note_corrupt)
@@ -133,13 +163,15 @@ class ReplicaHost:
                  publish: Callable[[int, str | None, int], None],
                  config: ReplicationConfig | None = None, tick_ms: int = 50,
                  now_ms: Callable[[], int] = _monotonic_ms, store_id: str = "",
-                 confirmed: bool = True) -> None:
+                 confirmed: bool = True, early_appends: bool = True) -> None:
         """``send(dest node id, msg, payload)`` delivers to a peer; ``publish(pid, leader,
         epoch)`` is told about leadership changes (the node gossips them); ``now_ms``: the
         node's monotonic clock (ticks, ack deadlines, lazy state writes); ``store_id`` and
         ``confirmed``: see ``ReplicaManager`` (the node passes confirmed=False until gossip
-        tells it whether it lost state)."""
+        tells it whether it lost state); ``early_appends``: the leader's appends leave
+        before the turn's sync (see the module doc)."""
         self.now_ms = now_ms
+        self.early_appends = early_appends
         self.node_id = node_id
         self.store = store
         self.producers = producers
@@ -149,8 +181,10 @@ class ReplicaHost:
         self._send = send
         self._publish = publish
         self.store_id = store_id
-        self.core = ReplicaManager(node_id, rng, self.cfg, StoreReader(store), store_id=store_id,
+        self.reader = StoreReader(store)
+        self.core = ReplicaManager(node_id, rng, self.cfg, self.reader, store_id=store_id,
                                    confirmed=confirmed)
+        self._hard: set[int] = set()   # partitions whose term, vote or epoch cache this turn wrote
         self._replicas: dict[int, tuple[str, ...]] = {}
         self._held: list[Send] = []
         self._committed: dict[int, int] = {}
@@ -220,6 +254,8 @@ class ReplicaHost:
     def apply(self, ready: Ready) -> None:
         """Carry out a Ready's storage effects in the turn's transaction; hold the rest."""
         for op in ready.log_ops:
+            self.reader.tail.pop(op.pid, None)   # (a leader's log ops: none; never serve around one)
+            self._hard.add(op.pid)
             if isinstance(op, Append):
                 end = self.store.stage_replica_append(op.pid, op.payload)
                 assert end == op.end_offset, (op.pid, end, op.end_offset)
@@ -252,6 +288,7 @@ class ReplicaHost:
         self._leadership.update(ready.leadership)
 
     def _write_state(self, st: PersistState) -> None:
+        self._hard.add(st.pid)
         self.store.put("repl", _STATE_KEY.pack(st.pid), pack_state(st))
         self._persisted[st.pid] = st
         self._lazy.pop(st.pid, None)
@@ -262,7 +299,27 @@ class ReplicaHost:
         if self._lazy and (store_has_writes or now >= self._next_lazy_flush_ms):
             self._next_lazy_flush_ms = now + 1000
             for st in list(self._lazy.values()):
-                self._write_state(st)
+                self.store.put("repl", _STATE_KEY.pack(st.pid), pack_state(st))   # commit only: not hard state
+                self._persisted[st.pid] = st
+            self._lazy = {}
+        if self.early_appends:
+            try:
+                self.apply(self.core.flush())
+            except Exception as exc:   # the core may be half-updated: fail the turn (rebuilt from disk)
+                self.store.rollback()
+                raise LogError(f"replication flush before the sync failed: {exc!r}") from exc
+            self._send_early()
+
+    def _send_early(self) -> None:
+        """Send the held leader appends that may leave before the sync (module doc)."""
+        held, keep = self._held, []
+        hard = self._hard
+        for e in held:
+            if type(e.msg) is ReplAppend and not any(r.pid in hard for r in parse_rows(e.msg)):
+                self._send(e.dest, e.msg, e.payload)
+            else:
+                keep.append(e)
+        self._held = keep
 
     def persisted_commit(self, pid: int) -> int:
         """The commit offset on disk: retention may delete only below it."""
@@ -292,9 +349,18 @@ class ReplicaHost:
     def append_position(self, pid: int) -> tuple[int, int]:
         return self.core.append_position(pid)
 
-    def leader_append(self, pid: int, end_offset: int, epoch: int) -> None:
+    def leader_append(self, pid: int, end_offset: int, epoch: int, base: int = -1, batch: bytes | None = None) -> None:
+        """The data path staged ``batch`` (as the client sent it) at ``base`` with ``epoch``;
+        kept in the reader's tail until the sync, so followers get it before that."""
         self.core.leader_append(pid, end_offset, epoch)
         self._appended[pid] = end_offset
+        if self.early_appends and batch is not None:
+            tail = self.reader.tail.setdefault(pid, [])
+            if not tail or tail[-1][1] == base:
+                tail.append((base, end_offset, patch_batch(batch, base, epoch)))
+            else:   # not contiguous (cannot happen): nothing of this partition leaves early
+                self.reader.tail.pop(pid)
+                self._hard.add(pid)
 
     def park_ack(self, pid: int, ident: bytes, rid: int, base: int, end: int, timeout_ms: int) -> None:
         """An acks=all produce request staged this turn: answer when committed."""
@@ -304,6 +370,8 @@ class ReplicaHost:
     # -- after the turn's sync ----------------------------------------------------------
     def after_commit(self, ok: bool) -> set[int]:
         """Returns the partitions whose commit offset moved (to wake fetches)."""
+        self.reader.tail.clear()
+        self._hard.clear()
         if not ok:
             self._rebuild()
             return set()
@@ -366,7 +434,8 @@ class ReplicaHost:
         for pid in list(self._waiters):
             self._fail_waiters(pid, ErrorCode.STORAGE_ERROR, "the write could not be made durable")
         old = self.core
-        self.core = ReplicaManager(self.node_id, self.rng, self.cfg, StoreReader(self.store),
+        self.reader = StoreReader(self.store)
+        self.core = ReplicaManager(self.node_id, self.rng, self.cfg, self.reader,
                                    store_id=self.store_id, confirmed=old.confirmed)
         if old.lost and (not self._replicas or any(old.recovering(pid) for pid in self._replicas)):
             # still refilling: stay lost (the flags persisted so far may lag the old core's);

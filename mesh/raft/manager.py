@@ -154,6 +154,14 @@ One loop turn of the node (single-threaded), for this core:
 5. Call ``flush()`` once: it sends new data to followers, coalesced per peer, reading it
    through the ``LogReader``; its Ready holds messages only. (Calling it before step 4 is
    also correct; data the reader cannot see yet then goes out on the next flush.)
+   The one exception to "persist first, then send": the shell may also ``flush()`` just
+   before the fsync, with a reader that serves what it staged this turn as leader, and
+   send the held ``ReplAppend`` messages at once (the leader syncs while its followers
+   do), unless a partition they name had a ``persist`` other than a commit-only change, or
+   a log op, this turn. Nothing else leaves early. Safe: the leader's own data counts
+   only after ``synced()``, so a commit still rests on a synced quorum (maybe the
+   followers alone); a failed fsync rebuilds the core as a follower (step 7, as a crash
+   would); the followers' extra entries are repaired by log matching.
 6. Only now, after the fsync: send the held ``messages`` (``Send(dest=node id, msg,
    payload)``, peer protocol), then act on ``committed`` (``{pid: commit offset}``:
    answer acks=all produce requests whose batch ends at or below it, wake long-poll
@@ -167,7 +175,7 @@ One loop turn of the node (single-threaded), for this core:
 
 Why this is safe: a follower's acks and votes leave only after the state they claim is
 durable (steps 3-6), so the core counts a follower's acked offset as synced; the leader's
-own produce data counts only once ``synced()`` says so.
+own produce data counts only once ``synced()`` says so (so its appends may go first).
 
 The production ``LogReader`` is a thin view of ``storage``: ``read`` maps to
 ``store.read(pid, from_offset, max_bytes, to_offset)`` (whole batches; ``to_offset`` is

@@ -72,10 +72,12 @@ class BrokerProcess:
     def __init__(self, node_id: str, data_dir: str, port: int | None = None,
                  seeds: list[str] | None = None, extra: list[str] | None = None,
                  log_path: str | None = None, new_session: bool = False, host: str = "127.0.0.1",
-                 prefix: list[str] | None = None, secrets: str | None = None, creds=None):
-        """``secrets``: a secrets directory (``mesh node --secrets``); ``creds``: what this
-        launcher's own requests (readiness, metadata) use with it. Without secrets, a
-        non-loopback ``host`` runs the node with ``--insecure``."""
+                 prefix: list[str] | None = None, secrets: str | None = None, creds=None,
+                 metrics_port: int | None = None):
+        """``metrics_port``: ``mesh node --metrics-port`` (``metrics_url``). ``secrets``: a
+        secrets directory (``mesh node --secrets``); ``creds``: what this launcher's own
+        requests (readiness, metadata) use with it. Without secrets, a non-loopback ``host``
+        runs the node with ``--insecure``."""
         self.node_id = node_id
         self.secrets = secrets
         self.creds = creds
@@ -86,6 +88,7 @@ class BrokerProcess:
         self.prefix = prefix or []  # runs the node under this command, e.g. ["ip", "netns", "exec", ns]
         self.seeds = seeds or []
         self.extra = extra or []
+        self.metrics_port = metrics_port
         self.log_path = log_path or self.data_dir.rstrip("/") + ".log"
         self.new_session = new_session  # own process group: a Ctrl-C at the terminal does not reach it
         self.proc: subprocess.Popen | None = None
@@ -99,7 +102,13 @@ class BrokerProcess:
             cmd += ["--secrets", str(self.secrets)]
         elif not self.host.startswith("127."):
             cmd += ["--insecure"]   # open on a non-loopback address (network namespace tests)
+        if self.metrics_port:
+            cmd += ["--metrics-port", str(self.metrics_port)]
         return cmd + self.extra
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://{self.host}:{self.metrics_port}/metrics"
 
     def start(self, wait: bool = True, timeout_s: float = 20.0) -> "BrokerProcess":
         if self.alive():
@@ -189,11 +198,13 @@ class Cluster:
 
     def __init__(self, root, n: int = 1, extra: list[str] | None = None, log_dir: str | None = None,
                  new_session: bool = False, hosts: list[str] | None = None,
-                 prefixes: list[list[str]] | None = None, secrets: str | None = None, creds=None):
+                 prefixes: list[list[str]] | None = None, secrets: str | None = None, creds=None,
+                 metrics: bool = False):
         """``hosts[i]`` / ``prefixes[i]``, when given, are node i+1's listen host and command
         prefix (``BrokerProcess``): brokers in network namespaces (``mesh.testing.netns``).
         ``secrets`` / ``creds``: every broker secured with that secrets directory, and the
-        credentials the launcher's own requests use (``BrokerProcess``)."""
+        credentials the launcher's own requests use (``BrokerProcess``). ``metrics``: every
+        broker serves /metrics on a free port (``BrokerProcess.metrics_url``)."""
         self.root = str(root)
         self.brokers: list[BrokerProcess] = []
         first = None
@@ -203,7 +214,8 @@ class Cluster:
             b = BrokerProcess(node_id, os.path.join(self.root, node_id), seeds=[first] if first else [],
                               extra=extra, log_path=log_path, new_session=new_session,
                               host=hosts[i - 1] if hosts else "127.0.0.1",
-                              prefix=prefixes[i - 1] if prefixes else None, secrets=secrets, creds=creds)
+                              prefix=prefixes[i - 1] if prefixes else None, secrets=secrets, creds=creds,
+                              metrics_port=free_port() if metrics else None)
             first = first or b.address
             self.brokers.append(b)
 

@@ -1,7 +1,8 @@
 """The node-level simulation's checkers (a mixin of ``NodeSim``, tests/sim/node_sim.py).
 
 Called as things happen: ``_check_send`` on every peer message as it leaves a broker (the
-shell contract: after the turn's successful commit, claiming only what is durable),
+shell contract: after the turn's successful commit, claiming only what is durable; a
+leader's appends alone may leave before it, ``_check_early_append``),
 ``_check_rebuilt`` after a failed commit, ``_published`` on every leadership a host
 publishes (election safety), ``_check_ack`` when a broker answers a produce request with
 success (the batch is on a quorum, durably, at that offset; checked as the answer leaves:
@@ -33,7 +34,12 @@ class NodeChecks:
         st = b.store
         ok_before, failed_before = b.turn_commits
         what = f"shell contract: {b.id} sent {type(msg).__name__} to {dest}"
-        if not b.in_turn or st.commits_ok == ok_before:
+        if not b.in_turn:
+            self.fail(f"{what} outside a turn")
+        if st.commits_ok == ok_before and st.commits_failed == failed_before:
+            if isinstance(msg, ReplAppend):   # a leader's appends may leave before the turn's commit
+                self._check_early_append(b, what, msg, payload)
+                return
             self.fail(f"{what} before the turn's commit")
         if st.commits_failed != failed_before:
             self.fail(f"{what} in a turn whose commit failed")
@@ -59,6 +65,26 @@ class NodeChecks:
                         self.fail(f"{what}: carries partition {row.pid}'s batch at {h.base_offset}, "
                                   f"which is not durable there")
                 at += row.payload_bytes
+
+    def _check_early_append(self, b: Broker, what: str, msg, payload: bytes | None) -> None:
+        """An append leaving before the turn's commit: from the leader of a durable term
+        (durably voted for itself in it), with the batches this broker holds now (staged
+        this turn or durable). It claims nothing durable of the leader: the leader counts
+        its own copy only after its sync, so a commit never rests on these bytes alone."""
+        st, at = b.store, 0
+        for row in parse_rows(msg):
+            if st.state(row.pid) != (row.term, b.id):
+                self.fail(f"{what} before the turn's commit: partition {row.pid} term {row.term}, but "
+                          f"durable (term, vote) is {st.state(row.pid)}")
+            if [row.term, row.epoch_start] not in st.epoch_cache(row.pid):
+                self.fail(f"{what} before the turn's commit: partition {row.pid} epoch {row.term} from "
+                          f"{row.epoch_start}, not in the durable epoch cache {st.epoch_cache(row.pid)}")
+            for h, mv in iter_batches(payload[at:at + row.payload_bytes]):
+                if st.held_batch(row.pid, h.base_offset) != bytes(mv):
+                    self.fail(f"{what} before the turn's commit: carries partition {row.pid}'s batch at "
+                              f"{h.base_offset}, which this broker does not hold")
+            at += row.payload_bytes
+        self.counts["early_appends"] += 1
 
     def _check_rebuilt(self, b: Broker, old_core) -> None:
         h, st = b.host, b.store

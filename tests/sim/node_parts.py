@@ -44,6 +44,7 @@ class NodeSimConfig:
     tick_ms: int = 50
     faults: bool = True
     wipes: bool = False            # also lose whole disks (a broker restarts empty: lost state)
+    early_appends: bool = True     # leaders' appends leave before the turn's sync (ReplicaHost)
     loss: float = 0.03
     dup: float = 0.03
     delay_ms: tuple[int, int] = (1, 12)
@@ -57,7 +58,8 @@ class NodeSimConfig:
     def argv(self) -> str:
         return (f"--seed {self.seed} --steps {self.steps} --brokers {self.brokers} "
                 f"--partitions {self.partitions} --rf {self.rf} --producers {self.producers}"
-                + ("" if self.faults else " --no-faults") + (" --wipes" if self.wipes else ""))
+                + ("" if self.faults else " --no-faults") + (" --wipes" if self.wipes else "")
+                + ("" if self.early_appends else " --no-early-appends"))
 
 
 # -- the store: MemoryStore whose group commit can fail ---------------------------------------
@@ -108,6 +110,15 @@ class SimStore(MemoryStore):
             return 0, None
         term, vote = msgpack.unpackb(raw, raw=False)[:2]   # [term, vote, commit, epoch cache, ...]
         return term, vote
+
+    def epoch_cache(self, pid: int) -> list:
+        """The durable epoch cache of ``pid``: [[epoch, start offset], ...]."""
+        raw = self.durable_state.get(pid)
+        return [] if raw is None else [list(e) for e in msgpack.unpackb(raw, raw=False)[3]]
+
+    def held_batch(self, pid: int, base: int) -> bytes | None:
+        """The batch at ``base`` as the store holds it now, staged or committed."""
+        return self._logv.get((pid, base))
 
     def durable_batch(self, pid: int, base: int) -> bytes | None:
         """The committed batch starting at ``base``, if any (reads see committed data only)."""

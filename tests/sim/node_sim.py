@@ -36,7 +36,10 @@ Checkers
   aside), a vote grant or request matches the persisted vote, an append ack does not pass
   the durable log end, and the batches of an append are the durable ones, byte for byte.
   A row of an older term than the persisted one is past checking: the turn also moved the
-  replica to a newer term for good (two grants in one turn, the second in a newer term);
+  replica to a newer term for good (two grants in one turn, the second in a newer term).
+  One exception: a leader's appends may leave before the turn's commit
+  (``_check_early_append``: from the durable leader of a durable term and epoch marker,
+  carrying the batches the broker holds, staged or durable; counted in ``early_appends``);
 - after a failed commit: the host rebuilt its core and the core is what the store holds
   (term, vote, log end);
 - election safety from the leaderships the hosts publish: one leader per (partition, epoch);
@@ -124,7 +127,8 @@ class NodeSim(NodeClients, NodeChecks):
         self.canon: dict[int, dict[int, bytes]] = {p: {} for p in range(cfg.partitions)}
         self.requests: dict[tuple[str, int], tuple[int, bytes, str]] = {}  # (client, rid) -> (p, batch, label)
         self.counts = {k: 0 for k in ("crash", "mid_turn_crash", "failed_commit", "pause", "partition",
-                                      "produced", "acked", "fetched", "retries", "peer_sent", "wipe")}
+                                      "produced", "acked", "fetched", "retries", "peer_sent", "wipe",
+                                      "early_appends")}
         for b in self.brokers.values():
             self._boot(b)
             self.net.call_after(self.rng.randrange(cfg.tick_ms), "tick", b.id)
@@ -157,7 +161,8 @@ class NodeSim(NodeClients, NodeChecks):
         producers = ProducerStates(store)
         b.host = ReplicaHost(b.id, store, producers, rng, send=partial(self._peer_send, b),
                              publish=partial(self._published, b), config=self.cfg.replication,
-                             tick_ms=self.cfg.tick_ms, now_ms=b.now_ms, store_id=f"{b.id}/{b.wipes}")
+                             tick_ms=self.cfg.tick_ms, now_ms=b.now_ms, store_id=f"{b.id}/{b.wipes}",
+                             early_appends=self.cfg.early_appends)
         b.host.reply = partial(self._reply, b)
         b.host.address_of = _address_of
         if b.lost:   # the node's identity check found an empty or older store (mesh.node.loop)
@@ -467,13 +472,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--producers", type=int, default=2)
     p.add_argument("--no-faults", action="store_true")
     p.add_argument("--wipes", action="store_true", help="also lose whole disks (lost state, refill)")
+    p.add_argument("--no-early-appends", action="store_true",
+                   help="leaders send appends only after their sync (the contract before issue 15)")
     p.add_argument("-q", "--quiet", action="store_true")
     p.add_argument("-v", "--verbose", action="store_true", help="show the shells' log (failed commits ...)")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.WARNING if args.verbose else logging.CRITICAL)
     return run_seeds(args.seed, args.seeds, lambda seed: run(NodeSimConfig(
         seed=seed, steps=args.steps, brokers=args.brokers, partitions=args.partitions, rf=args.rf,
-        producers=args.producers, faults=not args.no_faults, wipes=args.wipes)),
+        producers=args.producers, faults=not args.no_faults, wipes=args.wipes,
+        early_appends=not args.no_early_appends)),
         failure=SimFailure, quiet=args.quiet)
 
 

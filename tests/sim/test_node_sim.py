@@ -44,8 +44,9 @@ def test_faults_are_really_injected():
         assert totals[kind] > 0, totals
 
 
-def test_a_broker_that_lost_its_disk_refills_and_nothing_acknowledged_is_lost():
-    sim = run(NodeSimConfig(seed=0, steps=STEPS, wipes=True))
+@pytest.mark.parametrize("seed, early", [(0, False), (2, True)])
+def test_a_broker_that_lost_its_disk_refills_and_nothing_acknowledged_is_lost(seed, early):
+    sim = run(NodeSimConfig(seed=seed, steps=STEPS, wipes=True, early_appends=early))
     assert sim.counts["wipe"] > 0 and sim.counts["acked"] > 50, sim.summary()
 
 
@@ -53,9 +54,29 @@ def test_a_broker_that_lost_its_disk_refills_and_nothing_acknowledged_is_lost():
 def test_wiped_disks_never_stall_a_partition(seed):
     """Seed 40: a late message from a life never heard retired a peer's live identity for
     good. Seed 164: a rebuild after refilling declared lost state again, so two replicas of
-    a partition were recovering at once and no leader could be elected."""
-    sim = run(NodeSimConfig(seed=seed, steps=1500, wipes=True))
+    a partition were recovering at once and no leader could be elected. Both replay the
+    schedule they were found with: appends only after the leader's sync."""
+    sim = run(NodeSimConfig(seed=seed, steps=1500, wipes=True, early_appends=False))
     assert sim.counts["wipe"] > 0, sim.summary()
+
+
+def test_leaders_send_appends_before_their_sync():
+    sim = _runs.get(0) or run(NodeSimConfig(seed=0, steps=STEPS))
+    assert sim.counts["early_appends"] > 50, sim.summary()
+
+
+def test_an_early_append_of_a_leader_whose_epoch_is_not_durable_is_caught(monkeypatch):
+    """The planted bug: appends leave before the sync even for a partition whose hard state
+    (here a new leader's epoch marker) this turn wrote."""
+    def send_every_append(self):
+        self._hard = set()
+        send_early(self)
+
+    send_early = ReplicaHost._send_early
+    monkeypatch.setattr(ReplicaHost, "_send_early", send_every_append)
+    with pytest.raises(SimFailure) as err:
+        run(NodeSimConfig(seed=0, steps=STEPS))
+    assert "before the turn's commit" in str(err.value) and "epoch" in str(err.value), err.value
 
 
 def test_a_run_is_a_function_of_its_seed():

@@ -64,15 +64,23 @@ class LoggingStore(MemoryStore):
 
 
 class FakeData:
+    """The data path's commit: one sync per turn (only if it wrote), then its listeners."""
+
     def __init__(self, store, world):
         self.store, self.world, self.ok = store, world, True
+        self.on_commit = []
 
     def commit_turn(self):
         if not self.ok:
             self.store.rollback()
+            for listener in self.on_commit:
+                listener(False)
             return False
+        if self.store.has_writes():
+            self.world.events.append("sync")
         self.store.commit()
-        self.world.events.append("sync")
+        for listener in self.on_commit:
+            listener(True)
         return True
 
 
@@ -102,6 +110,7 @@ class Broker:
                                 address_of=lambda n: f"{n}:1", topic_partitions=lambda: {"t": 4},
                                 clock=WorldClock(world), rng=random.Random(node_id),
                                 seeded=seeded, config=CONFIG)
+        self.data.on_commit.append(self.groups.after_commit)   # as the node wires it
         self.groups.on_cluster_change(world.now_ms)
 
     def _on_reply(self, ident, rid, msg):
@@ -109,7 +118,9 @@ class Broker:
         self.replies.append(msg)
 
     def ask(self, msg):
+        """One request in a turn of its own: handled, then the turn's commit."""
         self.groups.handle(b"client", 1, msg)
+        self.data.commit_turn()
         return self.replies[-1]
 
 
@@ -257,3 +268,36 @@ def test_a_node_started_alone_gives_partitions_at_once_a_seeded_one_waits(world)
     other = World()
     seeded = Broker(other, "a")
     assert join(seeded, g).assignment == []
+
+
+def test_commits_of_one_turn_share_its_sync_and_are_answered_after_it(world):
+    a = Broker(world, "a")
+    past_grace(world)
+    g = group_on("a", ["a"])
+    r = join(a, g)
+    world.events.clear()
+    a.replies.clear()
+    for offset in (5, 6, 7):   # three commits arrive in one turn
+        a.groups.handle(b"client", offset, GroupCommit(g, r.member_id, r.member_epoch, [["t", 0, offset, ""]]))
+    assert a.replies == [] and "sync" not in world.events   # held until the turn's sync
+    a.data.commit_turn()
+    assert world.events.count("sync") == 1
+    assert [x.error for x in a.replies] == [0, 0, 0]
+    assert world.events.index("sync") < world.events.index("reply GroupCommitResponse")
+    assert a.ask(GroupFetchOffsets(g, [["t", 0]])).offsets == [["t", 0, 7, ""]]
+
+
+def test_a_failed_turn_refuses_every_commit_it_held_and_keeps_the_synced_offset(world):
+    a = Broker(world, "a")
+    past_grace(world)
+    g = group_on("a", ["a"])
+    r = join(a, g)
+    assert a.ask(GroupCommit(g, r.member_id, r.member_epoch, [["t", 0, 5, ""]])).error == 0
+    a.replies.clear()
+    for offset in (8, 9):
+        a.groups.handle(b"client", offset, GroupCommit(g, r.member_id, r.member_epoch, [["t", 0, offset, ""]]))
+    a.data.ok = False
+    a.data.commit_turn()
+    assert [x.error for x in a.replies] == [ErrorCode.STORAGE_ERROR] * 2
+    a.data.ok = True
+    assert a.ask(GroupFetchOffsets(g, [["t", 0]])).offsets == [["t", 0, 5, ""]]

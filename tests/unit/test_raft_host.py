@@ -213,3 +213,53 @@ def test_an_unconfirmed_host_does_not_campaign_until_confirmed():
         c.advance(TICK_MS)
         c.deliver()
     assert sum(h.is_leader(PID) for h in c.hosts.values()) == 1
+
+
+def _stage(c: Cluster, nid: str, value: bytes) -> tuple[int, int, bytes]:
+    """A produce staged on leader ``nid`` the way the data path does it (its batch too)."""
+    h, store = c.hosts[nid], c.stores[nid]
+    base, epoch = h.append_position(PID)
+    batch = encode_batch([value])
+    got_base, end = store.stage_append(PID, batch, epoch, 1)
+    assert got_base == base
+    h.leader_append(PID, end, epoch, base, batch)
+    return base, end, batch
+
+
+def test_a_leaders_append_leaves_before_its_sync_and_a_failed_sync_makes_it_a_follower():
+    c = Cluster()
+    c.start()
+    h = c.hosts["n0"]
+    base, end, batch = _stage(c, "n0", b"early")
+    h.before_commit(c.stores["n0"].has_writes())
+    sent = [(d, op, payload) for s, d, op, _, payload in c.queue if s == "n0"]
+    assert sorted(d for d, op, _ in sent if op == b"REPL_APPEND") == ["n1", "n2"]   # before the sync
+    assert all(batch[12:] in payload for d, op, payload in sent if op == b"REPL_APPEND")
+    assert c.stores["n0"].has_writes()   # not synced yet
+    c.stores["n0"].rollback()            # the leader's sync fails
+    h.after_commit(False)
+    assert h.core.role(PID) is Role.FOLLOWER and h.core.end_offset(PID) == base
+    c.deliver()                          # the followers store and sync it all the same
+    assert [c.stores[nid].log_end(PID) for nid in ("n1", "n2")] == [end, end]
+
+
+def test_a_leaders_append_waits_for_the_sync_in_the_turn_it_wrote_its_epoch():
+    c = Cluster()
+    for nid in c.ids:
+        c.hosts[nid].add(PID, c.ids)
+    c.turn("n0")
+    h = c.hosts["n0"]
+    while c.queue and not h.is_leader(PID):
+        src, dest, op, body, payload = c.queue.pop(0)
+        c.hosts[dest].step(src, decode_body(op, body), payload)
+        if dest != "n0" or not h.is_leader(PID):
+            c.turn(dest)
+    assert h.is_leader(PID)              # elected in this turn: its epoch marker is staged, not synced
+    _stage(c, "n0", b"first")
+    before = len(c.queue)
+    h.before_commit(c.stores["n0"].has_writes())
+    assert [m for m in c.queue[before:] if m[0] == "n0"] == []   # held: the epoch is not durable yet
+    c.stores["n0"].commit()
+    h.after_commit(True)
+    assert {(d, op) for s, d, op, *_ in c.queue[before:] if s == "n0"} >= {("n1", b"REPL_APPEND"),
+                                                                          ("n2", b"REPL_APPEND")}

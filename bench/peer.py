@@ -1,0 +1,210 @@
+"""``bench run --scenario peer-nats``: one workload against this mesh and against NATS
+JetStream, in one run, side by side with the ratio.
+
+Theory of operation
+-------------------
+Four systems are measured one after another, each on a cluster started for it and
+stopped after it (so no two share the machine at once), alternating mesh and peer so
+that load from other work on the machine falls on both alike:
+
+    mesh, 3 brokers, RF 3, acks=all  |  NATS JetStream, 3 servers, R3
+    mesh, 1 broker,  RF 1, acks=all  |  NATS JetStream, 1 server,  R1
+
+On each, with ``message_bytes`` records into one partition / one stream (each is one
+ordered log): blocking publish latency (``latency_samples`` sends, each waiting for its
+acknowledgement before the next: ``Producer.send().get()`` with default settings,
+``js.publish``), after 100 warm-up sends; async publish throughput (``messages`` records:
+``send()`` per record then ``flush()``; ``js.publish_async`` then wait for every ack);
+consume throughput (read those records back from the start). Records/s are acknowledged
+or received records over the wall time of the phase.
+
+Writes ``peer.json``, ``report.md`` and ``peer.png`` in the run directory. No Spark: the
+samples are few and summarised here (``bench.peer_nats.latency_summary``).
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+
+from bench import plots as charts
+from bench.peer_nats import INSTALL_HINT, NatsCluster, available, latency_summary, run_nats
+from bench.scenarios import BenchError, format_size
+
+__all__ = ["run_peer", "run_mesh", "peer_spec", "side_by_side", "SYSTEMS"]
+
+# (key, label, system, servers, replicas), in the order they run
+SYSTEMS = (
+    ("mesh-rf3", "mesh 3 brokers RF 3 acks=all", "mesh", 3, 3),
+    ("nats-r3", "NATS JetStream R3", "nats", 3, 3),
+    ("mesh-rf1", "mesh 1 broker RF 1", "mesh", 1, 1),
+    ("nats-r1", "NATS JetStream R1", "nats", 1, 1),
+)
+PAIRS = (("mesh-rf3", "nats-r3"), ("mesh-rf1", "nats-r1"))
+
+# (label, key in a result, better): the rows of the side-by-side table
+MEASURES = (
+    ("blocking publish p50 (ms)", ("latency", "p50_ms"), "lower"),
+    ("blocking publish p99 (ms)", ("latency", "p99_ms"), "lower"),
+    ("blocking publish p99.9 (ms)", ("latency", "p999_ms"), "lower"),
+    ("blocking publish mean (ms)", ("latency", "mean_ms"), "lower"),
+    ("async publish (records/s)", ("produce_rps",), "higher"),
+    ("consume (records/s)", ("consume_rps",), "higher"),
+)
+
+
+def peer_spec(message_bytes: int, messages: int) -> dict:
+    return {"message_bytes": message_bytes, "messages": messages,
+            "latency_samples": max(20, min(1000, messages // 100))}
+
+
+def run_mesh(bootstrap: str, replication_factor: int, spec: dict) -> dict:
+    """The peer workload against a mesh cluster (see the module docstring)."""
+    from bench.cluster import create_topic
+    from mesh.client import Consumer, Producer
+    size, n, n_lat = spec["message_bytes"], spec["messages"], spec["latency_samples"]
+    payload = b"m" * size
+    create_topic(bootstrap, "peer-lat", 1, replication_factor)
+    create_topic(bootstrap, "peer-thr", 1, replication_factor)
+    out: dict = {}
+    with Producer(bootstrap) as p:  # default settings (acks=all)
+        for _ in range(min(100, n_lat)):
+            p.send("peer-lat", payload).get(30)
+        lat = []
+        for _ in range(n_lat):
+            t = time.perf_counter_ns()
+            p.send("peer-lat", payload).get(30)
+            lat.append(time.perf_counter_ns() - t)
+        out["latency"] = latency_summary(lat)
+        t = time.perf_counter_ns()
+        for _ in range(n):
+            p.send("peer-thr", payload, partition=0)
+        p.flush(120)
+        out["produce_rps"] = n / ((time.perf_counter_ns() - t) / 1e9)
+    with Consumer(bootstrap=bootstrap, auto_offset_reset="earliest") as c:
+        c.assign([("peer-thr", 0)])
+        c.seek_to_beginning()
+        got = 0
+        t = time.perf_counter_ns()
+        deadline = time.monotonic() + 120
+        while got < n and time.monotonic() < deadline:
+            got += sum(len(b) for b in c.poll_batches(200))
+        out["consume_rps"] = got / ((time.perf_counter_ns() - t) / 1e9)
+        out["consumed"] = got
+    if got < n:
+        raise BenchError(f"mesh consumer read {got} of {n} records within 120 s")
+    return out
+
+
+def _get(result: dict | None, path: tuple):
+    v = result
+    for k in path:
+        if not isinstance(v, dict):
+            return None
+        v = v.get(k)
+    return v
+
+
+def _fmt(v, ms: bool) -> str:
+    if v is None:
+        return "-"
+    return f"{v:.2f}" if ms else f"{v:,.0f}"
+
+
+def side_by_side(results: dict) -> str:
+    """The markdown table: each measure, mesh and NATS per replication, and mesh/NATS."""
+    header = ["measure"]
+    for a, b in PAIRS:
+        header += [dict((k, lab) for k, lab, *_ in SYSTEMS)[a], dict((k, lab) for k, lab, *_ in SYSTEMS)[b],
+                   "mesh/NATS"]
+    header.append("better")
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join([":---"] + ["---:"] * (len(header) - 2) + [":---"]) + "|"]
+    for label, path, better in MEASURES:
+        ms = path[0] == "latency"
+        row = [label]
+        for a, b in PAIRS:
+            va, vb = _get(results.get(a), path), _get(results.get(b), path)
+            ratio = f"{va / vb:.2f}x" if va is not None and vb else "-"
+            row += [_fmt(va, ms), _fmt(vb, ms), ratio]
+        row.append(better)
+        lines.append("| " + " | ".join(row) + " |")
+    return "\n".join(lines)
+
+
+def _report(out_dir: str, spec: dict, results: dict, info: dict) -> str:
+    lines = ["# Benchmark report: peer-nats", "",
+             f"The same workload against this mesh and NATS JetStream, in one run: {format_size(spec['message_bytes'])} "
+             f"records; blocking publish latency over {spec['latency_samples']:,} sends (each acknowledged before the "
+             f"next); async publish and consume throughput over {spec['messages']:,} records; one partition / one "
+             "stream. Ratios are mesh/NATS: for latency lower is better, for records/s higher is better.", "",
+             side_by_side(results), "",
+             "![peer.png](peer.png)", "",
+             "## Setup", "",
+             f"- command: `{info.get('command', '-')}`",
+             f"- started {info.get('started', '-')}; machine: {info.get('machine', '-')}",
+             "- systems run one after another, alternating mesh and NATS, each on a cluster started for it on "
+             "127.0.0.1 (fresh data directories) and stopped after it.",
+             "- mesh: `Producer` with default settings (acks=all, linger 5 ms upper bound); the broker syncs "
+             "(fdatasync) before it acknowledges.",
+             f"- NATS: {info.get('nats_version', 'nats-server')}, nats-py, file storage; JetStream acknowledges "
+             "once the replicas hold a message but does not fsync each one (sync_interval default 2 min).",
+             ""]
+    if info.get("errors"):
+        lines += ["## Errors", ""] + [f"- {k}: {v}" for k, v in info["errors"].items()] + [""]
+    path = os.path.join(out_dir, "report.md")
+    with open(path, "w") as f:
+        f.write("\n".join(lines))
+    return path
+
+
+def run_peer(out_dir: str, message_bytes: int, messages: int, command: str = "", echo=print) -> str:
+    """Measure every system of SYSTEMS; write peer.json, report.md and peer.png; return
+    the report's path. BenchError (with how to install it) when the peer is missing."""
+    missing = available()
+    if missing:
+        raise BenchError(f"{missing}. {INSTALL_HINT}")
+    import subprocess
+    from bench.cluster import LocalCluster
+    from bench.events import environment, now_iso
+    spec = peer_spec(message_bytes, messages)
+    env = environment()
+    version = subprocess.run(["nats-server", "--version"], capture_output=True, text=True).stdout.strip()
+    info = {"command": command, "started": now_iso(), "nats_version": version, "errors": {},
+            "machine": f"{env.get('cpu_count')} CPUs, load average at start "
+                       f"{', '.join(f'{x:.1f}' for x in env.get('loadavg') or [])}"}
+    results: dict = {}
+    for key, label, system, servers, replicas in SYSTEMS:
+        echo(f"bench: peer-nats: {label}...")
+        root = os.path.join(out_dir, key)
+        t0 = time.monotonic()
+        try:
+            if system == "mesh":
+                cluster = LocalCluster(servers, root).start()
+                try:
+                    results[key] = run_mesh(cluster.bootstrap, replicas, spec)
+                finally:
+                    cluster.stop()
+            else:
+                nc = NatsCluster(servers, root).start()
+                try:
+                    results[key] = run_nats(nc.url, replicas, spec)
+                finally:
+                    nc.stop()
+        except BenchError as exc:
+            info["errors"][key] = str(exc)
+            echo(f"bench: peer-nats: {label} failed: {exc}")
+            continue
+        r = results[key]
+        echo(f"bench: peer-nats: {label}: publish p50 {r['latency']['p50_ms']:.2f} ms, "
+             f"p99 {r['latency']['p99_ms']:.2f} ms; async {r['produce_rps']:,.0f} rec/s; "
+             f"consume {r['consume_rps']:,.0f} rec/s ({time.monotonic() - t0:.1f} s)")
+    with open(os.path.join(out_dir, "peer.json"), "w") as f:
+        json.dump({"spec": spec, "info": info, "results": results}, f, indent=1)
+    try:
+        charts.plot_peer(os.path.join(out_dir, "peer.png"), results, SYSTEMS)
+    except Exception as exc:  # a plot must not cost the table
+        echo(f"warning: plot peer.png failed: {exc}")
+    path = _report(out_dir, spec, results, info)
+    if info["errors"]:
+        raise BenchError(f"peer-nats: {len(info['errors'])} system(s) failed; see {path}")
+    return path

@@ -1,0 +1,46 @@
+"""The peer-nats driver: against a real nats-server (skipped, saying why, when nats-server
+or nats-py is missing), and the clear error when the peer is absent."""
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+from click.testing import CliRunner
+
+from bench.cli import main as bench_main
+from bench.peer_nats import NatsCluster, available, run_nats
+
+needs_peer = pytest.mark.skipif(available() is not None,
+                                reason=f"peer-nats smoke test needs the peer: {available()} "
+                                       "(apt-get install nats-server; pip install .[peer])")
+
+
+@pytest.mark.integration
+@needs_peer
+@pytest.mark.parametrize("servers", [1, 3])
+def test_nats_driver_measures_a_real_jetstream_cluster(tmp_path, servers):
+    spec = {"message_bytes": 100, "messages": 2_000, "latency_samples": 50}
+    t0 = time.monotonic()
+    cluster = NatsCluster(servers, str(tmp_path / "nats")).start()
+    try:
+        assert len(cluster.url.split(",")) == servers
+        res = run_nats(cluster.url, servers, spec)
+    finally:
+        cluster.stop()
+    assert cluster.procs == []
+    lat = res["latency"]
+    assert lat["samples"] == 50 and 0 < lat["p50_ms"] <= lat["p99_ms"] <= lat["max_ms"]
+    assert res["consumed"] == 2_000 and res["produce_rps"] > 0 and res["consume_rps"] > 0
+    # JetStream kept its store under the run's directory
+    assert any(os.scandir(tmp_path / "nats" / "n0" / "jetstream"))
+    assert time.monotonic() - t0 < 30
+
+
+def test_peer_scenario_without_the_peer_says_how_to_install_it(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path))   # no nats-server on this PATH
+    res = CliRunner().invoke(bench_main, ["run", "--scenario", "peer-nats", "--out", str(tmp_path / "r")])
+    assert res.exit_code == 1, res.output
+    assert "nats-server is not on the PATH" in res.output
+    assert "apt-get install nats-server" in res.output and "pip install .[peer]" in res.output
+    assert not (tmp_path / "r").exists()
