@@ -14,12 +14,18 @@
    minus the producer's record timestamp, per record; produce ack latency per send;
 4. idle: 1,000 partitions x RF 3, no traffic: replication messages sent per broker per second;
 5. roundtrip: one record at a time (send, wait for the ack) for RF 1 / acks=1, RF 3 / acks=1
-   and RF 3 / acks=all: the latency floor without batching or queueing.
+   and RF 3 / acks=all: the latency floor without batching or queueing; then a blocking
+   ``send().get()`` with the producer's default settings (RF 3, acks=all).
+
+``--secured`` runs the same on a secured cluster (``mesh security init``, CurveZMQ on every
+socket, clients with the admin's creds), to compare with the open run; ``--metrics``
+turns the brokers' ``/metrics`` on.
 """
 from __future__ import annotations
 
 import argparse
 import multiprocessing as mp
+import os
 import statistics
 import tempfile
 import time
@@ -157,6 +163,16 @@ def roundtrip(c, n=300):
                 ts.append((time.perf_counter() - t) * 1000)
         print(f"round trip, {topic[-1] == '3' and 'RF 3' or 'RF 1'}, acks={acks}: p50 {pct(ts, .5):.2f} ms, "
               f"p99 {pct(ts, .99):.2f} ms", flush=True)
+    with Producer(c.bootstrap) as p:   # the defaults: acks=all, idempotent, linger_ms=5 as an upper bound
+        for _ in range(20):
+            p.send("rt3", b"warm").get(10)
+        ts = []
+        for _ in range(n):
+            t = time.perf_counter()
+            p.send("rt3", b"x" * 100).get(10)
+            ts.append((time.perf_counter() - t) * 1000)
+    print(f"blocking send().get(), default producer, RF 3, acks=all: p50 {pct(ts, .5):.2f} ms, "
+          f"p99 {pct(ts, .99):.2f} ms", flush=True)
 
 
 def idle(c):
@@ -188,9 +204,18 @@ def main() -> None:
     ap.add_argument("--skip", default="")
     ap.add_argument("--settle", type=float, default=0, help="seconds to wait after creating a topic")
     ap.add_argument("--metrics", action="store_true", help="brokers with --metrics-port (cost of metrics)")
+    ap.add_argument("--secured", action="store_true", help="a secured cluster (CurveZMQ, admin creds)")
+    ap.add_argument("--roundtrips", type=int, default=300, help="records sent one at a time per roundtrip line")
     args = ap.parse_args()
     skip = set(args.skip.split(","))
-    c = Cluster(Path(tempfile.mkdtemp(prefix="mesh-repl-")), 3, metrics=args.metrics).start()
+    root = Path(tempfile.mkdtemp(prefix="mesh-repl-"))
+    security = {}
+    if args.secured:
+        from mesh.security import init_secrets
+        _, admin = init_secrets(root / "secrets")
+        os.environ["MESH_CREDS"] = admin   # every client of this run, worker processes included
+        security = {"secrets": str(root / "secrets"), "creds": admin}
+    c = Cluster(root / "cluster", 3, metrics=args.metrics, **security).start()
     try:
         if "throughput" not in skip:
             throughput(c, args.records)
@@ -199,7 +224,7 @@ def main() -> None:
         if "failover" not in skip:
             failover(c, args.kills, tuple(args.fault.split(",")))
         if "roundtrip" not in skip:
-            roundtrip(c)
+            roundtrip(c, args.roundtrips)
         if "idle" not in skip:
             idle(c)
     finally:
