@@ -17,8 +17,11 @@ Every answer to a client goes through ``Outbox.send(ident, frames)``:
 - Quotas (Kafka-style, per client identity, 0 = off): ``charge(kind, ident, nbytes)``
   returns how long the client's answer must wait so that its byte rate comes back under
   the quota: a leaky bucket per client that allows a burst of one second's worth. An
-  answer with a delay is held (never dropped) in a heap until it is due; a client's later
-  answers queue behind it, so order is kept.
+  answer with a delay is held in a heap until it is due; a client's later answers queue
+  behind it, so order is kept. Held answers count against the same ``max_backlog_bytes``
+  per client (but always at least one answer): a throttled client that keeps pipelining
+  requests gets the excess answers dropped (counted in ``dropped``; its requests time out
+  and are retried), so throttling can never make the broker hold unbounded memory.
 """
 from __future__ import annotations
 
@@ -67,7 +70,7 @@ class Outbox:
         self._backlog: dict[bytes, collections.deque] = {}
         self._backlog_bytes: dict[bytes, int] = {}
         self._held: list[tuple[int, int, bytes, list]] = []   # (due ms, seq, ident, frames)
-        self._held_count: dict[bytes, list[int]] = {}   # ident -> [answers held, latest due ms]
+        self._held_count: dict[bytes, list[int]] = {}   # ident -> [answers held, latest due ms, bytes]
         self._seq = 0
         self.dropped = 0
         self.throttled = 0
@@ -89,11 +92,18 @@ class Outbox:
     def send(self, ident: bytes, frames: list, delay_ms: int = 0) -> None:
         """``frames`` start with ``ident``."""
         if delay_ms > 0 or (self._held_count and ident in self._held_count):
+            held = self._held_count.setdefault(ident, [0, 0, 0])
+            size = sum(len(f) for f in frames)
+            if held[0] and held[2] + size > self.max_backlog_bytes:
+                self.dropped += 1
+                self._rlog.warning(("throttled", bytes(ident)), "client %s keeps sending while throttled (%d bytes "
+                                   "of answers held): dropping answers", bytes(ident).hex(), held[2])
+                return
             self._seq += 1
-            held = self._held_count.setdefault(ident, [0, 0])
             due = max(self.now_ms() + max(0, delay_ms), held[1])   # never before an earlier answer
             held[0] += 1
             held[1] = due
+            held[2] += size
             heapq.heappush(self._held, (due, self._seq, ident, frames))
             return
         if self._backlog and ident in self._backlog:
@@ -142,6 +152,7 @@ class Outbox:
                 _, _, ident, frames = heapq.heappop(self._held)
                 held = self._held_count[ident]
                 held[0] -= 1
+                held[2] -= sum(len(f) for f in frames)
                 if not held[0]:
                     del self._held_count[ident]
                 if ident in self._backlog:

@@ -157,6 +157,20 @@ def test_quota_delays_answers_in_order_and_never_drops_them():
     assert ob.charge("fetch", b"c", 10 ** 9) == 0   # fetch quota off
 
 
+def test_answers_held_by_a_quota_are_bounded_in_bytes_per_client():
+    r, now = FakeRouter(), [0]
+    ob = Outbox(r, lambda: now[0], max_backlog_bytes=100, fetch_bytes_per_s=1000)
+    ob.charge("fetch", b"c", 1000)                       # the burst is used up
+    for i in range(5):                                   # a throttled client keeps fetching
+        ob.send(b"c", [b"c", bytes([i]) * 40], ob.charge("fetch", b"c", 40))
+    assert ob.dropped == 3                               # held: 2 answers of 41 bytes; a third is over 100
+    now[0] = 10_000
+    ob.flush()
+    assert [f[1][0] for f in r.sent] == [0, 1]
+    ob.send(b"c", [b"c", b"late"], 5)                    # the bound frees as answers leave
+    assert ob.dropped == 3
+
+
 def test_byte_rate_quota_recovers_when_idle():
     q = ByteRateQuota(1000)
     assert q.charge(b"c", 5000, 0) == 4000
