@@ -14,6 +14,8 @@ import click
 
 from tools.node_options import node_bound_options
 from tools.common import bootstrap_option, friendly
+from tools.elastic_cli import (node_decommission, node_recommission, partition, status_rows, status_table,
+                               topic_alter)
 from tools.security_cli import node_security_options, security
 
 _bootstrap_option = bootstrap_option
@@ -29,9 +31,10 @@ def main(verbose: int) -> None:
 
 
 # -- node ------------------------------------------------------------------------------
-@main.command()
-@click.option("--id", "node_id", required=True, help="stable node id, e.g. n1")
-@click.option("--data", "data_dir", required=True, type=click.Path(file_okay=False), help="data directory")
+@main.group(invoke_without_command=True, subcommand_metavar="[decommission|recommission ID]")
+@click.option("--id", "node_id", default=None, help="stable node id, e.g. n1  [required to run a node]")
+@click.option("--data", "data_dir", default=None, type=click.Path(file_okay=False),
+              help="data directory  [required to run a node]")
 @click.option("--bind", default="127.0.0.1:7101", show_default=True, help="HOST:PORT to listen on")
 @click.option("--seed", "seeds", multiple=True, help="address of any live node (repeatable)")
 @click.option("--text-port", type=int, default=None, help="also serve the telnet text protocol on this port")
@@ -58,16 +61,24 @@ def main(verbose: int) -> None:
                    "refills from its peers")
 @node_security_options
 @node_bound_options
-def node(node_id, data_dir, bind, seeds, text_port, text_max_connections, text_evict_idle_ms,
+@click.pass_context
+def node(ctx, node_id, data_dir, bind, seeds, text_port, text_max_connections, text_evict_idle_ms,
          text_idle_timeout_ms, text_max_subscriptions, max_storage_bytes, retention_check_ms,
          group_max_session_ms, rejoin_empty, security, bounds) -> None:
-    """Run a broker node in the foreground (SIGTERM/SIGINT stop it cleanly).
+    """Run a broker node in the foreground (SIGTERM/SIGINT stop it cleanly): `mesh node --id
+    n1 --data DIR ...`; or drain a broker (`mesh node decommission ID`) or undo it
+    (`mesh node recommission ID`).
 
     The data directory is locked while the node runs (a second broker on it is refused) and
     checked before it is opened; a damaged one is refused with the reason and the way out
     (--rejoin-empty); a gossip snapshot that cannot be loaded too (--reset-gossip). Every
     resource a client can make the node hold has a bound (the --max-*, --fetch-*,
     --client-*, --*-quota-* and --producer-* options)."""
+    if ctx.invoked_subcommand is not None:
+        return          # mesh node decommission|recommission ...: the options above are not used
+    for value, flag in ((node_id, "--id"), (data_dir, "--data")):
+        if value is None:
+            raise click.MissingParameter(ctx=ctx, param_hint=f"'{flag}'", param_type="option")
     from mesh.node.loop import Node, NodeConfig
     logging.getLogger().setLevel(logging.INFO)
     for h in logging.getLogger().handlers:
@@ -375,28 +386,20 @@ def cluster() -> None:
 @_bootstrap_option
 @_friendly
 def cluster_status(as_json, bootstrap) -> None:
+    """Brokers: liveness, state (active, draining, drained), leaders, replicas, recovery."""
     from mesh.client import Admin
     with Admin(bootstrap) as admin:
         md = admin.metadata()
-    rows = []
-    for b in md.brokers:
-        leads = sum(1 for t in md.topics for p in t.get("partitions", []) if p["leader"] == b["id"])
-        reps = sum(1 for t in md.topics for p in t.get("partitions", []) if b["id"] in p["replicas"])
-        rows.append({"id": b["id"], "address": b["address"], "state": b.get("status", "alive"),
-                     "generation": b.get("generation", 0), "heartbeat_age_ms": b.get("heartbeat_age_ms", 0),
-                     "leads": leads, "replicas": reps, "store_id": b.get("store_id"),
-                     "recovering": b.get("recovering", 0)})
+    rows = status_rows(md)
     if as_json:
         click.echo(json.dumps(rows, indent=2))
         return
-    click.echo(f"{'id':<8} {'address':<20} {'state':<8} {'gen':>5} {'hb_age_ms':>9} {'leads':>5} {'replicas':>8} "
-               f"{'recovering':>10}  store")
-    for r in rows:
-        click.echo(f"{r['id']:<8} {r['address']:<20} {r['state']:<8} {r['generation']:>5} "
-                   f"{str(r['heartbeat_age_ms'] if r['heartbeat_age_ms'] is not None else '-'):>9} "
-                   f"{r['leads']:>5} {r['replicas']:>8} {r['recovering']:>10}  "
-                   f"{r['store_id'] or '-'}")
+    for line in status_table(rows):
+        click.echo(line)
 
+
+node.add_command(node_decommission); node.add_command(node_recommission)  # noqa: E702
+topic.add_command(topic_alter); main.add_command(partition)  # noqa: E702
 
 from tools.acl_cli import acl, user  # noqa: E402  (mesh user ..., mesh acl ...)
 main.add_command(user); main.add_command(acl)  # noqa: E702

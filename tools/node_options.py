@@ -12,7 +12,7 @@ import functools
 
 import click
 
-__all__ = ["node_bound_options", "BOUND_OPTIONS"]
+__all__ = ["node_bound_options", "BOUND_OPTIONS", "parse_duration_ms"]
 
 # (field, minimum, default, help). Every field is an int >= its minimum (0 where 0 means
 # "off" or "no wait").
@@ -37,7 +37,21 @@ BOUND_OPTIONS: list[tuple[str, int, int, str]] = [
     ("producer_id_expiration_ms", 1, 86_400_000, "idempotent-producer state idle this long is deleted "
                                      "(Kafka producer.id.expiration.ms)"),
     ("max_producer_ids", 1, 1_000_000, "idempotent-producer states kept; the longest idle beyond go first"),
+    ("move_rate_bytes", 0, 32 << 20, "catch-up bytes/s this broker sends to replicas being added by a move, "
+                                    "0 = no cap (Kafka leader.replication.throttled.rate)"),
+    ("max_moves_per_broker", 1, 4, "replica moves in progress at once per source and per target broker"),
 ]
+
+
+def parse_duration_ms(text: str) -> int:
+    """``10m``, ``30s``, ``1500ms``, ``1h`` or plain seconds -> milliseconds."""
+    t = str(text).strip().lower()
+    for suffix, scale in (("ms", 1), ("s", 1000), ("m", 60_000), ("h", 3_600_000)):
+        if t.endswith(suffix) and t[:-len(suffix)].replace(".", "", 1).isdigit():
+            return int(float(t[:-len(suffix)]) * scale)
+    if t.replace(".", "", 1).isdigit():
+        return int(float(t) * 1000)
+    raise click.BadParameter(f"{text!r} is not a duration (e.g. 10m, 30s, 1500ms)")
 
 
 def node_bound_options(f):
@@ -45,12 +59,19 @@ def node_bound_options(f):
     names = [name for name, _, _, _ in BOUND_OPTIONS]
 
     @functools.wraps(f)
-    def wrapper(*args, reset_gossip, metrics_port, metrics_per_partition, **kwargs):
+    def wrapper(*args, reset_gossip, metrics_port, metrics_per_partition, replace_dead_after, balance, **kwargs):
         bounds = {name: kwargs.pop(name) for name in names}
         bounds["reset_gossip"] = reset_gossip
+        bounds.update(replace_dead_after_ms=parse_duration_ms(replace_dead_after), balance=balance)   # issue 14
         bounds.update(metrics_port=metrics_port, metrics_per_partition=metrics_per_partition)   # issue 16
         return f(*args, bounds=bounds, **kwargs)
 
+    wrapper = click.option("--replace-dead-after", default="10m", show_default=True,
+                           help="a broker dead this long has its replicas re-created on live brokers "
+                                "(e.g. 10m, 30s, 1500ms)")(wrapper)
+    wrapper = click.option("--balance/--no-balance", default=True, show_default=True,
+                           help="move replicas and leaderships on its own toward a balanced cluster "
+                                "(new brokers, decommissions, dead brokers); off: manual reassign only")(wrapper)
     wrapper = click.option("--metrics-port", type=click.IntRange(1, 65535), default=None,
                            help="serve Prometheus metrics on http://HOST:PORT/metrics (HOST: the --bind "
                                 "host); off by default")(wrapper)

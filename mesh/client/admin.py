@@ -4,12 +4,13 @@ from __future__ import annotations
 import time
 
 from mesh.client.cluster import ClusterView
+from mesh.client.elastic_admin import ElasticAdmin, Moves
 from mesh.client.security_admin import SecurityAdmin
 from mesh.client.transport import Transport
 from mesh.wire.errors import ErrorCode, MeshError
 from mesh.wire.messages import CreateTopicRequest, DeleteTopicRequest, MetadataRequest
 
-__all__ = ["Admin", "ClientBase"]
+__all__ = ["Admin", "ClientBase", "Moves"]
 
 
 class ClientBase:
@@ -31,8 +32,9 @@ class ClientBase:
         self.close()
 
 
-class Admin(SecurityAdmin, ClientBase):
-    """Topics and cluster metadata; users and ACLs (``mesh.client.security_admin``)."""
+class Admin(ElasticAdmin, SecurityAdmin, ClientBase):
+    """Topics and cluster metadata; users and ACLs (``mesh.client.security_admin``); topic
+    growth, decommission, reassignment and moves (``mesh.client.elastic_admin``)."""
 
     def _call(self, msg):
         """Send to the first broker that answers (any broker can serve admin requests)."""

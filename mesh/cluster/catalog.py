@@ -14,7 +14,12 @@ Rules:
   uuid are present, consecutive (chunk k starts where chunk k-1 ended) and cover exactly
   ``partitions`` partitions; until then it is pending (not listed, nothing registered);
 - create writes the chunks, then the header; delete tombstones the header and every
-  chunk of the name; the registers are never modified otherwise.
+  chunk of the name; alter (more partitions, another replication factor) keeps the uuid,
+  rewrites only the chunks that change (new partitions are appended), then the header;
+  the registers are never modified otherwise;
+- while an altered topic's header and chunks disagree (either arrived first), the node
+  keeps its previous row of that uuid, and a restarted node with no previous row keeps
+  the topic's local partitions (never dropped for a header whose chunks are incomplete).
 
 ``reconcile`` runs whenever the gossip state moved: it rebuilds the topic table (``Topic``
 rows, reusing a row whose registers are the very same values as last time, so a node
@@ -28,11 +33,13 @@ from __future__ import annotations
 import logging
 import uuid as uuidlib
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from mesh.wire.errors import ErrorCode, MeshError
 from mesh.cluster.keys import (TOPIC_PREFIX, TPARTS_CHUNK_BYTES, TPARTS_CHUNK_PARTITIONS, TPARTS_PREFIX,
                                topic_key, tparts_key)
+from mesh.cluster.configs import PartitionConfig, configs_by_topic, keep_local, overlay
+from mesh.cluster.keys import PCONF_PREFIX, REASSIGN_PREFIX
 from mesh.cluster.placement import place_replicas
 from mesh.wire.topic_config import MAX_PARTITIONS, normalize_config, validate_topic_name
 
@@ -90,6 +97,21 @@ class Topic:
     config: dict[str, Any]
     replicas: tuple[tuple[str, ...], ...]
     pids: tuple[int | None, ...] = ()
+    # The partitions' current configs (``mesh.cluster.configs``); empty: the table as created
+    # (version 0, no learners, committed).
+    learners: tuple[tuple[str, ...], ...] = ()
+    versions: tuple[int, ...] = ()
+    committed: tuple[bool, ...] = ()
+
+    def config_of(self, p: int) -> PartitionConfig:
+        """Partition ``p``'s effective config (``mesh.cluster.configs`` rule 1)."""
+        if not self.versions:
+            return PartitionConfig(0, 0, self.replicas[p])
+        return PartitionConfig(self.versions[p], 0, self.replicas[p], self.learners[p], self.committed[p])
+
+    def members_of(self, p: int) -> tuple[str, ...]:
+        """Voters then learners of partition ``p``."""
+        return self.replicas[p] + self.learners[p] if self.learners else self.replicas[p]
 
     @property
     def store_key(self) -> str:
@@ -169,15 +191,42 @@ def topics_from_registers(registers: Mapping[str, Any], node_id: str,
                 continue
             chunks = [parts.get(k) for k in chunk_keys]
         if not all(isinstance(c, dict) for c in chunks):
-            continue                                # pending: a chunk has not arrived yet
+            _keep_previous(key, old, header, memo, topics)   # pending: a chunk has not arrived yet
+            continue
         try:
             t = Topic.from_registers(header, chunks, node_id)
         except (KeyError, TypeError, ValueError) as exc:
-            log.warning("ignoring malformed topic %s: %s", key[:80], exc)
+            if not _keep_previous(key, old, header, memo, topics):
+                log.warning("ignoring malformed topic %s: %s", key[:80], exc)
             continue
         memo[key] = (header, chunk_keys, chunks, t)
         topics[t.name] = t
     return topics, memo
+
+
+def _keep_previous(key: str, old: tuple | None, header: Any, memo: dict[str, tuple],
+                   topics: dict[str, Topic]) -> bool:
+    """An altered topic whose new header and chunks have not all arrived (in either order)
+    keeps its previous complete row of the same uuid, so no partition of it is dropped in
+    between; True if it did."""
+    if old is None or not isinstance(header, dict) or header.get("uuid") != old[3].uuid:
+        return False
+    memo[key] = old
+    topics[old[3].name] = old[3]
+    return True
+
+
+def _pending_store_keys(registers: Mapping[str, Any], topics: Mapping[str, Topic]) -> set[str]:
+    """``<name>#<uuid>`` of every topic header the table does not hold with that uuid
+    (its chunks are incomplete): a node restarted in the middle of an alter keeps their
+    local partitions until the chunks arrive."""
+    out = set()
+    for key, header in registers.items():
+        if key.startswith(TOPIC_PREFIX) and isinstance(header, dict):
+            name, uuid = header.get("name"), header.get("uuid")
+            if type(name) is str and type(uuid) is str and getattr(topics.get(name), "uuid", None) != uuid:
+                out.add(f"{name}#{uuid}")
+    return out
 
 
 class Catalog:
@@ -191,10 +240,45 @@ class Catalog:
         self._loaded = False
         self._signature = None      # the registers' bucket hashes at the last rebuild
         self._calls = 0
+        self._overlaid: dict[str, tuple] = {}   # name -> (base row, pconf values, overlaid row)
+        # pid -> (version, members) of the config in this node's own replica log, None if not
+        # hosted; the node sets it (configs rule 3).
+        self.local_config: Callable[[int], tuple[int, tuple[str, ...]] | None] = lambda pid: None
+
+    def _overlay(self, topics: dict[str, Topic]) -> dict[str, Topic]:
+        """The topic rows with each partition's effective config (``mesh.cluster.configs``),
+        reusing a row whose base row and ``pconf/`` values are the same objects as last time."""
+        by_topic: dict[tuple[str, str], list] = {}
+        for key, value in sorted(self.gossip.cluster_items(PCONF_PREFIX).items()):
+            name_uuid = key[len(PCONF_PREFIX):].rsplit("/", 1)[0]
+            name, _, uuid = name_uuid.partition("/")
+            by_topic.setdefault((name, uuid), []).append((key, value))
+        out: dict[str, Topic] = {}
+        memo: dict[str, tuple] = {}
+        for name, t in topics.items():
+            items = by_topic.get((name, t.uuid))
+            if not items:
+                out[name] = t
+                continue
+            old = self._overlaid.get(name)
+            if old is not None and old[0] is t and len(old[1]) == len(items) and \
+                    all(a is b for a, (_, b) in zip(old[1], items)):
+                out[name], memo[name] = old[2], old
+                continue
+            row = overlay(t, configs_by_topic(dict(items)).get((name, t.uuid)), self.node_id, cluster_pid)
+            memo[name] = (t, [v for _, v in items], row)
+            out[name] = row
+        self._overlaid = memo
+        return out
 
     def replicas_of(self, pid: int) -> list[str]:
         name, p = self.local[pid]
         return list(self.topics[name].replicas[p])
+
+    def config_of_pid(self, pid: int) -> PartitionConfig:
+        """The effective config of local partition ``pid`` (``mesh.cluster.configs``)."""
+        name, p = self.local[pid]
+        return self.topics[name].config_of(p)
 
     # -- topics -------------------------------------------------------------------------
     def reconcile(self) -> tuple[set[int], set[int]]:
@@ -212,6 +296,7 @@ class Catalog:
         registers.update(self.gossip.cluster_items(TPARTS_PREFIX))
         topics, memo = topics_from_registers(registers, self.node_id, self._memo)
         self._memo = memo
+        topics = self._overlay(topics)
         if self._loaded and topics.keys() == self.topics.keys() and \
                 all(t is self.topics[name] for name, t in topics.items()):
             return set(), set()                     # the same rows: nothing to do here
@@ -221,8 +306,15 @@ class Catalog:
                 if pid is not None:
                     wanted[(t.store_key, p)] = (t.name, p, pid)
         before = set(self.local)
+        pending = _pending_store_keys(registers, topics)
+        by_key = {t.store_key: t for t in topics.values()}
         for tkey, p, pid in self.store.partitions():
-            if (tkey, p) not in wanted:
+            t = by_key.get(tkey)
+            if (tkey, p) not in wanted and t is not None and p < t.partitions and pid == cluster_pid(t.uuid, p) \
+                    and keep_local(self.node_id, t.config_of(p), self.local_config(pid)):
+                wanted[(tkey, p)] = (t.name, p, pid)     # configs rule 3: not without positive evidence
+        for tkey, p, pid in self.store.partitions():
+            if (tkey, p) not in wanted and tkey not in pending:
                 log.info("dropping local partition %s/%d (topic deleted or replaced)", tkey, p)
                 self.store.forget_partition(tkey, p)
         self.store.register_partitions([(tkey, p, pid) for (tkey, p), (_, _, pid) in wanted.items()])
@@ -268,10 +360,75 @@ class Catalog:
             self.gossip.put_cluster(key, value)
         return t
 
+    def alter(self, name: str, partitions: int, replication_factor: int, live_nodes: list[str]) -> Topic:
+        """Grow topic ``name`` to ``partitions`` (0: unchanged; only growth, as Kafka's
+        CreatePartitions) and set its ``replication_factor`` (0: unchanged). New partitions
+        are placed over ``live_nodes``, starting at the brokers that lead the fewest of the
+        topic; existing partitions keep their replica lists, cluster ids and data (the uuid
+        stays). A new replication factor only changes the header: each partition's leader
+        then adds or removes replicas one at a time. Writes the changed chunks, then the
+        header; returns the new row (without ``pids``)."""
+        validate_topic_name(name)
+        t = self.topic(name)
+        if type(partitions) is not int or type(replication_factor) is not int:
+            raise MeshError(ErrorCode.INVALID_REQUEST, "partitions and replication factor must be integers")
+        if partitions == 0 and replication_factor == 0:
+            raise MeshError(ErrorCode.INVALID_REQUEST, "nothing to alter: give partitions or a replication factor")
+        if partitions and partitions <= t.partitions:
+            raise MeshError(ErrorCode.INVALID_REQUEST,
+                            f"topic {name!r} has {t.partitions} partitions: partitions can only be added, "
+                            f"asked for {partitions}")
+        if partitions > MAX_PARTITIONS:
+            raise MeshError(ErrorCode.INVALID_CONFIG, f"partitions must be 1..{MAX_PARTITIONS}")
+        rf = replication_factor or t.replication_factor
+        if not 1 <= rf <= MAX_REPLICATION_FACTOR:
+            raise MeshError(ErrorCode.INVALID_CONFIG, f"replication factor must be 1..{MAX_REPLICATION_FACTOR}")
+        live = sorted(set(live_nodes))
+        if rf > len(live) and (rf != t.replication_factor or partitions):
+            raise MeshError(ErrorCode.INVALID_CONFIG,
+                            f"replication factor {rf} is larger than the {len(live)} live broker(s)")
+        if rf == t.replication_factor and not partitions:
+            return t                                    # nothing changes: an idempotent no-op
+        replicas = self._table(t)
+        if partitions:
+            topic_lead: dict[str, int] = {}
+            for reps in t.replicas:
+                topic_lead[reps[0]] = topic_lead.get(reps[0], 0) + 1
+            cluster_lead = self.leader_load()           # ties: the brokers leading least overall
+            load = {n: (topic_lead.get(n, 0) << 32) + cluster_lead.get(n, 0) for n in live}
+            try:
+                replicas += [tuple(reps) for reps in place_replicas(partitions - t.partitions, rf, live, load)]
+            except ValueError as exc:
+                raise MeshError(ErrorCode.INVALID_CONFIG, str(exc))
+        new = Topic(name=name, uuid=t.uuid, partitions=len(replicas), replication_factor=rf,
+                    config=t.config, replicas=tuple(replicas))
+        existing = self.gossip.cluster_items(f"{TPARTS_PREFIX}{name}/{t.uuid}/")
+        for key, value in topic_registers(new).items():  # the changed chunks first, the header last
+            if existing.get(key) != value:
+                self.gossip.put_cluster(key, value)
+        return new
+
+    def _table(self, t: Topic) -> list[tuple[str, ...]]:
+        """Topic ``t``'s replica table as its registers hold it (the initial replica lists,
+        whatever membership changes did since), so an alter rewrites no existing entry."""
+        key = topic_key(t.name)
+        header = self.gossip.cluster_items(key).get(key)
+        if isinstance(header, dict) and "replicas" in header:  # legacy: the table inline
+            return [tuple(reps) for reps in header["replicas"]]
+        chunk_keys = _chunk_keys(header, key) or []
+        parts = self.gossip.cluster_items(f"{TPARTS_PREFIX}{t.name}/{t.uuid}/")
+        table = [tuple(reps) for k in chunk_keys if isinstance(parts.get(k), dict)
+                 for reps in parts[k].get("replicas", ())]
+        if not isinstance(header, dict) or header.get("uuid") != t.uuid or len(table) != t.partitions:
+            raise MeshError(ErrorCode.INVALID_REQUEST,
+                            f"topic {t.name!r} is being changed (its registers are still arriving here): retry")
+        return table
+
     def delete(self, name: str) -> Topic:
         t = self.topic(name)
-        for key in self.gossip.cluster_items(f"{TPARTS_PREFIX}{name}/"):
-            self.gossip.delete_cluster(key)
+        for prefix in (TPARTS_PREFIX, PCONF_PREFIX, REASSIGN_PREFIX):
+            for key in self.gossip.cluster_items(f"{prefix}{name}/"):
+                self.gossip.delete_cluster(key)
         self.gossip.delete_cluster(topic_key(name))
         return t
 

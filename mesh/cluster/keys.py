@@ -41,6 +41,18 @@ key                               kind       value (msgpack)                    
 ``acl/<id>``                      register   ``{"principal", "permission",               ``mesh.security``     ``mesh.security``
                                              "operations", "resource", "name",
                                              "pattern"}``
+``pconf/<name>/<uuid>/<p>``       register   ``{"v": version, "t": term, "voters":        the partition's       catalog (the current
+                                             [...], "learners": [...], "committed":      leader, when its      replica set),
+                                             bool}``: partition p's newest Raft config   config changes        balancer, metadata
+                                             as its leader knows it (absent: the
+                                             topic's replica table, version 0)
+``broker/<id>``                   register   ``{"state": "active" | "draining"}``        ``mesh node           balancer, cluster
+                                                                                         (de|re)commission``   status
+``reassign/<name>/<uuid>/<p>``    register   ``{"replicas": [...]}``: a manual move's    ``mesh partition      balancer (the
+                                             target; deleted by the leader once done     reassign``            partition's leader)
+``load``                          namespace  ``{"bytes": int, "replicas": int,           ``mesh.node.elastic``  balancer (bytes),
+                                             "leaders": int}``: this broker's disk       every second, on      cluster status
+                                             bytes and counts                            change
 ================================  =========  ==========================================  ====================  ======================
 
 A topic is usable once its header and all ``chunks`` chunks with the header's uuid are
@@ -58,6 +70,8 @@ __all__ = [
     "TPARTS_CHUNK_BYTES", "OFFSETS_CHUNK_PARTITIONS", "REGISTER_PREFIXES",
     "lead_key", "stats_key", "recovering_key", "topic_key", "tparts_key", "topic_of_key", "chunk_of",
     "offsets_key", "user_key", "acl_key",
+    "PCONF_PREFIX", "BROKER_PREFIX", "REASSIGN_PREFIX", "LOAD_KEY", "pconf_key", "broker_key", "reassign_key",
+    "parse_partition_key",
 ]
 
 MEMBER_KEY = "member"
@@ -73,7 +87,12 @@ PARTITION_CHUNK = 512           # partitions per lead/, stats/, recovering/ entr
 TPARTS_CHUNK_PARTITIONS = 1000  # at most this many partitions per tparts/ chunk ...
 TPARTS_CHUNK_BYTES = 30_000     # ... and about this many bytes (long node ids, high RF)
 OFFSETS_CHUNK_PARTITIONS = 32   # partitions per ``off/`` entry (metadata <= 256 chars: < 60 KB)
-REGISTER_PREFIXES = (TOPIC_PREFIX, TPARTS_PREFIX, USER_PREFIX, ACL_PREFIX)   # cluster registers
+PCONF_PREFIX = "pconf/"
+BROKER_PREFIX = "broker/"
+REASSIGN_PREFIX = "reassign/"
+LOAD_KEY = "load"
+REGISTER_PREFIXES = (TOPIC_PREFIX, TPARTS_PREFIX, USER_PREFIX, ACL_PREFIX,
+                     PCONF_PREFIX, BROKER_PREFIX, REASSIGN_PREFIX)   # cluster registers
 
 
 def chunk_of(partition: int) -> int:
@@ -133,3 +152,26 @@ def user_key(name: str) -> str:
 def acl_key(acl_id: str) -> str:
     """``acl/<id>``: one ACL rule (id: 16 hex characters)."""
     return ACL_PREFIX + acl_id
+
+
+def pconf_key(name: str, uuid: str, partition: int) -> str:
+    """``pconf/<name>/<uuid>/<p>``: partition ``p``'s newest Raft config, by its leader."""
+    return f"{PCONF_PREFIX}{name}/{uuid}/{partition}"
+
+
+def reassign_key(name: str, uuid: str, partition: int) -> str:
+    """``reassign/<name>/<uuid>/<p>``: a manual reassignment's target for partition ``p``."""
+    return f"{REASSIGN_PREFIX}{name}/{uuid}/{partition}"
+
+
+def broker_key(node_id: str) -> str:
+    """``broker/<id>``: a broker's operator-set state (active, draining)."""
+    return BROKER_PREFIX + node_id
+
+
+def parse_partition_key(key: str, prefix: str) -> tuple[str, str, int] | None:
+    """(topic, uuid, partition) of a ``pconf/`` or ``reassign/`` key; None if malformed."""
+    parts = key[len(prefix):].split("/")
+    if not key.startswith(prefix) or len(parts) != 3 or not parts[2].isdigit():
+        return None
+    return parts[0], parts[1], int(parts[2])

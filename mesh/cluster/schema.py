@@ -263,6 +263,52 @@ def _acl(rest: str, v: Any, now_ms: int) -> None:
         raise _Bad("pattern is literal or prefixed")
 
 
+def _partition_key(rest: str) -> None:
+    parts = rest.split("/")
+    if len(parts) != 3:
+        raise _Bad("a partition key is <prefix>/<name>/<uuid>/<p>")
+    _str(parts[0], "topic", 249, _TOPIC)
+    _str(parts[1], "uuid", 16, _HEX16)
+    _number(parts[2], "partition", MAX_PARTITIONS)
+
+
+def _pconf(rest: str, v: Any, now_ms: int) -> None:
+    _partition_key(rest)
+    _map(v, ("v", "t", "voters", "learners", "committed"), "partition config")
+    _int(v["v"], "version", 1, 2 ** 40)
+    _int(v["t"], "term", 0, 2 ** 40)
+    _replicas(v["voters"])
+    learners = v["learners"]
+    if type(learners) is not list or len(learners) + len(v["voters"]) > MAX_REPLICATION_FACTOR:
+        raise _Bad(f"voters and learners are at most {MAX_REPLICATION_FACTOR} node ids")
+    if learners:
+        _replicas(learners)
+    if set(learners) & set(v["voters"]):
+        raise _Bad("a node is both voter and learner")
+    if type(v["committed"]) is not bool:
+        raise _Bad("committed is a bool")
+
+
+def _broker(rest: str, v: Any, now_ms: int) -> None:
+    _str(rest, "node id", MAX_NODE_ID_CHARS)
+    _map(v, ("state",), "broker state")
+    if v["state"] not in ("active", "draining"):
+        raise _Bad("state is active or draining")
+
+
+def _reassign(rest: str, v: Any, now_ms: int) -> None:
+    _partition_key(rest)
+    _map(v, ("replicas",), "reassignment")
+    _replicas(v["replicas"])
+
+
+def _load(rest: str, v: Any, now_ms: int) -> None:
+    _map(v, ("bytes", "replicas", "leaders"), "load")
+    _int(v["bytes"], "bytes")
+    _int(v["replicas"], "replicas")
+    _int(v["leaders"], "leaders")
+
+
 _Check = Callable[[str, Any, int], None]
 _CHECKS: tuple[tuple[str, _Check], ...] = (
     (keys.MEMBER_KEY, _member),
@@ -274,4 +320,8 @@ _CHECKS: tuple[tuple[str, _Check], ...] = (
     (keys.TPARTS_PREFIX, _tparts),
     (keys.USER_PREFIX, _user),
     (keys.ACL_PREFIX, _acl),
+    (keys.PCONF_PREFIX, _pconf),
+    (keys.BROKER_PREFIX, _broker),
+    (keys.REASSIGN_PREFIX, _reassign),
+    (keys.LOAD_KEY, _load),
 )

@@ -55,12 +55,17 @@ class ClientHandlers:
             m.MetadataRequest: self.on_metadata,
             m.CreateTopicRequest: self.on_create_topic,
             m.DeleteTopicRequest: self.on_delete_topic,
+            m.AlterTopicRequest: self.on_alter_topic,
             m.ListOffsetsRequest: self.on_list_offsets,
         }
         # users and ACLs (``mesh.node.security_handlers``); secured mode sets ``.registry``
         self.security = SecurityHandlers(gossip=gossip, commit_turn=data.commit_turn,
                                          apply_cluster_change=apply_cluster_change, reply=reply)
         self._table.update(self.security.table())
+
+    def extend(self, table: dict[type, Callable]) -> None:
+        """More request handlers (``mesh.node.elastic_handlers``)."""
+        self._table.update(table)
 
     def handler_for(self, msg: Any) -> Callable | None:
         return self._table.get(type(msg))
@@ -83,6 +88,21 @@ class ClientHandlers:
         log.info("deleted topic %s", req.name)
         self.reply(ident, rid, m.DeleteTopicResponse(0))
 
+    def on_alter_topic(self, ident, rid, req: m.AlterTopicRequest, payload) -> None:
+        """More partitions and/or another replication factor (``Catalog.alter``); new
+        partitions go to live brokers that are not draining."""
+        self.data.commit_turn()
+        draining = {key[len(keys.BROKER_PREFIX):]
+                    for key, v in self.gossip.cluster_items(keys.BROKER_PREFIX).items()
+                    if isinstance(v, dict) and v.get("state") == m.BROKER_DRAINING}
+        t = self.catalog.alter(req.name, req.partitions, req.replication_factor,
+                               [n for n in self.directory.live() if n not in draining])
+        if not self.apply_cluster_change():
+            raise MeshError(ErrorCode.STORAGE_ERROR, "topic altered but not persisted here (storage error)")
+        log.info("altered topic %s: %d partitions, replication factor %d", req.name, t.partitions,
+                 t.replication_factor)
+        self.reply(ident, rid, m.AlterTopicResponse(0))
+
     # -- metadata -----------------------------------------------------------------------
     def on_metadata(self, ident, rid, req: m.MetadataRequest, payload) -> None:
         now = self.clock.wall_ms()
@@ -99,6 +119,7 @@ class ClientHandlers:
                      "generation": mem.generation, "heartbeat": mem.heartbeat, "heartbeat_age_ms": age,
                      "store_id": member.get("store_id") if isinstance(member, dict) else None,
                      "recovering": sum(len(v) for v in recovering[mem.node_id].values() if isinstance(v, list))}
+            entry.update(self._elastic_entry(mem.node_id))
             if mem.node_id == self.node_id:
                 entry.update(identity=self.identity(), recovering=sum(
                     1 for pid in self.catalog.local if self.replicas.recovering(pid)))
@@ -121,6 +142,17 @@ class ClientHandlers:
                                           for p in range(len(t.replicas))]})
         self.reply(ident, rid, m.MetadataResponse(0, brokers, topics, self.node_id))
 
+    def _elastic_entry(self, node: str) -> dict:
+        """A broker's operator state (active, draining, drained) and the load it reports."""
+        load = self.gossip.node_items(node, keys.LOAD_KEY).get(keys.LOAD_KEY)
+        load = load if isinstance(load, dict) else {}
+        reg = self.gossip.cluster_items(keys.broker_key(node)).get(keys.broker_key(node))
+        state = reg.get("state", "active") if isinstance(reg, dict) else "active"
+        if state == "draining" and load.get("replicas") == 0:
+            state = "drained"
+        return {"state": state, "replicas": load.get("replicas"), "leaders": load.get("leaders"),
+                "bytes": load.get("bytes")}
+
     def _partition_entry(self, t: Topic, p: int, live: set[str], stats: dict[str, dict],
                          recovering: dict[str, dict], addresses: dict[str, str]) -> dict:
         reps = list(t.replicas[p])
@@ -139,6 +171,7 @@ class ClientHandlers:
         return {**local, "partition": p, "leader": leader,
                 "leader_address": addresses.get(leader) if leader else None,
                 "epoch": max(epoch, 0), "replicas": reps, "isr": isr,
+                "learners": list(t.learners[p]) if t.learners else [],
                 "log_start": start, "log_end": end, "high_watermark": hw,
                 "recovering": [r for r in reps if self._recovering(recovering.get(r), t.name, p)]}
 

@@ -78,7 +78,6 @@ import logging
 import os
 import random
 import signal
-from dataclasses import dataclass, field
 
 import msgpack
 import zmq
@@ -87,12 +86,15 @@ from mesh.cluster import keys, schema
 from mesh.cluster.catalog import Catalog
 from mesh.gossip import Gossip, GossipConfig
 from mesh.node.clock import SYSTEM_CLOCK, Clock
+from mesh.node.config import NodeConfig
 from mesh.node.bounds import StartupError, check_bounds, raise_nofile_limit, router_options
 from mesh.node.datapath import DataLimits, DataPath
 from mesh.node.outbox import Outbox
 from mesh.node.ratelog import RateLimitedLog
 from mesh.node.dispatch import Dispatcher, open_router
 from mesh.node.directory import Directory
+from mesh.node.elastic import Elastic, ElasticSettings, raft_config
+from mesh.node.elastic_handlers import ElasticHandlers
 from mesh.node.group_host import GroupHost, GroupHostConfig
 from mesh.node.handlers import ClientHandlers
 from mesh.node.peers import PeerLinks
@@ -112,58 +114,6 @@ log = logging.getLogger("mesh.node.loop")
 
 _RELEARN_QUIET_MS = 2_000      # --reset-gossip: gossip unchanged this long after a peer was heard
 _PRODUCER_EXPIRY_CHECK_MS = 60_000
-
-
-@dataclass
-class NodeConfig:
-    node_id: str
-    bind: str = "127.0.0.1:7101"
-    data_dir: str = "data"
-    seeds: list[str] = field(default_factory=list)
-    max_requests_per_turn: int = 512
-    tick_ms: int = 50
-    # election timeouts are drawn from [election_ticks, 2 * election_ticks) ticks: 0.7-1.4 s,
-    # at least 7 heartbeats (every 2 ticks) without a word from the leader
-    election_ticks: int = 14
-    retention_check_ms: int = 5_000
-    gossip_interval_ms: int = 200
-    stats_every_ms: int = 1_000
-    map_size_bytes: int = 64 << 30
-    sync: bool = True
-    hwm_messages: int = 10_000
-    text_port: int | None = None
-    text_max_connections: int = 64         # text gateway limits: see mesh.gateway.text
-    text_idle_timeout_ms: int = 300_000
-    text_evict_idle_ms: int = 10_000
-    text_max_subscriptions: int = 256
-    group_max_session_timeout_ms: int = 10_000   # also the takeover grace of a new coordinator
-    group_heartbeat_interval_ms: int = 500
-    # bounds (issue 13; each has a `mesh node` option; Kafka's names in the comments)
-    max_frame_bytes: int = 16 << 20          # ZMQ_MAXMSGSIZE on the ROUTER (socket.request.max.bytes)
-    max_body_bytes: int = 1 << 20            # msgpack body of a client request (records travel apart)
-    fetch_max_bytes: int = 8 << 20           # per fetch answer, plus one batch (fetch.max.bytes)
-    partition_fetch_max_bytes: int = 4 << 20  # per partition of a fetch (max.partition.fetch.bytes)
-    fetch_max_wait_ms: int = 30_000          # long-poll cap (fetch.max.wait.ms)
-    max_parked_fetches: int = 5_000          # long-poll fetches waiting at once
-    max_parked_per_client: int = 16
-    client_sndhwm: int = 16                  # answers queued in ZeroMQ per client pipe
-    client_backlog_bytes: int = 4 << 20      # then in the node per client; beyond, answers dropped
-    heartbeat_ivl_ms: int = 1_000            # ZMTP PING on every link to a peer
-    heartbeat_timeout_ms: int = 3_000        # a peer link silent this long after a PING: dropped (both ends)
-    produce_quota_bytes_per_s: int = 0       # per client, 0 = off (quota producer_byte_rate)
-    fetch_quota_bytes_per_s: int = 0         # per client, 0 = off (quota consumer_byte_rate)
-    producer_id_expiration_ms: int = 86_400_000  # producer.id.expiration.ms
-    max_producer_ids: int = 1_000_000        # idempotent-producer states kept (longest idle go first)
-    reset_gossip: bool = False               # start without the gossip snapshot, relearn from peers
-    rejoin_empty: bool = False   # a refused data directory is moved aside; start empty (lost state)
-    # security (mesh.security): CURVE + ZAP with the secrets directory; open only on loopback
-    secrets_dir: str | None = None
-    superusers: list[str] = field(default_factory=list)   # more superusers, by user name
-    insecure: bool = False       # allow running open on a non-loopback address (a warning)
-    max_connections: int = 4096  # open connections to the ROUTER; beyond: handshakes refused
-    text_creds: str | None = None   # secured: the creds file the text gateway's clients use
-    metrics_port: int | None = None   # /metrics (Prometheus) on the bind host: mesh.node.metrics
-    metrics_per_partition: bool = True
 
 
 def _seeded_rng() -> random.Random:
@@ -229,10 +179,12 @@ class Node:
         self.publish = Publisher(config.node_id, self.gossip, self.catalog, self.store)  # lead/, stats/
         self.replicas = ReplicaHost(config.node_id, self.store, self.producers, _seeded_rng(),
                                     self._send_to_node, self.publish.leadership,
-                                    ReplicationConfig(election_ticks=config.election_ticks),
+                                    ReplicationConfig(election_ticks=config.election_ticks,
+                                                      learner_bytes_per_tick=config.move_rate_bytes * config.tick_ms // 1000),
                                     tick_ms=config.tick_ms, now_ms=clock.now_ms,
                                     store_id=self.store_id, confirmed=self._identity == "confirmed")
         self.replicas.reply = self._reply
+        self.catalog.local_config = self.replicas.local_config   # configs rule 3: drop on evidence only
         self.publish.replicas = self.replicas
         if self._identity == "lost":
             self.replicas.declare_lost_state()
@@ -283,6 +235,15 @@ class Node:
                              fetch_bytes_per_s=config.fetch_quota_bytes_per_s)
         self.outbox.on_gone = self.data.drop_client
         self.dispatch.outbox = self.outbox
+        self.elastic = Elastic(config.node_id, self.gossip, self.catalog, self.replicas, self.store, clock.wall_ms,
+                               ElasticSettings(replace_dead_after_ms=config.replace_dead_after_ms,
+                                               max_moves_per_broker=config.max_moves_per_broker,
+                                               enabled=config.balance),
+                               leader_of=lambda t, p: self.directory.leader(t, p).node_id)
+        self.handlers.extend(ElasticHandlers(gossip=self.gossip, catalog=self.catalog, elastic=self.elastic,
+                                             commit_turn=self.data.commit_turn, reply=self._reply,
+                                             apply_cluster_change=self._apply_cluster_change,
+                                             wall_ms=clock.wall_ms).table())
         self.security_sync = SecuritySync(self.gossip, self.security.registry, self.security.authorizer)
         self.security_sync.refresh()
         if self.security.secured:
@@ -420,6 +381,8 @@ class Node:
         if mono_ms >= self._next_producer_expiry_ms:
             self._next_producer_expiry_ms = mono_ms + min(_PRODUCER_EXPIRY_CHECK_MS, self.cfg.producer_id_expiration_ms)
             self._step("producer expiry", self.producers.expire, self.clock.wall_ms())
+        if not self._relearning:
+            self._step("elastic", self.elastic.tick, now_ms)   # config changes to gossip; moves (mesh.node.elastic)
         if not self.data.commit_turn():  # the turn's one sync; then acks, replication sends, wake-ups
             self._seen_version = -1      # reconcile and persist the snapshot again on a good turn
         self._step("publish", self.publish.flush)     # leadership changes of the turn, to gossip
@@ -540,7 +503,7 @@ class Node:
         if removed:
             self.data.forget(removed)
         for pid in sorted(added):
-            self.replicas.add(pid, self.catalog.replicas_of(pid))
+            self.replicas.add(pid, raft_config(self.catalog.config_of_pid(pid)))
             if len(added) <= 8:
                 log.info("now hosting %s/%d", *self.catalog.local[pid])
         if len(added) > 8:

@@ -24,6 +24,13 @@ Per loop turn:
 - if the turn's commit failed (``after_commit(False)``), nothing held is sent and the core
   is rebuilt from storage: it had run ahead of the disk.
 
+Membership (``mesh.raft.configuring``): ``add`` takes a replica list (the initial config)
+or a ``Config``; the persisted state's config history wins over it (a state written before
+membership changes existed has none: the initial config). ``propose_config`` applies its
+Ready like any other call. Config changes the core reports (``Ready.configs``) are held
+like messages: ``take_config_changes`` returns them only once the turn's sync made the
+history that holds them durable (the node then writes the leader's to gossip).
+
 acks=all waiters are answered when the commit offset passes their batch's end, failed with
 NOT_LEADER when this node loses leadership or truncates below them, and with TIMEOUT when
 their ``timeout_ms`` passes (all retriable; the idempotent producer makes retries safe).
@@ -55,6 +62,7 @@ from mesh.wire.records import MAGIC, iter_batches, parse_header, patch_batch
 from mesh.raft import (
     PEER_MESSAGES, Append, PersistState, Ready, ReplAppend, ReplicaManager, ReplicationConfig, ResetLog, Truncate,
 )
+from mesh.raft.membership import Config, config_from_wire, config_to_wire
 from mesh.raft.messages import parse_rows
 from mesh.node.clock import now_ms as _monotonic_ms
 from mesh.node.producer_state import ProducerStates
@@ -70,10 +78,10 @@ _STATE_KEY = struct.Struct(">Q")
 REPLICATION_MESSAGES: tuple[type, ...] = PEER_MESSAGES  # what the node loop routes to ``step``
 
 
-def check_append_payload(msg: ReplAppend, payload: bytes | None) -> None:
+def check_append_payload(msg: ReplAppend, payload: bytes | None, max_replicas: int = 9) -> None:
     """MeshError unless every row of ``msg`` carries whole, intact batches from its
     ``prev_offset`` to its ``end_offset``, all of its ``batch_epoch`` (see the module doc)."""
-    rows = parse_rows(msg)
+    rows = parse_rows(msg, max_replicas)
     view, at = memoryview(payload or b""), 0
     for r in rows:
         chunk, at = view[at:at + r.payload_bytes], at + r.payload_bytes
@@ -94,15 +102,19 @@ def check_append_payload(msg: ReplAppend, payload: bytes | None) -> None:
 
 
 def pack_state(st: PersistState) -> bytes:
-    """The ``repl`` row of a partition: [term, vote, commit, epoch cache, recovering]."""
-    return msgpack.packb([st.term, st.vote, st.commit, [list(e) for e in st.epoch_cache], int(st.recovering)])
+    """The ``repl`` row of a partition: [term, vote, commit, epoch cache, recovering,
+    config history [[offset, version, term, voters, learners], ...]]."""
+    return msgpack.packb([st.term, st.vote, st.commit, [list(e) for e in st.epoch_cache], int(st.recovering),
+                          [config_to_wire(o, c) for o, c in st.configs]])
 
 
 def unpack_state(pid: int, raw: bytes) -> PersistState:
     fields = msgpack.unpackb(raw, raw=False)
     term, vote, commit, cache = fields[:4]
     recovering = bool(fields[4]) if len(fields) > 4 else False  # rows written before issue 17
-    return PersistState(pid, term, vote, commit, tuple(tuple(e) for e in cache), recovering)
+    # rows written before issue 14 have no history: the partition's initial config (add's replicas)
+    configs = tuple(config_from_wire(m, 1 << 10) for m in fields[5]) if len(fields) > 5 else ()
+    return PersistState(pid, term, vote, commit, tuple(tuple(e) for e in cache), recovering, configs)
 
 
 class StoreReader:
@@ -185,7 +197,9 @@ class ReplicaHost:
         self.core = ReplicaManager(node_id, rng, self.cfg, self.reader, store_id=store_id,
                                    confirmed=confirmed)
         self._hard: set[int] = set()   # partitions whose term, vote or epoch cache this turn wrote
-        self._replicas: dict[int, tuple[str, ...]] = {}
+        self._replicas: dict[int, tuple[str, ...] | Config] = {}   # what add() was given
+        self._cfg_turn: dict[int, tuple[Config, bool]] = {}   # config changes of this turn (not durable yet)
+        self._cfg_done: dict[int, tuple[Config, bool]] = {}   # durable: for take_config_changes
         self._held: list[Send] = []
         self._committed: dict[int, int] = {}
         self._leadership: dict[int, tuple[str | None, int]] = {}
@@ -207,13 +221,17 @@ class ReplicaHost:
             return None
         return unpack_state(pid, raw)
 
-    def add(self, pid: int, replicas: list[str]) -> None:
+    def add(self, pid: int, replicas: list[str] | tuple[str, ...] | Config) -> None:
+        """Host a replica of ``pid``: ``replicas`` is the initial replica list or a
+        ``Config`` (a learner joining); a persisted config history wins over it."""
         state = self._load_state(pid)
         if state is not None:
             self._persisted[pid] = state
+        if not isinstance(replicas, Config):
+            replicas = tuple(replicas)
         self.core.add_partition(pid, replicas, state, self.store.log_end(pid))
-        self._replicas[pid] = tuple(replicas)
-        if replicas[0] == self.node_id:
+        self._replicas[pid] = replicas
+        if self.core.config(pid).voters[0] == self.node_id:
             # the preferred replica campaigns at once (pre-vote: a healthy leader's
             # followers ignore it), so a new or restarted partition has a leader in one round trip
             self.apply(self.core.campaign(pid))
@@ -221,6 +239,8 @@ class ReplicaHost:
     def remove(self, pid: int) -> None:
         self.core.remove_partition(pid)
         self._replicas.pop(pid, None)
+        self._cfg_turn.pop(pid, None)
+        self._cfg_done.pop(pid, None)
         self._persisted.pop(pid, None)
         self._lazy.pop(pid, None)
         self._fail_waiters(pid, ErrorCode.UNKNOWN_TOPIC, "the partition was deleted")
@@ -246,6 +266,47 @@ class ReplicaHost:
 
     def recovering(self, pid: int) -> bool:
         return self.core.recovering(pid)
+
+    # -- membership ---------------------------------------------------------------------
+    def propose_config(self, pid: int, voters: list[str] | tuple[str, ...],
+                       learners: list[str] | tuple[str, ...] = ()) -> None:
+        """One single-server step (``ReplicaManager.propose_config``): MeshError NOT_LEADER,
+        or INVALID_REQUEST with the reason the step is refused or must wait."""
+        self.apply(self.core.propose_config(pid, voters, learners))
+
+    def config(self, pid: int) -> Config:
+        return self.core.config(pid)
+
+    def committed_config(self, pid: int) -> Config:
+        return self.core.committed_config(pid)
+
+    def config_pending(self, pid: int) -> bool:
+        return self.core.config_pending(pid)
+
+    def followers(self, pid: int) -> dict[str, int]:
+        """Leader only: each follower's and learner's durable match offset ({} elsewhere)."""
+        return self.core.followers(pid)
+
+    def transfer_leadership(self, pid: int, target: str) -> None:
+        """Hand leadership of ``pid`` to ``target`` (a voter; a no-op when not leading)."""
+        self.apply(self.core.transfer_leadership(pid, target))
+
+    def leaders(self) -> list[int]:
+        """The partitions this node leads, ascending."""
+        return self.core.leaders()
+
+    def local_config(self, pid: int) -> tuple[int, tuple[str, ...]] | None:
+        """(version, members) of the latest config in this replica's log; None if not hosted
+        (``mesh.cluster.configs`` rule 3)."""
+        if pid not in self._replicas:
+            return None
+        c = self.core.config(pid)
+        return c.version, c.members
+
+    def take_config_changes(self) -> dict[int, tuple[Config, bool]]:
+        """``{pid: (latest config, committed)}`` changed since the last call, durable."""
+        out, self._cfg_done = self._cfg_done, {}
+        return {pid: v for pid, v in out.items() if pid in self._replicas}
 
     def status(self, pid: int) -> dict:
         return self.core.status(pid)
@@ -276,8 +337,8 @@ class ReplicaHost:
                                 "not voting or counted until caught up", st.pid)
                 else:
                     log.info("partition %d: refilled to the leader's commit offset: voting and counted again", st.pid)
-            if last is not None and (last.term, last.vote, last.epoch_cache, last.recovering) == (
-                    st.term, st.vote, st.epoch_cache, st.recovering) and st.commit >= last.commit:
+            if last is not None and (last.term, last.vote, last.epoch_cache, last.recovering, last.configs) == (
+                    st.term, st.vote, st.epoch_cache, st.recovering, st.configs) and st.commit >= last.commit:
                 # only the commit offset moved: Raft's commit index is volatile state, a stale
                 # one on disk is safe, so it rides along with the next real write (no sync of its own)
                 self._lazy[st.pid] = st
@@ -286,6 +347,7 @@ class ReplicaHost:
         self._held.extend(ready.messages)
         self._committed.update(ready.committed)
         self._leadership.update(ready.leadership)
+        self._cfg_turn.update(ready.configs)
 
     def _write_state(self, st: PersistState) -> None:
         self._hard.add(st.pid)
@@ -315,7 +377,7 @@ class ReplicaHost:
         held, keep = self._held, []
         hard = self._hard
         for e in held:
-            if type(e.msg) is ReplAppend and not any(r.pid in hard for r in parse_rows(e.msg)):
+            if type(e.msg) is ReplAppend and not any(r.pid in hard for r in e.msg.rows):
                 self._send(e.dest, e.msg, e.payload)
             else:
                 keep.append(e)
@@ -330,7 +392,7 @@ class ReplicaHost:
         """One replication message from peer ``src_node``; MeshError (nothing applied) if it
         is malformed. Rows the core refused are logged once per peer and reason."""
         if type(msg) is ReplAppend and payload:
-            check_append_payload(msg, payload)
+            check_append_payload(msg, payload, self.cfg.max_replicas)
         self.apply(self.core.step(src_node, msg, payload))
         for peer, why in self.core.take_refusals().items():
             key = (peer, re.sub(r"\d+", "#", why)[:80])
@@ -373,8 +435,11 @@ class ReplicaHost:
         self.reader.tail.clear()
         self._hard.clear()
         if not ok:
+            self._cfg_turn = {}
             self._rebuild()
             return set()
+        self._cfg_done.update(self._cfg_turn)   # durable now; later Readies belong to the next turn
+        self._cfg_turn = {}
         appended, self._appended = self._appended, {}
         for pid, end in appended.items():
             if pid in self._replicas:

@@ -13,10 +13,14 @@ operation and the shell contract), then:
     log.py        the epoch cache, the storage effects, the LogReader protocol
     messages.py   the peer protocol: one row per partition, one message per kind and peer
     config.py     ReplicationConfig
+    membership.py Config, the config history (markers in the log), the allowed steps
+    configuring.py  its use in a replica: who counts, config changes and their commit
+    outbox.py     coalescing: one message per peer and kind
 """
 from mesh.raft.config import ReplicationConfig
 from mesh.raft.log import Append, EpochCache, LogOp, LogReader, PersistState, ResetLog, Truncate
 from mesh.raft.manager import Ready, ReplicaManager
+from mesh.raft.membership import Config, check_step
 from mesh.raft.messages import (
     PEER_MESSAGES, PeerMessage, ReplAppend, ReplAppendResp, ReplHeartbeat, ReplHeartbeatResp,
     ReplTimeoutNow, ReplVote, ReplVoteResp,
@@ -24,7 +28,7 @@ from mesh.raft.messages import (
 from mesh.raft.partition import Role
 
 __all__ = [
-    "ReplicaManager", "ReplicationConfig", "Ready", "Role",
+    "ReplicaManager", "ReplicationConfig", "Ready", "Role", "Config", "check_step",
     "Append", "Truncate", "ResetLog", "LogOp", "PersistState", "EpochCache", "LogReader",
     "PEER_MESSAGES", "PeerMessage", "ReplAppend", "ReplAppendResp", "ReplHeartbeat",
     "ReplHeartbeatResp", "ReplVote", "ReplVoteResp", "ReplTimeoutNow",

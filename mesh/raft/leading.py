@@ -12,7 +12,10 @@ follows (see ``mesh.raft.manager``, "Lost state", for why):
   our log end, from a new life at the old ``match``, which a follower that kept its disk
   acks at once);
 - a follower that says it is recovering counts toward neither commit nor the in-sync set
-  and is never a transfer target (``Progress.recovering``).
+  and is never a transfer target (``Progress.recovering``);
+- only the latest config's voters count (commit, in-sync set, write admission, transfer
+  targets); learners are replicated to within the node-wide catch-up budget
+  (``mesh.raft.configuring``).
 """
 from __future__ import annotations
 
@@ -40,6 +43,7 @@ class Leading:
         now = self.host.now_tick
         pr.last_resp_tick = now
         self._note_recovering(pr, row.recovering)
+        self._note_config_id(pr, row.cfg_version, row.cfg_term)
         if row.ok:
             m = row.offset
             if m > self.end:
@@ -48,6 +52,8 @@ class Leading:
                 self._maybe_commit()
             if pr.state == PROBE:
                 pr.become_replicate()
+                if not self.epoch_committed:
+                    self._maybe_commit()
             elif m < row.hint_end and m == pr.match:
                 pr.become_probe(m)  # a partial ack: resend from where its log stops
             if pr.match >= self.end:
@@ -78,10 +84,12 @@ class Leading:
         now = self.host.now_tick
         pr.last_resp_tick = now
         self._note_recovering(pr, row.recovering)
+        self._note_config_id(pr, row.cfg_version, row.cfg_term)
         if pr.state == PROBE:
             pr.probe_sent = False  # the probe or its answer may be lost: retry
-        elif pr.recovering and not pr.inflight:
-            # it waits for an append to show it caught up (an idle partition sends none)
+        elif (pr.recovering or pr.config_id != self.history.latest().ident) and not pr.inflight:
+            # it waits for an append to show it caught up, or to carry our config markers
+            # (an idle partition sends none)
             pr.become_probe(min(pr.match, self.end))
         elif (oldest := pr.oldest_sent_tick()) is not None and now - oldest >= self.cfg.retransmit_ticks:
             pr.become_probe(pr.match)  # lost in flight: resend from what it acknowledged
@@ -110,24 +118,38 @@ class Leading:
     def _maybe_commit(self: Partition) -> None:
         if self.role.value != "leader":
             return
-        held = [self.synced] + [pr.match for pr in self.progress.values() if pr.counted()]
+        held = [self.synced] if self.node in self.voters else []
+        for v in self.voters:
+            pr = self.progress.get(v)
+            if pr is not None and pr.counted():
+                held.append(pr.match)
         commit = committed_offset(held, self.epoch_start, self.quorum)
         if commit is not None:
             self._set_commit(commit)
+        if not self.epoch_committed:  # a quorum acked our marker in this term (config changes wait for it)
+            acked = sum(1 for v in self.voters if v != self.node and (pr := self.progress.get(v)) is not None
+                        and pr.counted() and pr.state == REPLICATE and pr.match >= self.epoch_start)
+            self.epoch_committed = acked + (self.node in self.voters) >= self.quorum
+        self._check_config_commit()
 
     def send_appends(self: Partition) -> None:
         """Called by the manager's flush: fill every follower's pipeline."""
         if self.role.value != "leader":
             return
-        cfg = self.cfg
+        cfg, host = self.cfg, self.host
         for peer in self.peers:
             pr = self.progress[peer]
+            learner = peer not in self.voters
             if pr.state == REPLICATE:
                 while pr.next < self.end and pr.can_send(cfg.max_inflight_msgs, cfg.max_inflight_bytes):
+                    if learner and host.learner_budget == 0:
+                        host.starved(self)  # catch-up waits for the next tick's budget
+                        break
                     if self._send_append(peer, pr, data=True) < 0:
                         break  # fell behind our log start: now probing
             if pr.state == PROBE and not pr.probe_sent:
-                pr.probe_prev = self._send_append(peer, pr, data=pr.next == pr.match)
+                data = pr.next == pr.match and not (learner and host.learner_budget == 0)
+                pr.probe_prev = self._send_append(peer, pr, data=data)
                 pr.probe_sent = True
 
     def _send_append(self: Partition, peer: str, pr: Progress, data: bool) -> int:
@@ -140,7 +162,8 @@ class Leading:
                 pr.become_probe(prev)
                 return -1
             row = AppendRow(self.pid, self.term, start, self.cache.epoch_at(start - 1), start, 0,
-                            self.epoch_start, self.commit, 0, 1)
+                            self.epoch_start, self.commit, 0, 1, *self.cfg_commit_ident(),
+                            self.history.window(start, start))
             self._send(peer, row)
             return start
         prev_epoch = self.cache.epoch_at(prev - 1) if prev > 0 else 0
@@ -156,23 +179,28 @@ class Leading:
                     return -1
                 epoch = 0
             payload = bytes(payload)
+        carry = pr.config_id != self.history.latest().ident
         row = AppendRow(self.pid, self.term, prev, prev_epoch, end, epoch, self.epoch_start,
-                        self.commit, len(payload), 0)
+                        self.commit, len(payload), 0, *self.cfg_commit_ident(),
+                        self.history.window(prev, end) if carry else [])
         self._send(peer, row, payload)
+        if payload and self.host.learner_budget > 0 and peer not in self.voters:
+            self.host.learner_budget = max(0, self.host.learner_budget - len(payload))
         if pr.state == REPLICATE:
             pr.sent(end, len(payload), self.host.now_tick)
         return prev
 
     def heartbeat(self: Partition) -> None:
+        cv, ct = self.cfg_commit_ident()
         for peer in self.peers:
             pr = self.progress[peer]
-            self._send(peer, HeartbeatRow(self.pid, self.term, min(self.commit, pr.match)))
+            self._send(peer, HeartbeatRow(self.pid, self.term, min(self.commit, pr.match), cv, ct))
 
     # -- leadership transfer ---------------------------------------------------------------------
     def transfer_leadership(self: Partition, target: str) -> None:
         """Stop taking appends; once ``target`` holds our whole log, tell it to campaign
         (TimeoutNow). Abandoned after an election timeout. Never to a recovering replica."""
-        if (self.role.value != "leader" or target == self.node or target not in self.peers
+        if (self.role.value != "leader" or target == self.node or target not in self.voters
                 or self.progress[target].recovering):
             return
         self.transfer_to = target
@@ -188,7 +216,7 @@ class Leading:
         """The most caught-up follower that answers and is not recovering (corruption hand-over)."""
         now, window = self.host.now_tick, self.cfg.election_ticks
         best = [(pr.match, peer) for peer, pr in self.progress.items()
-                if not pr.recovering and pr.active(now, window)]
+                if not pr.recovering and pr.active(now, window) and peer in self.voters]
         return max(best)[1] if best else None
 
     # -- local appends ---------------------------------------------------------------------------
@@ -197,7 +225,8 @@ class Leading:
             hint = self.transfer_to if self.role.value == "leader" else self.leader
             raise MeshError(ErrorCode.NOT_LEADER, f"partition {self.pid}: not the leader", leader=hint)
         now, window = self.host.now_tick, 3 * self.cfg.heartbeat_ticks + 1
-        if 1 + sum(1 for pr in self.progress.values() if pr.counted() and pr.active(now, window)) < self.quorum:
+        voters = [self.progress[v] for v in self.voters if v != self.node]
+        if 1 + sum(1 for pr in voters if pr.counted() and pr.active(now, window)) < self.quorum:
             raise MeshError(ErrorCode.NOT_ENOUGH_REPLICAS,
                             f"partition {self.pid}: the leader has not heard from a quorum of "
                             f"{self.quorum} replicas (not recovering) recently")

@@ -158,6 +158,7 @@ class PersistState:
     commit: int
     epoch_cache: tuple[tuple[int, int], ...]  # ((epoch, start_offset), ...)
     recovering: bool = False  # lost state, refilling: no votes, not counted (kept across restarts)
+    configs: tuple = ()       # ((offset, membership.Config), ...): the config history; () = the initial one
 
 
 class LogReader(Protocol):

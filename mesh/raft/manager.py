@@ -12,8 +12,16 @@ out. Modules of ``mesh.raft``: ``messages`` (the peer protocol's rows and messag
 ``log`` (epoch cache, storage effects, the reader protocol), ``config``
 (``ReplicationConfig``), ``partition`` (one partition's state machine), ``progress`` (the
 leader's view of each follower: probe / replicate, the inflight window), ``quorum``
-(majorities, the commit offset, vote tallies), and this one (the public API, coalescing,
-the ``Ready``). The package exports the public API: ``from mesh.raft import ...``.
+(majorities, the commit offset, vote tallies), ``membership`` (configs, their history in
+the log, the allowed single-server steps), ``outbox`` (coalescing), and this one (the
+public API, the ``Ready``). The package exports the public API: ``from mesh.raft import ...``.
+
+- **Membership** (``mesh.raft.membership``). The replica set is a ``Config`` (voters, the
+  first preferred, and learners) recorded as zero-width markers in the log; a replica uses
+  the latest one in its log. Quorums, commit, the ISR, check-quorum and elections count
+  the latest config's voters only; learners get the log (catch-up bounded node-wide by
+  ``learner_bytes_per_tick``) and never vote. ``propose_config`` takes one single-server
+  step at a time, once the leader's epoch marker and the previous config are committed.
 
 - **Log and log matching.** The core never reads records. A log is an end offset and a
   leader-epoch cache ``[(epoch, start_offset), ...]``; record batches travel as opaque
@@ -45,14 +53,11 @@ the ``Ready``). The package exports the public API: ``from mesh.raft import ...`
   ``max_inflight_bytes`` bytes in flight. A loss shows as a rejected append (gap) or an
   ack that does not come within ``retransmit_ticks``: the leader probes again from the
   last acked offset.
-- **Coalescing.** Everything a call produces for one peer goes out as one message per kind
-  (split only at ``max_rows_per_message`` / ``max_message_bytes``). Leaders heartbeat on a
-  node-wide beat (every ``heartbeat_ticks``), so an idle broker sends one heartbeat and one
-  heartbeat response per peer per beat, however many partitions they share. With the
-  defaults (tick 50 ms, heartbeat every 2 ticks) and 1,000 partitions x RF 3 on 3 brokers,
-  that is 4 messages per beat = 40 messages/s sent per broker (120/s for the cluster),
-  where one message per partition would be about 13,300/s per broker
-  (``tests.sim.replication_sim.idle_messages_per_sec`` measures it).
+- **Coalescing** (``mesh.raft.outbox``). What a call produces for one peer goes out as one
+  message per kind. Leaders heartbeat on a node-wide beat (every ``heartbeat_ticks``), so
+  an idle broker sends one heartbeat and one response per peer per beat, however many
+  partitions they share: 1,000 partitions x RF 3 on 3 brokers (defaults) is 40 messages/s
+  per broker, not about 13,300/s (``tests.sim.replication_sim.idle_messages_per_sec``).
 - **Fencing.** Every row carries the sender's term. A row from an older term is dropped and
   an older leader's append or heartbeat is answered with FENCED_EPOCH and the newer term,
   which makes it step down. A leader that has not heard from a quorum for an election
@@ -98,9 +103,8 @@ be counted for it, nor vote as if it remembered. The rules (issue 17):
    (pre-)votes, never campaign and ignore TimeoutNow; they follow and ack. RF 1: no
    restriction (there is no one to ask, nothing to refill from). RF 2: they do grant
    votes, whatever their log says (never campaign): the candidate is then the only other
-   replica, which holds every
-   committed entry (a commit needs both) and knows every term we could have voted in;
-   otherwise a partition whose leader stepped down could never elect one again.
+   voter, which holds every committed entry (a commit needs both) and knows every term
+   we could have voted in; otherwise its partition could never elect a leader again.
 4. **Recovering.** After ``declare_lost_state`` every replica (and every one added later
    in this life) is *recovering*: no votes, no campaigns; its append and heartbeat
    responses say ``recovering``, and a leader counts it neither toward commit nor the ISR
@@ -145,8 +149,8 @@ One loop turn of the node (single-threaded), for this core:
    ``base_offset``, which is the log end; all carry epoch ``epoch``. ``Truncate``: delete
    batches at/after ``to_offset``. ``ResetLog``: delete all batches; log start = end =
    ``start_offset``), then ``persist`` (``PersistState``: one record per partition -
-   term, vote, commit, epoch cache). Hold its ``messages``, ``committed`` and
-   ``leadership`` for step 6.
+   term, vote, commit, epoch cache, config history). Hold its ``messages``,
+   ``committed``, ``leadership`` and ``configs`` for step 6.
 4. Commit the write transaction with one fsync (group commit). Then call
    ``synced(pid, end_offset)`` for every partition that got ``leader_append`` data this
    turn. Its Ready can only advance commit; its ``persist`` (the new commit offset) may
@@ -168,14 +172,14 @@ One loop turn of the node (single-threaded), for this core:
    fetches; fetches are served below it only) and ``leadership`` (``{pid: (leader or
    None, epoch)}``: gossip it; if this node lost leadership, answer that partition's
    waiting produce requests NOT_LEADER - they may still commit; idempotent retries make
-   that safe). A ``Truncate``/``ResetLog`` below a waiting request's end fails it too.
+   that safe) and ``configs`` (``{pid: (latest Config, committed)}``: the leader gossips
+   it). A ``Truncate``/``ResetLog`` below a waiting request's end fails it too.
 7. If the turn fails before the fsync completes (crash, disk full), nothing of it may be
    sent: the core is then ahead of the disk, so rebuild the ``ReplicaManager`` from
    storage (below) instead of using it further.
 
-Why this is safe: a follower's acks and votes leave only after the state they claim is
-durable (steps 3-6), so the core counts a follower's acked offset as synced; the leader's
-own produce data counts only once ``synced()`` says so (so its appends may go first).
+Why this is safe: acks and votes leave only after the state they claim is durable; the
+leader's own data counts only once ``synced()`` says so (so its appends may go first).
 
 The production ``LogReader`` is a thin view of ``storage``: ``read`` maps to
 ``store.read(pid, from_offset, max_bytes, to_offset)`` (whole batches; ``to_offset`` is
@@ -183,24 +187,21 @@ always a batch boundary), joined, with the end taken from the last batch's heade
 (``b"", from_offset`` when it returns nothing); ``start_offset`` to ``store.log_start``.
 
 Restart: for each hosted partition, ``add_partition(pid, replicas, state, end_offset)``
-with the persisted ``PersistState`` (None for a new partition) and the durable log end.
+with the persisted ``PersistState`` (None for a new partition) and the durable log end;
+its config history wins over ``replicas`` (a state with none: the initial config).
 Retention may delete batches only below the persisted commit offset; the core reads the
 log start through ``LogReader.start_offset`` (a follower behind the leader's log start is
 reset to it).
 
-Idempotent producers: the dedup table (producer id -> recent sequences and offsets, per
-partition) is derived from batch headers, which the core never parses. The shell updates
-it when it stages a batch, as leader (``leader_append``) or follower (``Append`` effect),
-in the same transaction; on ``Truncate``/``ResetLog`` it drops entries at or past the cut
-(rebuilding from the log or its last snapshot). Because followers maintain it from the
-replicated batches, a new leader has it when ``leadership`` names it; a shell that keeps
-it only on leaders must instead rebuild it from the log (scanning headers from its last
-snapshot to the end offset) before answering the first produce after gaining leadership.
+Idempotent producers: the dedup table is derived from batch headers (the core never parses
+them): the shell updates it when it stages a batch, as leader or follower (``Append``), in
+the same transaction, and drops entries at or past a ``Truncate``/``ResetLog`` cut. So a new
+leader has it when ``leadership`` names it.
 
-Known limits: replica sets are fixed per ``add_partition`` (no joint-consensus
-reassignment: remove and re-add); followers do not serve reads; the commit offset is
-persisted with every change (a small record per partition per turn); the epoch cache is
-bounded by the epochs present in the retained log, not by a constant.
+Known limits: replica sets change by single-server steps only (no joint consensus); a
+joining replica (a config, no state) refills as recovering: it may have had a life here
+whose votes it forgot. Followers do not serve reads; the epoch cache is bounded by the
+epochs present in the retained log, not by a constant.
 """
 from __future__ import annotations
 
@@ -212,16 +213,12 @@ from mesh.wire.effects import Send
 from mesh.wire.errors import ErrorCode, MeshError
 from mesh.raft.config import ReplicationConfig
 from mesh.raft.log import EpochCache, LogOp, LogReader, PersistState
+from mesh.raft.membership import Config, History, initial_config
+from mesh.raft.outbox import Outbox, split_payload
 from mesh.raft.partition import Partition, Role
-from mesh.raft.messages import (
-    MAX_STORE_ID, AppendRespRow, AppendRow, HeartbeatRespRow, HeartbeatRow, MESSAGE_OF, PeerRow, ReplAppend,
-    TimeoutNowRow, VoteRespRow, VoteRow, parse_rows,
-)
+from mesh.raft.messages import MAX_STORE_ID, PeerRow, ReplAppend, parse_rows
 
 __all__ = ["ReplicaManager", "Ready"]
-
-# Rows go out in this order within one Ready (votes first: they decide elections).
-_ROW_ORDER = (VoteRow, VoteRespRow, TimeoutNowRow, AppendRow, AppendRespRow, HeartbeatRow, HeartbeatRespRow)
 
 
 @dataclass(slots=True)
@@ -232,9 +229,11 @@ class Ready:
     messages: list[Send] = field(default_factory=list)          # to peers, after the fsync
     committed: dict[int, int] = field(default_factory=dict)     # pid -> new commit offset
     leadership: dict[int, tuple[str | None, int]] = field(default_factory=dict)  # pid -> (leader | None, epoch)
+    configs: dict[int, tuple[Config, bool]] = field(default_factory=dict)  # pid -> (latest config, committed)
 
     def __bool__(self) -> bool:
-        return bool(self.log_ops or self.persist or self.messages or self.committed or self.leadership)
+        return bool(self.log_ops or self.persist or self.messages or self.committed or self.leadership
+                    or self.configs)
 
 
 class ReplicaManager:
@@ -265,8 +264,11 @@ class ReplicaManager:
         self.now_tick = 0                             # ticks since start
         self._parts: dict[int, Partition] = {}
         self._pids: list[int] = []                    # sorted: deterministic iteration
-        self._rows: dict[str, dict[type, list[PeerRow]]] = {}  # dest -> row type -> rows
-        self._payloads: dict[str, list[bytes]] = {}   # dest -> payload of each AppendRow
+        self._out = Outbox()
+        self._cfg_dirty: set[int] = set()
+        self._cfg_announced: dict[int, tuple[Config, bool]] = {}
+        self.learner_budget = self.cfg.learner_bytes_per_tick or -1  # bytes left this tick (-1: unlimited)
+        self._starved: set[int] = set()               # leaders whose learners wait for the next tick's budget
         self._log_ops: list[LogOp] = []
         self._persist: set[int] = set()
         self._committed: set[int] = set()
@@ -278,19 +280,26 @@ class ReplicaManager:
         self._refusals: dict[str, str] = {}           # peer -> why its last row was refused (bounded)
 
     # -- partitions ----------------------------------------------------------------------
-    def add_partition(self, pid: int, replicas: list[str] | tuple[str, ...],
+    def add_partition(self, pid: int, replicas: list[str] | tuple[str, ...] | Config,
                       state: PersistState | None = None, end_offset: int = 0) -> None:
-        """Host a replica of ``pid``. ``state`` is the last persisted ``PersistState`` (None
-        for a new partition); ``end_offset`` the durable log end."""
-        replicas = tuple(replicas)
+        """Host a replica of ``pid``. ``replicas``: a ``Config``, or a list meaning the
+        initial ``Config(0, 0, replicas, ())``; the history in ``state`` (the last persisted
+        ``PersistState``, None for a new partition) wins over it. ``end_offset``: the
+        durable log end. This node must be a voter or learner of the config."""
         if pid in self._parts:
             raise MeshError(ErrorCode.INVALID_REQUEST, f"partition {pid} is already hosted")
         if len(self._parts) >= self.cfg.max_partitions:
             raise MeshError(ErrorCode.INVALID_CONFIG, f"at most {self.cfg.max_partitions} partitions per broker")
-        if (self.node_id not in replicas or len(set(replicas)) != len(replicas)
-                or not 1 <= len(replicas) <= self.cfg.max_replicas):
+        if state is not None and state.configs:
+            history = History(state.configs)
+            history.truncate_after(end_offset)
+        else:
+            history = History([(0, replicas if isinstance(replicas, Config) else initial_config(replicas))])
+        members = history.latest().members
+        if (self.node_id not in members or len(set(members)) != len(members)
+                or not 1 <= len(members) <= self.cfg.max_replicas or not history.latest().voters):
             raise MeshError(ErrorCode.INVALID_CONFIG,
-                            f"partition {pid}: replicas {list(replicas)} must be distinct, include "
+                            f"partition {pid}: replicas {list(members)} must be distinct, include "
                             f"{self.node_id} and number 1..{self.cfg.max_replicas}")
         if state is None:
             term, vote, commit, cache, recovering = 0, None, 0, EpochCache(), False
@@ -298,19 +307,23 @@ class ReplicaManager:
             term, vote, commit, recovering = state.term, state.vote, state.commit, state.recovering
             cache = EpochCache(state.epoch_cache)
             cache.truncate_from(end_offset + 1)  # the log lost a tail the state still named
-        p = Partition(self, pid, replicas, term, vote, commit, cache, end_offset, recovering or self.lost)
+        joining = state is None and history.latest().version > 0  # see "Known limits"
+        p = Partition(self, pid, history, term, vote, commit, cache, end_offset, recovering or self.lost or joining)
         self._parts[pid] = p
+        self._cfg_dirty.add(pid)
         if p.recovering and not recovering:
-            self._persist.add(pid)
+            self._persist.add(pid)  # (a learner joining persists its config at once)
         bisect.insort(self._pids, pid)
 
     def remove_partition(self, pid: int) -> None:
         if self._parts.pop(pid, None) is None:
             return
         del self._pids[bisect.bisect_left(self._pids, pid)]
-        for pending in (self._persist, self._committed, self._leader_dirty, self._flush):
+        for pending in (self._persist, self._committed, self._leader_dirty, self._flush, self._cfg_dirty,
+                        self._starved):
             pending.discard(pid)
         self._announced.pop(pid, None)
+        self._cfg_announced.pop(pid, None)
 
     def partitions(self) -> list[int]:
         return list(self._pids)
@@ -319,6 +332,10 @@ class ReplicaManager:
     def tick(self) -> Ready:
         """One tick of time for every partition; heartbeats on the node-wide beat."""
         self.now_tick += 1
+        self.learner_budget = self.cfg.learner_bytes_per_tick or -1
+        if self._starved:
+            self._flush |= self._starved
+            self._starved = set()
         beat = self.now_tick % self.cfg.heartbeat_ticks == 0
         housekeeping = self.now_tick % self.cfg.housekeeping_ticks == 0
         for pid in self._pids:
@@ -333,10 +350,10 @@ class ReplicaManager:
 
     def step(self, src: str, msg: object, payload: bytes | None = None) -> Ready:
         """Feed one replication message from peer ``src``."""
-        rows = parse_rows(msg)
+        rows = parse_rows(msg, self.cfg.max_replicas)
         chunks: list[bytes] | None = None
         if type(msg) is ReplAppend:
-            chunks = self._split_payload(rows, payload or b"")
+            chunks = split_payload(rows, payload or b"")
         if not self._check_identity(src, msg.store, msg.life):
             return self._ready()
         for i, row in enumerate(rows):
@@ -347,27 +364,6 @@ class ReplicaManager:
                 continue
             p.step(src, row, chunks[i] if chunks is not None else b"")
         return self._ready()
-
-    @staticmethod
-    def _split_payload(rows: list[AppendRow], payload: bytes) -> list[bytes]:
-        total = 0
-        for r in rows:
-            if (r.prev_offset < 0 or r.end_offset < r.prev_offset
-                    or (r.end_offset > r.prev_offset) != (r.payload_bytes > 0)):
-                raise MeshError(ErrorCode.INVALID_REQUEST,
-                                f"REPL_APPEND row for partition {r.pid}: offsets {r.prev_offset}.."
-                                f"{r.end_offset} do not match {r.payload_bytes} payload bytes")
-            total += r.payload_bytes
-        if total != len(payload):
-            raise MeshError(ErrorCode.INVALID_REQUEST,
-                            f"REPL_APPEND rows name {total} payload bytes, the frame has {len(payload)}")
-        if len(rows) == 1:
-            return [bytes(payload)]
-        view, out, at = memoryview(payload), [], 0
-        for r in rows:
-            out.append(bytes(view[at:at + r.payload_bytes]))
-            at += r.payload_bytes
-        return out
 
     def _check_identity(self, src: str, store: str, life: int) -> bool:
         """Track each peer's (store, life); False for a message from one it left behind."""
@@ -390,7 +386,7 @@ class ReplicaManager:
         del retired[:-16]
         for pid in self._pids:
             p = self._parts[pid]
-            if src in p.peers:
+            if src in p.progress:
                 p.peer_restarted(src, store, new_store=store != last[0])
         return True
 
@@ -451,6 +447,13 @@ class ReplicaManager:
         self._part(pid).transfer_leadership(target)
         return self._ready()
 
+    def propose_config(self, pid: int, voters: list[str] | tuple[str, ...],
+                       learners: list[str] | tuple[str, ...] = ()) -> Ready:
+        """Record the next config (one single-server step) at the leader's log end; raises
+        NOT_LEADER, or INVALID_REQUEST naming why the step is not allowed or must wait."""
+        self._part(pid).propose_config(tuple(voters), tuple(learners))
+        return self._ready()
+
     def campaign(self, pid: int) -> Ready:
         """Start an election for ``pid`` now (admin and tests); a no-op on the leader."""
         self._part(pid).campaign()
@@ -476,13 +479,28 @@ class ReplicaManager:
     def end_offset(self, pid: int) -> int:
         return self._part(pid).end
 
+    def config(self, pid: int) -> Config:
+        """The latest config in this replica's log (committed or not)."""
+        return self._part(pid).history.latest()
+
+    def committed_config(self, pid: int) -> Config:
+        return self._part(pid).committed_config()
+
+    def config_pending(self, pid: int) -> bool:  # the latest config is not known to be committed
+        return not self._part(pid).config_committed()
+
+    def followers(self, pid: int) -> dict[str, int]:
+        """Leader only ({} elsewhere): each follower's and learner's durable match offset."""
+        p = self._part(pid)
+        return {n: pr.match for n, pr in sorted(p.progress.items())} if p.role is Role.LEADER else {}
+
     def epoch_cache(self, pid: int) -> tuple[tuple[int, int], ...]:
         return self._part(pid).cache.entries()
 
     def state(self, pid: int) -> PersistState:
         """The replication state as it stands (what the last ``persist`` of it said)."""
         p = self._part(pid)
-        return PersistState(pid, p.term, p.vote, p.commit, p.cache.entries(), p.recovering)
+        return PersistState(pid, p.term, p.vote, p.commit, p.cache.entries(), p.recovering, p.history.markers())
 
     def isr(self, pid: int) -> list[str]:
         """Replicas caught up within ``isr_lag_ticks`` (the leader's view; [] elsewhere)."""
@@ -501,15 +519,7 @@ class ReplicaManager:
 
     # -- the host interface used by Partition (mesh.raft.partition.PartitionHost) ---------
     def send(self, dest: str, row: PeerRow, payload: bytes = b"") -> None:
-        by_type = self._rows.get(dest)
-        if by_type is None:
-            by_type = self._rows[dest] = {}
-        rows = by_type.get(type(row))
-        if rows is None:
-            rows = by_type[type(row)] = []
-        rows.append(row)
-        if type(row) is AppendRow:
-            self._payloads.setdefault(dest, []).append(payload)
+        self._out.add(dest, row, payload)
 
     def refuse(self, src: str, reason: str) -> None:
         self.refused_rows += 1
@@ -532,9 +542,18 @@ class ReplicaManager:
 
     def leader_changed(self, p: Partition) -> None:
         self._leader_dirty.add(p.pid)
+        if p.role is Role.LEADER:  # a new leader announces its config (it writes the gossip register)
+            self._cfg_announced.pop(p.pid, None)
+            self._cfg_dirty.add(p.pid)
 
     def want_flush(self, p: Partition) -> None:
         self._flush.add(p.pid)
+
+    def config_changed(self, p: Partition) -> None:
+        self._cfg_dirty.add(p.pid)
+
+    def starved(self, p: Partition) -> None:
+        self._starved.add(p.pid)
 
     # -- output --------------------------------------------------------------------------
     def _send_data(self) -> None:
@@ -549,8 +568,9 @@ class ReplicaManager:
         rd = Ready()
         if self._log_ops:
             rd.log_ops, self._log_ops = self._log_ops, []
-        if self._rows:
-            rd.messages = self._messages()
+        if self._out:
+            rd.messages = self._out.take(self.store_id, self.life, self.cfg.max_rows_per_message,
+                                         self.cfg.max_message_bytes)
         if self._persist:
             for pid in sorted(self._persist):
                 p = self._parts.get(pid)
@@ -569,32 +589,12 @@ class ReplicaManager:
                 if p is not None and self._announced.get(pid) != (p.leader, p.term):
                     self._announced[pid] = rd.leadership[pid] = (p.leader, p.term)
             self._leader_dirty = set()
+        if self._cfg_dirty:
+            for pid in sorted(self._cfg_dirty):
+                p = self._parts.get(pid)
+                if p is not None:
+                    now = (p.history.latest(), p.config_committed())
+                    if self._cfg_announced.get(pid) != now:
+                        self._cfg_announced[pid] = rd.configs[pid] = now
+            self._cfg_dirty = set()
         return rd
-
-    def _messages(self) -> list[Send]:
-        out: list[Send] = []
-        max_rows, max_bytes = self.cfg.max_rows_per_message, self.cfg.max_message_bytes
-        for dest in sorted(self._rows):
-            by_type = self._rows[dest]
-            for row_type in _ROW_ORDER:
-                rows = by_type.get(row_type)
-                if not rows:
-                    continue
-                msg_type = MESSAGE_OF[row_type]
-                if row_type is not AppendRow:
-                    for i in range(0, len(rows), max_rows):
-                        out.append(Send(dest, msg_type(rows[i:i + max_rows], self.store_id, self.life)))
-                    continue
-                payloads = self._payloads[dest]
-                i = 0
-                while i < len(rows):
-                    j, size = i, 0
-                    while j < len(rows) and j - i < max_rows and (j == i or size + len(payloads[j]) <= max_bytes):
-                        size += len(payloads[j])
-                        j += 1
-                    body = b"".join(payloads[i:j]) if size else b""
-                    out.append(Send(dest, msg_type(rows[i:j], self.store_id, self.life), body))
-                    i = j
-        self._rows = {}
-        self._payloads = {}
-        return out

@@ -1,4 +1,4 @@
-"""Wire messages of partition replication (peer protocol ``mesh-peer/3``).
+"""Wire messages of partition replication (peer protocol ``mesh-peer/4``).
 
 MultiRaft coalescing is built into the message shapes: every message carries a list of
 *rows*, one row per partition, and a node sends at most one message of each kind to each
@@ -28,6 +28,14 @@ Bounds (``parse_rows``, before anything is applied): terms and epochs below ``MA
 (2**62), flags 0 or 1, and each row consistent in itself (an append's epochs at most its
 term and ascending, its end not before its start; a vote's last epoch at most its term).
 What depends on the receiver's state (term jumps, who leads) is checked by the partition.
+
+Membership (``mesh.raft.membership``, peer protocol 4): appends may carry config markers
+``[[offset, version, term, [voters], [learners]], ...]`` (at most ``MAX_MARKERS``,
+ascending, versions strictly increasing and below 2**40, terms at most the row's, at most
+``max_replicas`` distinct node ids of at most 255 characters per config); ``parse_rows``
+turns them into ``(offset, Config)`` pairs. Appends and heartbeats carry the leader's
+committed config id; their answers the follower's latest config id; votes the
+candidate's latest config version (part of the log comparison).
 """
 from __future__ import annotations
 
@@ -37,6 +45,7 @@ from typing import NamedTuple, TypeAlias
 
 from mesh.wire.errors import ErrorCode, MeshError
 from mesh.wire.codec import message
+from mesh.raft.membership import MAX_MARKERS, MAX_VERSION, Config, config_from_wire
 
 __all__ = [
     "AppendRow", "AppendRespRow", "HeartbeatRow", "HeartbeatRespRow", "VoteRow", "VoteRespRow",
@@ -67,6 +76,9 @@ class AppendRow(NamedTuple):
     commit: int           # the leader's commit offset (high watermark)
     payload_bytes: int    # this row's share of the payload frame
     reset: int            # 1: prev_offset is the leader's log start; a follower behind it restarts its log there
+    cfg_commit: int = 0   # the leader's committed config id: (version, term)
+    cfg_commit_term: int = 0
+    configs: list = ()    # config markers from the one in force at prev_offset ([] when not carried)
 
 
 class AppendRespRow(NamedTuple):
@@ -82,12 +94,16 @@ class AppendRespRow(NamedTuple):
     hint_end: int         # ok=1: the end_offset of the row answered (to spot partial acks)
     hint_epoch: int
     recovering: int       # 1: this replica lost state and is refilling: do not count it
+    cfg_version: int = 0  # the follower's latest config id: (version, term)
+    cfg_term: int = 0
 
 
 class HeartbeatRow(NamedTuple):
     pid: int
     term: int
     commit: int           # min(leader commit, what the leader knows this follower holds)
+    cfg_commit: int = 0   # the leader's committed config id: (version, term)
+    cfg_commit_term: int = 0
 
 
 class HeartbeatRespRow(NamedTuple):
@@ -95,6 +111,8 @@ class HeartbeatRespRow(NamedTuple):
     term: int
     code: int
     recovering: int       # as in AppendRespRow
+    cfg_version: int = 0  # as in AppendRespRow
+    cfg_term: int = 0
 
 
 class VoteRow(NamedTuple):
@@ -104,6 +122,7 @@ class VoteRow(NamedTuple):
     end_offset: int
     pre_vote: int
     transfer: int         # 1: a leadership transfer; voters skip the leader-lease check
+    cfg_version: int = 0  # the candidate's latest config version (after end_offset in log comparisons)
 
 
 class VoteRespRow(NamedTuple):
@@ -206,9 +225,10 @@ def _field_types(row_type: type) -> tuple[type, ...]:
 _FIELDS: dict[type, tuple[type, ...]] = {row: _field_types(row) for row in MESSAGE_OF}
 
 
-def parse_rows(msg: object) -> list[PeerRow]:
+def parse_rows(msg: object, max_replicas: int = 9) -> list[PeerRow]:
     """The rows of a decoded replication message as row tuples; a malformed message raises
-    MeshError(INVALID_REQUEST) naming the problem, before anything is applied."""
+    MeshError(INVALID_REQUEST) naming the problem, before anything is applied.
+    ``max_replicas``: the most members a carried config may name."""
     row_type = ROW_OF.get(type(msg))
     if row_type is None:
         raise MeshError(ErrorCode.INVALID_REQUEST, f"not a replication message: {type(msg).__name__}")
@@ -226,6 +246,8 @@ def parse_rows(msg: object) -> list[PeerRow]:
         else:
             row = _typed(raw, row_type, kinds, type(msg).__name__)
         why = _check_row(row)
+        if why is None and row_type is AppendRow and row.configs:
+            row, why = _parse_configs(row, max_replicas)
         if why is not None:
             raise MeshError(ErrorCode.INVALID_REQUEST, f"{row_type.__name__} for partition {row.pid}: {why}")
         rows.append(row)
@@ -237,12 +259,33 @@ def _typed(raw: object, row_type: type, kinds: tuple[type, ...], msg_name: str) 
     if not isinstance(raw, (list, tuple)) or len(raw) < n:
         raise MeshError(ErrorCode.INVALID_REQUEST, f"{msg_name}: each row needs {n} fields {row_type._fields}")
     for value, kind, name in zip(raw, kinds, row_type._fields):
-        if type(value) is not kind:  # exact: a bool is not an int here
+        if type(value) is not kind and not (kind is list and type(value) is tuple):  # a bool is not an int
             raise MeshError(ErrorCode.INVALID_REQUEST,
                             f"{row_type.__name__}.{name}: expected {kind.__name__}, got {type(value).__name__}")
         if kind is int and not (-1 <= value < 1 << 63):
             raise MeshError(ErrorCode.INVALID_REQUEST, f"{row_type.__name__}.{name}: {value} out of range")
     return row_type._make(raw[:n])
+
+
+def _parse_configs(r: AppendRow, max_replicas: int) -> tuple[AppendRow, str | None]:
+    """The row with its carried markers as ``((offset, Config), ...)``, or why they are bad."""
+    if len(r.configs) > MAX_MARKERS:
+        return r, f"more than {MAX_MARKERS} config markers"
+    out: list[tuple[int, Config]] = []
+    for raw in r.configs:
+        if isinstance(raw, tuple) and len(raw) == 2 and type(raw[1]) is Config:
+            m = raw  # parsed already (handed over in-process)
+        else:
+            try:
+                m = config_from_wire(raw, max_replicas)
+            except ValueError as exc:
+                return r, str(exc)
+        if m[1].term > r.term:
+            return r, "a config of a term after the row's"
+        if out and (m[0] < out[-1][0] or m[1].version <= out[-1][1].version):
+            return r, "config markers out of order"
+        out.append(m)
+    return r._replace(configs=tuple(out)), None
 
 
 def _check_row(r: PeerRow) -> str | None:
@@ -268,19 +311,24 @@ def _check_row(r: PeerRow) -> str | None:
             return "batches across the leader's epoch start"
         if r.reset and r.prev_offset > r.commit:
             return "a log start above the leader's commit"
+        if not (0 <= r.cfg_commit < MAX_VERSION and 0 <= r.cfg_commit_term <= r.term):
+            return "config id out of range"
     elif kind is AppendRespRow:
         if not (0 <= r.offset < MAX_OFFSET and 0 <= r.hint_end < MAX_OFFSET and 0 <= r.hint_epoch < MAX_TERM
-                and r.ok in (0, 1) and r.recovering in (0, 1) and r.code >= 0):
+                and r.ok in (0, 1) and r.recovering in (0, 1) and r.code >= 0
+                and 0 <= r.cfg_version < MAX_VERSION and 0 <= r.cfg_term < MAX_TERM):
             return "fields out of range"
     elif kind is HeartbeatRow:
-        if r.term < 1 or not 0 <= r.commit < MAX_OFFSET:
+        if (r.term < 1 or not 0 <= r.commit < MAX_OFFSET or not 0 <= r.cfg_commit < MAX_VERSION
+                or not 0 <= r.cfg_commit_term <= r.term):
             return "commit out of range"
     elif kind is HeartbeatRespRow:
-        if r.recovering not in (0, 1) or r.code < 0:
+        if (r.recovering not in (0, 1) or r.code < 0 or not 0 <= r.cfg_version < MAX_VERSION
+                or not 0 <= r.cfg_term < MAX_TERM):
             return "fields out of range"
     elif kind is VoteRow:
         if (r.term < 1 or not 0 <= r.last_epoch <= r.term or not 0 <= r.end_offset < MAX_OFFSET
-                or r.pre_vote not in (0, 1) or r.transfer not in (0, 1)):
+                or r.pre_vote not in (0, 1) or r.transfer not in (0, 1) or not 0 <= r.cfg_version < MAX_VERSION):
             return "fields out of range"
     elif kind is VoteRespRow:
         if r.granted not in (0, 1) or r.pre_vote not in (0, 1) or r.code < 0:

@@ -62,6 +62,7 @@ Rules, in the order ``step`` applies them:
    whose batches are of an epoch older than our log before them. A vote request's
    ``transfer`` flag skips the lease check only for the term right after ours (the
    successor of the leader we follow); otherwise it is an ordinary request.
+9. Membership: the latest config in our log decides who counts (``mesh.raft.configuring``).
 """
 from __future__ import annotations
 
@@ -71,13 +72,15 @@ from typing import Protocol
 
 from mesh.wire.errors import ErrorCode
 from mesh.raft.config import ReplicationConfig
+from mesh.raft.configuring import Configuring
 from mesh.raft.leading import Leading
 from mesh.raft.log import Append, EpochCache, LogOp, LogReader, ResetLog, Truncate
+from mesh.raft.membership import History
 from mesh.raft.messages import (
     AppendRespRow, AppendRow, HeartbeatRespRow, HeartbeatRow, PeerRow, TimeoutNowRow, VoteRespRow, VoteRow,
 )
 from mesh.raft.progress import Progress, count_active
-from mesh.raft.quorum import VoteResult, majority, vote_result
+from mesh.raft.quorum import VoteResult, vote_result
 
 __all__ = ["Role", "Partition", "PartitionHost"]
 
@@ -103,6 +106,7 @@ class PartitionHost(Protocol):
     reader: LogReader
     confirmed: bool                 # the node knows it did not lose state (see rule 6)
     peer_stores: dict[str, str]     # peer -> store id as last heard
+    learner_budget: int             # catch-up bytes to learners left this tick (-1: unlimited)
 
     # Queue ``row`` for peer ``dest`` (with its batch bytes, for an ``AppendRow``).
     def send(self, dest: str, row: PeerRow, payload: bytes = b"") -> None: ...
@@ -118,21 +122,31 @@ class PartitionHost(Protocol):
     def want_flush(self, p: Partition) -> None: ...
     # A row from ``src`` was refused (rule 8): count it.
     def refuse(self, src: str, reason: str) -> None: ...
+    # The latest config or its committed flag may have changed.
+    def config_changed(self, p: Partition) -> None: ...
+    # Learners wait for the next tick's catch-up budget.
+    def starved(self, p: Partition) -> None: ...
 
 
-class Partition(Leading):
+class Partition(Leading, Configuring):
     """One replica of one partition."""
 
-    def __init__(self, host: PartitionHost, pid: int, replicas: tuple[str, ...], term: int,
+    def __init__(self, host: PartitionHost, pid: int, history: History, term: int,
                  vote: str | None, commit: int, cache: EpochCache, end_offset: int,
                  recovering: bool = False) -> None:
         self.host = host
         self.cfg = host.cfg
         self.node = host.node_id
         self.pid = pid
-        self.replicas = replicas
-        self.peers = tuple(r for r in replicas if r != self.node)
-        self.quorum = majority(len(replicas))
+        self.role = Role.FOLLOWER
+        self.history = history
+        markers = history.markers()
+        latest = history.latest()
+        # configs before the latest are committed (one change at a time); the latest is
+        # known to be once a leader says so (or it is the initial one)
+        self.cfg_commit_version = markers[-2][1].version if len(markers) > 1 else max(0, latest.version - 1)
+        self.epoch_committed = False   # leader: a quorum holds our epoch marker (config changes wait for it)
+        self._use_config()
         self.term = term
         self.vote = vote
         self.cache = cache
@@ -140,10 +154,9 @@ class Partition(Leading):
         self.synced = end_offset       # what the shell synced (leader_append data lags until synced())
         self.commit = min(commit, end_offset)
         self.agreed = self.commit      # our log equals this term's leader's below here (rule 7)
-        self.recovering = recovering and len(replicas) > 1
+        self.recovering = recovering and self.voters != (self.node,)
         self.recover_to: int | None = None
         self.corrupt_at: int | None = None  # last corrupt batch reported (status)
-        self.role = Role.FOLLOWER
         self.leader: str | None = None
         self.election_elapsed_ticks = 0
         self.timeout_ticks = 0
@@ -182,7 +195,7 @@ class Partition(Leading):
         a failure it usually campaigns first and no transfer is needed later."""
         e = self.cfg.election_ticks
         half = max(1, e // 2)
-        if self.replicas[0] == self.node:
+        if self.voters[0] == self.node:
             self.timeout_ticks = self.host.rng.randrange(e, e + half)
         else:
             self.timeout_ticks = self.host.rng.randrange(e + half, 2 * e)
@@ -193,12 +206,16 @@ class Partition(Leading):
 
     def _tick_election(self) -> None:
         self.election_elapsed_ticks += 1
-        if self.election_elapsed_ticks >= self.timeout_ticks and self.eligible():
+        if self.election_elapsed_ticks >= self.timeout_ticks and self.may_campaign():
             self._campaign(pre=self.cfg.pre_vote)
 
     def eligible(self) -> bool:
         """May vote and campaign (rule 6)."""
-        return len(self.replicas) == 1 or (self.host.confirmed and not self.recovering)
+        return self.voters == (self.node,) or (self.host.confirmed and not self.recovering)
+
+    def may_campaign(self) -> bool:
+        """Eligible and a voter of our latest config (rule 9)."""
+        return self.node in self.voters and self.eligible()
 
     def _tick_leader(self) -> None:
         now = self.host.now_tick
@@ -210,16 +227,18 @@ class Partition(Leading):
         if self.cfg.check_quorum and self._active(self.cfg.election_ticks) < self.quorum:
             self._become_follower(self.term, None)  # cut off from a quorum: stop taking writes
             return
-        if (self.cfg.auto_rebalance and self.transfer_to is None and self.replicas[0] != self.node
+        if (self.cfg.auto_rebalance and self.transfer_to is None and self.voters[0] != self.node
                 and now - self.leader_since_tick >= self.cfg.rebalance_delay_ticks):
-            preferred = self.replicas[0]
+            preferred = self.voters[0]
             pr = self.progress[preferred]
             fresh = now - pr.last_resp_tick < 2 * self.cfg.heartbeat_ticks + 1
             if not pr.recovering and pr.match >= self.end and fresh:
                 self.transfer_leadership(preferred)
 
     def _active(self, window_ticks: int) -> int:
-        return count_active(self.progress.values(), self.host.now_tick, window_ticks)
+        """Voters heard from within ``window_ticks``, this leader included."""
+        prs = [self.progress[v] for v in self.voters if v != self.node]
+        return count_active(prs, self.host.now_tick, window_ticks)
 
     # -- role changes -------------------------------------------------------------------
     def _become_follower(self, term: int, leader: str | None) -> None:
@@ -259,13 +278,15 @@ class Partition(Leading):
         self.votes = {self.node: True}
         if self._poll():
             return
-        row = VoteRow(self.pid, vote_term, self.cache.last_epoch(), self.end, int(pre), int(transfer))
-        for peer in self.peers:
-            self._send(peer, row)
+        row = VoteRow(self.pid, vote_term, self.cache.last_epoch(), self.end, int(pre), int(transfer),
+                      self.history.latest().version)
+        for peer in self.voters:
+            if peer != self.node:
+                self._send(peer, row)
 
     def _poll(self) -> bool:
         """Count votes; act if the election is decided. True if it was."""
-        result = vote_result(self.votes, len(self.replicas), self.quorum)
+        result = vote_result(self.votes, len(self.voters), self.quorum)
         if result is VoteResult.WON:
             if self.role is Role.PRE_CANDIDATE:
                 self._campaign(pre=False)
@@ -285,21 +306,21 @@ class Partition(Leading):
         self._tick = self._tick_leader
         self.votes = {}
         self.epoch_start = self.end
+        self.epoch_committed = False
         self.cache.assign(self.term, self.end)  # the epoch marker, in place of a no-op batch
         self._state_changed()
         self.leader_since_tick = now
         self.transfer_to = None
-        self.progress = {peer: Progress(self.end, now) for peer in self.peers}
-        for peer, pr in self.progress.items():
-            pr.store = self.host.peer_stores.get(peer)
+        self.progress = {}
+        self._sync_progress()
         self._set_leader(self.node)
         self.host.want_flush(self)
         self._maybe_commit()
 
     # -- input ---------------------------------------------------------------------------
     def step(self, src: str, row: PeerRow, payload: bytes) -> None:
-        if src == self.node or src not in self.replicas:
-            self.host.refuse(src, "not a replica of the partition")
+        if src == self.node:
+            self.host.refuse(src, "a row from ourselves")
             return
         kind = type(row)
         why = self._refusal(src, row, kind)
@@ -324,9 +345,10 @@ class Partition(Leading):
         elif row.term < self.term:
             if kind is AppendRow:
                 self._send(src, AppendRespRow(self.pid, self.term, _FENCED, 0, row.prev_offset, 0, 0,
-                                              int(self.recovering)))
+                                              int(self.recovering), *self.history.latest().ident))
             elif kind is HeartbeatRow:
-                self._send(src, HeartbeatRespRow(self.pid, self.term, _FENCED, int(self.recovering)))
+                self._send(src, HeartbeatRespRow(self.pid, self.term, _FENCED, int(self.recovering),
+                                                 *self.history.latest().ident))
             elif kind is VoteRow:
                 self._send(src, VoteRespRow(self.pid, self.term, _FENCED, 0, row.pre_vote))
             return
@@ -359,13 +381,14 @@ class Partition(Leading):
         return self.leader is not None and self.election_elapsed_ticks < self.cfg.election_ticks
 
     def _handle_vote(self, src: str, row: VoteRow) -> None:
-        up_to_date = (row.last_epoch, row.end_offset) >= (self.cache.last_epoch(), self.end)
+        up_to_date = ((row.last_epoch, row.end_offset, row.cfg_version)
+                      >= (self.cache.last_epoch(), self.end, self.history.latest().version))
         can_vote = (self.vote == src or (self.vote is None and self.leader is None)
                     or (row.pre_vote and row.term > self.term))
         if not self.eligible():
             # RF 2: the candidate is the only other replica and holds every committed entry (a
             # commit needs both), and any term we forgot it knows: safe, whatever our log says
-            up_to_date = len(self.replicas) == 2
+            up_to_date = len(self.voters) == 2 and src in self.voters
         if can_vote and up_to_date:
             if not row.pre_vote:
                 self.vote = src
@@ -385,8 +408,10 @@ class Partition(Leading):
             self.election_elapsed_ticks = 0
             self._set_leader(src)
             self._set_commit(min(row.commit, self.end, self.agreed))
-            self._send(src, HeartbeatRespRow(self.pid, self.term, _NONE, int(self.recovering)))
-        elif kind is TimeoutNowRow and self.eligible():  # from our leader (rule 8)
+            self._note_cfg_commit(row.cfg_commit, row.cfg_commit_term)
+            self._send(src, HeartbeatRespRow(self.pid, self.term, _NONE, int(self.recovering),
+                                             *self.history.latest().ident))
+        elif kind is TimeoutNowRow and self.may_campaign():  # from our leader (rule 8)
             self._campaign(pre=False, transfer=True)
 
     def _step_candidate(self, src: str, row: PeerRow, payload: bytes) -> None:
@@ -398,7 +423,7 @@ class Partition(Leading):
             pre = self.role is Role.PRE_CANDIDATE
             if bool(row.pre_vote) != pre:
                 return
-            if row.granted and row.term != self.term + (1 if pre else 0):
+            if (row.granted and row.term != self.term + (1 if pre else 0)) or src not in self.voters:
                 return
             self.votes.setdefault(src, bool(row.granted))
             self._poll()
@@ -432,15 +457,18 @@ class Partition(Leading):
             self.cache.assign(self.term, match)
             self._state_changed()
         assert match <= row.epoch_start or self.cache.last_epoch() == self.term, (self.pid, match, row)
+        if row.configs and self.history.replace_window(row.configs, match, self.term):
+            self._config_updated()
         self.agreed = max(self.agreed, match)
         self._set_commit(min(row.commit, match))
+        self._note_cfg_commit(row.cfg_commit, row.cfg_commit_term)
         if self.recovering:
             if self.recover_to is None:
                 self.recover_to = row.commit  # the first leader commit seen while recovering
             if match >= self.recover_to:
                 self._recovered(src)
         self._send(src, AppendRespRow(self.pid, self.term, _NONE, 1, match, row.end_offset, 0,
-                                      int(self.recovering)))
+                                      int(self.recovering), *self.history.latest().ident))
 
     def _accept_batches(self, row: AppendRow, payload: bytes) -> int:
         """Take the batches [base, end) of epoch E; returns how far our log now agrees."""
@@ -477,6 +505,8 @@ class Partition(Leading):
         self.agreed = min(self.agreed, to)
         if self.cache.truncate_from(to):
             self._state_changed()
+        if self.history.truncate_after(to):
+            self._config_updated()
 
     def _reset_log(self, start: int, epoch: int) -> None:
         self.host.log_op(ResetLog(self.pid, start))
@@ -492,14 +522,14 @@ class Partition(Leading):
         hint_end = min(p, self.cache.end_for_epoch(row.prev_epoch, self.end))
         hint_epoch = self.cache.epoch_at(hint_end - 1) if hint_end > 0 else 0
         self._send(src, AppendRespRow(self.pid, self.term, _NONE, 0, row.prev_offset, hint_end, hint_epoch,
-                                      int(self.recovering)))
+                                      int(self.recovering), *self.history.latest().ident))
 
     # -- lost state and corruption (rule 6) --------------------------------------------------
     def become_recovering(self, recover_to: int | None = None) -> None:
         """This replica forgot acknowledged state (or cut a corrupt range): stop leading,
         voting and counting until refilled up to ``recover_to`` (None: the first leader
         commit it sees). RF 1 has no one to refill from: no change."""
-        if len(self.replicas) == 1:
+        if self.voters == (self.node,):
             return
         if self.role is not Role.FOLLOWER:
             self._become_follower(self.term, None)
@@ -522,7 +552,7 @@ class Partition(Leading):
         ``offset`` (even below commit) and refilled from the leader (recovering until past
         the old commit). Idempotent: damage at or past our log end changes nothing."""
         self.corrupt_at = offset
-        if len(self.replicas) == 1 or offset >= self.end or offset < 0:
+        if self.voters == (self.node,) or offset >= self.end or offset < 0:
             return
         if self.role is Role.LEADER:
             successor = self._best_successor()
@@ -535,6 +565,8 @@ class Partition(Leading):
         self.commit = min(self.commit, offset)
         self.agreed = min(self.agreed, offset)
         self.cache.truncate_from(offset)
+        if self.history.truncate_after(offset):
+            self._use_config()
         self._state_changed()
 
     def trim_cache(self) -> None:
@@ -542,7 +574,7 @@ class Partition(Leading):
             self._state_changed()
 
     def campaign(self) -> None:
-        if self.role is not Role.LEADER and self.eligible():
+        if self.role is not Role.LEADER and self.may_campaign():
             self._campaign(pre=self.cfg.pre_vote)
 
     # -- queries ----------------------------------------------------------------------------
@@ -550,7 +582,7 @@ class Partition(Leading):
         if self.role is not Role.LEADER:
             return []
         now, lag = self.host.now_tick, self.cfg.isr_lag_ticks
-        return [r for r in self.replicas if r == self.node or self.progress[r].in_sync(now, lag, self.end)]
+        return [r for r in self.voters if r == self.node or self.progress[r].in_sync(now, lag, self.end)]
 
     def describe(self) -> dict:
         d = {
@@ -558,7 +590,8 @@ class Partition(Leading):
             "vote": self.vote, "replicas": list(self.replicas), "commit": self.commit,
             "end": self.end, "synced": self.synced, "epoch_cache": [list(e) for e in self.cache.entries()],
             "isr": self.isr(), "recovering": self.recovering, "recover_to": self.recover_to,
-            "corrupt_at": self.corrupt_at,
+            "corrupt_at": self.corrupt_at, "config": self.history.latest().describe(),
+            "config_committed": self.cfg_commit_version >= self.history.latest().version,
         }
         if self.role is Role.LEADER:
             d["epoch_start"] = self.epoch_start

@@ -13,6 +13,8 @@ afresh). It holds:
   follower reports less (``lower``: a rejection below it, since disks can forget) and
   reset when the follower answers from another store or a new life (``forget``: back to
   unknown, 0): a leader believes its followers' reports, never its own memory of them.
+- ``config_id``: the follower's latest config ``(version, term)`` as last reported (None:
+  not yet); the leader carries its config markers to it until it reports the leader's.
 - ``store``: the follower's store id as last heard (None before its first answer) and
   ``recovering``: the follower said it lost state and is refilling; it then counts toward
   neither commit nor the in-sync set, and is no transfer target.
@@ -50,7 +52,7 @@ REPLICATE = "replicate"  # agreement known: pipeline batches, bounded in message
 class Progress:
     """The leader's view of one follower (this term only)."""
     __slots__ = ("match", "next", "state", "probe_sent", "probe_prev", "inflight",
-                 "inflight_bytes", "last_resp_tick", "caught_up_tick", "store", "recovering")
+                 "inflight_bytes", "last_resp_tick", "caught_up_tick", "store", "recovering", "config_id")
 
     def __init__(self, next_offset: int, now_tick: int) -> None:
         self.match = 0                 # logs agree on [0, match) and the follower synced it
@@ -64,6 +66,7 @@ class Progress:
         self.caught_up_tick = -(1 << 62)
         self.store: str | None = None  # the follower's store id, once it answered
         self.recovering = False        # the follower lost state: not counted, not a transfer target
+        self.config_id: tuple[int, int] | None = None  # the follower's latest config (version, term), as reported
 
     # -- state changes -----------------------------------------------------------------
     def become_probe(self, next_offset: int) -> None:
@@ -104,6 +107,7 @@ class Progress:
         is void. ``match`` back to unknown (0); probe from ``probe_from``."""
         self.match = 0
         self.caught_up_tick = -(1 << 62)
+        self.config_id = None
         self.become_probe(probe_from)
 
     def counted(self) -> bool:
@@ -151,7 +155,7 @@ class Progress:
     def describe(self) -> dict:
         return {"match": self.match, "next": self.next, "state": self.state,
                 "inflight": len(self.inflight), "inflight_bytes": self.inflight_bytes,
-                "store": self.store, "recovering": self.recovering}
+                "store": self.store, "recovering": self.recovering, "config_id": self.config_id}
 
 
 def count_active(progress: Iterable[Progress], now_tick: int, window_ticks: int) -> int:

@@ -32,6 +32,10 @@ AddUserRequest, RemoveUserRequest alter cluster                                 
 ListUsersRequest                  describe cluster                                    DescribeUserScram...
 AddAclRequest, RemoveAclRequest   alter cluster                                       CreateAcls/DeleteAcls
 ListAclsRequest                   describe cluster                                    DescribeAcls
+AlterTopicRequest                 alter topic                                         CreatePartitions
+BrokerStateRequest                alter cluster                                       (broker decommission)
+ReassignRequest                   alter cluster                                       AlterPartitionReassignments
+ListMovesRequest                  describe cluster                                    ListPartitionReassignments
 ================================  ==================================================  ====================
 
 Kafka filters some answers instead (ListGroups without describe cluster lists the groups
@@ -111,6 +115,10 @@ REQUIREMENTS: dict[type, Callable[[Any], list[Need]]] = {
     m.AddAclRequest: _CLUSTER_ALTER,
     m.RemoveAclRequest: _CLUSTER_ALTER,
     m.ListAclsRequest: _CLUSTER_DESCRIBE,
+    m.AlterTopicRequest: lambda msg: [_one("alter", "topic", msg.name)],
+    m.BrokerStateRequest: _CLUSTER_ALTER,
+    m.ReassignRequest: _CLUSTER_ALTER,
+    m.ListMovesRequest: _CLUSTER_DESCRIBE,
 }
 
 

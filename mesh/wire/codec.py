@@ -40,8 +40,9 @@ __all__ = [
 ]
 
 PROTOCOL_CLIENT = b"mesh/1"
-PROTOCOL_PEER = b"mesh-peer/3"  # 2: store identity, lives and recovering flags in replication;
-#                                 3: gossip keys chunked (tparts/, lead/, stats/, recovering/<topic>/<k>), users, ACLs
+PROTOCOL_PEER = b"mesh-peer/4"  # 2: store identity, lives and recovering flags in replication;
+#                                 3: gossip keys chunked (tparts/, lead/, stats/, recovering/<topic>/<k>), users, ACLs;
+#                                 4: replication carries config markers and config ids (membership change)
 PROTOCOLS = (PROTOCOL_CLIENT, PROTOCOL_PEER)
 
 REGISTRY: dict[bytes, type] = {}

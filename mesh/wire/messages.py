@@ -18,6 +18,9 @@ __all__ = [
     "AddUserRequest", "AddUserResponse", "RemoveUserRequest", "RemoveUserResponse",
     "ListUsersRequest", "ListUsersResponse", "AddAclRequest", "AddAclResponse",
     "RemoveAclRequest", "RemoveAclResponse", "ListAclsRequest", "ListAclsResponse",
+    "AlterTopicRequest", "AlterTopicResponse", "BrokerStateRequest", "BrokerStateResponse",
+    "ReassignRequest", "ReassignResponse", "ListMovesRequest", "ListMovesResponse",
+    "BROKER_ACTIVE", "BROKER_DRAINING",
 ]
 
 EARLIEST = -2
@@ -239,3 +242,77 @@ class ListAclsResponse:
     error: int
     message: str = ""
     acls: list = field(default_factory=list)
+
+
+# -- an elastic cluster (``mesh.node.elastic_handlers``; decisions in ``mesh.cluster.balance``) ---
+
+BROKER_ACTIVE = "active"
+BROKER_DRAINING = "draining"
+
+
+@message("ALTER_TOPIC")
+@dataclass(frozen=True, slots=True)
+class AlterTopicRequest:
+    """Grow a topic: ``partitions`` (0 = unchanged; may only grow, as in Kafka) and
+    ``replication_factor`` (0 = unchanged; the partitions' leaders then add or remove
+    replicas one at a time)."""
+    name: str
+    partitions: int = 0
+    replication_factor: int = 0
+
+
+@message("ALTER_TOPIC_R")
+@dataclass(frozen=True, slots=True)
+class AlterTopicResponse:
+    error: int
+    message: str = ""
+
+
+@message("BROKER_STATE")
+@dataclass(frozen=True, slots=True)
+class BrokerStateRequest:
+    """``state``: BROKER_DRAINING (decommission: every replica moves off ``node_id``,
+    leaderships first) or BROKER_ACTIVE (recommission)."""
+    node_id: str
+    state: str
+
+
+@message("BROKER_STATE_R")
+@dataclass(frozen=True, slots=True)
+class BrokerStateResponse:
+    error: int
+    message: str = ""
+
+
+@message("REASSIGN")
+@dataclass(frozen=True, slots=True)
+class ReassignRequest:
+    """Move one partition to ``replicas`` (preferred leader first); ``[]`` cancels a
+    reassignment that has not finished."""
+    topic: str
+    partition: int
+    replicas: list
+
+
+@message("REASSIGN_R")
+@dataclass(frozen=True, slots=True)
+class ReassignResponse:
+    error: int
+    message: str = ""
+
+
+@message("MOVES")
+@dataclass(frozen=True, slots=True)
+class ListMovesRequest:
+    """The replica moves that partitions led by the receiving broker have in progress."""
+    topics: list | None = None
+
+
+@message("MOVES_R")
+@dataclass(frozen=True, slots=True)
+class ListMovesResponse:
+    """moves: [{"topic", "partition", "leader", "voters", "learners", "target",
+    "adding", "bytes_copied", "bytes_remaining", "reason"}, ...]"""
+    error: int
+    moves: list = field(default_factory=list)
+    message: str = ""

@@ -78,7 +78,8 @@ class Checkers:
         if end != log.end or now.commit > end:
             self.fail(f"{node.id} p{pid}: core end {end} commit {now.commit}, log ends {log.end}")
         saved = node.store.live_state[pid]
-        if saved != now and not (saved is None and now == PersistState(pid, 0, None, 0, ())):
+        fresh = len(now.configs) == 1 and now.configs[0][1].version == 0  # the initial config, never persisted
+        if saved != now and not (saved is None and fresh and now == PersistState(pid, 0, None, 0, (), False, now.configs)):
             self.fail(f"{node.id} p{pid}: persisted {saved} but the core holds {now}")
         cache = now.epoch_cache
         if cache and cache[-1][0] > now.term:

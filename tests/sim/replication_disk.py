@@ -95,6 +95,21 @@ class SimDisk:
         self.live_state[st.pid] = st
         self.dirty.add(st.pid)
 
+    def host(self, pid: int) -> None:
+        """A replica of ``pid`` starts here (a learner joining): an empty log."""
+        if pid not in self.live:
+            self.pids.append(pid)
+            self.durable[pid], self.live[pid] = PartLog(), PartLog()
+            self.durable_state[pid] = self.live_state[pid] = None
+
+    def drop(self, pid: int) -> None:
+        """The replica of ``pid`` left (removed from its config): its data goes, staged."""
+        self.mem.stage_reset(pid, 0)
+        self.mem.delete("repl", _state_key(pid))
+        self.live[pid] = PartLog()
+        self.live_state[pid] = None
+        self.dirty.add(pid)
+
     # -- group commit, crash, retention ------------------------------------------------------
     def sync(self) -> None:
         """The turn's one commit: everything staged becomes durable."""

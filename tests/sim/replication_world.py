@@ -97,7 +97,7 @@ class Node:
 
 class _Turn:
     """What a turn collected from the core's Readies, acted on after the sync."""
-    __slots__ = ("messages", "committed", "leadership", "touched", "busy")
+    __slots__ = ("messages", "committed", "leadership", "touched", "busy", "configs")
 
     def __init__(self) -> None:
         self.busy = False   # any input or output beyond empty ticks
@@ -105,9 +105,11 @@ class _Turn:
         self.committed: dict[int, int] = {}
         self.leadership: dict[int, tuple] = {}
         self.touched: set[int] = set()
+        self.configs: dict[int, tuple] = {}
 
 
 class Sim(Checkers):
+    MODULE = "tests.sim.replication_sim"  # the command line that replays a seed
     def __init__(self, cfg: SimConfig) -> None:
         self.cfg = cfg
         self.rng = random.Random(f"replication-sim/{cfg.seed}")
@@ -163,7 +165,7 @@ class Sim(Checkers):
 
     def fail(self, what: str) -> None:
         raise SimFailure(f"seed {self.cfg.seed}, t={self.now_us / 1e6:.3f}s, step {self.steps_done}: {what}\n"
-                         f"reproduce with: python -m tests.sim.replication_sim {self.cfg.argv()}")
+                         f"reproduce with: python -m {self.MODULE} {self.cfg.argv()}")
 
     def _want_turn(self, node: Node, delay_us: int = 0) -> None:
         at = self.now_us + delay_us
@@ -182,7 +184,7 @@ class Sim(Checkers):
                               confirmed=False)
         for pid in node.pids:
             log = node.store.live[pid]
-            core.add_partition(pid, self.replicas[pid], node.store.live_state[pid], log.end)
+            core.add_partition(pid, self.initial_config(node, pid), node.store.live_state[pid], log.end)
             node.commit_seen[pid] = core.commit_offset(pid)
             self._check_committed(node, pid, node.commit_seen[pid])
         self.net.restart(node.id)
@@ -261,7 +263,11 @@ class Sim(Checkers):
                 self.net.resume(node.id)
                 self._want_turn(node)
         else:
-            raise AssertionError(kind)
+            self.on_event(kind, arg)
+
+    def on_event(self, kind: str, arg) -> None:
+        """An event kind a subclass scheduled (the base has none)."""
+        raise AssertionError(kind)
 
     # -- a broker's loop turn --------------------------------------------------------------
     def _turn(self, node: Node) -> None:
@@ -281,6 +287,7 @@ class Sim(Checkers):
             self._apply(node, turn, core.declare_lost_state() if node.lost_state else core.confirm_identity())
             node.lost_state = False  # a later plain restart finds its own generation the newest
             turn.busy = True
+        self.shell_turn(node, turn)
         for src, op, body, payload in inbox:
             self._apply(node, turn, core.step(src, decode_body(op, body), payload))
         ticks = (self.now_us - node.last_tick_us) // node.tick_us
@@ -376,6 +383,7 @@ class Sim(Checkers):
             turn.touched.add(st.pid)
         turn.messages.extend(rd.messages)
         turn.committed.update(rd.committed)
+        turn.configs.update(rd.configs)
         for pid, (leader, epoch) in rd.leadership.items():
             turn.leadership[pid] = (leader, epoch)
             if leader == node.id:
@@ -409,9 +417,22 @@ class Sim(Checkers):
                         self.fail(f"{node.id} p{pid}: acked batch {key} at {base} is not in the leader's log")
                     self.acked[key] = (pid, base, end, raw)
                 node.pending[pid] = keep
+        if turn.configs:
+            self.configs_durable(node, turn.configs)
         if turn.busy and self.cfg.check_replicas:
             for pid in node.pids:
                 self._check_replica(node, pid, deep=pid in turn.touched)
+
+    # -- hooks (tests/sim/replication_reconfig.py moves replicas) -------------------------------
+    def initial_config(self, node: Node, pid: int):
+        """What the shell hands ``add_partition`` (the persisted history wins over it)."""
+        return self.replicas[pid]
+
+    def shell_turn(self, node: Node, turn: _Turn) -> None:
+        """The start of a turn, before the inbox: the shell's own decisions."""
+
+    def configs_durable(self, node: Node, configs: dict) -> None:
+        """``Ready.configs`` of a turn, after its sync."""
 
     # -- checkers ------------------------------------------------------------------------------
     # -- clients -----------------------------------------------------------------------------

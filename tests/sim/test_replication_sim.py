@@ -10,6 +10,10 @@ from mesh.raft.leading import Leading
 from mesh.raft.partition import Partition, Role
 from mesh.raft.messages import VoteRespRow
 from mesh.raft.progress import Progress
+from mesh.raft.configuring import Configuring
+from mesh.raft.membership import Config, History, check_step
+from tests.sim.replication_reconfig import ReconfigConfig, next_step
+from tests.sim.replication_reconfig import run as run_reconfig
 from tests.sim.replication_sim import (
     SimConfig, SimFailure, expected_idle_messages_per_sec, idle_messages_per_sec, main, run,
 )
@@ -142,3 +146,72 @@ def test_cli_reports_each_seed(capsys):
     assert main(["--seed", "5", "--seeds", "2", "--steps", "300"]) == 0
     out = capsys.readouterr().out
     assert "seed 5:" in out and "seed 6:" in out and "2/2 seeds passed" in out
+
+
+# -- membership change (issue 14): replicas move between a pool of brokers under faults ------------
+# More seeds: ``python -m tests.sim.replication_reconfig --seed 0 --seeds 40 --steps 8000``.
+
+RECONFIG_SHAPES = [(5, 6, 3, range(0, 8)), (6, 8, 3, range(100, 104)), (4, 4, 1, range(200, 203))]
+
+
+@pytest.mark.parametrize("brokers, partitions, rf, seeds", RECONFIG_SHAPES,
+                         ids=[f"reconfig-{b}brokers-{p}parts-rf{rf}-seeds{s.start}-{s.stop - 1}"
+                              for b, p, rf, s in RECONFIG_SHAPES])
+def test_partitions_move_between_brokers_under_faults(brokers, partitions, rf, seeds):
+    totals: dict[str, int] = {}
+    for seed in seeds:
+        sim = run_reconfig(ReconfigConfig(seed=seed, steps=4000, brokers=brokers, partitions=partitions, rf=rf))
+        assert sim.acked, sim.summary()
+        for k, v in sim.counts.items():
+            totals[k] = totals.get(k, 0) + v
+    # the nemesis really moved replicas: learners joined and were promoted, old voters left
+    assert all(totals[k] > 0 for k in ("steps", "joins", "drops", "retargets")), totals
+    if rf > 1:
+        assert totals["transfers"] > 0 and totals["crash"] + totals["mid_turn_crash"] > 0, totals
+
+
+def test_next_step_walks_one_server_at_a_time_to_the_target():
+    c = Config(0, 0, ("n0", "n1", "n2"))
+    seen = []
+    leader, caught = "n0", {"n0", "n1", "n2", "n3", "n4"}
+    while (step := next_step(c, leader, ["n3", "n1", "n4"], caught)) is not None:
+        if step[0] == "transfer":
+            leader = step[1]
+        else:
+            assert check_step(c, step[1], step[2], leader) is None, (c, step)
+            c = Config(c.version + 1, 1, step[1], step[2])
+        seen.append(step)
+    assert c.voters == ("n3", "n1", "n4") and not c.learners and len(seen) <= 8
+
+
+def _first_reconfig_failure(seeds: range, steps: int = 4000) -> SimFailure:
+    for seed in seeds:
+        try:
+            run_reconfig(ReconfigConfig(seed=seed, steps=steps))
+        except SimFailure as exc:
+            return exc
+    pytest.fail("the checkers missed an injected bug")
+
+
+def test_reconfig_checkers_catch_a_follower_that_ignores_carried_configs(monkeypatch):
+    monkeypatch.setattr(History, "replace_window", lambda self, carried, upto, term: False)
+    exc = str(_first_reconfig_failure(range(3)))
+    assert "liveness" in exc and "reproduce with: python -m tests.sim.replication_reconfig" in exc
+
+
+def test_reconfig_checkers_catch_votes_that_ignore_configs(monkeypatch):
+    """A joining replica that votes at once (it may have voted in this term in an earlier
+    stay) and a config committed without its voters: two leaders in one term, or two histories."""
+    real = Configuring._check_config_commit
+
+    def eager(self):  # commits the latest config as soon as the commit offset passes it
+        c = self.history.latest()
+        if self.role is Role.LEADER and c.version > self.cfg_commit_version \
+                and self.commit >= self.history.latest_offset():
+            self._cfg_committed_now(c.version)
+        real(self)
+
+    monkeypatch.setattr(Configuring, "_check_config_commit", eager)
+    monkeypatch.setattr(Partition, "eligible", lambda self: True)
+    exc = str(_first_reconfig_failure(range(40), steps=6000))
+    assert "two histories" in exc or "election safety" in exc or "committed" in exc, exc

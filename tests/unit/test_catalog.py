@@ -227,6 +227,122 @@ def test_create_and_lookup_errors():
     assert keys.topic_key("a") not in gossip.values
 
 
+# -- alter -----------------------------------------------------------------------------
+def test_alter_adds_partitions_and_keeps_the_old_ones():
+    cat, gossip, store = make("n1")
+    t = cat.create("a", 2, 2, {}, ["n1", "n2", "n3"])
+    cat.reconcile()
+    old_chunk = gossip.values[keys.tparts_key("a", t.uuid, 0)]
+    new = cat.alter("a", 5, 0, ["n1", "n2", "n3"])
+    assert new.uuid == t.uuid and new.partitions == 5 and new.replication_factor == 2
+    assert new.replicas[:2] == t.replicas                           # existing partitions untouched
+    assert all(len(set(r)) == 2 for r in new.replicas)
+    leaders = [r[0] for r in new.replicas]
+    assert max(leaders.count(n) for n in "n1 n2 n3".split()) == 2    # spread over the whole topic
+    assert gossip.values[keys.tparts_key("a", t.uuid, 0)] is not old_chunk
+    assert gossip.values == topic_registers(new)
+    added, removed = cat.reconcile()
+    assert removed == set()
+    assert {cluster_pid(t.uuid, p) for p in range(2) if "n1" in t.replicas[p]} <= set(cat.local)
+    assert added == {cluster_pid(t.uuid, p) for p in range(2, 5) if "n1" in new.replicas[p]}
+    assert cat.topic("a").partitions == 5
+
+
+def test_alter_writes_only_the_chunks_that_change_then_the_header():
+    cat, gossip, _ = make("n1")
+    put(gossip, registers("w", UUID_A, [["n1"]] * 1500))
+    cat.reconcile()
+    writes = []
+    gossip.put_cluster = lambda k, v: writes.append(k) or Registers.put_cluster(gossip, k, v)
+    cat.alter("w", 2100, 0, ["n1"])
+    assert writes == [keys.tparts_key("w", UUID_A, 1), keys.tparts_key("w", UUID_A, 2), keys.topic_key("w")]
+    assert cat.reconcile()[1] == set() and cat.topic("w").partitions == 2100
+
+
+def test_alter_replication_factor_changes_the_header_only():
+    cat, gossip, _ = make("n1")
+    t = cat.create("a", 3, 1, {}, ["n1", "n2", "n3"])
+    cat.reconcile()
+    chunk = gossip.values[keys.tparts_key("a", t.uuid, 0)]
+    new = cat.alter("a", 0, 3, ["n1", "n2", "n3"])
+    assert new.replicas == t.replicas and gossip.values[keys.tparts_key("a", t.uuid, 0)] is chunk
+    assert gossip.values[keys.topic_key("a")]["replication_factor"] == 3
+    cat.reconcile()
+    assert cat.topic("a").replication_factor == 3
+    assert cat.alter("a", 0, 3, ["n1"]) is cat.topic("a")           # unchanged: a no-op
+    both = cat.alter("a", 4, 2, ["n1", "n2", "n3"])
+    assert both.replication_factor == 2 and len(both.replicas[3]) == 2   # new partitions at the new RF
+
+
+def test_alter_errors():
+    cat, _, _ = make("n1")
+    cat.create("a", 3, 1, {}, ["n1", "n2"])
+    cat.reconcile()
+    cases = [
+        (lambda: cat.alter("a", 2, 0, ["n1"]), ErrorCode.INVALID_REQUEST, "can only be added"),
+        (lambda: cat.alter("a", 3, 0, ["n1"]), ErrorCode.INVALID_REQUEST, "has 3 partitions"),
+        (lambda: cat.alter("a", 0, 0, ["n1"]), ErrorCode.INVALID_REQUEST, "nothing to alter"),
+        (lambda: cat.alter("a", "4", 0, ["n1"]), ErrorCode.INVALID_REQUEST, "integers"),
+        (lambda: cat.alter("a", 10_001, 0, ["n1"]), ErrorCode.INVALID_CONFIG, "partitions must be"),
+        (lambda: cat.alter("a", 0, 17, [f"n{i}" for i in range(20)]), ErrorCode.INVALID_CONFIG, "1..16"),
+        (lambda: cat.alter("a", 0, 3, ["n1", "n2"]), ErrorCode.INVALID_CONFIG, "2 live"),
+        (lambda: cat.alter("a", 0, -1, ["n1", "n2"]), ErrorCode.INVALID_CONFIG, "1..16"),
+        (lambda: cat.alter("nope", 4, 0, ["n1"]), ErrorCode.UNKNOWN_TOPIC, "nope"),
+        (lambda: cat.alter(["a"], 4, 0, ["n1"]), ErrorCode.INVALID_REQUEST, "invalid topic name"),
+    ]
+    for fn, code, text in cases:
+        with pytest.raises(MeshError) as info:
+            fn()
+        assert info.value.code == code and text in info.value.message, info.value.message
+
+
+def _alter_elsewhere(regs: dict, partitions: int) -> dict:
+    """The registers another broker writes when it alters the topic in ``regs``."""
+    other, gossip, _ = make("n9")
+    put(gossip, regs)
+    other.reconcile()
+    name = next(v["name"] for k, v in regs.items() if k.startswith(keys.TOPIC_PREFIX))
+    before = dict(gossip.values)
+    other.alter(name, partitions, 0, ["n1", "n2"])
+    return {k: v for k, v in gossip.values.items() if before.get(k) is not v}
+
+
+@pytest.mark.parametrize("header_first", [True, False])
+def test_an_alter_arriving_in_pieces_never_drops_a_partition(header_first):
+    cat, gossip, store = make("n1")
+    put(gossip, registers("a", UUID_A, [["n1", "n2"], ["n1", "n2"]]))
+    cat.reconcile()
+    old_row = cat.topic("a")
+    changed = _alter_elsewhere(dict(gossip.values), 4)
+    header = {k: v for k, v in changed.items() if k.startswith(keys.TOPIC_PREFIX)}
+    chunks = {k: v for k, v in changed.items() if k.startswith(keys.TPARTS_PREFIX)}
+    put(gossip, header if header_first else chunks)                 # half of the alter has arrived
+    assert cat.reconcile() == (set(), set())
+    assert cat.topic("a") is old_row and len(store.partitions()) == 2
+    assert cat.reconcile() == (set(), set())                         # and stays so, call after call
+    if not header_first:
+        with pytest.raises(MeshError, match="being changed"):         # the table is in between
+            cat.alter("a", 5, 0, ["n1", "n2"])
+    put(gossip, chunks if header_first else header)                 # the rest arrives
+    added, removed = cat.reconcile()
+    assert removed == set() and cat.topic("a").partitions == 4
+    assert added == {cluster_pid(UUID_A, p) for p in (2, 3) if "n1" in cat.topic("a").replicas[p]}
+
+
+def test_a_node_restarted_mid_alter_keeps_its_partitions():
+    cat, gossip, store = make("n1")
+    put(gossip, registers("a", UUID_A, [["n1"], ["n1"]]))
+    cat.reconcile()
+    put(gossip, {k: v for k, v in _alter_elsewhere(dict(gossip.values), 3).items()
+                 if k.startswith(keys.TOPIC_PREFIX)})                # the header, not the chunk
+    store = store.crash()
+    again = Catalog("n1", gossip, store)
+    assert again.reconcile() == (set(), set())
+    assert "a" not in again.topics and len(store.partitions()) == 2  # pending, and nothing dropped
+    put(gossip, registers("a", UUID_B, [["n2"]]))                    # a re-created name: the old data goes
+    assert again.reconcile() == (set(), set()) and store.partitions() == []
+
+
 def test_a_partition_this_node_does_not_replicate_has_no_pid():
     cat, gossip, _ = make("n3")
     put(gossip, registers("a", UUID_A, [["n1", "n2"]]))

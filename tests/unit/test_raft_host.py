@@ -263,3 +263,35 @@ def test_a_leaders_append_waits_for_the_sync_in_the_turn_it_wrote_its_epoch():
     h.after_commit(True)
     assert {(d, op) for s, d, op, *_ in c.queue[before:] if s == "n0"} >= {("n1", b"REPL_APPEND"),
                                                                           ("n2", b"REPL_APPEND")}
+
+
+def test_membership_through_the_shell_config_changes_are_taken_after_the_sync():
+    c = Cluster(n=4)
+    for nid in c.ids[:3]:
+        c.hosts[nid].add(PID, c.ids[:3])
+    for nid in c.ids[:3]:
+        c.turn(nid)
+    c.deliver()
+    lead = c.hosts["n0"]
+    assert lead.is_leader(PID)
+    lead.take_config_changes()
+    lead.propose_config(PID, ["n0", "n1", "n2"], ["n3"])
+    c1 = lead.config(PID)
+    assert c1.learners == ("n3",) and lead.config_pending(PID)
+    assert lead.take_config_changes() == {}             # not durable before the turn's sync
+    c.turn("n0")
+    assert lead.take_config_changes() == {PID: (c1, False)}
+    c.hosts["n3"].add(PID, c1)                          # a learner joins with the config
+    c.turn("n3")
+    c.deliver()
+    c.advance(TICK_MS)
+    c.deliver()
+    assert lead.committed_config(PID) == c1 and not lead.config_pending(PID)
+    assert lead.followers(PID)["n3"] == lead.commit_offset(PID)
+    assert lead.take_config_changes() == {PID: (c1, True)}
+    # the history is persisted: a restarted follower (and a rebuilt core) keeps it
+    c.hosts["n3"] = c._host("n3")
+    c.hosts["n3"].add(PID, c.ids[:3])                   # the history on disk wins over the list
+    assert c.hosts["n3"].config(PID) == c1
+    c.turn("n1", ok=False)                              # a failed commit rebuilds the core from disk
+    assert c.hosts["n1"].config(PID) == c1

@@ -19,6 +19,7 @@ from mesh.raft import (
 )
 from mesh.raft.messages import AppendRespRow, AppendRow, HeartbeatRespRow, HeartbeatRow, VoteRow
 from mesh.raft.partition import PartitionHost
+from mesh.raft.membership import Config
 from mesh.raft.progress import PROBE, REPLICATE, Progress, count_active
 from mesh.raft.quorum import VoteResult, committed_offset, majority, vote_result
 from mesh.wire.codec import REGISTRY, decode_body, encode_body, op_of
@@ -183,7 +184,7 @@ def test_vote_is_persisted_in_the_ready_that_grants_it():
     net = Net()
     core = net.cores["n1"]
     rd = core.step("n0", ReplVote([VoteRow(1, 1, 0, 0, 0, 0)]))
-    assert rd.persist == [PersistState(1, 1, "n0", 0, ())]
+    assert rd.persist == [PersistState(1, 1, "n0", 0, (), False, ((0, Config(0, 0, ("n0", "n1", "n2"))),))]
     (grant,) = rd.messages
     assert grant.dest == "n0" and grant.msg.rows[0].granted == 1
 
@@ -506,7 +507,7 @@ def test_rows_for_partitions_not_hosted_are_counted_and_skipped():
 
 
 def test_messages_round_trip_through_the_wire_codec():
-    row = AppendRow(7, 3, 10, 2, 12, 3, 10, 9, 4, 0)
+    row = AppendRow(7, 3, 10, 2, 12, 3, 10, 9, 4, 0, 1, 2, [[5, 1, 2, ["n0", "n1"], ["n2"]]])
     msg = ReplAppend([row])
     back = decode_body(op_of(msg), encode_body(msg))
     assert type(back) is ReplAppend and AppendRow(*back.rows[0]) == row

@@ -56,7 +56,7 @@ def test_every_value_a_broker_writes_passes(node):
     node.replicas.recovering = lambda pid: True              # recovering/ entries too (RF 1 never refills)
     node.publish.stats()
     mine = node.gossip.node_items("n1")
-    assert {k.split("/")[0] for k in mine} == {"member", "lead", "stats", "recovering"}
+    assert {k.split("/")[0] for k in mine} == {"member", "lead", "stats", "recovering", "load"}
     assert keys.lead_key("wide", 4) in mine and keys.stats_key("wide", 4) in mine
     registers = node.gossip.cluster_items()
     assert len([k for k in registers if k.startswith(keys.TPARTS_PREFIX)]) == 1 + 3
@@ -150,3 +150,21 @@ def test_deep_or_odd_values_never_raise():
         for value in (nested, {1: 2}, {"0": nested}, b"bytes", 1.5, "s"):
             bad(key, value)
     assert validate_entry(3, {}, NOW_MS)   # not a string key
+
+
+def test_elastic_registers():
+    ok(keys.pconf_key("t", UUID, 3), {"v": 2, "t": 5, "voters": ["n1", "n4"], "learners": ["n2"], "committed": False})
+    ok(keys.broker_key("n3"), {"state": "draining"})
+    ok(keys.reassign_key("t", UUID, 0), {"replicas": ["n4", "n1"]})
+    ok(keys.LOAD_KEY, {"bytes": 10, "replicas": 3, "leaders": 1})
+    bad = [
+        (keys.pconf_key("t", UUID, 3), {"v": 0, "t": 5, "voters": ["n1"], "learners": [], "committed": True}),
+        (keys.pconf_key("t", UUID, 3), {"v": 1, "t": 5, "voters": ["n1"], "learners": ["n1"], "committed": True}),
+        (keys.pconf_key("t", UUID, 3), {"v": 1, "t": 5, "voters": [], "learners": [], "committed": True}),
+        (keys.pconf_key("t", "nothex", 3), {"v": 1, "t": 5, "voters": ["n1"], "learners": [], "committed": True}),
+        (keys.broker_key("n3"), {"state": "gone"}),
+        (keys.reassign_key("t", UUID, 0), {"replicas": ["n1", "n1"]}),
+        (keys.LOAD_KEY, {"bytes": -1, "replicas": 3, "leaders": 1}),
+    ]
+    for key, value in bad:
+        assert validate_entry(key, value, NOW_MS) is not None, (key, value)

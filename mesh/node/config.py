@@ -1,0 +1,64 @@
+"""``NodeConfig``: everything a node is started with (``mesh node`` options map onto it
+one to one; ``tools/node_options.py`` keeps the bound options' defaults equal to these)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+__all__ = ["NodeConfig"]
+
+
+@dataclass
+class NodeConfig:
+    node_id: str
+    bind: str = "127.0.0.1:7101"
+    data_dir: str = "data"
+    seeds: list[str] = field(default_factory=list)
+    max_requests_per_turn: int = 512
+    tick_ms: int = 50
+    # election timeouts are drawn from [election_ticks, 2 * election_ticks) ticks: 0.7-1.4 s,
+    # at least 7 heartbeats (every 2 ticks) without a word from the leader
+    election_ticks: int = 14
+    retention_check_ms: int = 5_000
+    gossip_interval_ms: int = 200
+    stats_every_ms: int = 1_000
+    map_size_bytes: int = 64 << 30
+    sync: bool = True
+    hwm_messages: int = 10_000
+    text_port: int | None = None
+    text_max_connections: int = 64         # text gateway limits: see mesh.gateway.text
+    text_idle_timeout_ms: int = 300_000
+    text_evict_idle_ms: int = 10_000
+    text_max_subscriptions: int = 256
+    group_max_session_timeout_ms: int = 10_000   # also the takeover grace of a new coordinator
+    group_heartbeat_interval_ms: int = 500
+    # bounds (issue 13; each has a `mesh node` option; Kafka's names in the comments)
+    max_frame_bytes: int = 16 << 20          # ZMQ_MAXMSGSIZE on the ROUTER (socket.request.max.bytes)
+    max_body_bytes: int = 1 << 20            # msgpack body of a client request (records travel apart)
+    fetch_max_bytes: int = 8 << 20           # per fetch answer, plus one batch (fetch.max.bytes)
+    partition_fetch_max_bytes: int = 4 << 20  # per partition of a fetch (max.partition.fetch.bytes)
+    fetch_max_wait_ms: int = 30_000          # long-poll cap (fetch.max.wait.ms)
+    max_parked_fetches: int = 5_000          # long-poll fetches waiting at once
+    max_parked_per_client: int = 16
+    client_sndhwm: int = 16                  # answers queued in ZeroMQ per client pipe
+    client_backlog_bytes: int = 4 << 20      # then in the node per client; beyond, answers dropped
+    heartbeat_ivl_ms: int = 1_000            # ZMTP PING on every link to a peer
+    heartbeat_timeout_ms: int = 3_000        # a peer link silent this long after a PING: dropped (both ends)
+    produce_quota_bytes_per_s: int = 0       # per client, 0 = off (quota producer_byte_rate)
+    fetch_quota_bytes_per_s: int = 0         # per client, 0 = off (quota consumer_byte_rate)
+    producer_id_expiration_ms: int = 86_400_000  # producer.id.expiration.ms
+    max_producer_ids: int = 1_000_000        # idempotent-producer states kept (longest idle go first)
+    reset_gossip: bool = False               # start without the gossip snapshot, relearn from peers
+    rejoin_empty: bool = False   # a refused data directory is moved aside; start empty (lost state)
+    # security (mesh.security): CURVE + ZAP with the secrets directory; open only on loopback
+    secrets_dir: str | None = None
+    superusers: list[str] = field(default_factory=list)   # more superusers, by user name
+    insecure: bool = False       # allow running open on a non-loopback address (a warning)
+    max_connections: int = 4096  # open connections to the ROUTER; beyond: handshakes refused
+    text_creds: str | None = None   # secured: the creds file the text gateway's clients use
+    metrics_port: int | None = None   # /metrics (Prometheus) on the bind host: mesh.node.metrics
+    metrics_per_partition: bool = True
+    # an elastic cluster (issue 14: mesh.node.elastic)
+    replace_dead_after_ms: int = 600_000     # a broker dead this long has its replicas re-created elsewhere
+    move_rate_bytes: int = 32 << 20          # catch-up bytes/s this broker sends to new replicas (0 = no cap)
+    max_moves_per_broker: int = 4            # moves in progress per source and per target broker
+    balance: bool = True                     # False: never move replicas on its own (manual reassign only)

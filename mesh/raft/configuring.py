@@ -1,0 +1,146 @@
+"""Membership change in one partition replica (a mixin of ``mesh.raft.partition.Partition``):
+which config is in force, the leader's config changes and when a config is committed.
+Configs, histories and the allowed steps are ``mesh.raft.membership``.
+
+Rules (the partition's rule 9):
+
+- A replica uses the latest config in its log. Its voters make every quorum: commit,
+  check-quorum, ``append_position``, the ISR and elections (votes are asked of them, and
+  only theirs count). Learners get appends (probe / replicate like followers, catch-up
+  bounded by the node-wide ``learner_bytes_per_tick``) but never count, never campaign and
+  are never transfer targets. A replica whose latest config does not name it as a voter
+  never campaigns (it is a learner, or being removed: the shell drops it). Any replica
+  may grant a vote; the log comparison is (last epoch, end offset, config version).
+  Rows from nodes outside our config are stepped: our config may lag the sender's.
+- Followers: an accepted append's carried markers replace ours in its window; a
+  truncation drops markers past the cut. They learn which config is committed from the
+  leader's rows (``cfg_commit``: a config id, taken only if our history holds that one).
+- Leader: ``propose_config`` records the next config at its log end, once its epoch
+  marker is committed (a quorum holds it: Ongaro's fix) and its latest config is; its
+  progress entries follow its latest config's members. Append and heartbeat answers carry
+  each follower's latest config id; the latest config is committed once a majority of ITS
+  voters (the leader included) report it and the commit offset is at or past its marker.
+  A follower reporting another id gets the markers carried (and, idle, a probe), so an
+  idle partition converges. The preferred leader is ``voters[0]``.
+- Joining: a replica added with a config and no persisted state starts *recovering* (the
+  partition's rule 6): it may have been a member before, removed and dropped, and voted
+  in terms it no longer remembers; it grants no vote until a leader refilled it, then
+  records a vote for that leader (found by the reconfiguration simulator: a re-added
+  replica voting twice in one term elected two leaders).
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from mesh.wire.errors import ErrorCode, MeshError
+from mesh.raft.membership import Config, check_step
+from mesh.raft.progress import REPLICATE, Progress
+from mesh.raft.quorum import majority
+
+if TYPE_CHECKING:
+    from mesh.raft.partition import Partition
+
+__all__ = ["Configuring"]
+
+
+class Configuring:
+    """Membership methods of ``Partition`` (``self`` is a Partition)."""
+
+    def _use_config(self: Partition) -> None:
+        """Adopt the latest config of the history (a leader adds and drops progress)."""
+        c = self.history.latest()
+        self.voters = c.voters
+        self.replicas = c.members
+        self.peers = tuple(r for r in c.members if r != self.node)
+        self.quorum = majority(len(c.voters))
+        if self.role.value == "leader":
+            self._sync_progress()
+        self.host.config_changed(self)
+
+    def _config_updated(self: Partition) -> None:
+        self._use_config()
+        self._state_changed()
+
+    def committed_config(self: Partition) -> Config:
+        return self.history.committed(self.cfg_commit_version)
+
+    def config_committed(self: Partition) -> bool:
+        """The latest config is known to be committed."""
+        return self.history.latest().version <= self.cfg_commit_version
+
+    def _cfg_committed_now(self: Partition, version: int) -> None:
+        self.cfg_commit_version = version
+        if self.history.trim(version):
+            self._state_changed()
+        self.host.config_changed(self)
+
+    def _note_cfg_commit(self: Partition, version: int, term: int) -> None:
+        """The leader says config (version, term) is committed: so is ours, if it is that one."""
+        if version > self.cfg_commit_version:
+            for _, c in self.history.markers():
+                if c.ident == (version, term):
+                    self._cfg_committed_now(version)
+                    return
+
+    # -- leader ------------------------------------------------------------------------------
+    def _sync_progress(self: Partition) -> None:
+        """Progress entries for exactly the latest config's members but us."""
+        now = self.host.now_tick
+        for peer in self.peers:
+            if peer not in self.progress:
+                pr = self.progress[peer] = Progress(self.end, now)
+                pr.store = self.host.peer_stores.get(peer)
+        for peer in [p for p in self.progress if p not in self.peers]:
+            del self.progress[peer]
+        if self.transfer_to is not None and self.transfer_to not in self.voters:
+            self.transfer_to = None
+
+    def _note_config_id(self: Partition, pr: Progress, version: int, term: int) -> None:
+        ident = (version, term)
+        if pr.config_id != ident:
+            pr.config_id = ident
+            self._check_config_commit()
+
+    def _check_config_commit(self: Partition) -> None:
+        c = self.history.latest()
+        if (self.role.value != "leader" or c.version <= self.cfg_commit_version
+                or self.commit < self.history.latest_offset()):
+            return
+        have = 0
+        for v in c.voters:
+            pr = self.progress.get(v)
+            if v == self.node or (pr is not None and pr.config_id == c.ident and pr.counted()):
+                have += 1
+        if have >= majority(len(c.voters)):
+            self._cfg_committed_now(c.version)
+
+    def cfg_commit_ident(self: Partition) -> tuple[int, int]:
+        return self.committed_config().ident
+
+    def propose_config(self: Partition, voters: tuple[str, ...], learners: tuple[str, ...]) -> None:
+        """Record the next config (one single-server step) at our log end."""
+        if self.role.value != "leader":
+            raise MeshError(ErrorCode.NOT_LEADER, f"partition {self.pid}: not the leader", leader=self.leader)
+        latest = self.history.latest()
+        why = None
+        if not self.config_committed():
+            why = f"config version {latest.version} is not committed yet (one change at a time)"
+        elif not self.epoch_committed:
+            why = "the leader's epoch marker is not committed yet"
+        elif self.transfer_to is not None:
+            why = f"a leadership transfer to {self.transfer_to} is in progress"
+        elif len(voters) + len(learners) > self.cfg.max_replicas:
+            why = f"at most {self.cfg.max_replicas} replicas"
+        elif any(not isinstance(n, str) or not 0 < len(n) <= 255 for n in voters + learners):
+            why = "node ids are strings of 1..255 characters"
+        else:
+            why = check_step(latest, voters, learners, self.node)
+        if why is not None:
+            raise MeshError(ErrorCode.INVALID_REQUEST, f"partition {self.pid}: {why}")
+        self.history.append(self.end, Config(latest.version + 1, self.term, voters, learners))
+        self._config_updated()
+        for pr in self.progress.values():
+            if pr.state == REPLICATE and not pr.inflight:
+                pr.become_probe(min(pr.match, self.end))  # carries the new marker now, even when idle
+        self.host.want_flush(self)
+        self._check_config_commit()
