@@ -26,34 +26,9 @@ from collections import Counter
 
 from mesh.client import Admin, Producer
 from mesh.testing.launcher import BrokerProcess, Cluster, wait_until
+from mesh.testing.workload import balanced, topic_view
 
 _RECORD = b"x" * 100
-
-
-def _view(brokers, topic):
-    for b in brokers:
-        if not b.alive():
-            continue
-        try:
-            with Admin(b.address, request_timeout_ms=2000) as a:
-                md = a.metadata([topic])
-        except Exception:
-            continue
-        t = next((t for t in md.topics if t["name"] == topic), None)
-        if t is not None and not t.get("error"):
-            return t["partitions"], {x["id"]: x for x in md.brokers}
-    return None, None
-
-
-def _settled(brokers, topic, members, rf) -> bool:
-    parts, _ = _view(brokers, topic)
-    if parts is None or any(len(p["replicas"]) != rf or p.get("learners") or p["leader"] is None
-                            or not set(p["replicas"]) <= set(members) for p in parts):
-        return False
-    reps = Counter(x for p in parts for x in p["replicas"])
-    leads = Counter(p["replicas"][0] for p in parts)
-    rc, lc = [reps[m] for m in members], [leads[m] for m in members]
-    return max(rc) - min(rc) <= 1 and max(lc) - min(lc) <= 1
 
 
 def _fill(addr, topic, partitions, per_partition_bytes):
@@ -143,7 +118,7 @@ def main(argv=None) -> None:
         t_add = time.time()
         n4.start()
         everyone = c.brokers + [n4]
-        wait_until(lambda: _settled(everyone, topic, ["n1", "n2", "n3", "n4"], args.rf), 1800,
+        wait_until(lambda: balanced(everyone, topic, ["n1", "n2", "n3", "n4"], args.rf), 1800,
                    "n4 to take its share", interval_s=0.5)
         t_done = time.time()
         stop.set()
@@ -151,7 +126,7 @@ def main(argv=None) -> None:
         proc.join(60)
         base = _rate(marks, t_add - args.baseline_s, t_add)
         during = _rate(marks, t_add, t_done)
-        parts, brokers = _view(everyone, topic)
+        parts, brokers = topic_view(everyone, topic)
         on_n4 = Counter(x for p in parts for x in p["replicas"])["n4"]
         copies = _learner_steps([b.log_path for b in everyone])
         n4_bytes = (brokers.get("n4") or {}).get("bytes")
@@ -162,7 +137,7 @@ def main(argv=None) -> None:
         t_kill = time.time()
         victim.kill()
         live = [b for b in everyone if b is not victim]
-        wait_until(lambda: _settled(live, topic, [b.node_id for b in live], args.rf), 1800,
+        wait_until(lambda: balanced(live, topic, [b.node_id for b in live], args.rf), 1800,
                    "every partition back to RF", interval_s=0.5)
         t_rf = time.time()
         from tools.node_options import parse_duration_ms

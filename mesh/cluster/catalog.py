@@ -33,12 +33,12 @@ from __future__ import annotations
 import logging
 import uuid as uuidlib
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 from mesh.wire.errors import ErrorCode, MeshError
 from mesh.cluster.keys import (TOPIC_PREFIX, TPARTS_CHUNK_BYTES, TPARTS_CHUNK_PARTITIONS, TPARTS_PREFIX,
                                topic_key, tparts_key)
-from mesh.cluster.configs import PartitionConfig, configs_by_topic, keep_local, overlay
+from mesh.cluster.configs import PartitionConfig, configs_by_topic, overlay
 from mesh.cluster.keys import PCONF_PREFIX, REASSIGN_PREFIX
 from mesh.cluster.placement import place_replicas
 from mesh.wire.topic_config import MAX_PARTITIONS, normalize_config, validate_topic_name
@@ -241,9 +241,6 @@ class Catalog:
         self._signature = None      # the registers' bucket hashes at the last rebuild
         self._calls = 0
         self._overlaid: dict[str, tuple] = {}   # name -> (base row, pconf values, overlaid row)
-        # pid -> (version, members) of the config in this node's own replica log, None if not
-        # hosted; the node sets it (configs rule 3).
-        self.local_config: Callable[[int], tuple[int, tuple[str, ...]] | None] = lambda pid: None
 
     def _overlay(self, topics: dict[str, Topic]) -> dict[str, Topic]:
         """The topic rows with each partition's effective config (``mesh.cluster.configs``),
@@ -274,6 +271,23 @@ class Catalog:
     def replicas_of(self, pid: int) -> list[str]:
         name, p = self.local[pid]
         return list(self.topics[name].replicas[p])
+
+    def strays(self) -> list[int]:
+        """Local partitions whose effective config does not name this node (configs rule 3:
+        candidates for ``drop_stray``)."""
+        out = []
+        for pid, (name, p) in self.local.items():
+            t = self.topics.get(name)
+            if t is not None and self.node_id not in t.members_of(p):
+                out.append(pid)
+        return sorted(out)
+
+    def drop_stray(self, pid: int) -> None:
+        """Forget local partition ``pid`` (its data too); the caller commits."""
+        name, p = self.local.pop(pid)
+        t = self.topics[name]
+        log.info("dropping local partition %s/%d: no longer a replica here", name, p)
+        self.store.forget_partition(t.store_key, p)
 
     def config_of_pid(self, pid: int) -> PartitionConfig:
         """The effective config of local partition ``pid`` (``mesh.cluster.configs``)."""
@@ -310,9 +324,8 @@ class Catalog:
         by_key = {t.store_key: t for t in topics.values()}
         for tkey, p, pid in self.store.partitions():
             t = by_key.get(tkey)
-            if (tkey, p) not in wanted and t is not None and p < t.partitions and pid == cluster_pid(t.uuid, p) \
-                    and keep_local(self.node_id, t.config_of(p), self.local_config(pid)):
-                wanted[(tkey, p)] = (t.name, p, pid)     # configs rule 3: not without positive evidence
+            if (tkey, p) not in wanted and t is not None and p < t.partitions and pid == cluster_pid(t.uuid, p):
+                wanted[(tkey, p)] = (t.name, p, pid)     # configs rule 3: a stray goes by drop_stray
         for tkey, p, pid in self.store.partitions():
             if (tkey, p) not in wanted and tkey not in pending:
                 log.info("dropping local partition %s/%d (topic deleted or replaced)", tkey, p)

@@ -13,11 +13,16 @@ hosted* and what metadata says, with these rules:
    loads all see the current set; ``Topic.learners[p]`` lists the learners.
 2. A broker hosts a replica when it is a voter or a learner of the effective config
    (a new learner starts refilling as soon as its leader announced it).
-3. A broker drops a replica that the topic still has only on positive evidence
-   (``keep_local``): the effective config is *committed*, at least as new as the config in
-   its own replica's log, and does not name it. An uncommitted config, an older one, or a
-   register that has not arrived yet never costs a replica its data. A deleted topic
-   (or a re-created name: another uuid) drops everything, as before.
+3. A broker drops a replica that the topic still has only with evidence from both sides
+   (``keep_local``, asked about once a second by ``mesh.node.elastic`` for each local
+   replica the effective config does not name; ``Catalog.reconcile`` itself only drops
+   replicas of deleted topics): no leader's append or heartbeat has reached it for
+   ``quiet_ms`` (a member hears its leader all the time, whatever gossip says; a leader is
+   never dropped), and either its own log says it is not a voter (a learner, or removed),
+   or the effective config is *committed*, at least as new as its own log's, and does not
+   name it. So a stale, uncommitted or forged register alone never costs a voter its
+   data, and an orphan learner (its leader died before the learner was committed) goes.
+   A deleted topic (or a re-created name: another uuid) drops everything, as before.
 """
 from __future__ import annotations
 
@@ -87,15 +92,15 @@ def overlay(topic, configs: Mapping[int, PartitionConfig] | None, node_id: str, 
                    committed=tuple(committed), pids=pids)
 
 
-def keep_local(node_id: str, effective: PartitionConfig, local: tuple[int, tuple[str, ...]] | None) -> bool:
-    """Rule 3: whether a replica this node hosts, which the effective config does not name,
-    stays. ``local``: (version, members) of the config in the replica's own log, None if
-    the replica is not loaded."""
-    if node_id in effective.members:
+def keep_local(node_id: str, effective: PartitionConfig,
+               local: tuple[int, tuple[str, ...], tuple[str, ...]] | None,
+               leader_silence_ms: int, quiet_ms: int) -> bool:
+    """Rule 3: whether a replica this node hosts stays. ``local``: (version, voters,
+    learners) of the latest config in the replica's own log (None: not loaded yet);
+    ``leader_silence_ms``: since a leader last reached it (0 while it leads)."""
+    if node_id in effective.members or local is None or leader_silence_ms < quiet_ms:
         return True
-    if local is None:
-        return not effective.committed
-    version, members = local
-    if node_id not in members:
-        return not effective.committed          # our own log says we are out: go once it is committed
+    version, voters, _ = local
+    if node_id not in voters:
+        return False                            # a learner or removed: never needed for a quorum
     return not (effective.committed and effective.version >= version)

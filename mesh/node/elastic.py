@@ -21,7 +21,8 @@ the turn's sync):
    all counts as dead since then), the partition view (the led partitions from the
    replication core, the others from gossip), the balancer's steps for the partitions led
    here, carried out (a refused step, e.g. a change still pending, waits for the next
-   round); a finished manual reassignment's register is deleted; this node's ``load``
+   round); a finished manual reassignment's register is deleted; local replicas that no
+   config names any more are dropped on evidence (``mesh.cluster.configs`` rule 3); this node's ``load``
    (disk bytes, replica and leader counts) is published when it changed.
 
 Bounds: the balancer admits at most ``max_moves_per_broker`` moves per source and target
@@ -39,7 +40,7 @@ from mesh.cluster.balance import BalanceSettings, BrokerInfo, PartitionInfo
 from mesh.cluster.balance_steps import (AddLearner, Balancer, Led, Promote, RemoveLearner, RemoveVoter, Reorder,
                                         Transfer)
 from mesh.cluster.catalog import cluster_pid
-from mesh.cluster.configs import PartitionConfig
+from mesh.cluster.configs import PartitionConfig, keep_local
 from mesh.raft.membership import Config
 from mesh.wire.errors import MeshError
 
@@ -58,6 +59,7 @@ class ElasticSettings:
     replace_dead_after_ms: int = 600_000
     max_moves_per_broker: int = 4
     enabled: bool = True
+    stray_quiet_ms: int = 5_000      # a replica no leader reached for this long may be a stray
 
 
 def raft_config(c: PartitionConfig) -> Config:
@@ -69,8 +71,10 @@ def raft_config(c: PartitionConfig) -> Config:
 class Elastic:
     def __init__(self, node_id: str, gossip, catalog, replicas, store, wall_ms: Callable[[], int],
                  settings: ElasticSettings | None = None,
-                 leader_of: Callable[[Any, int], str | None] = lambda t, p: None) -> None:
-        """``leader_of(topic row, partition)``: who leads it, as the leader view says."""
+                 leader_of: Callable[[Any, int], str | None] = lambda t, p: None,
+                 drop: Callable[[int], None] = lambda pid: None) -> None:
+        """``leader_of(topic row, partition)``: who leads it, as the leader view says;
+        ``drop(pid)``: forget a local replica and its data in the turn's transaction."""
         self.node_id = node_id
         self.gossip = gossip
         self.catalog = catalog
@@ -79,6 +83,7 @@ class Elastic:
         self.wall_ms = wall_ms
         self.settings = settings or ElasticSettings()
         self.leader_of = leader_of
+        self.drop = drop
         self.balance_settings = BalanceSettings(replace_dead_after_ms=self.settings.replace_dead_after_ms,
                                                 max_moves_per_broker=self.settings.max_moves_per_broker)
         self._next_ms = 0
@@ -101,6 +106,7 @@ class Elastic:
         self._last_ms = now_ms
         self._next_ms = now_ms + self.settings.interval_ms
         self._repair_registers()
+        self._drop_strays()
         self._publish_load()
         if self.settings.enabled:
             self._balance(now_ms)
@@ -147,6 +153,18 @@ class Elastic:
                     (cfg.version, tuple(cfg.voters), tuple(cfg.learners), committed):
                 fixes[pid] = (cfg, committed)
         self._publish(fixes)
+
+    def _drop_strays(self) -> None:
+        """``mesh.cluster.configs`` rule 3: a local replica the effective config does not name
+        goes once its own log and its leader's silence agree."""
+        for pid in self.catalog.strays():
+            where = self._where(pid)
+            if where is None:
+                continue
+            t, p = where
+            if not keep_local(self.node_id, t.config_of(p), self.replicas.local_config(pid),
+                              self.replicas.leader_silence_ms(pid), self.settings.stray_quiet_ms):
+                self.drop(pid)
 
     def _publish_load(self) -> None:
         leaders = len(self.replicas.leaders())

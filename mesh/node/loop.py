@@ -184,7 +184,6 @@ class Node:
                                     tick_ms=config.tick_ms, now_ms=clock.now_ms,
                                     store_id=self.store_id, confirmed=self._identity == "confirmed")
         self.replicas.reply = self._reply
-        self.catalog.local_config = self.replicas.local_config   # configs rule 3: drop on evidence only
         self.publish.replicas = self.replicas
         if self._identity == "lost":
             self.replicas.declare_lost_state()
@@ -239,7 +238,7 @@ class Node:
                                ElasticSettings(replace_dead_after_ms=config.replace_dead_after_ms,
                                                max_moves_per_broker=config.max_moves_per_broker,
                                                enabled=config.balance),
-                               leader_of=lambda t, p: self.directory.leader(t, p).node_id)
+                               leader_of=lambda t, p: self.directory.leader(t, p).node_id, drop=self._drop_stray)
         self.handlers.extend(ElasticHandlers(gossip=self.gossip, catalog=self.catalog, elastic=self.elastic,
                                              commit_turn=self.data.commit_turn, reply=self._reply,
                                              apply_cluster_change=self._apply_cluster_change,
@@ -509,6 +508,12 @@ class Node:
         if len(added) > 8:
             log.info("now hosting %d more partitions", len(added))
         self.groups.on_cluster_change(self.clock.wall_ms())
+
+    def _drop_stray(self, pid: int) -> None:
+        """A replica this node no longer holds (``mesh.cluster.configs`` rule 3), in the turn."""
+        self.replicas.remove(pid)
+        self.data.forget({pid})
+        self.catalog.drop_stray(pid)
 
     def _apply_cluster_change(self) -> bool:
         """After an admin change to gossip: reconcile, persist, commit. False if not durable."""

@@ -295,13 +295,20 @@ class ReplicaHost:
         """The partitions this node leads, ascending."""
         return self.core.leaders()
 
-    def local_config(self, pid: int) -> tuple[int, tuple[str, ...]] | None:
-        """(version, members) of the latest config in this replica's log; None if not hosted
-        (``mesh.cluster.configs`` rule 3)."""
+    def local_config(self, pid: int) -> tuple[int, tuple[str, ...], tuple[str, ...]] | None:
+        """(version, voters, learners) of the latest config in this replica's log; None if
+        not hosted (``mesh.cluster.configs`` rule 3)."""
         if pid not in self._replicas:
             return None
         c = self.core.config(pid)
-        return c.version, c.members
+        return c.version, tuple(c.voters), tuple(c.learners)
+
+    def leader_silence_ms(self, pid: int) -> int:
+        """How long no leader's append or heartbeat reached this replica (0 while it leads)."""
+        if pid not in self._replicas or self.is_leader(pid):
+            return 0
+        heard = self.core.status(pid).get("leader_tick", -1)
+        return (self.core.now_tick - max(heard, 0)) * self.tick_ms
 
     def take_config_changes(self) -> dict[int, tuple[Config, bool]]:
         """``{pid: (latest config, committed)}`` changed since the last call, durable."""

@@ -115,7 +115,10 @@ class Configuring:
             self._cfg_committed_now(c.version)
 
     def cfg_commit_ident(self: Partition) -> tuple[int, int]:
-        return self.committed_config().ident
+        """The committed config's id for our rows; (0, 0), which no follower takes, when the
+        history holds no marker known to be committed (a joiner's single, uncommitted one)."""
+        c = self.committed_config()
+        return c.ident if c.version <= self.cfg_commit_version else (0, 0)
 
     def propose_config(self: Partition, voters: tuple[str, ...], learners: tuple[str, ...]) -> None:
         """Record the next config (one single-server step) at our log end."""

@@ -159,6 +159,7 @@ class Partition(Leading, Configuring):
         self.corrupt_at: int | None = None  # last corrupt batch reported (status)
         self.leader: str | None = None
         self.election_elapsed_ticks = 0
+        self.leader_tick = -1          # when a leader's append or heartbeat last reached us (status)
         self.timeout_ticks = 0
         self.votes: dict[str, bool] = {}
         self.progress: dict[str, Progress] = {}
@@ -400,13 +401,12 @@ class Partition(Leading, Configuring):
 
     def _step_follower(self, src: str, row: PeerRow, payload: bytes) -> None:
         kind = type(row)
-        if kind is AppendRow:
-            self.election_elapsed_ticks = 0
+        if kind is AppendRow or kind is HeartbeatRow:
+            self.election_elapsed_ticks, self.leader_tick = 0, self.host.now_tick
             self._set_leader(src)
+        if kind is AppendRow:
             self._handle_append(src, row, payload)
         elif kind is HeartbeatRow:
-            self.election_elapsed_ticks = 0
-            self._set_leader(src)
             self._set_commit(min(row.commit, self.end, self.agreed))
             self._note_cfg_commit(row.cfg_commit, row.cfg_commit_term)
             self._send(src, HeartbeatRespRow(self.pid, self.term, _NONE, int(self.recovering),
@@ -592,7 +592,7 @@ class Partition(Leading, Configuring):
             "isr": self.isr(), "recovering": self.recovering, "recover_to": self.recover_to,
             "corrupt_at": self.corrupt_at, "config": self.history.latest().describe(),
             "config_committed": self.cfg_commit_version >= self.history.latest().version,
-        }
+            "leader_tick": self.leader_tick}
         if self.role is Role.LEADER:
             d["epoch_start"] = self.epoch_start
             d["transfer_to"] = self.transfer_to

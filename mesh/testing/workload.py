@@ -1,5 +1,8 @@
 """A producer and a consumer that run while the cluster changes shape, and the check after.
 
+Also the placement as metadata shows it (``topic_view``, ``balanced``): what the elastic
+tests and ``bench.elastic`` wait for.
+
 ``Workload`` runs, on two threads, an idempotent acks=all producer sending distinct values
 (``b"<tag>-<n>"``) round-robin over a topic's partitions, and a consumer assigned every
 partition that reads from the beginning; it remembers every acknowledged value, every
@@ -15,7 +18,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 
-__all__ = ["Workload", "Verdict", "read_all"]
+__all__ = ["Workload", "Verdict", "read_all", "topic_view", "placement_counts", "balanced"]
 
 
 @dataclass
@@ -147,6 +150,8 @@ class Workload:
     def check(self, timeout_s: float = 60.0) -> Verdict:
         """Read the topic back: lost, doubled and reordered acknowledged values."""
         logs = read_all(self.bootstrap, self.topic, self.partitions, timeout_s, creds=self.creds)
+        mine = self.tag + b"-"                                 # other writers' records are not ours to judge
+        logs = {p: [x for x in vals if x.startswith(mine)] for p, vals in logs.items()}
         seen = Counter(v for vals in logs.values() for v in vals)
         v = Verdict(acked=len(self.acked), read=sum(seen.values()))
         v.lost = sorted(x for x in self.acked if seen[x] == 0)
@@ -157,3 +162,42 @@ class Workload:
             if any(b < a for a, b in zip(order, order[1:])):
                 v.reordered.append(p)
         return v
+
+
+def topic_view(brokers, topic: str):
+    """(partitions [{partition, replicas, learners, leader, ...}], brokers {id: entry}) of
+    ``topic`` from the first live broker (``BrokerProcess``) that answers; (None, None)."""
+    from mesh.client import Admin
+    for b in brokers:
+        if not b.alive():
+            continue
+        try:
+            with Admin(b.address, request_timeout_ms=2000, creds=b.creds) as a:
+                md = a.metadata([topic])
+        except Exception:
+            continue
+        t = next((t for t in md.topics if t["name"] == topic), None)
+        if t is not None and not t.get("error"):
+            return t["partitions"], {x["id"]: x for x in md.brokers}
+    return None, None
+
+
+def placement_counts(parts) -> tuple[Counter, Counter]:
+    """(replicas per broker, preferred leaderships per broker)."""
+    reps, leads = Counter(), Counter()
+    for p in parts:
+        reps.update(p["replicas"])
+        leads[p["replicas"][0]] += 1
+    return reps, leads
+
+
+def balanced(brokers, topic: str, members, rf: int, spread_leaders: bool = True) -> bool:
+    """Every partition of ``topic`` has exactly ``rf`` voters, all in ``members``, no
+    learners and a leader; replica (and preferred-leader) counts per member within 1."""
+    parts, _ = topic_view(brokers, topic)
+    if parts is None or any(len(p["replicas"]) != rf or p.get("learners") or p["leader"] is None
+                            or not set(p["replicas"]) <= set(members) for p in parts):
+        return False
+    reps, leads = placement_counts(parts)
+    rc, lc = [reps.get(m, 0) for m in members], [leads.get(m, 0) for m in members]
+    return max(rc) - min(rc) <= 1 and (not spread_leaders or max(lc) - min(lc) <= 1)

@@ -5,58 +5,15 @@ A producer (acks=all, idempotent) and a consumer run throughout each test
 may be lost, doubled or reordered. Each test waits on conditions with deadlines (metadata
 polled from a live broker), never on sleeps.
 """
-from collections import Counter
-
 import pytest
 
-from mesh.client import Admin
+from mesh.client import Admin, Producer
 from mesh.testing.launcher import BrokerProcess, Cluster, wait_until
-from mesh.testing.workload import Workload
+from mesh.testing.workload import Workload, balanced as settled, placement_counts as counts, topic_view as view
 
 pytestmark = pytest.mark.integration
 
 FAST = ["--replace-dead-after", "4s"]
-
-
-def view(brokers, topic):
-    """(partitions [{partition, replicas, learners, leader}], brokers {id: entry}) from the
-    first live broker that answers."""
-    for b in brokers:
-        if not b.alive():
-            continue
-        try:
-            with Admin(b.address, request_timeout_ms=2000) as a:
-                md = a.metadata([topic])
-        except Exception:
-            continue
-        t = next((t for t in md.topics if t["name"] == topic), None)
-        if t is None or t.get("error"):
-            continue
-        return t["partitions"], {x["id"]: x for x in md.brokers}
-    return None, None
-
-
-def counts(parts):
-    reps, leads = Counter(), Counter()
-    for p in parts:
-        reps.update(p["replicas"])
-        leads[p["replicas"][0]] += 1
-    return reps, leads
-
-
-def settled(brokers, topic, members, rf, spread_leaders=True):
-    """Every partition has exactly ``rf`` voters, all in ``members``, no learners, a leader;
-    replica and preferred-leader counts per member within 1."""
-    parts, _ = view(brokers, topic)
-    if parts is None:
-        return False
-    if any(len(p["replicas"]) != rf or p.get("learners") or not set(p["replicas"]) <= set(members)
-           or p["leader"] is None for p in parts):
-        return False
-    reps, leads = counts(parts)
-    rc = [reps.get(m, 0) for m in members]
-    lc = [leads.get(m, 0) for m in members]
-    return max(rc) - min(rc) <= 1 and (not spread_leaders or max(lc) - min(lc) <= 1)
 
 
 def check(w: Workload):
@@ -64,6 +21,7 @@ def check(w: Workload):
     verdict = w.check()
     assert verdict.ok(), str(verdict)
     assert verdict.acked > 100, f"the producer got too few acknowledgements: {verdict} {dict(w.errors)}"
+    return verdict
 
 
 def test_add_broker_then_decommission_then_reassign(tmp_path):
@@ -93,6 +51,11 @@ def test_add_broker_then_decommission_then_reassign(tmp_path):
             a.reassign("e", 0, ["n4", "n1"])
         wait_until(lambda: (view(everyone, "e")[0] or [{}])[0].get("replicas") == ["n4", "n1"], 60,
                    "partition 0 to be on n4,n1")
+        # a higher replication factor: each partition's leader adds a replica
+        with Admin(n4.address) as a:
+            a.alter_topic("e", replication_factor=3)
+        wait_until(lambda: settled(everyone, "e", ["n1", "n2", "n4"], 3, spread_leaders=False), 120,
+                   "every partition to reach 3 replicas")
         check(w)
     finally:
         if n4 is not None:
@@ -113,10 +76,11 @@ def test_dead_broker_replaced_and_leader_killed_mid_move(tmp_path):
         live = c.brokers[:3]
         wait_until(lambda: settled(live, "d", ["n1", "n2", "n3"], 3, spread_leaders=False), 120,
                    "every partition back to 3 replicas without n4")
-        # a move whose leader is killed while the new replica is still a learner
-        w2 = Workload(c.bootstrap, "d", 8, rate_per_s=2000, tag="bulk").start()
-        wait_until(lambda: len(w2.acked) > 3000, 60, "some data to move")
-        w2.stop()
+        # a move whose leader is killed while the new replica is still a learner: 3 MB in
+        # partition 0 take n4 seconds to copy at 200 kB/s
+        with Producer(c.bootstrap, acks="all") as p:
+            for _ in range(30):
+                p.send_batch("d", [b"x" * 100] * 1000, partition=0).result(30)
         victim.start()                      # back: added again only as balancing needs it
         parts, _ = view(live, "d")
         p0 = parts[0]
@@ -125,11 +89,20 @@ def test_dead_broker_replaced_and_leader_killed_mid_move(tmp_path):
             a.reassign("d", 0, target)
         wait_until(lambda: "n4" in ((view(live, "d")[0] or [{}])[0].get("learners") or []), 30,
                    "n4 to be a learner of partition 0")
+        with Admin(c.bootstrap) as a:
+            moves = a.list_moves().moves
+        assert any(mv["partition"] == 0 and mv["adding"] == ["n4"] for mv in moves), moves
         old_leader = next(b for b in c.brokers if b.node_id == p0["leader"])
         old_leader.kill()
         wait_until(lambda: (view(c.brokers, "d")[0] or [{}])[0].get("replicas") == target, 120,
                    f"partition 0 to reach {target} under a new leader")
         old_leader.start()
+        # the returned broker's stale copies are gone: it hosts exactly what configs name
+        def hosts_only_named():
+            parts, brokers = view(c.brokers, "d")
+            named = sum(1 for p in parts if "n4" in p["replicas"] + (p.get("learners") or []))
+            return brokers["n4"].get("replicas") == named
+        wait_until(hosts_only_named, 60, "n4 to drop the replicas it no longer holds")
         check(w)
     finally:
         c.kill()
