@@ -4,5 +4,8 @@
 ``schema`` (the shape of every value, checked before gossip applies it), ``catalog`` (the
 typed topic table and the local partitions it implies), ``leaders`` (who leads each
 partition, from leadership claims), ``placement`` (replica sets and preferred leaders for
-new topics).
+new topics), ``configs`` (each partition's current replica set from ``pconf/`` registers;
+where replicas are hosted and when a stray may go), ``balance`` (the deterministic target
+replica list of every partition) and ``balance_steps`` (a leader's one next single-server
+step toward it, and admission of moves per broker).
 """
