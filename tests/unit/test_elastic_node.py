@@ -1,0 +1,93 @@
+"""The node side of the elastic mesh, on a real in-process node (LMDB, no peers): the admin
+handlers' checks, the registers they write, and the leader's own config publishing."""
+from __future__ import annotations
+
+import socket
+
+import pytest
+
+from mesh.cluster import keys
+from mesh.node.elastic import ElasticSettings
+from mesh.node.loop import Node, NodeConfig
+from mesh.wire import messages as m
+from mesh.wire.errors import ErrorCode, MeshError
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def node(tmp_path):
+    n = Node(NodeConfig(node_id="n1", bind=f"127.0.0.1:{_port()}", data_dir=str(tmp_path), sync=False))
+    answers = []
+    n.dispatch.reply = lambda ident, rid, msg, payload=None: answers.append(msg)
+    n.answers = answers
+    yield n
+    n.close()
+
+
+def call(node, req):
+    handler = node.handlers.handler_for(req)
+    handler(b"c", 1, req, None)
+    return node.answers[-1]
+
+
+def test_decommission_writes_the_broker_register_and_checks_the_broker(node):
+    assert call(node, m.BrokerStateRequest("n1", m.BROKER_DRAINING)).error == 0
+    key = keys.broker_key("n1")
+    assert node.gossip.cluster_items(key)[key] == {"state": "draining"}
+    for bad, why in ((m.BrokerStateRequest("n9", m.BROKER_DRAINING), "no broker"),
+                     (m.BrokerStateRequest("n1", "gone"), "a broker state is")):
+        with pytest.raises(MeshError, match=why) as exc:
+            call(node, bad)
+        assert exc.value.code == ErrorCode.INVALID_REQUEST
+    assert call(node, m.BrokerStateRequest("n1", m.BROKER_ACTIVE)).error == 0
+    assert node.gossip.cluster_items(key)[key] == {"state": "active"}
+
+
+def test_reassign_checks_then_writes_and_cancels(node):
+    call(node, m.CreateTopicRequest("t", 2, 1))
+    t = node.catalog.topics["t"]
+    key = keys.reassign_key("t", t.uuid, 1)
+    assert call(node, m.ReassignRequest("t", 1, ["n1"])).error == 0
+    assert node.gossip.cluster_items(key)[key] == {"replicas": ["n1"]}
+    for bad, code in ((m.ReassignRequest("t", 1, ["n1", "n1"]), ErrorCode.INVALID_REQUEST),
+                      (m.ReassignRequest("t", 1, ["n7"]), ErrorCode.INVALID_REQUEST),
+                      (m.ReassignRequest("t", 5, ["n1"]), ErrorCode.UNKNOWN_PARTITION),
+                      (m.ReassignRequest("nope", 0, ["n1"]), ErrorCode.UNKNOWN_TOPIC)):
+        with pytest.raises(MeshError) as exc:
+            call(node, bad)
+        assert exc.value.code == code, bad
+    call(node, m.BrokerStateRequest("n1", m.BROKER_DRAINING))
+    with pytest.raises(MeshError, match="decommissioned"):
+        call(node, m.ReassignRequest("t", 0, ["n1"]))
+    assert call(node, m.ReassignRequest("t", 1, [])).error == 0
+    assert key not in node.gossip.cluster_items(key)
+
+
+def test_the_leader_publishes_its_config_and_metadata_shows_state_and_learners(node):
+    call(node, m.CreateTopicRequest("t", 1, 1))
+    for _ in range(40):                 # a single broker elects itself; one more turn publishes
+        node._after_turn()
+        if node.replicas.leaders():
+            break
+    (pid,) = node.replicas.leaders()
+    node.elastic.settings = ElasticSettings(enabled=False)   # no balancing: it would drop the learner
+    node.replicas.propose_config(pid, ("n1",), ("n2",))      # a learner (its broker need not exist)
+    for _ in range(3):
+        node._after_turn()
+    t = node.catalog.topics["t"]
+    key = keys.pconf_key("t", t.uuid, 0)
+    reg = node.gossip.cluster_items(key)[key]
+    assert reg["v"] == 1 and reg["voters"] == ["n1"] and reg["learners"] == ["n2"] and reg["committed"]
+    node.elastic._next_ms = 0
+    node._after_turn()                  # the next round publishes this broker's load
+    md = call(node, m.MetadataRequest(["t"]))
+    me = next(b for b in md.brokers if b["id"] == "n1")
+    assert me["state"] == "active" and me["replicas"] == 1 and me["leaders"] == 1
+    assert md.topics[0]["partitions"][0]["learners"] == ["n2"]
+    (move,) = call(node, m.ListMovesRequest()).moves
+    assert move["partition"] == 0 and move["adding"] == ["n2"] and move["leader"] == "n1"
