@@ -9,7 +9,9 @@ unfinished (no request in flight, nothing queued or backing off), so a lone reco
 blocking ``send().get()``, never waits a timer; otherwise when the partition's requests
 in flight finish (it became idle) or after ``linger_ms``, whichever comes first. Batching
 therefore grows with load (records gather while a request is outstanding), not with a
-timer; ``linger_ms`` is only the upper bound of that wait.
+timer; ``linger_ms`` is only the upper bound of that wait, kept to the nearest
+millisecond (the I/O thread waits whole milliseconds: rounded to the nearest, where
+rounding up added 0.5-1 ms to every lingered batch).
 
 Ordering and exactly-once across retries: the producer has a random 62-bit producer id;
 every batch carries it and the sequence number of its first record. On a retriable error,
@@ -63,6 +65,7 @@ __all__ = ["Producer", "RecordMetadata", "RecordFuture", "lingered"]
 log = logging.getLogger("mesh.producer")
 _ACKS = {"0": 0, "1": 1, "all": -1, "-1": -1, 0: 0, 1: 1, -1: -1}
 _REFRESH_EVERY_S = 0.1  # at most this often a metadata refresh from the I/O thread
+_LINGER_SLACK_S = 0.0005  # ZeroMQ's poll waits whole milliseconds: lingers round to the nearest
 
 
 class RecordMetadata(NamedTuple):
@@ -123,16 +126,19 @@ class _Batch(SeqBatch):
         self.closed = False
 
 
-def lingered(open_batches, ready_tps, idle, now: float, linger_s: float) -> tuple[list, float | None]:
+def lingered(open_batches, ready_tps, idle, now: float, linger_s: float,
+             slack_s: float = 0.0) -> tuple[list, float | None]:
     """The batching decision (see the module doc): which ``open_batches`` close now, and
     when the earliest of the others reaches ``linger_s`` (None if none is left open).
     ``ready_tps``: partitions with a closed batch not yet handed to the sequencer (busy);
-    ``idle(tp)``: the sequencer has nothing unfinished of ``tp``."""
+    ``idle(tp)``: the sequencer has nothing unfinished of ``tp``. ``slack_s``: a batch due
+    within it closes now (a driver that waits whole ticks and rounds to the nearest one
+    passes half a tick), so the next deadline returned is at least that far away."""
     close, next_at = [], None
     for b in open_batches:
         tp = (b.topic, b.partition)
         due = b.created + linger_s
-        if due <= now or (tp not in ready_tps and idle(tp)):
+        if due < now + slack_s or due <= now or (tp not in ready_tps and idle(tp)):
             close.append(b)
         elif next_at is None or due < next_at:
             next_at = due
@@ -389,7 +395,8 @@ class Producer:
             with self._lock:
                 self._woken = False
                 ready_tps = {(b.topic, b.partition) for b in self._ready} if self._ready else ()
-                close, next_linger = lingered(self._open.values(), ready_tps, seq.idle, now, self.linger_s)
+                close, next_linger = lingered(self._open.values(), ready_tps, seq.idle, now, self.linger_s,
+                                              _LINGER_SLACK_S)
                 for b in close:
                     self._close_batch(b)
                 ready, self._ready = self._ready, collections.deque()
@@ -428,14 +435,15 @@ class Producer:
             self._finish_done(seq)
             if closing and not seq.busy() and not self._unfinished:
                 break
-            # wait for answers, wake-ups, lingers, timeouts
-            timeout_s = 0.1
+            # wait for answers, wake-ups, lingers (to the nearest millisecond: ``lingered``
+            # closed what is due within half of one), backoffs and timeouts (rounded up)
+            wait_ms = 100
             if next_linger is not None:
-                timeout_s = min(timeout_s, max(0.0, next_linger - now))
+                wait_ms = min(wait_ms, max(0, int((next_linger - now) * 1000 + 0.5)))
             backoff_ms = seq.next_backoff_ms(now_ms)
             if backoff_ms is not None:
-                timeout_s = min(timeout_s, max(0.0, backoff_ms / 1000 - now))
-            responses = transport.poll(int(timeout_s * 1000) + 1)
+                wait_ms = min(wait_ms, max(0, int(backoff_ms - now_ms) + 1))
+            responses = transport.poll(wait_ms)
             now_ms = time.monotonic() * 1000
             for addr, rid, resp, _ in responses:
                 if isinstance(resp, ProduceResponse):

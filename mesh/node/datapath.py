@@ -37,9 +37,11 @@ Listeners (``on_commit``: callables taking ``ok``) hear how every commit ended, 
 after it: the group host answers the offsets commits staged in the turn then, so they
 share the turn's one sync instead of syncing on their own.
 
-Parked fetches wake in the turn whose commit moved their partition's high watermark (a
-follower's answer is stepped while the turn drains; ``after_turn`` answers the fetches
-right after that turn's commit), never a turn later.
+Parked fetches wake in the turn whose commit moved their partition's high watermark,
+never a turn later: a move made while the turn drained (a follower's answer) wakes them
+right before the turn's sync, with the acks=all answers it covers
+(``ReplicaHost.answer_committed`` says why neither waits for the sync); a move made by the
+sync itself (the leader's own copy counted) wakes them in ``after_turn``.
 
 Contained failures: ``doom(reason)`` marks the turn as possibly inconsistent (an
 unexpected exception somewhere in it); the next ``commit_turn`` then rolls the whole turn
@@ -200,6 +202,15 @@ class DataPath:
         self._staged.append(_Staged(ident, rid, req.acks, pid, base, end,
                                     min(req.timeout_ms, self.limits.max_produce_timeout_ms)))
 
+    def answer_committed(self) -> None:
+        """Right after the drain: answer the acks=all requests and wake the parked fetches
+        that the commit advances of the drain allow (``ReplicaHost.answer_committed``: they
+        need no sync of this turn), unless the turn is doomed."""
+        if self._doomed is None and self.replicas.early_acks:
+            moved = self.replicas.answer_committed()
+            if moved:
+                self._wake(moved)
+
     def commit_turn(self) -> bool:
         """Commit the turn (one sync) and answer its produce requests. False if it failed
         (or the turn was doomed: then it is rolled back)."""
@@ -209,7 +220,9 @@ class DataPath:
                 doomed, self._doomed = self._doomed, None
                 self.store.rollback()
                 raise LogError(f"turn rolled back after an internal error ({doomed})")
-            self.replicas.before_commit(self.store.has_writes())
+            moved = self.replicas.before_commit(self.store.has_writes())   # acks=all it covers answered
+            if moved:
+                self._wake(moved)   # below the commit offset is all in the store already (ReplicaHost)
             t0 = _perf() if self.metrics is not None and self.store.has_writes() else None
             self.store.commit()
             if t0 is not None:

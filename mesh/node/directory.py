@@ -25,18 +25,24 @@ class Directory:
         self.wall_ms = wall_ms
         self.leaders = LeaderView(node_id, gossip, local_leader)
         self._node_of_address: dict[str, str] = {}
+        self._address_of: dict[str, str] = {}   # node id -> address, for gossip version ``_address_version``
+        self._address_version = -1
 
     def live(self) -> list[str]:
         """Node ids of the brokers this node sees alive (itself included)."""
         return self.gossip.live_members(self.wall_ms())
 
     def address_of(self, node_id: str) -> str | None:
+        """Called on every message to a peer: a dict lookup, rebuilt only when the gossip
+        state moved (a member's address changes only with a new row, which moves
+        ``gossip.version``; ``members()`` computes every member's phi, too dear per send)."""
         if node_id == self.node_id:
             return self.address
-        for mem in self.gossip.members(self.wall_ms()):
-            if mem.node_id == node_id:
-                return mem.address
-        return None
+        version = self.gossip.version
+        if version != self._address_version:
+            self._address_of = {mem.node_id: mem.address for mem in self.gossip.members(self.wall_ms())}
+            self._address_version = version
+        return self._address_of.get(node_id)
 
     def node_at(self, address: str) -> str | None:
         """The node id of the peer at ``address`` (None if gossip does not know it yet)."""

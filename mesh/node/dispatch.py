@@ -20,6 +20,7 @@ the request only reads (fetch, metadata, list offsets: nothing to roll back) and
 """
 from __future__ import annotations
 
+import functools
 import logging
 from typing import Callable
 
@@ -31,8 +32,9 @@ from mesh.node.ratelog import RateLimitedLog
 from mesh.node.raft_host import REPLICATION_MESSAGES
 from mesh.security.creds import BROKER_PRINCIPAL
 from mesh.wire import messages as m
-from mesh.wire.codec import PROTOCOL_CLIENT, PROTOCOL_PEER, pack, unpack
+from mesh.wire.codec import PROTOCOL_CLIENT, PROTOCOL_PEER, ZERO_COPY_MIN_BYTES, pack, unpack
 from mesh.wire.errors import ErrorCode, MeshError
+from mesh.wire.frames import recv_frames, send_frames
 
 __all__ = ["Dispatcher", "open_router"]
 
@@ -71,7 +73,8 @@ class Dispatcher:
         public key); peer messages are accepted only from the cluster key (else dropped,
         counted in ``peer_messages_refused``, logged once per sender); a client request
         goes through ``authorizer.authorize(principal, msg)`` before its handler. Open mode:
-        ``recv`` is the socket's own ``recv_multipart``, nothing is checked."""
+        ``recv`` is ``mesh.wire.frames.recv_frames`` (the socket's ``recv_multipart``
+        without pyzmq's per-frame overhead), nothing is checked."""
         self.router = router
         self.handlers = handlers
         self.groups = groups
@@ -91,7 +94,7 @@ class Dispatcher:
         self.user_id = ""                 # the ZAP User-Id of the message being handled
         self.peer_messages_refused = 0
         self.metrics = None   # mesh.node.metrics.NodeMetrics (--metrics-port): request counts, latency, bytes
-        self.recv = router.recv_multipart if self.security is None else self._recv_secured
+        self.recv = functools.partial(recv_frames, router) if self.security is None else self._recv_secured
 
     def _recv_secured(self, flags: int = 0) -> list:
         """``recv_multipart``, keeping the first frame's ZAP User-Id in ``user_id``."""
@@ -214,6 +217,6 @@ class Dispatcher:
             self.outbox.send(ident, frames, delay)
             return
         try:
-            self.router.send_multipart(frames, zmq.NOBLOCK, copy=payload is None or len(payload) < 65536)
+            send_frames(self.router, frames, copy=payload is None or len(payload) < ZERO_COPY_MIN_BYTES)
         except zmq.ZMQError as exc:  # client gone (EHOSTUNREACH) or its pipe is full (EAGAIN)
             log.debug("dropping reply to %s: %s", bytes(ident).hex(), exc)

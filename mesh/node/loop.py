@@ -10,7 +10,9 @@ order each turn (``run``, then ``_after_turn``):
 1. wait for the ROUTER, at most until the next deadline (a loop tick, the gossip core's
    next round, the earliest parked fetch);
 2. drain ready messages (at most ``max_requests_per_turn``, so one busy client cannot
-   starve the loop's other duties). Client requests go to their handler
+   starve the loop's other duties); then answer the acks=all requests and wake the
+   parked fetches the drain's commit advances allow (they need no sync of this turn:
+   ``ReplicaHost.answer_committed``). Client requests go to their handler
    (``mesh.node.handlers``: admin and metadata, which commit on their own; the data path
    for produce, staged in the turn's transaction, and fetch; the group host for GROUP_*).
    Peer messages go to their core: gossip answers are sent at once (gossip keeps nothing
@@ -296,6 +298,7 @@ class Node:
                     zap.handle()   # before the ROUTER: a handshake waits for this answer
                 if self.router in events:
                     self._drain()
+                    self._step("early acks", self.data.answer_committed)   # no sync needed: at once
                 try:
                     self._after_turn()   # each step guarded (_step); this is the last resort
                 except Exception as exc:  # fail the turn, not the broker

@@ -34,6 +34,8 @@ from typing import Callable
 import zmq
 
 from mesh.node.ratelog import RateLimitedLog
+from mesh.wire.codec import ZERO_COPY_MIN_BYTES
+from mesh.wire.frames import send_frames
 
 __all__ = ["Outbox", "ByteRateQuota"]
 
@@ -114,7 +116,7 @@ class Outbox:
     def _send_now(self, ident: bytes, frames: list) -> bool:
         """False if the pipe is full (the caller keeps the frames)."""
         try:
-            self.router.send_multipart(frames, zmq.NOBLOCK, copy=len(frames[-1]) < 65536)
+            send_frames(self.router, frames, copy=len(frames[-1]) < ZERO_COPY_MIN_BYTES)
         except zmq.Again:
             self._queue(ident, frames)
             return False
@@ -164,7 +166,7 @@ class Outbox:
             while q:
                 frames = q[0]
                 try:
-                    self.router.send_multipart(frames, zmq.NOBLOCK, copy=len(frames[-1]) < 65536)
+                    send_frames(self.router, frames, copy=len(frames[-1]) < ZERO_COPY_MIN_BYTES)
                 except zmq.Again:
                     break
                 except zmq.ZMQError as exc:

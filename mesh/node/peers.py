@@ -23,7 +23,8 @@ import logging
 
 import zmq
 
-from mesh.wire.codec import PROTOCOL_PEER, pack
+from mesh.wire.codec import PROTOCOL_PEER, ZERO_COPY_MIN_BYTES, pack
+from mesh.wire.frames import send_frames
 
 __all__ = ["PeerLinks", "sender_address", "PEER_PREFIX"]
 
@@ -82,7 +83,7 @@ class PeerLinks:
     def send(self, addr: str, msg, payload: bytes | None = None) -> bool:
         frames = pack(PROTOCOL_PEER, 0, msg, payload)
         try:
-            self._sock(addr).send_multipart(frames, zmq.NOBLOCK, copy=payload is None or len(payload) < 65536)
+            send_frames(self._sock(addr), frames, copy=payload is None or len(payload) < ZERO_COPY_MIN_BYTES)
         except zmq.Again:
             self.dropped += 1
             return False
@@ -91,7 +92,7 @@ class PeerLinks:
             self.dropped += 1
             return False
         self.sent += 1
-        self.bytes_sent += sum(len(f) for f in frames)
+        self.bytes_sent += sum(map(len, frames))
         return True
 
     def flush_and_close(self, linger_ms: int = 300) -> None:

@@ -16,7 +16,10 @@ Per loop turn:
   synced quorum, which may be the followers alone), and an append claims nothing durable
   of the leader: if its sync fails the core is rebuilt from disk as a follower, exactly
   as after a crash, and the followers' extra entries are of its old term (Raft's log
-  matching repairs them);
+  matching repairs them). Then the acks=all waiters that the turn's commit advances
+  already cover are answered (``answer_committed``; the node also calls it right after
+  the drain, ``early_acks``): a commit advance is made of durable matches only, so it
+  does not wait for this turn's sync;
 - after the turn's single sync (``after_commit(True)``): ``synced()`` for the partitions
   this node appended to as leader, ``flush()`` to stream new data to followers, then the
   held messages go out, acks=all produce requests whose batch is now committed are
@@ -175,15 +178,18 @@ class ReplicaHost:
                  publish: Callable[[int, str | None, int], None],
                  config: ReplicationConfig | None = None, tick_ms: int = 50,
                  now_ms: Callable[[], int] = _monotonic_ms, store_id: str = "",
-                 confirmed: bool = True, early_appends: bool = True) -> None:
+                 confirmed: bool = True, early_appends: bool = True, early_acks: bool = True) -> None:
         """``send(dest node id, msg, payload)`` delivers to a peer; ``publish(pid, leader,
         epoch)`` is told about leadership changes (the node gossips them); ``now_ms``: the
         node's monotonic clock (ticks, ack deadlines, lazy state writes); ``store_id`` and
         ``confirmed``: see ``ReplicaManager`` (the node passes confirmed=False until gossip
         tells it whether it lost state); ``early_appends``: the leader's appends leave
-        before the turn's sync (see the module doc)."""
+        before the turn's sync (see the module doc); ``early_acks``: acks=all answers (and
+        fetch wake-ups) a commit advance of the drain allows leave before the turn's sync
+        (``answer_committed``), not after it."""
         self.now_ms = now_ms
         self.early_appends = early_appends
+        self.early_acks = early_acks
         self.node_id = node_id
         self.store = store
         self.producers = producers
@@ -362,8 +368,11 @@ class ReplicaHost:
         self._persisted[st.pid] = st
         self._lazy.pop(st.pid, None)
 
-    def before_commit(self, store_has_writes: bool) -> None:
-        """Write deferred commit offsets when the turn syncs anyway, or once a second."""
+    def before_commit(self, store_has_writes: bool) -> set[int]:
+        """Right before the turn's sync: write deferred commit offsets when the turn syncs
+        anyway (or once a second), send the early appends, and answer the acks=all waiters
+        the turn's commit advances already cover (``answer_committed``). Returns the
+        partitions whose commit offset moved (their parked fetches may wake now)."""
         now = self.now_ms()
         if self._lazy and (store_has_writes or now >= self._next_lazy_flush_ms):
             self._next_lazy_flush_ms = now + 1000
@@ -378,6 +387,27 @@ class ReplicaHost:
                 self.store.rollback()
                 raise LogError(f"replication flush before the sync failed: {exc!r}") from exc
             self._send_early()
+        return self.answer_committed() if self.early_acks else set()
+
+    def answer_committed(self) -> set[int]:
+        """Answer the acks=all waiters whose batch the commit offset now passes; returns the
+        partitions whose commit offset moved since the last call.
+
+        Safe before the turn's sync: a commit advance is made of durable matches only (a
+        follower acks after its sync; the leader counts its own copy after ``synced()``,
+        which runs after a sync), so what it covers is durably on a quorum whatever this
+        turn's sync does. For the same reason every offset below it is already in the
+        store's committed data (the batches staged this turn leave only in this call's
+        turn and cannot be acknowledged before it ends), so a parked fetch may read it."""
+        committed, self._committed = self._committed, {}
+        for pid, commit in committed.items():
+            for w in self._waiters.get(pid, ()):
+                if not w.done and w.end <= commit:
+                    w.done = True
+                    self.reply(w.ident, w.rid, m.ProduceResponse(0, base_offset=w.base,
+                                                                 log_start=self.store.log_start(pid)))
+            self._gc(pid)
+        return set(committed)
 
     def _send_early(self) -> None:
         """Send the held leader appends that may leave before the sync (module doc)."""
@@ -465,15 +495,7 @@ class ReplicaHost:
             if leader != self.node_id:  # tell waiting clients at once, with the new leader's address if known
                 self._fail_waiters(pid, ErrorCode.NOT_LEADER, f"leadership moved to {leader}",
                                    leader=self.address_of(leader) if leader else None)
-        committed, self._committed = self._committed, {}
-        for pid, commit in committed.items():
-            for w in self._waiters.get(pid, ()):
-                if not w.done and w.end <= commit:
-                    w.done = True
-                    self.reply(w.ident, w.rid, m.ProduceResponse(0, base_offset=w.base,
-                                                                 log_start=self.store.log_start(pid)))
-            self._gc(pid)
-        return set(committed)
+        return self.answer_committed()
 
     def expire(self) -> None:
         now = self.now_ms()

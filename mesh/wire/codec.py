@@ -36,7 +36,7 @@ from mesh.wire.errors import ErrorCode, MeshError
 
 __all__ = [
     "PROTOCOL_CLIENT", "PROTOCOL_PEER", "REGISTRY", "message", "encode_body", "decode_body",
-    "pack", "unpack", "op_of", "DecodeLimits", "NO_LIMITS",
+    "pack", "unpack", "op_of", "DecodeLimits", "NO_LIMITS", "ZERO_COPY_MIN_BYTES",
 ]
 
 PROTOCOL_CLIENT = b"mesh/1"
@@ -67,6 +67,12 @@ class DecodeLimits:
 
 NO_LIMITS = DecodeLimits(0, 0, 0, 0, 0)
 _CHECKERS: dict[type, tuple[tuple[str, Callable[[Any], bool], str], ...]] = {}
+_REQUIRED: dict[type, int] = {}              # fields without a default, per message class
+_UNPACK_KWARGS: dict[DecodeLimits, dict] = {}   # DecodeLimits.unpack_kwargs, built once per limits
+# A payload frame at least this big is sent without copying (pyzmq tracks it and frees it in
+# its garbage-collector thread, which wakes and takes the GIL once per frame); smaller ones
+# are copied, which costs less than that wake-up (a 1 MiB memcpy is tens of microseconds).
+ZERO_COPY_MIN_BYTES = 1 << 20
 
 
 def _checker(tp: Any) -> tuple[Callable[[Any], bool], str]:
@@ -111,6 +117,8 @@ def message(op: str):
         _CHECKERS[cls] = tuple(
             (f.name, *_checker(hints[f.name])) for f in dataclasses.fields(cls)
         )
+        _REQUIRED[cls] = sum(1 for f in dataclasses.fields(cls)
+                             if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING)
         return cls
 
     return wrap
@@ -139,8 +147,12 @@ def decode_body(op: bytes, body: bytes, limits: DecodeLimits | None = None) -> A
             if limits.max_body_bytes and len(body) > limits.max_body_bytes:
                 raise MeshError(ErrorCode.MESSAGE_TOO_LARGE,
                                 f"{cls.__name__}: body of {len(body)} bytes; at most {limits.max_body_bytes}")
-            values = msgpack.unpackb(body, raw=False, use_list=True, strict_map_key=False,
-                                     **limits.unpack_kwargs())
+            kwargs = _UNPACK_KWARGS.get(limits)
+            if kwargs is None:
+                if len(_UNPACK_KWARGS) >= 64:
+                    _UNPACK_KWARGS.clear()
+                kwargs = _UNPACK_KWARGS[limits] = limits.unpack_kwargs()
+            values = msgpack.unpackb(body, raw=False, use_list=True, strict_map_key=False, **kwargs)
     except MeshError:
         raise
     except Exception as exc:  # msgpack raises several types for bad input (and limits)
@@ -151,10 +163,7 @@ def decode_body(op: bytes, body: bytes, limits: DecodeLimits | None = None) -> A
     if len(values) > len(checks):
         raise MeshError(ErrorCode.INVALID_REQUEST,
                         f"{cls.__name__}: {len(values)} fields, at most {len(checks)} expected")
-    n_required = sum(
-        1 for f in dataclasses.fields(cls)
-        if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
-    )
+    n_required = _REQUIRED[cls]
     if len(values) < n_required:
         raise MeshError(ErrorCode.INVALID_REQUEST,
                         f"{cls.__name__}: {len(values)} fields, {n_required} required")

@@ -45,6 +45,7 @@ class NodeSimConfig:
     faults: bool = True
     wipes: bool = False            # also lose whole disks (a broker restarts empty: lost state)
     early_appends: bool = True     # leaders' appends leave before the turn's sync (ReplicaHost)
+    early_acks: bool = True        # acks=all answers a drained commit advance allows, before the sync
     loss: float = 0.03
     dup: float = 0.03
     delay_ms: tuple[int, int] = (1, 12)
@@ -59,7 +60,8 @@ class NodeSimConfig:
         return (f"--seed {self.seed} --steps {self.steps} --brokers {self.brokers} "
                 f"--partitions {self.partitions} --rf {self.rf} --producers {self.producers}"
                 + ("" if self.faults else " --no-faults") + (" --wipes" if self.wipes else "")
-                + ("" if self.early_appends else " --no-early-appends"))
+                + ("" if self.early_appends else " --no-early-appends")
+                + ("" if self.early_acks else " --no-early-acks"))
 
 
 # -- the store: MemoryStore whose group commit can fail ---------------------------------------

@@ -13,7 +13,8 @@ core in its shell), ``Catalog`` (fed a fixed topic table through a stand-in for 
 simulation owns (``now_ms``; each incarnation of a broker has its own monotonic offset).
 A broker *turn* is the loop's turn in the loop's order: drain the inbox (peer messages to
 ``ReplicaHost.step``, client requests to ``DataPath.on_produce`` / ``on_fetch``, a
-``MeshError`` answered as ``ErrorResponse``), ``tick_due``, then ``DataPath.commit_turn``
+``MeshError`` answered as ``ErrorResponse``), ``DataPath.answer_committed`` (acks=all answers
+and fetch wake-ups the drain's commit advances allow), ``tick_due``, then ``DataPath.commit_turn``
 (the group commit; the host sends what it held after it), then ``DataPath.after_turn``.
 
 ``SimNet`` (mesh.testing.simnet) owns time (milliseconds) and the network; every frame,
@@ -162,7 +163,7 @@ class NodeSim(NodeClients, NodeChecks):
         b.host = ReplicaHost(b.id, store, producers, rng, send=partial(self._peer_send, b),
                              publish=partial(self._published, b), config=self.cfg.replication,
                              tick_ms=self.cfg.tick_ms, now_ms=b.now_ms, store_id=f"{b.id}/{b.wipes}",
-                             early_appends=self.cfg.early_appends)
+                             early_appends=self.cfg.early_appends, early_acks=self.cfg.early_acks)
         b.host.reply = partial(self._reply, b)
         b.host.address_of = _address_of
         if b.lost:   # the node's identity check found an empty or older store (mesh.node.loop)
@@ -266,6 +267,7 @@ class NodeSim(NodeClients, NodeChecks):
                 self._peer_in(b, src, frames)
             else:
                 self._client_in(b, src, frames)
+        b.data.answer_committed()   # what the drain's commit advances allow (mesh.node.loop, step 2)
         b.host.tick_due()
         if b.crash_in_turn:
             self._crash(b, mid_turn=True)   # before the commit: the turn's writes and sends vanish
@@ -474,6 +476,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--wipes", action="store_true", help="also lose whole disks (lost state, refill)")
     p.add_argument("--no-early-appends", action="store_true",
                    help="leaders send appends only after their sync (the contract before issue 15)")
+    p.add_argument("--no-early-acks", action="store_true",
+                   help="acks=all answers only after the turn's sync (the shell before issue 15, part 2)")
     p.add_argument("-q", "--quiet", action="store_true")
     p.add_argument("-v", "--verbose", action="store_true", help="show the shells' log (failed commits ...)")
     args = p.parse_args(argv)
@@ -481,7 +485,7 @@ def main(argv: list[str] | None = None) -> int:
     return run_seeds(args.seed, args.seeds, lambda seed: run(NodeSimConfig(
         seed=seed, steps=args.steps, brokers=args.brokers, partitions=args.partitions, rf=args.rf,
         producers=args.producers, faults=not args.no_faults, wipes=args.wipes,
-        early_appends=not args.no_early_appends)),
+        early_appends=not args.no_early_appends, early_acks=not args.no_early_acks)),
         failure=SimFailure, quiet=args.quiet)
 
 

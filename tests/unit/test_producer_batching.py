@@ -71,3 +71,15 @@ def test_a_partition_backing_off_is_busy_and_idle_once_everything_finished():
     seq.sent(A, b, 2, 10_000.0)
     seq.on_reply(2, ErrorCode.NONE, 10_001.0, base_offset=0)
     assert seq.idle(A) and lingered([a], (), seq.idle, now=10.0, linger_s=0.005) == ([a], None)
+
+
+def test_a_batch_due_within_the_slack_closes_now():
+    """The I/O thread waits whole milliseconds, rounded to the nearest: a batch due 0.4 ms
+    from now closes now rather than 0.6 ms late; the next deadline is at least 0.5 ms away."""
+    seq = sequencer()
+    send_one(seq, A, rid=1)
+    a, b = Open(A, created=10.0), Open(A, created=10.25)
+    close, next_at = lingered([a, b], (), seq.idle, now=10.0046, linger_s=0.005, slack_s=0.0005)
+    assert close == [a] and next_at == 10.255
+    assert lingered([b], (), seq.idle, now=10.2544, linger_s=0.005, slack_s=0.0005) == ([], 10.255)
+    assert lingered([b], (), seq.idle, now=10.2546, linger_s=0.005, slack_s=0.0005) == ([b], None)

@@ -243,6 +243,31 @@ def test_a_leaders_append_leaves_before_its_sync_and_a_failed_sync_makes_it_a_fo
     assert [c.stores[nid].log_end(PID) for nid in ("n1", "n2")] == [end, end]
 
 
+def test_an_ack_a_followers_answer_allows_leaves_before_the_leaders_next_sync():
+    """The follower's answer moves the commit offset while the turn drains: the acks=all
+    answer leaves at ``before_commit``, not after the turn's sync (which another produce
+    of the same turn needs), and a failed sync does not take it back."""
+    c = Cluster()
+    c.start()
+    h, store = c.hosts["n0"], c.stores["n0"]
+    base, end = c.produce("n0")
+    for src, dest, op, body, payload in [m for m in c.queue if m[0] == "n0"]:   # followers store, sync, answer
+        c.hosts[dest].step(src, decode_body(op, body), payload)
+        c.turn(dest)
+    c.queue = [m for m in c.queue if m[1] == "n0"]
+    src, dest, op, body, payload = c.queue.pop(0)
+    h.step(src, decode_body(op, body), payload)   # one answer + the leader's synced copy: a quorum
+    _stage(c, "n0", b"next")                      # this turn writes, so it will sync
+    assert c.replies["n0"] == []
+    assert h.before_commit(store.has_writes()) == {PID}
+    (ident, rid, resp), = c.replies["n0"]         # answered before the sync
+    assert (ident, rid, resp.error, resp.base_offset) == (b"client", 7, 0, base) and store.has_writes()
+    assert h.commit_offset(PID) == end
+    store.rollback()                              # the sync fails: the commit stands (quorum-durable)
+    h.after_commit(False)
+    assert len(c.replies["n0"]) == 1 and [c.stores[nid].log_end(PID) for nid in c.ids] == [end] * 3
+
+
 def test_a_leaders_append_waits_for_the_sync_in_the_turn_it_wrote_its_epoch():
     c = Cluster()
     for nid in c.ids:
