@@ -176,7 +176,8 @@ class Producer:
         self.idempotent = enable_idempotence and self.acks != 0
         self._bootstrap = bootstrap
         # user side
-        self._lock = threading.Condition()
+        self._mutex = threading.RLock()           # held directly on the hot path (send)
+        self._lock = threading.Condition(self._mutex)
         self._open: dict[tuple[str, int], _Batch] = {}
         self._ready: collections.deque[_Batch] = collections.deque()
         self._buffered = 0
@@ -214,25 +215,28 @@ class Producer:
              partition: int | None = None, headers: list | None = None,
              timestamp_ms: int | None = None) -> RecordFuture:
         """Queue one record; returns a future of its RecordMetadata."""
-        if value is not None and not isinstance(value, (bytes, bytearray)):
-            raise TypeError(f"value must be bytes or None, not {type(value).__name__}")
+        if value.__class__ is not bytes:           # the common case costs one comparison
+            if value is not None and not isinstance(value, (bytes, bytearray)):
+                raise TypeError(f"value must be bytes or None, not {type(value).__name__}")
+            value = b"" if value is None else bytes(value)
         if key is not None and not isinstance(key, (bytes, bytearray)):
             raise TypeError(f"key must be bytes or None, not {type(key).__name__}")
-        value = b"" if value is None else bytes(value)
         size = len(value) + (len(key) if key else 0) + (
             sum(len(k) + len(v) for k, v in headers) if headers else 0)
         if size > self.max_record_bytes:
             raise MeshError(ErrorCode.MESSAGE_TOO_LARGE,
                             f"record of {size} bytes exceeds max_record_bytes={self.max_record_bytes}")
-        n = self._num_partitions(topic)
+        n = self._partitions.get(topic) or self._num_partitions(topic)
         if partition is None:
             partition = partition_for_key(key, n) if key is not None else None
         elif not 0 <= partition < n:
             raise MeshError(ErrorCode.UNKNOWN_PARTITION, f"topic {topic!r} has partitions 0..{n - 1}")
         ts = int(time.time() * 1000) if timestamp_ms is None else timestamp_ms
-        with self._lock:
-            self._check_open()
-            self._wait_for_space(size)
+        with self._mutex:                           # the Condition's own lock, without its Python wrapper
+            if self._closed or self._io_error is not None:
+                self._check_open()
+            if self._buffered + size > self.buffer_memory and self._buffered > 0:
+                self._wait_for_space(size)
             if partition is None:  # sticky: fill one partition's batch, then move on
                 partition = self._sticky.get(topic)
                 if partition is None:

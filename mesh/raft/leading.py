@@ -139,16 +139,16 @@ class Leading:
         cfg, host = self.cfg, self.host
         for peer in self.peers:
             pr = self.progress[peer]
-            learner = peer not in self.voters
+            learner = peer not in self.voters and cfg.learner_bytes_per_tick > 0   # throttled
             if pr.state == REPLICATE:
                 while pr.next < self.end and pr.can_send(cfg.max_inflight_msgs, cfg.max_inflight_bytes):
-                    if learner and host.learner_budget == 0:
+                    if learner and host.learner_budget <= 0:
                         host.starved(self)  # catch-up waits for the next tick's budget
                         break
                     if self._send_append(peer, pr, data=True) < 0:
                         break  # fell behind our log start: now probing
             if pr.state == PROBE and not pr.probe_sent:
-                data = pr.next == pr.match and not (learner and host.learner_budget == 0)
+                data = pr.next == pr.match and not (learner and host.learner_budget <= 0)
                 pr.probe_prev = self._send_append(peer, pr, data=data)
                 pr.probe_sent = True
 
@@ -171,7 +171,10 @@ class Leading:
         if data and prev < self.end:
             epoch = self.cache.epoch_at(prev)
             to = self.cache.end_for_epoch(epoch, self.end)
-            payload, end = self.host.reader.read(self.pid, prev, to, self.cfg.max_append_bytes)
+            limit = self.cfg.max_append_bytes
+            if self.cfg.learner_bytes_per_tick > 0 and peer not in self.voters:
+                limit = max(1, min(limit, self.host.learner_budget))   # at least one batch: the rest is debt
+            payload, end = self.host.reader.read(self.pid, prev, to, limit)
             assert prev <= end <= to and (end > prev) == (len(payload) > 0), (self.pid, prev, end, to)
             if end == prev:  # staged where the reader cannot see it yet: the next flush sends it
                 self.host.want_flush(self)
@@ -184,8 +187,8 @@ class Leading:
                         self.commit, len(payload), 0, *self.cfg_commit_ident(),
                         self.history.window(prev, end) if carry else [])
         self._send(peer, row, payload)
-        if payload and self.host.learner_budget > 0 and peer not in self.voters:
-            self.host.learner_budget = max(0, self.host.learner_budget - len(payload))
+        if payload and self.cfg.learner_bytes_per_tick > 0 and peer not in self.voters:
+            self.host.learner_budget -= len(payload)   # may go below 0: repaid by the next ticks
         if pr.state == REPLICATE:
             pr.sent(end, len(payload), self.host.now_tick)
         return prev

@@ -19,9 +19,8 @@ public API, the ``Ready``). The package exports the public API: ``from mesh.raft
 - **Membership** (``mesh.raft.membership``). The replica set is a ``Config`` (voters, the
   first preferred, and learners) recorded as zero-width markers in the log; a replica uses
   the latest one in its log. Quorums, commit, the ISR, check-quorum and elections count
-  the latest config's voters only; learners get the log (catch-up bounded node-wide by
-  ``learner_bytes_per_tick``) and never vote. ``propose_config`` takes one single-server
-  step at a time, once the leader's epoch marker and the previous config are committed.
+  the latest config's voters only; learners get the log (within ``learner_bytes_per_tick``)
+  and never vote. ``propose_config``: one single-server step at a time (see ``configuring``).
 
 - **Log and log matching.** The core never reads records. A log is an end offset and a
   leader-epoch cache ``[(epoch, start_offset), ...]``; record batches travel as opaque
@@ -267,7 +266,7 @@ class ReplicaManager:
         self._out = Outbox()
         self._cfg_dirty: set[int] = set()
         self._cfg_announced: dict[int, tuple[Config, bool]] = {}
-        self.learner_budget = self.cfg.learner_bytes_per_tick or -1  # bytes left this tick (-1: unlimited)
+        self.learner_budget = self.cfg.learner_bytes_per_tick or -1  # learner bytes: a token bucket, -1 = unlimited
         self._starved: set[int] = set()               # leaders whose learners wait for the next tick's budget
         self._log_ops: list[LogOp] = []
         self._persist: set[int] = set()
@@ -332,7 +331,8 @@ class ReplicaManager:
     def tick(self) -> Ready:
         """One tick of time for every partition; heartbeats on the node-wide beat."""
         self.now_tick += 1
-        self.learner_budget = self.cfg.learner_bytes_per_tick or -1
+        per = self.cfg.learner_bytes_per_tick   # a batch over the bucket is debt, repaid by later ticks
+        self.learner_budget = min(self.learner_budget + per, per) if per else -1
         if self._starved:
             self._flush |= self._starved
             self._starved = set()

@@ -106,7 +106,7 @@ class PartitionHost(Protocol):
     reader: LogReader
     confirmed: bool                 # the node knows it did not lose state (see rule 6)
     peer_stores: dict[str, str]     # peer -> store id as last heard
-    learner_budget: int             # catch-up bytes to learners left this tick (-1: unlimited)
+    learner_budget: int             # catch-up bytes to learners left (a token bucket; <= 0: wait)
 
     # Queue ``row`` for peer ``dest`` (with its batch bytes, for an ``AppendRow``).
     def send(self, dest: str, row: PeerRow, payload: bytes = b"") -> None: ...

@@ -267,6 +267,30 @@ def test_learner_catch_up_is_bounded_per_tick():
     assert max(sent) <= 150 + 100
 
 
+def test_learner_catch_up_keeps_its_average_rate_with_batches_over_the_budget():
+    """A batch bigger than a tick's budget is debt repaid by the next ticks: the learner gets
+    the budget on average, not one batch per tick (which overshot the throttle)."""
+    cfg = ReplicationConfig(heartbeat_ticks=1, election_ticks=10, retransmit_ticks=5, auto_rebalance=False,
+                            max_append_bytes=100_000, learner_bytes_per_tick=150)
+    net = MNet(cfg=cfg)
+    net.elect("n0")
+    for i in range(12):
+        net.produce("n0", data=b"x" * 400)
+    net.deliver()
+    net.propose("n0", ("n0", "n1", "n2"), ("n3",))
+    net.join("n3", net.cores["n0"].config(1))
+    net.deliver()
+    lead = net.cores["n0"]
+    ticks = 0
+    while lead.followers(1)["n3"] < lead.end_offset(1) and ticks < 200:
+        net.tick(1, nids=sorted(net.hosted))
+        ticks += 1
+    sent = sum(len(s.payload or b"") for rd in net.readies["n0"] for s in rd.messages if s.dest == "n3")
+    assert lead.followers(1)["n3"] == lead.end_offset(1) == 12
+    assert sent <= 150 * ticks + 500, (sent, ticks)     # the average holds, give or take one batch
+    assert ticks >= sent // 150 - 5                      # (the bucket starts full; the last batch is debt)
+
+
 def test_history_window_replace_truncate_trim():
     a, b, c = (Config(v, 1, ("n0", "n1")) for v in (1, 2, 3))
     h = History([(0, C0), (10, a), (20, b)])
