@@ -21,7 +21,9 @@ the turn's sync):
    all counts as dead since then), the partition view (the led partitions from the
    replication core, the others from gossip), the balancer's steps for the partitions led
    here, carried out (a refused step, e.g. a change still pending, waits for the next
-   round); a finished manual reassignment's register is deleted; local replicas that no
+   round; a round that found nothing to do is not repeated until the gossip version or
+   the partitions led here change, so an idle large cluster costs nothing here); a
+   finished manual reassignment's register is deleted; local replicas that no
    config names any more are dropped on evidence (``mesh.cluster.configs`` rule 3); this node's ``load``
    (disk bytes, replica and leader counts) is published when it changed.
 
@@ -91,6 +93,7 @@ class Elastic:
         self._dead_since: dict[str, int] = {}
         self._load: Any = None
         self._targets: dict[int, tuple[str, ...]] = {}   # pid -> target, as of the last round (moves)
+        self._quiet: tuple | None = None   # (gossip version, led pids) of the last idle round
         self.steps_taken = 0
         self.steps_refused = 0
 
@@ -221,6 +224,9 @@ class Elastic:
         led = self.replicas.leaders()
         if not led:
             return
+        quiet = (self.gossip.version, tuple(led))
+        if quiet == self._quiet:
+            return                        # nothing it depends on moved since a round that did nothing
         parts, named = self.partition_view()
         brokers = self.broker_view(now_ms, named)
         balancer = Balancer(brokers, parts, self.balance_settings)
@@ -240,6 +246,11 @@ class Elastic:
         for pid, step in steps[:_MAX_STEPS_PER_ROUND]:
             self._carry_out(pid, step)
         self._finish_reassignments(parts)
+        # idle (no step, no move of ours under way, no dead broker whose timer runs): the next
+        # round can only differ once gossip or our leaderships move, so skip it until then
+        idle = (not steps and not self._dead_since and len(mine) == len(led)
+                and not any(x.partition.learners for x in mine))
+        self._quiet = quiet if idle else None
 
     def _carry_out(self, pid: int, step) -> None:
         cfg = self.replicas.config(pid)
