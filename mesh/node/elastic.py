@@ -290,7 +290,7 @@ class Elastic:
                     log.info("%s/%d: reassignment to %s done", pi.topic, pi.partition, ",".join(pi.pinned))
 
     # -- moves (ListMoves) --------------------------------------------------------------
-    def moves(self, topics: list[str] | None = None) -> list[dict]:
+    def moves(self, topics: set[str] | None = None) -> list[dict]:
         """The moves partitions led here have in progress: learners being filled, or a
         target that differs from the current voters."""
         out = []

@@ -95,5 +95,5 @@ class ElasticHandlers:
         self.reply(ident, rid, m.ReassignResponse(0))
 
     def on_list_moves(self, ident, rid, req: m.ListMovesRequest, payload) -> None:
-        topics = None if req.topics is None else [str(x) for x in req.topics]
+        topics = None if req.topics is None else {str(x) for x in req.topics}   # a set: one lookup each
         self.reply(ident, rid, m.ListMovesResponse(0, self.elastic.moves(topics)))

@@ -91,3 +91,5 @@ def test_the_leader_publishes_its_config_and_metadata_shows_state_and_learners(n
     assert md.topics[0]["partitions"][0]["learners"] == ["n2"]
     (move,) = call(node, m.ListMovesRequest()).moves
     assert move["partition"] == 0 and move["adding"] == ["n2"] and move["leader"] == "n1"
+    assert call(node, m.ListMovesRequest(["t"] + [f"x{i}" for i in range(50_000)])).moves == [move]
+    assert call(node, m.ListMovesRequest(["other"])).moves == []

@@ -245,18 +245,23 @@ def test_a_new_leader_waits_for_its_epoch_marker():
     assert "epoch marker" in str(e.value)
 
 
-def test_learner_catch_up_is_bounded_per_tick():
+def _learner_joins(batches: int, batch_bytes: int, max_append_bytes: int):
+    """A leader n0 with ``batches`` batches, a learner n3 just added (150 bytes per tick)."""
     cfg = ReplicationConfig(heartbeat_ticks=1, election_ticks=10, retransmit_ticks=5, auto_rebalance=False,
-                            max_append_bytes=100, learner_bytes_per_tick=150)
+                            max_append_bytes=max_append_bytes, learner_bytes_per_tick=150)
     net = MNet(cfg=cfg)
     net.elect("n0")
-    for i in range(20):
-        net.produce("n0", data=b"x" * 40)
+    for _ in range(batches):
+        net.produce("n0", data=b"x" * batch_bytes)
     net.deliver()
     net.propose("n0", ("n0", "n1", "n2"), ("n3",))
     net.join("n3", net.cores["n0"].config(1))
     net.deliver()
-    lead = net.cores["n0"]
+    return net, net.cores["n0"]
+
+
+def test_learner_catch_up_is_bounded_per_tick():
+    net, lead = _learner_joins(20, 40, max_append_bytes=100)
     seen = [lead.followers(1)["n3"]]
     for _ in range(40):
         net.tick(1, nids=sorted(net.hosted))
@@ -270,17 +275,7 @@ def test_learner_catch_up_is_bounded_per_tick():
 def test_learner_catch_up_keeps_its_average_rate_with_batches_over_the_budget():
     """A batch bigger than a tick's budget is debt repaid by the next ticks: the learner gets
     the budget on average, not one batch per tick (which overshot the throttle)."""
-    cfg = ReplicationConfig(heartbeat_ticks=1, election_ticks=10, retransmit_ticks=5, auto_rebalance=False,
-                            max_append_bytes=100_000, learner_bytes_per_tick=150)
-    net = MNet(cfg=cfg)
-    net.elect("n0")
-    for i in range(12):
-        net.produce("n0", data=b"x" * 400)
-    net.deliver()
-    net.propose("n0", ("n0", "n1", "n2"), ("n3",))
-    net.join("n3", net.cores["n0"].config(1))
-    net.deliver()
-    lead = net.cores["n0"]
+    net, lead = _learner_joins(12, 400, max_append_bytes=100_000)
     ticks = 0
     while lead.followers(1)["n3"] < lead.end_offset(1) and ticks < 200:
         net.tick(1, nids=sorted(net.hosted))
