@@ -26,6 +26,9 @@ cluster is big, and comes from a broker they chose to trust).
 from __future__ import annotations
 
 import dataclasses
+import functools
+import operator
+import threading
 import types
 import typing
 from typing import Any, Callable
@@ -46,6 +49,7 @@ PROTOCOL_PEER = b"mesh-peer/4"  # 2: store identity, lives and recovering flags 
 PROTOCOLS = (PROTOCOL_CLIENT, PROTOCOL_PEER)
 
 REGISTRY: dict[bytes, type] = {}
+_local = threading.local()
 _I64_MIN, _I64_MAX = -(1 << 63), (1 << 63) - 1
 
 
@@ -66,40 +70,64 @@ class DecodeLimits:
 
 
 NO_LIMITS = DecodeLimits(0, 0, 0, 0, 0)
-_CHECKERS: dict[type, tuple[tuple[str, Callable[[Any], bool], str], ...]] = {}
+_FIELDS: dict[type, tuple[str, ...]] = {}    # field names, per message class, in wire order
+_CHECKS: dict[type, tuple[Callable[[list], int], tuple[str, ...]]] = {}  # (check, type names)
+_GETTERS: dict[type, Callable[[Any], tuple]] = {}
 _REQUIRED: dict[type, int] = {}              # fields without a default, per message class
-_UNPACK_KWARGS: dict[DecodeLimits, dict] = {}   # DecodeLimits.unpack_kwargs, built once per limits
+_UNPACKERS: dict[DecodeLimits, Callable[[bytes], Any]] = {}   # unpackb with the limits bound, once per limits
+_unpack_unbounded = functools.partial(msgpack.unpackb, raw=False, use_list=True, strict_map_key=False)
 # A payload frame at least this big is sent without copying (pyzmq tracks it and frees it in
 # its garbage-collector thread, which wakes and takes the GIL once per frame); smaller ones
 # are copied, which costs less than that wake-up (a 1 MiB memcpy is tens of microseconds).
 ZERO_COPY_MIN_BYTES = 1 << 20
 
 
-def _checker(tp: Any) -> tuple[Callable[[Any], bool], str]:
-    """A cheap top-level type check for an annotation."""
+def _check_expr(tp: Any, v: str, env: dict) -> tuple[str, str]:
+    """(Python expression true when ``v`` fits the annotation ``tp``, its name): a cheap
+    top-level type check. ``env`` collects the names the expression needs."""
     if tp is Any or tp is object:
-        return (lambda v: True), "any"
+        return "True", "any"
     origin = typing.get_origin(tp)
     if origin in (typing.Union, types.UnionType):
-        parts = [_checker(a) for a in typing.get_args(tp)]
-        return (lambda v: any(p(v) for p, _ in parts)), " or ".join(n for _, n in parts)
+        parts = [_check_expr(a, v, env) for a in typing.get_args(tp)]
+        return "(" + " or ".join(e for e, _ in parts) + ")", " or ".join(n for _, n in parts)
     if tp is type(None) or tp is None:
-        return (lambda v: v is None), "null"
+        return f"{v} is None", "null"
     base = origin or tp
     if base is float:
-        return (lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)), "float"
+        return f"(isinstance({v}, (int, float)) and not isinstance({v}, bool))", "float"
     if base is int:   # a signed 64-bit int: what every store key, struct and peer can hold
-        return (lambda v: isinstance(v, int) and not isinstance(v, bool) and _I64_MIN <= v <= _I64_MAX), \
-            "int (64-bit signed)"
+        return (f"(isinstance({v}, int) and not isinstance({v}, bool) and {_I64_MIN} <= {v} <= {_I64_MAX})",
+                "int (64-bit signed)")
     if base in (list, tuple):
-        return (lambda v: isinstance(v, (list, tuple))), "list"
+        return f"isinstance({v}, (list, tuple))", "list"
     if base is dict:
-        return (lambda v: isinstance(v, dict)), "map"
+        return f"isinstance({v}, dict)", "map"
     if base is bytes:
-        return (lambda v: isinstance(v, (bytes, bytearray, memoryview))), "bytes"
+        return f"isinstance({v}, (bytes, bytearray, memoryview))", "bytes"
     if isinstance(base, type):
-        return (lambda v: isinstance(v, base)), base.__name__
-    return (lambda v: True), str(tp)
+        name = f"_t{len(env)}"
+        env[name] = base
+        return f"isinstance({v}, {name})", base.__name__
+    return "True", str(tp)
+
+
+def _compile_check(cls: type, hints: dict) -> tuple[Callable[[list], int], tuple[str, ...]]:
+    """One generated function per message class: ``check(values) -> index of the first
+    field whose value has the wrong type, or -1``; fields past ``len(values)`` (defaults)
+    are not checked. One call per message instead of one per field (decoding is on every
+    request's path)."""
+    env: dict = {}
+    lines = ["def check(vs):", "    n = len(vs)"]
+    names = []
+    for i, f in enumerate(dataclasses.fields(cls)):
+        expr, name = _check_expr(hints[f.name], "v", env)
+        names.append(name)
+        if expr != "True":
+            lines += [f"    if n > {i}:", f"        v = vs[{i}]", f"        if not {expr}:", f"            return {i}"]
+    lines.append("    return -1")
+    exec("\n".join(lines), env)   # noqa: S102 - built from our own annotations only
+    return env["check"], tuple(names)
 
 
 def message(op: str):
@@ -114,9 +142,11 @@ def message(op: str):
         REGISTRY[key] = cls
         cls.OP = key
         hints = typing.get_type_hints(cls)
-        _CHECKERS[cls] = tuple(
-            (f.name, *_checker(hints[f.name])) for f in dataclasses.fields(cls)
-        )
+        names = tuple(f.name for f in dataclasses.fields(cls))
+        _FIELDS[cls] = names
+        _CHECKS[cls] = _compile_check(cls, hints)
+        get = operator.attrgetter(*names) if names else (lambda msg: ())
+        _GETTERS[cls] = get if len(names) != 1 else (lambda msg, g=get: (g(msg),))
         _REQUIRED[cls] = sum(1 for f in dataclasses.fields(cls)
                              if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING)
         return cls
@@ -129,8 +159,15 @@ def op_of(msg: Any) -> bytes:
 
 
 def encode_body(msg: Any) -> bytes:
-    return msgpack.packb([getattr(msg, name) for name, _, _ in _CHECKERS[type(msg)]],
-                         use_bin_type=True)
+    try:
+        packer = _local.packer
+    except AttributeError:   # one reusable Packer per thread (msgpack.packb builds one per call)
+        packer = _local.packer = msgpack.Packer(use_bin_type=True)
+    try:
+        return packer.pack(_GETTERS[type(msg)](msg))
+    except BaseException:
+        packer.reset()   # a failed pack may leave bytes behind in the packer's buffer
+        raise
 
 
 def decode_body(op: bytes, body: bytes, limits: DecodeLimits | None = None) -> Any:
@@ -142,35 +179,36 @@ def decode_body(op: bytes, body: bytes, limits: DecodeLimits | None = None) -> A
         raise MeshError(ErrorCode.INVALID_REQUEST, f"unknown operation {bytes(op)[:40]!r}")
     try:
         if limits is None:
-            values = msgpack.unpackb(body, raw=False, use_list=True, strict_map_key=False)
+            values = _unpack_unbounded(body)
         else:
             if limits.max_body_bytes and len(body) > limits.max_body_bytes:
                 raise MeshError(ErrorCode.MESSAGE_TOO_LARGE,
                                 f"{cls.__name__}: body of {len(body)} bytes; at most {limits.max_body_bytes}")
-            kwargs = _UNPACK_KWARGS.get(limits)
-            if kwargs is None:
-                if len(_UNPACK_KWARGS) >= 64:
-                    _UNPACK_KWARGS.clear()
-                kwargs = _UNPACK_KWARGS[limits] = limits.unpack_kwargs()
-            values = msgpack.unpackb(body, raw=False, use_list=True, strict_map_key=False, **kwargs)
+            unpackb = _UNPACKERS.get(limits)
+            if unpackb is None:
+                if len(_UNPACKERS) >= 64:
+                    _UNPACKERS.clear()
+                unpackb = _UNPACKERS[limits] = functools.partial(
+                    msgpack.unpackb, raw=False, use_list=True, strict_map_key=False, **limits.unpack_kwargs())
+            values = unpackb(body)
     except MeshError:
         raise
     except Exception as exc:  # msgpack raises several types for bad input (and limits)
         raise MeshError(ErrorCode.INVALID_REQUEST, f"{cls.__name__}: body is not msgpack ({exc})")
-    checks = _CHECKERS[cls]
-    if not isinstance(values, list):
+    check, type_names = _CHECKS[cls]
+    if values.__class__ is not list:
         raise MeshError(ErrorCode.INVALID_REQUEST, f"{cls.__name__}: body must be an array")
-    if len(values) > len(checks):
+    if len(values) > len(type_names):
         raise MeshError(ErrorCode.INVALID_REQUEST,
-                        f"{cls.__name__}: {len(values)} fields, at most {len(checks)} expected")
+                        f"{cls.__name__}: {len(values)} fields, at most {len(type_names)} expected")
     n_required = _REQUIRED[cls]
     if len(values) < n_required:
         raise MeshError(ErrorCode.INVALID_REQUEST,
                         f"{cls.__name__}: {len(values)} fields, {n_required} required")
-    for value, (name, ok, type_name) in zip(values, checks):
-        if not ok(value):
-            raise MeshError(ErrorCode.INVALID_REQUEST,
-                            f"{cls.__name__}.{name}: expected {type_name}, got {type(value).__name__}")
+    bad = check(values)
+    if bad >= 0:
+        raise MeshError(ErrorCode.INVALID_REQUEST, f"{cls.__name__}.{_FIELDS[cls][bad]}: expected "
+                                                   f"{type_names[bad]}, got {type(values[bad]).__name__}")
     try:
         return cls(*values)
     except MeshError:
