@@ -4,6 +4,8 @@ Filled from MetadataRequests to three known brokers at once (``refresh``: answer
 the highest leader epoch per partition wins, so one broker whose gossip lags cannot send
 clients back to a dead or deposed leader) and refreshed when a broker says NOT_LEADER /
 UNKNOWN_TOPIC or stops answering; a NOT_LEADER hint (an address) is followed at once.
+Leader addresses are cached per partition (``leader_of``, called per produce request)
+until the next refresh or hint.
 
 ``list_offsets`` is the one ListOffsets of the client (consumer, group admin, Spark
 source): each partition's leader is asked (it is the authority; gossip-fed metadata may
@@ -81,6 +83,7 @@ class ClusterView:
         self.timeout_ms = timeout_ms
         self.brokers: dict[str, dict] = {}
         self.topics: dict[str, dict] = {}
+        self._leaders: dict[tuple, str | None] = {}   # (topic, partition) -> leader address; cleared on change
         self._rng = random.Random()
         self._clock = time.monotonic  # the I/O shell's clock and sleep; tests replace them
         self._sleep = time.sleep
@@ -125,6 +128,7 @@ class ClusterView:
                 last = last or MeshError(ErrorCode.TIMEOUT, f"no answer from {', '.join(chunk)}")
                 continue
             first = answers[0]
+            self._leaders.clear()
             self.brokers = {b["id"]: b for b in first.brokers if isinstance(b, dict) and "id" in b}
             for name, t in merge_topics(answers).items():
                 if t is None:
@@ -146,6 +150,14 @@ class ClusterView:
     def partitions(self, name: str) -> int:
         return len(self.topic(name)["partitions"])
 
+    def leader_of(self, tp: tuple) -> str | None:
+        """``leader_address(*tp)``, cached until the metadata changes (a dict lookup)."""
+        try:
+            return self._leaders[tp]
+        except KeyError:
+            addr = self._leaders[tp] = self.leader_address(tp[0], tp[1])
+            return addr
+
     def leader_address(self, topic: str, partition: int) -> str | None:
         t = self.topic(topic)
         parts = t["partitions"]
@@ -164,6 +176,7 @@ class ClusterView:
         t = self.topics.get(topic)
         if t and 0 <= partition < len(t["partitions"]):
             t["partitions"][partition]["leader_address"] = address
+            self._leaders.pop((topic, partition), None)
 
     def list_offsets(self, tps: Iterable[tuple[str, int]], spec: int, timeout_ms: int,
                      request_timeout_ms: int = 1_000, partial: bool = False) -> dict[TopicPartition, int]:

@@ -163,10 +163,11 @@ class Consumer:
         pending = {tp for _, _, offs in self._inflight.values() for tp in offs}
         by_addr: dict[str, dict] = collections.defaultdict(dict)
         leaderless = False
+        leader_of = self.cluster.leader_of   # cached until a refresh or a NOT_LEADER hint
         for tp, off in self._positions.items():
             if tp in pending:
                 continue
-            addr = self.cluster.leader_address(tp.topic, tp.partition)
+            addr = leader_of(tp)
             if addr is None:
                 leaderless = True
                 continue
@@ -223,10 +224,12 @@ class Consumer:
                 continue
             start = offs[tp]
             end = start
+            append = self._buffer.append
             for h, batch in iter_batches(chunk):  # headers only: records are decoded in _take
-                if h.next_offset > start:
-                    self._buffer.append((topic, partition, batch, start))
-                    end = h.next_offset
+                nxt = h.base_offset + h.record_count   # (h.next_offset without a property call)
+                if nxt > start:
+                    append((topic, partition, batch, start))
+                    end = nxt
             if end > start:
                 self._positions[tp] = end
         if refresh:

@@ -45,27 +45,30 @@ import os
 import random
 import threading
 import time
-from concurrent.futures import Future
 from typing import NamedTuple
 
 import zmq
 
 from mesh.client.cluster import ClusterView
+from mesh.client.future import BatchFuture
 from mesh.client.sequencer import RETRY, RetryPolicy, SeqBatch, Sequencer
 from mesh.client.transport import Transport
 from mesh.security.creds import load_creds
+from mesh.wire.codec import encode_body
 from mesh.wire.errors import ErrorCode, MeshError
 from mesh.wire.messages import ErrorResponse, ProduceRequest, ProduceResponse
 from mesh.wire.partitioner import partition_for_key
 from mesh.wire.records import encode_batch
 from mesh.wire.topic_config import MAX_RECORD_BYTES, RECENT_BATCHES
 
-__all__ = ["Producer", "RecordMetadata", "RecordFuture", "lingered"]
+__all__ = ["Producer", "RecordMetadata", "RecordFuture", "BatchFuture", "lingered"]
 
 log = logging.getLogger("mesh.producer")
 _ACKS = {"0": 0, "1": 1, "all": -1, "-1": -1, 0: 0, 1: 1, -1: -1}
 _REFRESH_EVERY_S = 0.1  # at most this often a metadata refresh from the I/O thread
 _LINGER_SLACK_S = 0.0005  # ZeroMQ's poll waits whole milliseconds: lingers round to the nearest
+_new_object = object.__new__
+_EXPIRE_EVERY_MS = 10     # request timeouts are looked for this often (a dropped connection: at once)
 
 
 class RecordMetadata(NamedTuple):
@@ -109,19 +112,24 @@ class RecordFuture:
 
 class _Batch(SeqBatch):
     """One batch of records of one partition; the sequencer's state is in ``SeqBatch``."""
-    __slots__ = ("topic", "partition", "values", "keys", "timestamps", "headers", "nbytes",
+    __slots__ = ("topic", "partition", "tp", "values", "keys", "timestamps", "headers", "nbytes",
                  "created", "future", "payload", "closed")
 
     def __init__(self, topic: str, partition: int, now: float, delivery_s: float):
-        super().__init__(0, (now + delivery_s) * 1000)
+        # SeqBatch.__init__(self, 0, deadline), inlined (a call less per request; a unit
+        # test checks that every SeqBatch slot is set)
+        self.count, self.seq, self.producer_id, self.attempts, self.rid = 0, -1, -1, 0, None
+        self.sent_at_ms, self.sent_to, self.deadline_ms = 0.0, "", (now + delivery_s) * 1000
+        self.probe, self.ordinal, self.maybe_written = None, -1, False
         self.topic, self.partition = topic, partition
+        self.tp = (topic, partition)
         self.values: list = []
         self.keys: list | None = None
         self.timestamps: list = []
         self.headers: list | None = None
         self.nbytes = 0
         self.created = now
-        self.future: Future = Future()
+        self.future = BatchFuture()
         self.payload: bytes | None = None
         self.closed = False
 
@@ -182,9 +190,11 @@ class Producer:
         self._ready: collections.deque[_Batch] = collections.deque()
         self._buffered = 0
         self._sticky: dict[str, int] = {}
+        self._sticky_open: dict[str, _Batch] = {}    # topic -> its sticky partition's batch, while open
         self._partitions: dict[str, int] = {}
         self._closed = False
         self._unfinished: set[_Batch] = set()
+        self._space_waiters = 0                    # threads in _wait_for_space: finishing notifies them
         self._rng = random.Random()
         # I/O side
         self._io_error: BaseException | None = None
@@ -194,7 +204,10 @@ class Producer:
         self._wake_rx.bind(self._wake_addr)
         self._wake_tx = ctx.socket(zmq.PAIR)
         self._wake_tx.connect(self._wake_addr)
+        # wake-ups (``_wake``): the I/O thread clears ``_woken`` only just before it blocks in
+        # its poll, with nothing ``_pending``; a user thread sends a wake-up only then
         self._woken = False
+        self._pending = False
         self._meta_lock = threading.Lock()
         self._creds = load_creds(creds)   # a path, a Creds, None: $MESH_CREDS (see Transport)
         self._meta_transport = Transport(context=ctx, creds=self._creds)
@@ -219,34 +232,47 @@ class Producer:
             if value is not None and not isinstance(value, (bytes, bytearray)):
                 raise TypeError(f"value must be bytes or None, not {type(value).__name__}")
             value = b"" if value is None else bytes(value)
-        if key is not None and not isinstance(key, (bytes, bytearray)):
-            raise TypeError(f"key must be bytes or None, not {type(key).__name__}")
-        size = len(value) + (len(key) if key else 0) + (
-            sum(len(k) + len(v) for k, v in headers) if headers else 0)
+        if key is None:
+            size = len(value)
+        else:
+            if not isinstance(key, (bytes, bytearray)):
+                raise TypeError(f"key must be bytes or None, not {type(key).__name__}")
+            size = len(value) + len(key)
+        if headers:
+            size += sum(len(k) + len(v) for k, v in headers)
         if size > self.max_record_bytes:
             raise MeshError(ErrorCode.MESSAGE_TOO_LARGE,
                             f"record of {size} bytes exceeds max_record_bytes={self.max_record_bytes}")
         n = self._partitions.get(topic) or self._num_partitions(topic)
-        if partition is None:
-            partition = partition_for_key(key, n) if key is not None else None
-        elif not 0 <= partition < n:
-            raise MeshError(ErrorCode.UNKNOWN_PARTITION, f"topic {topic!r} has partitions 0..{n - 1}")
+        if partition is not None:
+            if not 0 <= partition < n:
+                raise MeshError(ErrorCode.UNKNOWN_PARTITION, f"topic {topic!r} has partitions 0..{n - 1}")
+        elif key is not None:
+            partition = partition_for_key(key, n)
         ts = int(time.time() * 1000) if timestamp_ms is None else timestamp_ms
-        with self._mutex:                           # the Condition's own lock, without its Python wrapper
+        size += 8
+        mutex = self._mutex                  # the Condition's own lock, without its Python wrapper,
+        mutex.acquire()                      # and without ``with`` (its __enter__/__exit__ lookups)
+        try:
             if self._closed or self._io_error is not None:
                 self._check_open()
             if self._buffered + size > self.buffer_memory and self._buffered > 0:
                 self._wait_for_space(size)
-            if partition is None:  # sticky: fill one partition's batch, then move on
-                partition = self._sticky.get(topic)
-                if partition is None:
-                    partition = self._sticky[topic] = self._rng.randrange(n)
-            tp = (topic, partition)
-            b = self._open.get(tp)
-            if b is None:
-                b = self._open[tp] = _Batch(topic, partition, time.monotonic(), self.delivery_s)
-                self._unfinished.add(b)
-                self._wake()  # the I/O thread sends it at once if its partition is idle, else lingers
+            b = self._sticky_open.get(topic) if partition is None else None
+            if b is None or b.closed:       # not the sticky partition's open batch (see _close_batch)
+                sticky = partition is None
+                if sticky:  # fill one partition's batch, then move on
+                    partition = self._sticky.get(topic)
+                    if partition is None:
+                        partition = self._sticky[topic] = self._rng.randrange(n)
+                tp = (topic, partition)
+                b = self._open.get(tp)
+                if b is None:
+                    b = self._open[tp] = _Batch(topic, partition, time.monotonic(), self.delivery_s)
+                    self._unfinished.add(b)
+                    self._wake()  # the I/O thread sends it at once if its partition is idle, else lingers
+                if sticky:
+                    self._sticky_open[topic] = b
             idx = len(b.values)
             b.values.append(value)
             b.timestamps.append(ts)
@@ -262,17 +288,22 @@ class Producer:
                 b.headers.append([[str(k), bytes(v)] for k, v in headers])
             elif b.headers is not None:
                 b.headers.append([])
-            b.nbytes += size + 8
-            self._buffered += size + 8
+            b.nbytes += size
+            self._buffered += size
             if b.nbytes >= self.batch_size:
                 self._close_batch(b)
-            return RecordFuture(b, idx)
+        finally:
+            mutex.release()
+        f = _new_object(RecordFuture)       # (RecordFuture(b, idx) without an __init__ call)
+        f._batch, f._index = b, idx
+        return f
 
     def send_batch(self, topic: str, values: list[bytes], partition: int | None = None,
-                   keys: list | None = None, timestamp_ms: int | None = None) -> Future:
+                   keys: list | None = None, timestamp_ms: int | None = None) -> BatchFuture:
         """Bulk path: queue many records for one partition as one batch, with no per-record
-        work; returns a Future of the batch's base offset."""
-        n = self._num_partitions(topic)
+        work; returns a future of the batch's base offset (``BatchFuture``: result,
+        exception, done, add_done_callback, as concurrent.futures.Future)."""
+        n = self._partitions.get(topic) or self._num_partitions(topic)
         if partition is None:
             partition = self._rng.randrange(n)
         if not 0 <= partition < n:
@@ -286,12 +317,22 @@ class Producer:
         ts = int(time.time() * 1000) if timestamp_ms is None else timestamp_ms
         b = _Batch(topic, partition, time.monotonic(), self.delivery_s)
         b.values, b.keys, b.timestamps, b.nbytes = values, keys, ts, nbytes
-        with self._lock:
-            self._check_open()
-            self._wait_for_space(nbytes)
+        b.closed, b.count = True, len(values)
+        mutex = self._mutex                         # (as send: the Condition's lock, directly)
+        mutex.acquire()
+        try:
+            if self._closed or self._io_error is not None:
+                self._check_open()
+            if self._buffered + nbytes > self.buffer_memory and self._buffered > 0:
+                self._wait_for_space(nbytes)
             self._buffered += nbytes
             self._unfinished.add(b)
-            self._close_batch(b)
+            self._ready.append(b)                   # closed already: never in _open
+            self._pending = True
+            if not self._woken:
+                self._wake()
+        finally:
+            mutex.release()
         return b.future
 
     def _check_open(self) -> None:
@@ -305,18 +346,24 @@ class Producer:
 
     def _wait_for_space(self, size: int) -> None:
         deadline = time.monotonic() + self.max_block_s
-        while self._buffered + size > self.buffer_memory and self._buffered > 0:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise MeshError(ErrorCode.TIMEOUT,
-                                f"buffer_memory={self.buffer_memory} full for max_block_ms")
-            self._lock.wait(left)
+        self._space_waiters += 1
+        try:
+            while self._buffered + size > self.buffer_memory and self._buffered > 0:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise MeshError(ErrorCode.TIMEOUT,
+                                    f"buffer_memory={self.buffer_memory} full for max_block_ms")
+                self._lock.wait(left)
+        finally:
+            self._space_waiters -= 1
 
     def _close_batch(self, b: _Batch) -> None:
         """Caller holds the lock. Unkeyed records stick to one partition until its batch
         closes (full, or lingered), then move to another (Kafka's sticky partitioner)."""
-        if self._open.get((b.topic, b.partition)) is b:
-            del self._open[(b.topic, b.partition)]
+        if self._open.get(b.tp) is b:
+            del self._open[b.tp]
+            if self._sticky_open.get(b.topic) is b:
+                del self._sticky_open[b.topic]   # (send checks ``closed`` anyway; this frees it)
             n = self._partitions.get(b.topic, 1)
             if self._sticky.get(b.topic) == b.partition and n > 1:
                 self._sticky[b.topic] = (b.partition + 1 + self._rng.randrange(n - 1)) % n
@@ -326,6 +373,9 @@ class Producer:
         self._wake()
 
     def _wake(self) -> None:
+        """Caller holds the lock: something new for the I/O thread. A wake-up message goes
+        only if it sleeps (or is about to) in its poll; else it sees ``_pending`` first."""
+        self._pending = True
         if not self._woken:
             self._woken = True
             try:
@@ -392,21 +442,29 @@ class Producer:
                         new_producer_id=_new_producer_id if self.idempotent else None, rng=self._rng)
         timeout_ms = self.request_timeout_s * 1000
         need_refresh = False
-        next_refresh = 0.0
+        next_refresh = next_expire_ms = 0.0
+        heads: dict[tuple, tuple[bytes, bytes]] = {}   # tp -> its ProduceRequest (op, body), encoded once
+        acks, linger_s, mutex, leader_of = self.acks, self.linger_s, self._mutex, io_cluster.leader_of
         while True:
             now = time.monotonic()
             # collect closed batches and lingered open ones
-            with self._lock:
-                self._woken = False
-                ready_tps = {(b.topic, b.partition) for b in self._ready} if self._ready else ()
-                close, next_linger = lingered(self._open.values(), ready_tps, seq.idle, now, self.linger_s,
-                                              _LINGER_SLACK_S)
-                for b in close:
-                    self._close_batch(b)
-                ready, self._ready = self._ready, collections.deque()
+            with mutex:
+                self._woken = True    # awake: user threads need not wake us (see _wake)
+                if self._open:
+                    ready_tps = {b.tp for b in self._ready} if self._ready else ()
+                    close, next_linger = lingered(self._open.values(), ready_tps, seq.idle, now, linger_s,
+                                                  _LINGER_SLACK_S)
+                    for b in close:
+                        self._close_batch(b)
+                else:
+                    next_linger = None
+                self._pending = False
+                ready = self._ready or ()
+                if ready:
+                    self._ready = collections.deque()
                 closing = self._closed
             for b in ready:
-                seq.append((b.topic, b.partition), b)
+                seq.append(b.tp, b)
             if need_refresh and now >= next_refresh:
                 need_refresh = False
                 next_refresh = now + _REFRESH_EVERY_S
@@ -417,25 +475,29 @@ class Producer:
                 now = time.monotonic()
             # send what may be sent
             now_ms = now * 1000
-            for tp in seq.partitions():
+            for tp in seq.busy_partitions():
+                addr = None   # the partition's leader, looked up once per round
                 while (b := seq.next_to_send(tp, now_ms)) is not None:
-                    try:
-                        addr = io_cluster.leader_address(b.topic, b.partition)
-                    except MeshError as exc:
-                        if not (exc.retriable or exc.code == ErrorCode.UNKNOWN_TOPIC):
-                            seq.fail(tp, b, exc)
-                            continue
-                        addr = None
-                    if addr is None or transport.is_down(addr):
-                        seq.wait(tp, now_ms)  # no leader, or its connection is down: ask again soon
-                        need_refresh = True
-                        break
+                    if addr is None:
+                        try:
+                            addr = leader_of(tp)     # cached until a refresh or a NOT_LEADER hint
+                        except MeshError as exc:
+                            if not (exc.retriable or exc.code == ErrorCode.UNKNOWN_TOPIC):
+                                seq.fail(tp, b, exc)
+                                continue
+                        if addr is None or transport.is_down(addr):
+                            seq.wait(tp, now_ms)  # no leader, or its connection is down: ask again soon
+                            need_refresh = True
+                            break
                     if seq.assign(tp, b) or b.payload is None:
                         b.payload = encode_batch(b.values, b.keys, b.timestamps, b.headers,
                                                  producer_id=b.producer_id, base_sequence=b.seq)
-                    rid = transport.send(addr, ProduceRequest(b.topic, b.partition, self.acks, int(timeout_ms)),
-                                         b.payload)
-                    seq.sent(tp, b, rid if self.acks != 0 else None, now_ms, addr)
+                    head = heads.get(tp)
+                    if head is None:
+                        msg = ProduceRequest(b.topic, b.partition, acks, int(timeout_ms))
+                        head = heads[tp] = (type(msg).OP, encode_body(msg))
+                    rid = transport.send_encoded(addr, head[0], head[1], b.payload)
+                    seq.sent(tp, b, rid if acks != 0 else None, now_ms, addr)
             self._finish_done(seq)
             if closing and not seq.busy() and not self._unfinished:
                 break
@@ -447,12 +509,17 @@ class Producer:
             backoff_ms = seq.next_backoff_ms(now_ms)
             if backoff_ms is not None:
                 wait_ms = min(wait_ms, max(0, int(backoff_ms - now_ms) + 1))
+            if wait_ms > 0:
+                with mutex:
+                    if self._pending:
+                        wait_ms = 0   # something came since the collection: look at it first
+                    else:
+                        self._woken = False   # about to block: a user thread must wake us
             responses = transport.poll(wait_ms)
             now_ms = time.monotonic() * 1000
             for addr, rid, resp, _ in responses:
-                if isinstance(resp, ProduceResponse):
-                    out = seq.on_reply(rid, resp.error, now_ms, base_offset=resp.base_offset,
-                                       message=resp.message, leader=resp.leader)
+                if resp.__class__ is ProduceResponse:   # (on_reply's rid, error, now_ms, base_offset, message, leader)
+                    out = seq.on_reply(rid, resp.error, now_ms, resp.base_offset, resp.message, resp.leader)
                 elif isinstance(resp, ErrorResponse):  # refused before anything was appended
                     out = seq.on_reply(rid, resp.error, now_ms, message=resp.message, leader=resp.leader,
                                        rejected=True)
@@ -466,16 +533,37 @@ class Producer:
                     need_refresh = True
             # requests to a broker whose connection dropped, or that timed out: retriable
             gone = transport.take_disconnected()
-            for (topic, partition), b, err in seq.expire(now_ms, timeout_ms, gone):
-                need_refresh = True
-                log.debug("retrying %s/%d after %s", topic, partition, err)
+            if gone or now_ms >= next_expire_ms:
+                next_expire_ms = now_ms + _EXPIRE_EVERY_MS
+                for (topic, partition), b, err in seq.expire(now_ms, timeout_ms, gone):
+                    need_refresh = True
+                    log.debug("retrying %s/%d after %s", topic, partition, err)
             self._finish_done(seq)
         transport.close(linger_ms=2000 if self.acks == 0 else 0)  # acks=0: let queued sends leave
         self._wake_rx.close(linger=0)
 
     def _finish_done(self, seq: Sequencer) -> None:
-        for d in seq.take_done():
-            self._finish(d.batch, base=d.base_offset, exc=d.error)
+        """Finish what the sequencer finished: one lock round trip for all of them, a
+        notify only if a user thread waits for buffer space, futures completed outside."""
+        done = seq.take_done()
+        if not done:
+            return
+        finished = []
+        with self._mutex:
+            unfinished = self._unfinished
+            for d in done:
+                b = d.batch
+                if b in unfinished:
+                    unfinished.discard(b)
+                    self._buffered -= b.nbytes
+                    finished.append(d)
+            if self._space_waiters:
+                self._lock.notify_all()
+        for d in finished:
+            if d.error is not None:
+                d.batch.future.set_exception(d.error)
+            else:
+                d.batch.future.set_result(d.base_offset)
 
     def _finish(self, b: _Batch, base: int = -1, exc: BaseException | None = None) -> None:
         with self._lock:

@@ -71,7 +71,9 @@ remembered, so the broker knows where the producer's sequence stands. The rules:
    replaced by its records one by one (written ones come back as duplicates).
 
 Outputs are pulled: ``take_done()`` returns the finished batches (``Done``: base offset,
-or the error), in the order they finished.
+or the error), in the order they finished. ``busy_partitions()`` lists only the partitions
+with unfinished batches (kept as they change), so a driver's round costs nothing per idle
+partition.
 """
 from __future__ import annotations
 
@@ -92,6 +94,7 @@ TP = tuple  # (topic, partition)
 DONE, RETRY, FAILED, PROBE, SPLIT = "done", "retry", "failed", "probe", "split"
 
 _STALE_MAX = 4096  # attempts given up on whose late success still counts (rule 3)
+_tuple_new = tuple.__new__
 
 
 class SeqBatch:
@@ -171,6 +174,7 @@ class Sequencer:
         self._new_producer_id = new_producer_id
         self._rng = rng if rng is not None else random.Random(0)
         self._parts: dict[TP, _Partition] = {}
+        self._active: dict[TP, _Partition] = {}   # the partitions with unfinished batches
         self._by_rid: dict[int, tuple[TP, SeqBatch]] = {}
         self._stale: collections.OrderedDict[int, tuple[TP, SeqBatch]] = collections.OrderedDict()
         self._done: list[Done] = []
@@ -179,13 +183,18 @@ class Sequencer:
     def partitions(self) -> list[TP]:
         return list(self._parts)
 
+    def busy_partitions(self) -> list[TP]:
+        """The partitions with some batch unfinished (the only ones ``next_to_send`` can
+        give a batch of)."""
+        return list(self._active)
+
     def producer_id_of(self, tp: TP) -> int:
         p = self._parts.get(tp)
         return self.producer_id if p is None else p.producer_id
 
     def busy(self) -> bool:
         """Some batch is still unfinished (queued or in flight)."""
-        return any(p.batches for p in self._parts.values())
+        return bool(self._active)
 
     def idle(self, tp: TP) -> bool:
         """Nothing of ``tp`` is unfinished (queued or in flight): a driver that lingers only
@@ -207,7 +216,7 @@ class Sequencer:
 
     def next_backoff_ms(self, now_ms: float) -> float | None:
         """The earliest end of a backoff that holds queued batches back, if any."""
-        ends = [p.backoff_until_ms for p in self._parts.values()
+        ends = [p.backoff_until_ms for p in self._active.values()
                 if p.backoff_until_ms > now_ms and any(b.rid is None for b in p.batches)]
         return min(ends, default=None)
 
@@ -224,6 +233,7 @@ class Sequencer:
         batch.ordinal = p.next_ordinal
         p.next_ordinal += 1
         p.batches.append(batch)
+        self._active[tp] = p
 
     def assign(self, tp: TP, batch: SeqBatch) -> bool:
         """Rule 1: number ``batch`` if it is not numbered under the partition's producer id;
@@ -266,7 +276,8 @@ class Sequencer:
     def sent(self, tp: TP, batch: SeqBatch, rid: int | None, now_ms: float, address: str = "") -> None:
         """``batch`` (or its probe) went out as request ``rid``; None: no answer will come
         (acks=0), so it is done at once."""
-        self.assign(tp, batch)
+        if batch.seq < 0 or batch.producer_id != self._parts[tp].producer_id:
+            self.assign(tp, batch)   # (numbered already, the common case: no call)
         batch.attempts += 1
         batch.sent_at_ms = now_ms
         batch.sent_to = address
@@ -287,6 +298,18 @@ class Sequencer:
         tp, b = entry
         b.rid = None
         p = self._parts[tp]
+        if error == 0 and b.probe is None:   # rule 3, NONE: the common case first (as _succeed)
+            p.failures = 0
+            p.backoff_ms = 0.0
+            done = _tuple_new(Done, (tp, b, base_offset, None, False, False))   # Done(tp, b, base_offset),
+            if p.batches and p.batches[0] is b:                                   # without the namedtuple's
+                p.batches.popleft()                                               # Python-level __new__
+                if not p.batches:
+                    self._active.pop(tp, None)
+                self._done.append(done)
+            else:
+                self._finish(tp, b, done)
+            return _tuple_new(Outcome, (tp, b, DONE, ()))
         dup = error == ErrorCode.DUPLICATE_SEQUENCE
         if b.probe is not None:
             return self._probed(tp, p, b, error, now_ms, base_offset, message, rejected)
@@ -440,6 +463,8 @@ class Sequencer:
         self._finish(tp, b, Done(tp, b, -1, _error(err, err.message, b.maybe_written), gave_up=gave_up))
         later = [x for x in p.batches if x.ordinal > b.ordinal]
         p.batches = collections.deque(x for x in p.batches if x.ordinal < b.ordinal)
+        if not p.batches:
+            self._active.pop(tp, None)
         for x in later:
             if x.rid is not None:
                 self._by_rid.pop(x.rid, None)
@@ -461,6 +486,8 @@ class Sequencer:
                 p.batches.remove(b)
             except ValueError:
                 pass
+        if not p.batches:
+            self._active.pop(tp, None)
         self._done.append(done)
 
 

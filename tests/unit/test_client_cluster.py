@@ -120,6 +120,21 @@ def test_a_not_leader_hint_is_followed_only_if_it_is_an_address(view):
     assert view.leader_address("t", 0) == "z:9"
 
 
+def test_leader_of_is_cached_until_a_refresh_or_a_hint(view):
+    assert view.leader_of(("t", 0)) == "a:1" and view.leader_of(("t", 2)) is None
+    view.topics["t"]["partitions"][0]["leader_address"] = "q:7"   # behind the view's back: not seen
+    assert view.leader_of(("t", 0)) == "a:1"
+    assert len(view.transport.metadata_calls) == 1                # served from the cache
+    view.set_leader("t", 0, "z:9")                                # a NOT_LEADER hint: seen at once
+    assert view.leader_of(("t", 0)) == "z:9"
+    view.transport.metadata = MetadataResponse(0, [], [topic("t", ["b:2", "b:2", "a:1"])])
+    view.refresh()                                                # a refresh: every partition again
+    assert [view.leader_of(("t", i)) for i in range(3)] == ["b:2", "b:2", "a:1"]
+    with pytest.raises(MeshError) as ei:
+        view.leader_of(("t", 3))
+    assert ei.value.code == ErrorCode.UNKNOWN_PARTITION
+
+
 def test_no_broker_answering_metadata_is_broker_unavailable(view):
     view.transport.metadata = None
     with pytest.raises(MeshError) as ei:

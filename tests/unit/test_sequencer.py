@@ -3,7 +3,7 @@ import itertools
 import random
 
 from mesh.client.sequencer import (
-    DONE, FAILED, PROBE, RETRY, SPLIT, RetryPolicy, SeqBatch, Sequencer,
+    DONE, FAILED, PROBE, RETRY, SPLIT, Done, Outcome, RetryPolicy, SeqBatch, Sequencer,
 )
 from mesh.wire.errors import ErrorCode, MeshError
 
@@ -84,6 +84,36 @@ def test_replies_out_of_order_finish_each_batch_and_ignore_unknown_ids():
     assert seq.on_reply(r1, NONE, 1, base_offset=11).action == DONE
     assert [(x.batch.name, x.base_offset) for x in seq.take_done()] == [("b2", 12), ("b0", 10), ("b1", 11)]
     assert not seq.busy()
+
+
+def test_a_success_gives_the_same_done_and_outcome_whether_oldest_or_not():
+    """on_reply's fast path (plain NONE) builds its namedtuples without their __new__."""
+    seq, d, bs = make(n=2)
+    r0, r1 = [rid for rid, *_ in d.pump(0)]
+    out1 = seq.on_reply(r1, NONE, 1, base_offset=11)   # not the oldest unfinished batch
+    out0 = seq.on_reply(r0, NONE, 1, base_offset=10)   # the oldest
+    assert (out1, out0) == (Outcome(TP, bs[1], DONE), Outcome(TP, bs[0], DONE))
+    assert type(out0) is Outcome and out0.replaced_by == ()
+    done = seq.take_done()
+    assert done == [Done(TP, bs[1], 11), Done(TP, bs[0], 10)] and all(type(x) is Done for x in done)
+    assert done[0].error is None and not done[0].duplicate and not done[0].gave_up and not seq.busy()
+
+
+def test_busy_partitions_are_those_with_unfinished_batches():
+    seq, d, bs = make(n=2)
+    seq.append(OTHER, B("o0"))
+    seq.append(OTHER, B("o1"))
+    assert seq.busy_partitions() == [TP, OTHER] and seq.busy()
+    sent = {name: rid for rid, name, *_ in d.pump(0)}
+    assert set(sent) == {"b0", "b1", "o0", "o1"}
+    seq.on_reply(sent["b1"], NONE, 1, base_offset=1)      # out of order: TP still has b0
+    assert seq.busy_partitions() == [TP, OTHER]
+    seq.on_reply(sent["b0"], NONE, 1, base_offset=0)
+    assert seq.busy_partitions() == [OTHER]
+    seq.on_reply(sent["o0"], ErrorCode.INVALID_REQUEST, 1)  # fails o0 and o1 (rule 5)
+    assert seq.busy_partitions() == [] and not seq.busy() and set(seq.partitions()) == {TP, OTHER}
+    seq.append(TP, B("b2"))
+    assert seq.busy_partitions() == [TP]
 
 
 def test_a_lost_reply_times_out_and_resends_it_and_everything_after_with_the_same_sequences():

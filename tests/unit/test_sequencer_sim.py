@@ -124,6 +124,7 @@ def run(seed: int, batches: int, fault: float, deadline_ms: float | None):
         seq.expire(now, TIMEOUT_MS)
         for d in seq.take_done():
             done[d.batch.name] = d
+        assert seq.busy_partitions() == [tp for tp in seq.partitions() if seq.unfinished(tp)], seed
         if len(all_batches) == batches and not seq.busy() and not net:
             break
         now += TICK_MS
