@@ -9,6 +9,11 @@ Group commit: ``stage_append`` assigns offsets and stages writes in the turn's t
 ``commit()`` makes the whole turn durable with one sync. If the commit fails (disk full,
 I/O error) every staged change is rolled back in memory too, so the store stays exactly as
 it was before the turn, and the caller fails the requests of that turn.
+
+Writers that batch their puts per turn (``mesh.node.producer_state``) register a callable
+in ``pre_commit`` (run at the start of every ``commit``, inside the transaction, so what
+they write is committed with it or not at all) and in ``on_rollback`` (run after every
+rollback).
 """
 from __future__ import annotations
 
@@ -73,6 +78,8 @@ class StoreBase:
         self.corrupt: dict[int, set[int]] = {}
         self._corrupt_new: list[tuple[int, int]] = []
         self.retention_deleted_batches = 0   # staged by retention, running total (node metrics)
+        self.pre_commit: list = []    # callables run at the start of every commit (module doc)
+        self.on_rollback: list = []   # callables run after every rollback
 
     # -- partition registry -----------------------------------------------------------
     def partition_id(self, topic: str, partition: int, create: bool = True,
@@ -164,24 +171,33 @@ class StoreBase:
     def stage_append(self, pid: int, batch: bytes, leader_epoch: int,
                      record_count: int) -> tuple[int, int]:
         """Stage a validated batch at the log end; returns (base offset, next offset)."""
-        self._save_undo(pid)
+        return self.stage_batch(pid, batch, leader_epoch, record_count)[:2]
+
+    def stage_batch(self, pid: int, batch: bytes, leader_epoch: int,
+                    record_count: int) -> tuple[int, int, bytes]:
+        """``stage_append``, also returning the batch as stored (base offset and epoch set)."""
+        undo = self._undo
+        if undo is None or pid not in undo:
+            self._save_undo(pid)
         st = self._parts.get(pid)
         if st is None:
             self._parts[pid] = st = [0, 0, 0]
         base = st[1]
         stored = patch_batch(batch, base, leader_epoch)
         self._put_batch(pid, base, stored)
-        st[1] = base + record_count
+        st[1] = end = base + record_count
         st[2] += len(stored)
-        return base, st[1]
+        return base, end, stored
 
-    def stage_replica_append(self, pid: int, batches: bytes) -> int:
+    def stage_replica_append(self, pid: int, batches: bytes, verified: bool = False) -> int:
         """Stage batches that already carry their offsets (a follower's append); returns the
-        new end. The batches must start at the current end."""
+        new end. The batches must start at the current end. ``verified``: the caller already
+        checked every batch's CRC (``mesh.node.raft_host.check_append_payload``), so it is
+        not computed again."""
         from mesh.wire.records import iter_batches
         self._save_undo(pid)
         st = self._parts.setdefault(pid, [0, 0, 0])
-        for h, mv in iter_batches(batches):
+        for h, mv in iter_batches(batches, verify_crc=not verified):
             if h.base_offset != st[1]:
                 raise LogError(f"replica append at {h.base_offset} but log end is {st[1]}")
             self._put_batch(pid, h.base_offset, bytes(mv))
@@ -219,6 +235,8 @@ class StoreBase:
     def commit(self) -> None:
         """Make the turn durable with one sync, or roll everything back and raise."""
         try:
+            for fn in self.pre_commit:
+                fn()
             self._commit_txn()
         except Exception:
             self.rollback()
@@ -235,6 +253,8 @@ class StoreBase:
                     self._parts[pid] = st
         self._undo = None
         self._pid_cache.clear()
+        for fn in self.on_rollback:
+            fn()
 
     # -- reads --------------------------------------------------------------------------
     def read(self, pid: int, offset: int, max_bytes: int, limit_offset: int) -> list[bytes]:

@@ -166,7 +166,8 @@ class Store(StoreBase):
         if self._failed is not None:
             raise self._failed
         try:
-            self._txn().put(key, value, db=db)
+            txn = self._wtxn
+            (txn if txn is not None else self._txn()).put(key, value, db=db)
         except lmdb.MapFullError as exc:
             self._failed = StorageFull(f"log store full (limit {self.env.info()['map_size']} bytes)")
             raise self._failed from exc

@@ -55,7 +55,7 @@ import itertools
 import logging
 from time import perf_counter as _perf
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, NamedTuple
 
 from mesh.cluster.catalog import Topic
 from mesh.node.clock import now_ms as _monotonic_ms
@@ -82,8 +82,10 @@ class DataLimits:
     max_produce_timeout_ms: int = 300_000
 
 
-@dataclass
-class _Staged:
+_tuple_new = tuple.__new__
+
+
+class _Staged(NamedTuple):   # a tuple: built once per produce request
     ident: bytes
     rid: int
     acks: int
@@ -172,35 +174,39 @@ class DataPath:
             raise MeshError(ErrorCode.INVALID_REQUEST, f"acks must be 0, 1 or -1 (all), not {req.acks}")
         if req.timeout_ms < 0:
             raise MeshError(ErrorCode.INVALID_REQUEST, f"timeout_ms must be >= 0, not {req.timeout_ms}")
-        t, pid = self.local_partition(req.topic, req.partition)
+        producers, replicas = self.producers, self.replicas
+        t, pid = self.catalog.partition(req.topic, req.partition)
+        if pid is None or not replicas.is_leader(pid):
+            self.local_partition(req.topic, req.partition)   # raises NOT_LEADER with the leader's address
         if payload is None:
             raise MeshError(ErrorCode.INVALID_REQUEST, "produce request has no record batch frame")
         h = records.validate_batch(payload, t.config["max.message.bytes"])
-        dup = self.producers.check(pid, h)
-        if dup is not None:  # a retry of a batch we already have: answer as before
-            end = dup + h.record_count
-            if req.acks == -1 and end > self.replicas.commit_offset(pid):
-                self.replicas.park_ack(pid, ident, rid, dup, end, req.timeout_ms)
-            elif req.acks != 0:
-                self.reply(ident, rid, m.ProduceResponse(0, base_offset=dup))
-            return
+        if h.producer_id >= 0:
+            dup = producers.check(pid, h)
+            if dup is not None:  # a retry of a batch we already have: answer as before
+                end = dup + h.record_count
+                if req.acks == -1 and end > replicas.commit_offset(pid):
+                    replicas.park_ack(pid, ident, rid, dup, end, req.timeout_ms)
+                elif req.acks != 0:
+                    self.reply(ident, rid, m.ProduceResponse(0, base_offset=dup))
+                return
         try:
-            base, epoch = self.replicas.append_position(pid)
+            base, epoch = replicas.append_position(pid)
         except MeshError as exc:  # the core names leaders by node id; clients need an address
             hint = self.address_of(exc.leader) if exc.leader and self.address_of else None
             raise MeshError(exc.code, exc.message, leader=hint or self.leader_of(t, req.partition))
         try:
-            staged_base, end = self.store.stage_append(pid, payload, epoch, h.record_count)
+            staged_base, end, stored = self.store.stage_batch(pid, payload, epoch, h.record_count)
         except LogError as exc:  # nothing staged; the turn is doomed, commit_turn fails its other requests
             raise MeshError(ErrorCode.STORAGE_ERROR, str(exc))
         assert staged_base == base, (pid, staged_base, base)
-        self.replicas.leader_append(pid, end, epoch, base, payload)   # (its appends may leave before the sync)
-        self.producers.stage(pid, h, base)
+        replicas.leader_append(pid, end, epoch, base, stored, patched=True)   # (may leave before the sync)
+        producers.stage(pid, h, base)
         if self.metrics is not None:
             self.metrics.appended(t.name, h.record_count, len(payload))
         # staged: from here on the answer is a ProduceResponse (the outcome may be "written")
-        self._staged.append(_Staged(ident, rid, req.acks, pid, base, end,
-                                    min(req.timeout_ms, self.limits.max_produce_timeout_ms)))
+        self._staged.append(_tuple_new(_Staged, (ident, rid, req.acks, pid, base, end,
+                                                 min(req.timeout_ms, self.limits.max_produce_timeout_ms))))
 
     def answer_committed(self) -> None:
         """Right after the drain: answer the acks=all requests and wake the parked fetches
@@ -238,10 +244,10 @@ class DataPath:
                 listener(False)
             return False
         self.producers.committed()
+        reply, store = self.reply, self.store
         for s in staged:
             if s.acks == 1:
-                self.reply(s.ident, s.rid, m.ProduceResponse(0, base_offset=s.base,
-                                                             log_start=self.store.log_start(s.pid)))
+                reply(s.ident, s.rid, m.ProduceResponse(0, base_offset=s.base, log_start=store.log_start(s.pid)))
             elif s.acks == -1:
                 self.replicas.park_ack(s.pid, s.ident, s.rid, s.base, s.end, s.timeout_ms)
         self._grown.update(self.replicas.after_commit(True))

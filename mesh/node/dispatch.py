@@ -44,6 +44,11 @@ _GOSSIP_MESSAGES = (GossipSyn, GossipAck, GossipAck2)
 _READ_ONLY = frozenset({m.FetchRequest, m.MetadataRequest, m.ListOffsetsRequest})   # change no state
 
 
+def _rid_of(frames: list) -> int:
+    """The request id of a client message that could not be decoded (0 if there is none)."""
+    return int.from_bytes(frames[2], "big") if len(frames) >= 3 and len(frames[2]) == 8 else 0
+
+
 def open_router(ctx: zmq.Context, bind: str, hwm_messages: int, options: dict | None = None,
                 configure: Callable[[zmq.Socket], None] | None = None) -> zmq.Socket:
     """The node's ROUTER, bound to ``bind`` (host:port). ``options``: more socket options
@@ -133,14 +138,13 @@ class Dispatcher:
             return
         rid, msg = 0, None
         try:
-            if len(frames) >= 3 and len(frames[2]) == 8:
-                rid = int.from_bytes(frames[2], "big")
             protocol, rid, msg, payload = unpack(frames[1:], self.limits)
             if self.metrics is not None:
                 self.metrics.request(ident, rid, msg, frames)
             if self.security is not None:
                 msg = self._authorize(msg)
-            if payload is not None and type(msg) is m.ProduceRequest and self.outbox is not None:
+            if payload is not None and type(msg) is m.ProduceRequest and self.outbox is not None \
+                    and self.outbox.quotas["produce"] is not None:
                 self._charge_produce(ident, rid, msg, payload)
             handler = self.handlers.handler_for(msg)
             if handler is not None:
@@ -150,12 +154,13 @@ class Dispatcher:
             else:
                 raise MeshError(ErrorCode.INVALID_REQUEST, f"{type(msg).__name__} is not a request")
         except MeshError as exc:
-            self.error(ident, rid, exc.code, exc.message, exc.leader)
+            self.error(ident, rid or _rid_of(frames), exc.code, exc.message, exc.leader)
         except Exception as exc:  # a bug or an input we did not foresee: answer, keep serving
             if type(msg) not in _READ_ONLY:   # a read changed nothing: no need to fail the others' turn
                 self.on_doom(f"{type(exc).__name__} while handling a client request")
             self._rlog.exception((bytes(ident), "bug"), exc, "request from client %s failed", bytes(ident).hex())
-            self.error(ident, rid, ErrorCode.INVALID_REQUEST, f"request could not be handled: {exc}")
+            self.error(ident, rid or _rid_of(frames), ErrorCode.INVALID_REQUEST,
+                       f"request could not be handled: {exc}")
         if self.metrics is not None:
             self.metrics.handled()
 
@@ -206,15 +211,19 @@ class Dispatcher:
         frames = [ident] + pack(PROTOCOL_CLIENT, rid, msg, payload)
         if self.metrics is not None:
             self.metrics.answered(ident, rid, msg, frames)
-        if self.outbox is not None:
+        outbox = self.outbox
+        if outbox is not None:
             delay = 0
             if self._due:
                 due = self._due.pop((bytes(ident), rid), None)
                 if due is not None:
                     delay = max(0, due - self.clock.now_ms())
             if payload is not None and type(msg) is m.FetchResponse:
-                delay = max(delay, self.outbox.charge("fetch", ident, len(payload)))
-            self.outbox.send(ident, frames, delay)
+                delay = max(delay, outbox.charge("fetch", ident, len(payload)))
+            if delay or outbox.busy:
+                outbox.send(ident, frames, delay)
+            else:   # the common case: nothing held or backlogged, no quota delay
+                outbox.send_now(ident, frames)
             return
         try:
             send_frames(self.router, frames, copy=payload is None or len(payload) < ZERO_COPY_MIN_BYTES)

@@ -236,6 +236,7 @@ class Node:
                              fetch_bytes_per_s=config.fetch_quota_bytes_per_s)
         self.outbox.on_gone = self.data.drop_client
         self.dispatch.outbox = self.outbox
+        self.data.reply = self.replicas.reply = self.dispatch.reply   # what _reply does, one call fewer
         self.elastic = Elastic(config.node_id, self.gossip, self.catalog, self.replicas, self.store, clock.wall_ms,
                                ElasticSettings(replace_dead_after_ms=config.replace_dead_after_ms,
                                                max_moves_per_broker=config.max_moves_per_broker,

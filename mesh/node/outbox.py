@@ -2,7 +2,8 @@
 
 Theory of operation
 -------------------
-Every answer to a client goes through ``Outbox.send(ident, frames)``:
+Every answer to a client goes through ``Outbox.send(ident, frames)`` (or ``send_now``,
+the same without its checks, while nothing is held or backlogged: ``busy``):
 
 - Normally it is sent at once (NOBLOCK). ZeroMQ keeps at most ``SNDHWM`` messages per
   client pipe; a full pipe (EAGAIN) puts the answer in the client's backlog, sent in
@@ -113,8 +114,14 @@ class Outbox:
             return
         self._send_now(ident, frames)
 
+    @property
+    def busy(self) -> bool:
+        """Some answer is held or backlogged: ``send`` must keep order (``send_now`` may not be used)."""
+        return bool(self._held_count or self._backlog)
+
     def _send_now(self, ident: bytes, frames: list) -> bool:
-        """False if the pipe is full (the caller keeps the frames)."""
+        """False if the pipe is full (the frames go to the client's backlog). Public as
+        ``send_now``: what ``send`` does without a delay while nothing is ``busy``."""
         try:
             send_frames(self.router, frames, copy=len(frames[-1]) < ZERO_COPY_MIN_BYTES)
         except zmq.Again:
@@ -126,6 +133,8 @@ class Outbox:
             else:
                 self._rlog.warning(("send", bytes(ident)), "dropping reply to %s: %s", bytes(ident).hex(), exc)
         return True
+
+    send_now = _send_now
 
     def _queue(self, ident: bytes, frames: list) -> None:
         q = self._backlog.get(ident)

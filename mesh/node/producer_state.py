@@ -19,7 +19,10 @@ A batch header carries ``producer_id`` and ``base_sequence``; the leader remembe
   appended.
 
 The state is written in the same LMDB transaction as the batch it describes, so after a
-crash the log and the dedup state agree. On a follower the same state is derived from the
+crash the log and the dedup state agree: ``stage`` only marks the state dirty, and the
+store's ``pre_commit`` hook (``flush``) writes each dirty state once, at the start of
+every commit of the transaction (a producer with several batches in one turn costs one
+write); a rollback of the store rolls these states back too. On a follower the same state is derived from the
 batch headers it appends (they carry producer id and sequence), so a new leader keeps
 dropping duplicates.
 
@@ -73,6 +76,12 @@ class ProducerStates:
         self.max_cached = max_cached
         self._cache: dict[tuple[int, int], list[list[int]]] = {}
         self._undo: dict[tuple[int, int], list[list[int]] | None] = {}
+        self._dirty: dict[tuple[int, int], list[list[int]]] = {}   # staged, written by flush()
+        hooks = getattr(store, "pre_commit", None)
+        self._deferred = hooks is not None
+        if hooks is not None:
+            hooks.append(self.flush)
+            store.on_rollback.append(self.rollback)
 
     def _get(self, pid: int, producer_id: int) -> list[list[int]]:
         key = (pid, producer_id)
@@ -94,6 +103,14 @@ class ProducerStates:
 
     def _put(self, pid: int, producer_id: int, st: list[list[int]]) -> None:
         self.store.put("producers", _KEY.pack(pid, producer_id), _encode(st, self.now_ms()))
+
+    def flush(self) -> None:
+        """Write the states staged since the last flush (the store calls it before each commit)."""
+        if self._dirty:
+            dirty, self._dirty = self._dirty, {}
+            now, put, pack = self.now_ms(), self.store.put, _KEY.pack
+            for (pid, producer_id), st in dirty.items():
+                put("producers", pack(pid, producer_id), _encode(st, now))
 
     def expire(self, now_ms: int) -> int:
         """Delete states idle past ``expiration_ms``, then the longest idle beyond
@@ -149,15 +166,23 @@ class ProducerStates:
                         f"producer {h.producer_id}: expected sequence {last_seq + 1}, got {first}")
 
     def stage(self, pid: int, h: BatchHeader, base_offset: int) -> None:
-        if h.producer_id < 0:
+        producer_id = h.producer_id
+        if producer_id < 0:
             return
-        key = (pid, h.producer_id)
-        st = self._get(pid, h.producer_id)
+        key = (pid, producer_id)
+        st = self._cache.get(key)
+        if st is None:
+            st = self._get(pid, producer_id)
         if key not in self._undo:
-            self._undo[key] = [list(e) for e in st]
-        st.append([h.base_sequence, h.base_sequence + h.record_count - 1, base_offset])
-        del st[:-RECENT_BATCHES]
-        self._put(pid, h.producer_id, st)
+            self._undo[key] = list(st)   # entries are never changed in place: a shallow copy
+        first = h.base_sequence
+        st.append([first, first + h.record_count - 1, base_offset])
+        if len(st) > RECENT_BATCHES:
+            del st[:-RECENT_BATCHES]
+        if self._deferred:
+            self._dirty[key] = st
+        else:
+            self._put(pid, producer_id, st)
 
     def stage_replicated(self, pid: int, batches) -> None:
         """A follower's append: learn sequences from the batch headers (already offset)."""
@@ -176,14 +201,14 @@ class ProducerStates:
             if len(keep) != len(st):
                 key = (pid, producer_id)
                 if key not in self._undo:
-                    self._undo[key] = [list(e) for e in st]
+                    self._undo[key] = list(st)
                 st[:] = keep
                 self._put(pid, producer_id, st)
         for (p, producer_id), st in list(self._cache.items()):  # staged, not yet in the db
             if p == pid and any(e[2] >= to_offset for e in st):
                 key = (pid, producer_id)
                 if key not in self._undo:
-                    self._undo[key] = [list(e) for e in st]
+                    self._undo[key] = list(st)
                 st[:] = [e for e in st if e[2] < to_offset]
                 self._put(pid, producer_id, st)
 
@@ -194,7 +219,9 @@ class ProducerStates:
         for key, st in self._undo.items():
             self._cache[key] = st
         self._undo.clear()
+        self._dirty.clear()
 
     def forget_partition(self, pid: int) -> None:
         for key in [k for k in self._cache if k[0] == pid]:
             del self._cache[key]
+            self._dirty.pop(key, None)

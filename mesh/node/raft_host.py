@@ -318,6 +318,8 @@ class ReplicaHost:
 
     def take_config_changes(self) -> dict[int, tuple[Config, bool]]:
         """``{pid: (latest config, committed)}`` changed since the last call, durable."""
+        if not self._cfg_done:
+            return {}
         out, self._cfg_done = self._cfg_done, {}
         return {pid: v for pid, v in out.items() if pid in self._replicas}
 
@@ -327,11 +329,14 @@ class ReplicaHost:
     # -- inputs -------------------------------------------------------------------------
     def apply(self, ready: Ready) -> None:
         """Carry out a Ready's storage effects in the turn's transaction; hold the rest."""
+        if not (ready.log_ops or ready.persist or ready.messages or ready.committed or ready.leadership
+                or ready.configs):
+            return   # most calls (a flush, a tick with nothing due): nothing to do
         for op in ready.log_ops:
             self.reader.tail.pop(op.pid, None)   # (a leader's log ops: none; never serve around one)
             self._hard.add(op.pid)
             if isinstance(op, Append):
-                end = self.store.stage_replica_append(op.pid, op.payload)
+                end = self.store.stage_replica_append(op.pid, op.payload, verified=True)   # (step checked it)
                 assert end == op.end_offset, (op.pid, end, op.end_offset)
                 self.producers.stage_replicated(op.pid, op.payload)
             elif isinstance(op, Truncate):
@@ -357,10 +362,14 @@ class ReplicaHost:
                 self._lazy[st.pid] = st
                 continue
             self._write_state(st)
-        self._held.extend(ready.messages)
-        self._committed.update(ready.committed)
-        self._leadership.update(ready.leadership)
-        self._cfg_turn.update(ready.configs)
+        if ready.messages:
+            self._held.extend(ready.messages)
+        if ready.committed:
+            self._committed.update(ready.committed)
+        if ready.leadership:
+            self._leadership.update(ready.leadership)
+        if ready.configs:
+            self._cfg_turn.update(ready.configs)
 
     def _write_state(self, st: PersistState) -> None:
         self._hard.add(st.pid)
@@ -373,7 +382,7 @@ class ReplicaHost:
         anyway (or once a second), send the early appends, and answer the acks=all waiters
         the turn's commit advances already cover (``answer_committed``). Returns the
         partitions whose commit offset moved (their parked fetches may wake now)."""
-        now = self.now_ms()
+        now = self.now_ms() if self._lazy else 0
         if self._lazy and (store_has_writes or now >= self._next_lazy_flush_ms):
             self._next_lazy_flush_ms = now + 1000
             for st in list(self._lazy.values()):
@@ -399,6 +408,8 @@ class ReplicaHost:
         turn's sync does. For the same reason every offset below it is already in the
         store's committed data (the batches staged this turn leave only in this call's
         turn and cannot be acknowledged before it ends), so a parked fetch may read it."""
+        if not self._committed:
+            return set()
         committed, self._committed = self._committed, {}
         for pid, commit in committed.items():
             for w in self._waiters.get(pid, ()):
@@ -411,6 +422,8 @@ class ReplicaHost:
 
     def _send_early(self) -> None:
         """Send the held leader appends that may leave before the sync (module doc)."""
+        if not self._held:
+            return
         held, keep = self._held, []
         hard = self._hard
         for e in held:
@@ -448,15 +461,19 @@ class ReplicaHost:
     def append_position(self, pid: int) -> tuple[int, int]:
         return self.core.append_position(pid)
 
-    def leader_append(self, pid: int, end_offset: int, epoch: int, base: int = -1, batch: bytes | None = None) -> None:
-        """The data path staged ``batch`` (as the client sent it) at ``base`` with ``epoch``;
-        kept in the reader's tail until the sync, so followers get it before that."""
+    def leader_append(self, pid: int, end_offset: int, epoch: int, base: int = -1, batch: bytes | None = None,
+                      patched: bool = False) -> None:
+        """The data path staged ``batch`` (as the client sent it, or as stored if ``patched``)
+        at ``base`` with ``epoch``; kept in the reader's tail until the sync, so followers get
+        it before that."""
         self.core.leader_append(pid, end_offset, epoch)
         self._appended[pid] = end_offset
         if self.early_appends and batch is not None:
-            tail = self.reader.tail.setdefault(pid, [])
+            tail = self.reader.tail.get(pid)
+            if tail is None:
+                tail = self.reader.tail[pid] = []
             if not tail or tail[-1][1] == base:
-                tail.append((base, end_offset, patch_batch(batch, base, epoch)))
+                tail.append((base, end_offset, batch if patched else patch_batch(batch, base, epoch)))
             else:   # not contiguous (cannot happen): nothing of this partition leaves early
                 self.reader.tail.pop(pid)
                 self._hard.add(pid)
@@ -469,26 +486,34 @@ class ReplicaHost:
     # -- after the turn's sync ----------------------------------------------------------
     def after_commit(self, ok: bool) -> set[int]:
         """Returns the partitions whose commit offset moved (to wake fetches)."""
-        self.reader.tail.clear()
-        self._hard.clear()
+        if self.reader.tail:
+            self.reader.tail.clear()
+        if self._hard:
+            self._hard.clear()
         if not ok:
             self._cfg_turn = {}
             self._rebuild()
             return set()
-        self._cfg_done.update(self._cfg_turn)   # durable now; later Readies belong to the next turn
-        self._cfg_turn = {}
-        appended, self._appended = self._appended, {}
-        for pid, end in appended.items():
-            if pid in self._replicas:
-                self.apply(self.core.synced(pid, end))
+        if self._cfg_turn:
+            self._cfg_done.update(self._cfg_turn)   # durable now; later Readies belong to the next turn
+            self._cfg_turn = {}
+        if self._appended:
+            appended, self._appended = self._appended, {}
+            for pid, end in appended.items():
+                if pid in self._replicas:
+                    self.apply(self.core.synced(pid, end))
         self.apply(self.core.flush())
-        held, self._held = self._held, []
-        for e in held:
-            self._send(e.dest, e.msg, e.payload)
-        truncated, self._truncated = self._truncated, {}
-        for pid, cut in truncated.items():
-            self._fail_waiters(pid, ErrorCode.NOT_LEADER, "the batch was truncated before it committed",
-                               lambda w, cut=cut: w.end > cut)
+        if self._held:
+            held, self._held = self._held, []
+            for e in held:
+                self._send(e.dest, e.msg, e.payload)
+        if self._truncated:
+            truncated, self._truncated = self._truncated, {}
+            for pid, cut in truncated.items():
+                self._fail_waiters(pid, ErrorCode.NOT_LEADER, "the batch was truncated before it committed",
+                                   lambda w, cut=cut: w.end > cut)
+        if not self._leadership:
+            return self.answer_committed()
         leadership, self._leadership = self._leadership, {}
         for pid, (leader, epoch) in leadership.items():
             self._publish(pid, leader, epoch)
@@ -498,6 +523,8 @@ class ReplicaHost:
         return self.answer_committed()
 
     def expire(self) -> None:
+        if not self._waiters:
+            return
         now = self.now_ms()
         for pid in list(self._waiters):
             self._fail_waiters(pid, ErrorCode.TIMEOUT, "not acknowledged by a quorum in time",

@@ -116,7 +116,7 @@ class Leading:
         self.host.want_flush(self)
 
     def _maybe_commit(self: Partition) -> None:
-        if self.role.value != "leader":
+        if self.role != "leader":
             return
         held = [self.synced] if self.node in self.voters else []
         for v in self.voters:
@@ -134,7 +134,7 @@ class Leading:
 
     def send_appends(self: Partition) -> None:
         """Called by the manager's flush: fill every follower's pipeline."""
-        if self.role.value != "leader":
+        if self.role != "leader":
             return
         cfg, host = self.cfg, self.host
         for peer in self.peers:
@@ -224,8 +224,8 @@ class Leading:
 
     # -- local appends ---------------------------------------------------------------------------
     def append_position(self: Partition) -> tuple[int, int]:
-        if self.role.value != "leader" or self.transfer_to is not None:
-            hint = self.transfer_to if self.role.value == "leader" else self.leader
+        if self.role != "leader" or self.transfer_to is not None:
+            hint = self.transfer_to if self.role == "leader" else self.leader
             raise MeshError(ErrorCode.NOT_LEADER, f"partition {self.pid}: not the leader", leader=hint)
         now, window = self.host.now_tick, 3 * self.cfg.heartbeat_ticks + 1
         voters = [self.progress[v] for v in self.voters if v != self.node]
@@ -236,7 +236,7 @@ class Leading:
         return self.end, self.term
 
     def leader_append(self: Partition, end_offset: int, epoch: int) -> None:
-        leading = self.role.value == "leader"
+        leading = self.role == "leader"
         if not leading or epoch != self.term:
             raise MeshError(ErrorCode.FENCED_EPOCH if leading else ErrorCode.NOT_LEADER,
                             f"partition {self.pid}: append for epoch {epoch}, leader epoch is "

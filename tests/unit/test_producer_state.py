@@ -154,3 +154,36 @@ def test_forgetting_a_partition_drops_only_its_cache():
     append(ps, store, 5, 0, 1, base_offset=0)
     ps.forget_partition(PID)
     assert ps.check(PID, header(5, 0)) == 0      # reloaded from the store
+
+
+def test_staged_states_are_written_once_per_commit_inside_it():
+    """``stage`` only marks a state dirty; the store's pre-commit hook writes it, in the same
+    transaction as the batches: a fresh ProducerStates over what was committed knows them."""
+    store = MemoryStore()
+    ps = ProducerStates(store)
+    puts = []
+    real_put = store.put
+    store.put = lambda db, k, v: (puts.append(db), real_put(db, k, v))
+    for seq in range(3):   # three batches of one producer in one turn
+        h = header(9, seq)
+        assert ps.check(PID, h) is None
+        ps.stage(PID, h, seq)
+    assert puts == []   # nothing written before the commit
+    store.commit()
+    ps.committed()
+    assert puts == ["producers"]   # one write for the three batches
+    again = ProducerStates(store)   # (as after a restart: read back from the store)
+    assert again.check(PID, header(9, 2)) == 2
+    assert again.check(PID, header(9, 3)) is None
+
+
+def test_a_store_rollback_drops_the_staged_states():
+    store = MemoryStore()
+    ps = ProducerStates(store)
+    append(ps, store, 4, 0, 1, 0)
+    ps.stage(PID, header(4, 1), 1)
+    store.rollback()   # e.g. a doomed turn: the producer states roll back with the store
+    store.commit()
+    assert ps.check(PID, header(4, 1)) is None   # the rolled-back batch is new again
+    assert ProducerStates(store).check(PID, header(4, 1)) is None
+    assert ProducerStates(store).check(PID, header(4, 0)) == 0

@@ -557,3 +557,27 @@ def test_a_read_in_the_middle_of_a_turn_sees_only_committed_batches_and_no_damag
     assert store.take_corrupt() == []
     store.commit()
     assert offsets(store.read(pid, 3, 1 << 20, 5)) == [3, 4]
+
+
+def test_commit_hooks_run_inside_the_commit_and_after_a_rollback(store):
+    """``pre_commit`` writes land in the committed transaction; ``on_rollback`` is told."""
+    rolled = []
+    store.pre_commit.append(lambda: store.put("meta", b"hooked", b"1"))
+    store.on_rollback.append(lambda: rolled.append(True))
+    append(store, 1, [b"a"])
+    store.commit()
+    assert store.get("meta", b"hooked") == b"1"
+    append(store, 1, [b"b"])
+    store.rollback()
+    assert rolled == [True] and store.log_end(1) == 1
+
+
+def test_a_replica_append_checks_crcs_unless_the_caller_did(store):
+    from mesh.wire.errors import MeshError
+    from mesh.wire.records import patch_batch
+    good = patch_batch(encode_batch([b"x"]), 0, 1)
+    bad = good[:-1] + bytes([good[-1] ^ 1])   # a flipped payload bit: the CRC no longer matches
+    with pytest.raises(MeshError):
+        store.stage_replica_append(2, bad)
+    store.rollback()
+    assert store.stage_replica_append(2, good, verified=True) == 1
