@@ -14,7 +14,8 @@ flow control allows. Each value starts with its 8-byte due time in microseconds 
 consumer's end-to-end latency). Every batch's future records its ack time in the client's I/O
 thread. At the end a producer reports how many records it got acknowledged per partition.
 
-It puts its index on ``ready`` once connected (metadata fetched), starts on ``go``, keeps
+It puts its index on ``ready`` once connected (``Producer.connect``: metadata fetched and
+the leaders' connections open, so the first request does not pay for them), starts on ``go``, keeps
 its live count in ``progress[idx]``, writes its events (``bench.events``) at the end and
 reports through ``results``; an error is reported, never left to hang the coordinator.
 """
@@ -77,6 +78,7 @@ def _produce(spec: dict, idx: int, ready, go, progress, events_dir: str) -> dict
         n_parts = partition_count(p, topic)
         pools = _key_pools(n_parts, w.key_space) if w.keys else None
         pad = b"m" * max(0, w.message_bytes - 8)
+        p.connect(topic, timeout=30)   # metadata and leader connections before the start signal
         ready.put(idx)
         go.wait()
         t0 = time.time_ns()

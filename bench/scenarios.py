@@ -44,7 +44,7 @@ class Workload:
     message_bytes: int = 100
     batch: int = 100                 # records per produce request; 0 = send() + linger
     linger_ms: int = 5               # batch = 0 only
-    batch_bytes: int = 64 * KB       # batch = 0 only: the client's batch_size
+    batch_bytes: int = 256 * KB      # batch = 0 only: the client's batch_size (its default)
     acks: str = "1"                  # "0", "1" or "all"
     in_flight: int = 5               # produce requests in flight per partition
     keys: bool = False               # keyed records (murmur2 partitioning) or none

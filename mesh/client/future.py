@@ -1,4 +1,4 @@
-"""A cheap one-shot future for the producer's batches.
+"""Futures of the producer: ``BatchFuture`` (a batch), ``RecordFuture`` (one record of it).
 
 ``concurrent.futures.Future`` costs a ``Condition`` per future, built when the future is
 made and entered (in Python) by every ``set_result`` and ``result``: about a tenth of the
@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import logging
 import threading
+from typing import NamedTuple
 
-__all__ = ["BatchFuture"]
+__all__ = ["BatchFuture", "RecordFuture", "RecordMetadata"]
 
 log = logging.getLogger("mesh.producer")
 _state_lock = threading.Lock()
@@ -110,3 +111,42 @@ class BatchFuture:
             fn(self)
         except Exception:
             log.exception("exception calling callback for %r", self)
+
+
+class RecordMetadata(NamedTuple):
+    topic: str
+    partition: int
+    offset: int
+
+
+class RecordFuture:
+    """The future of one record: a view on its batch's future."""
+    __slots__ = ("_batch", "_index")
+
+    def __init__(self, batch, index: int):   # batch: mesh.client.producer._Batch
+        self._batch = batch
+        self._index = index
+
+    def get(self, timeout: float | None = None) -> RecordMetadata:
+        """The record's metadata; its offset is -1 when the broker said the batch was
+        stored before but no longer remembered where (DUPLICATE_SEQUENCE). Raises the
+        MeshError of a failed send (see ``MeshError.maybe_written``)."""
+        base = self._batch.future.result(timeout)
+        b = self._batch
+        return RecordMetadata(b.topic, b.partition, base + self._index if base >= 0 else -1)
+
+    def done(self) -> bool:
+        return self._batch.future.done()
+
+    def exception(self, timeout: float | None = None):
+        return self._batch.future.exception(timeout)
+
+    def add_callback(self, fn) -> "RecordFuture":
+        self._batch.future.add_done_callback(
+            lambda f: fn(self.get()) if f.exception() is None else None)
+        return self
+
+    def add_errback(self, fn) -> "RecordFuture":
+        self._batch.future.add_done_callback(
+            lambda f: fn(f.exception()) if f.exception() is not None else None)
+        return self

@@ -4,14 +4,11 @@
 returns a future; a background I/O thread closes batches, encodes each once, and
 pipelines up to ``max_in_flight`` requests per partition to its leader.
 
-When a batch closes (``lingered``): when it is full; at once when its partition has nothing
-unfinished (no request in flight, nothing queued or backing off), so a lone record, and a
-blocking ``send().get()``, never waits a timer; otherwise when the partition's requests
-in flight finish (it became idle) or after ``linger_ms``, whichever comes first. Batching
-therefore grows with load (records gather while a request is outstanding), not with a
-timer; ``linger_ms`` is only the upper bound of that wait, kept to the nearest
-millisecond (the I/O thread waits whole milliseconds: rounded to the nearest, where
-rounding up added 0.5-1 ms to every lingered batch).
+A batch closes (``lingered``) when full; at once when its partition has nothing unfinished
+(in flight, queued or backing off), so a blocking ``send().get()`` never waits a timer;
+otherwise when the partition's requests in flight finish or after ``linger_ms`` (to the
+nearest millisecond), whichever comes first: batching grows with load, not with a timer.
+Metadata and connections come lazily with the first send, or up front (``connect``).
 
 Ordering and exactly-once across retries: the producer has a random 62-bit producer id;
 every batch carries it and the sequence number of its first record. On a retriable error,
@@ -32,10 +29,9 @@ which this I/O thread drives (so does the Spark sink).
 
 Failover: the transport's connections have ZeroMQ heartbeats, so a dead or paused broker
 is noticed within about a second and the requests in flight to it are retried; a leader
-whose connection is down is not sent to; each retry refreshes the metadata from three
-brokers at once, taking the highest leader epoch per partition. ``request_timeout_ms``
-(default 3 s) only bounds a request to a live broker that does not answer (a leader that
-cannot reach a quorum answers TIMEOUT or NOT_LEADER itself).
+whose connection is down is not sent to; a retry refreshes the metadata from three brokers
+(highest leader epoch wins). ``request_timeout_ms`` (3 s) bounds a request to a live broker
+that does not answer (a leader without a quorum answers TIMEOUT or NOT_LEADER itself).
 """
 from __future__ import annotations
 
@@ -45,12 +41,11 @@ import os
 import random
 import threading
 import time
-from typing import NamedTuple
 
 import zmq
 
 from mesh.client.cluster import ClusterView
-from mesh.client.future import BatchFuture
+from mesh.client.future import BatchFuture, RecordFuture, RecordMetadata
 from mesh.client.sequencer import RETRY, RetryPolicy, SeqBatch, Sequencer
 from mesh.client.transport import Transport
 from mesh.security.creds import load_creds
@@ -69,45 +64,6 @@ _REFRESH_EVERY_S = 0.1  # at most this often a metadata refresh from the I/O thr
 _LINGER_SLACK_S = 0.0005  # ZeroMQ's poll waits whole milliseconds: lingers round to the nearest
 _new_object = object.__new__
 _EXPIRE_EVERY_MS = 10     # request timeouts are looked for this often (a dropped connection: at once)
-
-
-class RecordMetadata(NamedTuple):
-    topic: str
-    partition: int
-    offset: int
-
-
-class RecordFuture:
-    """The future of one record: a view on its batch's future."""
-    __slots__ = ("_batch", "_index")
-
-    def __init__(self, batch: "_Batch", index: int):
-        self._batch = batch
-        self._index = index
-
-    def get(self, timeout: float | None = None) -> RecordMetadata:
-        """The record's metadata; its offset is -1 when the broker said the batch was
-        stored before but no longer remembered where (DUPLICATE_SEQUENCE). Raises the
-        MeshError of a failed send (see ``MeshError.maybe_written``)."""
-        base = self._batch.future.result(timeout)
-        b = self._batch
-        return RecordMetadata(b.topic, b.partition, base + self._index if base >= 0 else -1)
-
-    def done(self) -> bool:
-        return self._batch.future.done()
-
-    def exception(self, timeout: float | None = None):
-        return self._batch.future.exception(timeout)
-
-    def add_callback(self, fn) -> "RecordFuture":
-        self._batch.future.add_done_callback(
-            lambda f: fn(self.get()) if f.exception() is None else None)
-        return self
-
-    def add_errback(self, fn) -> "RecordFuture":
-        self._batch.future.add_done_callback(
-            lambda f: fn(f.exception()) if f.exception() is not None else None)
-        return self
 
 
 class _Batch(SeqBatch):
@@ -159,7 +115,7 @@ def _new_producer_id() -> int:
 
 class Producer:
     def __init__(self, bootstrap: str = "127.0.0.1:7101", *, acks="all", linger_ms: int = 5,
-                 batch_size: int = 64 << 10, max_in_flight: int = 5, retries: int | None = None,
+                 batch_size: int = 256 << 10, max_in_flight: int = 5, retries: int | None = None,
                  retry_backoff_ms: int = 100, retry_backoff_max_ms: int = 1000,
                  request_timeout_ms: int = 3_000, delivery_timeout_ms: int = 60_000,
                  buffer_memory: int = 64 << 20, max_block_ms: int = 60_000,
@@ -191,10 +147,12 @@ class Producer:
         self._buffered = 0
         self._sticky: dict[str, int] = {}
         self._sticky_open: dict[str, _Batch] = {}    # topic -> its sticky partition's batch, while open
+        self._sticky_left: dict[str, int] = {}       # topic -> bytes before the sticky partition changes
         self._partitions: dict[str, int] = {}
         self._closed = False
         self._unfinished: set[_Batch] = set()
         self._space_waiters = 0                    # threads in _wait_for_space: finishing notifies them
+        self._connects: list[list] = []            # connect(): [topics, Event, error] for the I/O thread
         self._rng = random.Random()
         # I/O side
         self._io_error: BaseException | None = None
@@ -251,6 +209,7 @@ class Producer:
             partition = partition_for_key(key, n)
         ts = int(time.time() * 1000) if timestamp_ms is None else timestamp_ms
         size += 8
+        unkeyed = partition is None
         mutex = self._mutex                  # the Condition's own lock, without its Python wrapper,
         mutex.acquire()                      # and without ``with`` (its __enter__/__exit__ lookups)
         try:
@@ -292,6 +251,8 @@ class Producer:
             self._buffered += size
             if b.nbytes >= self.batch_size:
                 self._close_batch(b)
+            if unkeyed:
+                self._stick(topic, n, size)
         finally:
             mutex.release()
         f = _new_object(RecordFuture)       # (RecordFuture(b, idx) without an __init__ call)
@@ -357,16 +318,27 @@ class Producer:
         finally:
             self._space_waiters -= 1
 
+    def _stick(self, topic: str, n: int, size: int) -> None:
+        """Caller holds the lock. Unkeyed records stick to one partition until ``batch_size``
+        bytes went to it, then move to another (Kafka's uniform sticky partitioner, KIP-794):
+        while a request to it is in flight they gather in its next batch, so batches grow
+        with load even though a batch of an idle partition leaves at once."""
+        left = self._sticky_left.get(topic, self.batch_size) - size
+        if left > 0:
+            self._sticky_left[topic] = left
+            return
+        self._sticky_left[topic] = self.batch_size
+        self._sticky_open.pop(topic, None)
+        cur = self._sticky.get(topic)
+        if cur is not None and n > 1:
+            self._sticky[topic] = (cur + 1 + self._rng.randrange(n - 1)) % n
+
     def _close_batch(self, b: _Batch) -> None:
-        """Caller holds the lock. Unkeyed records stick to one partition until its batch
-        closes (full, or lingered), then move to another (Kafka's sticky partitioner)."""
+        """Caller holds the lock."""
         if self._open.get(b.tp) is b:
             del self._open[b.tp]
             if self._sticky_open.get(b.topic) is b:
                 del self._sticky_open[b.topic]   # (send checks ``closed`` anyway; this frees it)
-            n = self._partitions.get(b.topic, 1)
-            if self._sticky.get(b.topic) == b.partition and n > 1:
-                self._sticky[b.topic] = (b.partition + 1 + self._rng.randrange(n - 1)) % n
         b.closed = True
         b.count = len(b.values)
         self._ready.append(b)
@@ -382,6 +354,20 @@ class Producer:
                 self._wake_tx.send(b"", zmq.NOBLOCK)
             except zmq.ZMQError:
                 pass
+
+    def connect(self, topics, timeout: float | None = 10.0) -> None:
+        """Learn ``topics``' (a name or a list) leaders and connect to them now, in the I/O
+        thread, so the first send pays for neither a metadata request nor a handshake (they
+        happen lazily otherwise, as in Kafka's producer). MeshError if that fails."""
+        req = [[topics] if isinstance(topics, str) else list(topics), threading.Event(), None]
+        with self._mutex:
+            self._check_open()
+            self._connects.append(req)
+            self._wake()
+        if not req[1].wait(timeout):
+            raise MeshError(ErrorCode.TIMEOUT, f"no connection to the leaders of {req[0]} within {timeout} s")
+        if req[2] is not None:
+            raise req[2]
 
     def flush(self, timeout: float | None = None) -> None:
         """Send everything queued and wait until each has an answer (success or failure)."""
@@ -460,11 +446,22 @@ class Producer:
                     next_linger = None
                 self._pending = False
                 ready = self._ready or ()
+                connects, self._connects = self._connects, []
                 if ready:
                     self._ready = collections.deque()
                 closing = self._closed
             for b in ready:
                 seq.append(b.tp, b)
+            for req in connects:   # connect(): metadata, then a socket to every leader
+                try:
+                    io_cluster.refresh(req[0])
+                    for t in req[0]:
+                        for p in range(len(io_cluster.topic(t, refresh=False)["partitions"])):
+                            if (addr := io_cluster.leader_address(t, p)) is not None:
+                                transport.connect(addr)
+                except MeshError as exc:
+                    req[2] = exc
+                req[1].set()
             if need_refresh and now >= next_refresh:
                 need_refresh = False
                 next_refresh = now + _REFRESH_EVERY_S

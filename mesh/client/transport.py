@@ -383,6 +383,10 @@ class Transport:
             raise MeshError(resp.error, resp.message, leader=resp.leader)
         return resp, p
 
+    def connect(self, addr: str) -> None:
+        """Open the connection to ``addr`` now (sends open it lazily otherwise)."""
+        self._sock(addr)
+
     def forget(self, addr: str, linger_ms: int = 0) -> None:
         """Drop the socket to ``addr`` (e.g. after a timeout) so the next send reconnects."""
         s = self._socks.pop(addr, None)

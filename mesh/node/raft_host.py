@@ -398,6 +398,17 @@ class ReplicaHost:
             self._send_early()
         return self.answer_committed() if self.early_acks else set()
 
+    def send_early_appends(self) -> None:
+        """Right after the drain (the turn's other steps and its sync still to come): the
+        appends of what the drain staged as leader leave now, under the same rule as in
+        ``before_commit`` (only from a durable leader of a durable term)."""
+        if self.early_appends and self._appended:
+            try:
+                self.apply(self.core.flush())
+            except Exception as exc:   # the core may be half-updated: fail the turn (rebuilt from disk)
+                raise LogError(f"replication flush after the drain failed: {exc!r}") from exc
+            self._send_early()
+
     def answer_committed(self) -> set[int]:
         """Answer the acks=all waiters whose batch the commit offset now passes; returns the
         partitions whose commit offset moved since the last call.

@@ -74,7 +74,7 @@ _FIELDS: dict[type, tuple[str, ...]] = {}    # field names, per message class, i
 _CHECKS: dict[type, tuple[Callable[[list], int], tuple[str, ...]]] = {}  # (check, type names)
 _GETTERS: dict[type, Callable[[Any], tuple]] = {}
 _REQUIRED: dict[type, int] = {}              # fields without a default, per message class
-_UNPACKERS: dict[DecodeLimits, Callable[[bytes], Any]] = {}   # unpackb with the limits bound, once per limits
+_UNPACKERS: dict[int, tuple[DecodeLimits, Callable[[bytes], Any]]] = {}   # id -> (limits, unpackb bound to them)
 _unpack_unbounded = functools.partial(msgpack.unpackb, raw=False, use_list=True, strict_map_key=False)
 # A payload frame at least this big is sent without copying (pyzmq tracks it and frees it in
 # its garbage-collector thread, which wakes and takes the GIL once per frame); smaller ones
@@ -184,13 +184,13 @@ def decode_body(op: bytes, body: bytes, limits: DecodeLimits | None = None) -> A
             if limits.max_body_bytes and len(body) > limits.max_body_bytes:
                 raise MeshError(ErrorCode.MESSAGE_TOO_LARGE,
                                 f"{cls.__name__}: body of {len(body)} bytes; at most {limits.max_body_bytes}")
-            unpackb = _UNPACKERS.get(limits)
-            if unpackb is None:
+            got = _UNPACKERS.get(id(limits))   # by identity: a dataclass hash costs a Python call
+            if got is None or got[0] is not limits:
                 if len(_UNPACKERS) >= 64:
                     _UNPACKERS.clear()
-                unpackb = _UNPACKERS[limits] = functools.partial(
-                    msgpack.unpackb, raw=False, use_list=True, strict_map_key=False, **limits.unpack_kwargs())
-            values = unpackb(body)
+                got = _UNPACKERS[id(limits)] = (limits, functools.partial(
+                    msgpack.unpackb, raw=False, use_list=True, strict_map_key=False, **limits.unpack_kwargs()))
+            values = got[1](body)
     except MeshError:
         raise
     except Exception as exc:  # msgpack raises several types for bad input (and limits)

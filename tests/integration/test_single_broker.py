@@ -1,5 +1,6 @@
 """One real broker process: the foundation's promises, end to end."""
 import collections
+import itertools
 import json
 import os
 import subprocess
@@ -121,6 +122,28 @@ def test_unknown_topic_and_partition(broker):
         Producer(broker.address).send("nope", b"x")
     assert e.value.code == ErrorCode.UNKNOWN_TOPIC
     t.close()
+
+
+def test_producer_connects_up_front(broker):
+    with Admin(broker.address) as a:
+        a.create_topic("warm", partitions=2)
+    with Producer(broker.address) as p:
+        with pytest.raises(MeshError) as e:
+            p.connect(["warm", "nope"], timeout=10)
+        assert e.value.code == ErrorCode.UNKNOWN_TOPIC
+        p.connect("warm", timeout=10)   # metadata and the leader's socket, before any send
+        assert p.send("warm", b"x", partition=1).get(10).offset == 0
+
+
+def test_unkeyed_records_stick_to_a_partition_for_batch_size_bytes(broker):
+    """Kafka's uniform sticky partitioner: a blocking send leaves at once (its partition is
+    idle), yet the next records stay on that partition until batch_size bytes went there."""
+    with Admin(broker.address) as a:
+        a.create_topic("sticky", partitions=4)
+    with Producer(broker.address, batch_size=1000) as p:
+        parts = [p.send("sticky", b"v" * 92).get(10).partition for _ in range(60)]   # 100 B each
+    runs = [len(list(g)) for _, g in itertools.groupby(parts)]
+    assert len(set(parts)) > 1 and all(r == 10 for r in runs[:-1]), runs
 
 
 def test_oversized_records_are_refused_with_a_clear_error(broker):

@@ -268,6 +268,7 @@ class NodeSim(NodeClients, NodeChecks):
             else:
                 self._client_in(b, src, frames)
         b.data.answer_committed()   # what the drain's commit advances allow (mesh.node.loop, step 2)
+        b.host.send_early_appends()   # the drain's leader appends leave before the turn's steps
         b.host.tick_due()
         if b.crash_in_turn:
             self._crash(b, mid_turn=True)   # before the commit: the turn's writes and sends vanish
