@@ -85,19 +85,17 @@ class BatchFuture:
         self._call(fn)
 
     def set_result(self, result) -> None:
-        with _state_lock:
-            self._result = result
-            w, cbs = self._waiter, self._callbacks
-            self._waiter = self._callbacks = None
-        if w is not None:
-            w.release()
-        if cbs:
-            for fn in cbs:
-                self._call(fn)
+        self._complete(result, None)
 
     def set_exception(self, exc: BaseException) -> None:
+        self._complete(_PENDING, exc)
+
+    def _complete(self, result, exc: BaseException | None) -> None:
         with _state_lock:
-            self._exc = exc
+            if exc is None:
+                self._result = result
+            else:
+                self._exc = exc
             w, cbs = self._waiter, self._callbacks
             self._waiter = self._callbacks = None
         if w is not None:
