@@ -19,7 +19,7 @@ from typing import Any
 
 from mesh.gossip.checks import EntryCheck
 from mesh.gossip.rows import (BUCKETS, DELTA_FIELDS, ENTRY_FIELDS, ENTRY_OVERHEAD, MAX_COUNTER, MAX_GENERATION,
-                              MAX_KEY_CHARS, MAX_NAME_CHARS, REGISTER_FIELDS, ROW_FIELDS, Delta, Row, size_of)
+                              MAX_HEARTBEAT, MAX_KEY_CHARS, MAX_NAME_CHARS, REGISTER_FIELDS, ROW_FIELDS, Delta, Row, size_of)
 
 __all__ = ["Malformed", "MALFORMED_KINDS", "parse_rows", "parse_buckets", "parse_deltas", "parse_registers",
            "parse_gc_clock"]
@@ -70,7 +70,7 @@ def parse_rows(digest: Any, limit: int) -> dict[str, Row]:
     if rows:
         ids, gens, hbs, mvs, gcs, addrs, _ = zip(*rows)
         if min(min(gens), min(hbs), min(mvs), min(gcs)) < 0 or max(gens) >= MAX_GENERATION \
-                or max(max(hbs), max(mvs), max(gcs)) > MAX_COUNTER:
+                or max(hbs) >= MAX_HEARTBEAT or max(max(mvs), max(gcs)) > MAX_COUNTER:
             raise Malformed("digest: a generation, heartbeat or version out of range", "bounds")
         if not (_names_ok(ids) and _names_ok(addrs)):
             raise Malformed(f"digest: node ids and addresses are 1..{MAX_NAME_CHARS} characters", "bounds")

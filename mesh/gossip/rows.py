@@ -110,6 +110,7 @@ MAX_KEY_CHARS = 1024
 MAX_NAME_CHARS = 255        # a node id, an address, a register's writer
 MAX_COUNTER = 2 ** 53 - 1   # heartbeats, versions, stamps: exact in every msgpack reader (R8)
 MAX_GENERATION = 2 ** 48    # a generation this high is forged: refused in rows, deltas, snapshots (R2)
+MAX_HEARTBEAT = 2 ** 48     # no life beats this often (5 a second: 1.8 million years): forged, refused in rows
 _MAX_DEPTH = 32
 
 

@@ -111,6 +111,7 @@ def test_a_kill_of_a_stamp_younger_than_the_tombstone_horizon_is_refused():
     ["x", MAX_GENERATION, 1, 0, 0, "addr-x", False],
     ["x", 2 ** 62, 1, 0, 0, "127.0.0.1:9", False],
     ["x", 1, MAX_COUNTER + 1, 0, 0, "addr-x", False],
+    ["x", 1, 2 ** 48, 0, 0, "addr-x", False],   # a heartbeat no life reaches (a forged view of a real node)
     ["x", 1, 1, 2 ** 60, 0, "addr-x", False],
     ["x", 1, 1, 0, -1, "addr-x", False],
     ["", 1, 1, 0, 0, "addr-x", False],
