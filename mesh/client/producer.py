@@ -217,10 +217,9 @@ class Producer:
                 self._check_open()
             if self._buffered + size > self.buffer_memory and self._buffered > 0:
                 self._wait_for_space(size)
-            b = self._sticky_open.get(topic) if partition is None else None
+            b = self._sticky_open.get(topic) if unkeyed else None
             if b is None or b.closed:       # not the sticky partition's open batch (see _close_batch)
-                sticky = partition is None
-                if sticky:  # fill one partition's batch, then move on
+                if unkeyed:  # stick to one partition (``_stick``)
                     partition = self._sticky.get(topic)
                     if partition is None:
                         partition = self._sticky[topic] = self._rng.randrange(n)
@@ -230,7 +229,7 @@ class Producer:
                     b = self._open[tp] = _Batch(topic, partition, time.monotonic(), self.delivery_s)
                     self._unfinished.add(b)
                     self._wake()  # the I/O thread sends it at once if its partition is idle, else lingers
-                if sticky:
+                if unkeyed:
                     self._sticky_open[topic] = b
             idx = len(b.values)
             b.values.append(value)
@@ -289,9 +288,7 @@ class Producer:
             self._buffered += nbytes
             self._unfinished.add(b)
             self._ready.append(b)                   # closed already: never in _open
-            self._pending = True
-            if not self._woken:
-                self._wake()
+            self._wake()
         finally:
             mutex.release()
         return b.future

@@ -52,7 +52,7 @@ from zmq.utils.monitor import parse_monitor_message
 from mesh.security.creds import Creds, load_creds
 from mesh.wire.errors import ErrorCode, MeshError
 from mesh.wire.messages import ErrorResponse
-from mesh.wire.codec import PROTOCOL_CLIENT, ZERO_COPY_MIN_BYTES, pack, unpack
+from mesh.wire.codec import PROTOCOL_CLIENT, ZERO_COPY_MIN_BYTES, encode_body, unpack
 from mesh.wire.frames import recv_frames, send_frames
 
 _MONITOR_IDS = itertools.count(1)  # process-wide: inproc names are per context
@@ -240,14 +240,7 @@ class Transport:
 
     # -- requests ---------------------------------------------------------------------------
     def send(self, addr: str, msg, payload: bytes | None = None) -> int:
-        rid = next(self._ids)
-        frames = pack(PROTOCOL_CLIENT, rid, msg, payload)
-        try:
-            send_frames(self._socks.get(addr) or self._sock(addr), frames,
-                        copy=payload is None or len(payload) < ZERO_COPY_MIN_BYTES)
-        except zmq.Again:
-            pass  # queue full: the caller's deadline turns this into a timeout and a retry
-        return rid
+        return self.send_encoded(addr, type(msg).OP, encode_body(msg), payload)
 
     def send_encoded(self, addr: str, op: bytes, body: bytes, payload: bytes | None = None) -> int:
         """``send`` of a message encoded beforehand (``type(msg).OP``, ``encode_body(msg)``):

@@ -77,11 +77,8 @@ class ProducerStates:
         self._cache: dict[tuple[int, int], list[list[int]]] = {}
         self._undo: dict[tuple[int, int], list[list[int]] | None] = {}
         self._dirty: dict[tuple[int, int], list[list[int]]] = {}   # staged, written by flush()
-        hooks = getattr(store, "pre_commit", None)
-        self._deferred = hooks is not None
-        if hooks is not None:
-            hooks.append(self.flush)
-            store.on_rollback.append(self.rollback)
+        store.pre_commit.append(self.flush)
+        store.on_rollback.append(self.rollback)
 
     def _get(self, pid: int, producer_id: int) -> list[list[int]]:
         key = (pid, producer_id)
@@ -179,10 +176,7 @@ class ProducerStates:
         st.append([first, first + h.record_count - 1, base_offset])
         if len(st) > RECENT_BATCHES:
             del st[:-RECENT_BATCHES]
-        if self._deferred:
-            self._dirty[key] = st
-        else:
-            self._put(pid, producer_id, st)
+        self._dirty[key] = st
 
     def stage_replicated(self, pid: int, batches) -> None:
         """A follower's append: learn sequences from the batch headers (already offset)."""

@@ -5,7 +5,8 @@ Per loop turn:
 - every ``Ready`` the core returns is applied at once to the turn's write transaction
   (log appends/truncations/resets, producer-state updates, the persisted Raft state), and
   its messages, commit advances and leadership changes are *held*;
-- right before the turn's sync (``before_commit``): ``flush()``, and the leader's appends
+- right after the drain (``send_early_appends``, when it staged leader appends) and again
+  right before the turn's sync (``before_commit``): ``flush()``, and the leader's appends
   leave at once (``early_appends``, on by default): followers store and sync the batches
   while the leader syncs its own copy. The reader serves the batches staged this turn as
   leader from memory (``StoreReader.tail``). Only ``ReplAppend`` messages leave early,
@@ -392,23 +393,26 @@ class ReplicaHost:
             self._lazy = {}
         if self.early_appends:
             try:
-                self.apply(self.core.flush())
-            except Exception as exc:   # the core may be half-updated: fail the turn (rebuilt from disk)
+                self._flush_early("before the sync")
+            except LogError:
                 self.store.rollback()
-                raise LogError(f"replication flush before the sync failed: {exc!r}") from exc
-            self._send_early()
+                raise
         return self.answer_committed() if self.early_acks else set()
 
     def send_early_appends(self) -> None:
         """Right after the drain (the turn's other steps and its sync still to come): the
         appends of what the drain staged as leader leave now, under the same rule as in
-        ``before_commit`` (only from a durable leader of a durable term)."""
+        ``before_commit`` (a LogError dooms the turn: the node rolls it back at its commit)."""
         if self.early_appends and self._appended:
-            try:
-                self.apply(self.core.flush())
-            except Exception as exc:   # the core may be half-updated: fail the turn (rebuilt from disk)
-                raise LogError(f"replication flush after the drain failed: {exc!r}") from exc
-            self._send_early()
+            self._flush_early("after the drain")
+
+    def _flush_early(self, when: str) -> None:
+        """``flush()`` into the turn, then send the held appends that may leave early."""
+        try:
+            self.apply(self.core.flush())
+        except Exception as exc:   # the core may be half-updated: fail the turn (rebuilt from disk)
+            raise LogError(f"replication flush {when} failed: {exc!r}") from exc
+        self._send_early()
 
     def answer_committed(self) -> set[int]:
         """Answer the acks=all waiters whose batch the commit offset now passes; returns the

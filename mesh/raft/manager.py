@@ -157,8 +157,8 @@ One loop turn of the node (single-threaded), for this core:
 5. Call ``flush()`` once: it sends new data to followers, coalesced per peer, reading it
    through the ``LogReader``; its Ready holds messages only. (Calling it before step 4 is
    also correct; data the reader cannot see yet then goes out on the next flush.)
-   The one exception to "persist first, then send": the shell may also ``flush()`` just
-   before the fsync, with a reader that serves what it staged this turn as leader, and
+   The one exception to "persist first, then send": the shell may also ``flush()`` before
+   the fsync (after the drain, before it), with a reader serving what it staged as leader, and
    send the held ``ReplAppend`` messages at once (the leader syncs while its followers
    do), unless a partition they name had a ``persist`` other than a commit-only change, or
    a log op, this turn. Nothing else leaves early. Safe: the leader's own data counts
