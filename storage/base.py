@@ -192,17 +192,28 @@ class StoreBase:
     def stage_replica_append(self, pid: int, batches: bytes, verified: bool = False) -> int:
         """Stage batches that already carry their offsets (a follower's append); returns the
         new end. The batches must start at the current end. ``verified``: the caller already
-        checked every batch's CRC (``mesh.node.raft_host.check_append_payload``), so it is
-        not computed again."""
+        checked every batch's CRC, so it is not computed again."""
         from mesh.wire.records import iter_batches
-        self._save_undo(pid)
-        st = self._parts.setdefault(pid, [0, 0, 0])
-        for h, mv in iter_batches(batches, verify_crc=not verified):
-            if h.base_offset != st[1]:
-                raise LogError(f"replica append at {h.base_offset} but log end is {st[1]}")
-            self._put_batch(pid, h.base_offset, bytes(mv))
-            st[1] = h.next_offset
-            st[2] += len(mv)
+        return self.stage_replica_batches(pid, [(h, bytes(mv)) for h, mv in
+                                                iter_batches(batches, verify_crc=not verified)])
+
+    def stage_replica_batches(self, pid: int, batches: list) -> int:
+        """``stage_replica_append`` of batches walked and checked already (CRC included):
+        ``[(header, batch bytes), ...]`` (``mesh.node.raft_store.check_append_payload``)."""
+        undo = self._undo
+        if undo is None or pid not in undo:
+            self._save_undo(pid)
+        st = self._parts.get(pid)
+        if st is None:
+            st = self._parts[pid] = [0, 0, 0]
+        put = self._put_batch
+        for h, raw in batches:
+            base = h.base_offset
+            if base != st[1]:
+                raise LogError(f"replica append at {base} but log end is {st[1]}")
+            put(pid, base, raw)
+            st[1] = base + h.record_count
+            st[2] += len(raw)
         return st[1]
 
     def stage_truncate(self, pid: int, offset: int) -> None:

@@ -48,6 +48,7 @@ from mesh.client.cluster import ClusterView
 from mesh.client.future import BatchFuture, RecordFuture, RecordMetadata
 from mesh.client.sequencer import RETRY, RetryPolicy, SeqBatch, Sequencer
 from mesh.client.transport import Transport
+from mesh.client.waker import waker as _waker
 from mesh.security.creds import load_creds
 from mesh.wire.codec import encode_body
 from mesh.wire.errors import ErrorCode, MeshError
@@ -156,12 +157,9 @@ class Producer:
         self._rng = random.Random()
         # I/O side
         self._io_error: BaseException | None = None
-        self._wake_addr = f"inproc://mesh-producer-{id(self)}-{_new_producer_id()}"
+        self._finished: list = []      # Done rows finished, their futures not yet completed (_complete)
         self._ctx = ctx = context if context is not None else zmq.Context.instance()   # see Transport
-        self._wake_rx = ctx.socket(zmq.PAIR)
-        self._wake_rx.bind(self._wake_addr)
-        self._wake_tx = ctx.socket(zmq.PAIR)
-        self._wake_tx.connect(self._wake_addr)
+        self._wake_fd, self._wake_send, self._wake_drain, self._wake_close = _waker()
         # wake-ups (``_wake``): the I/O thread clears ``_woken`` only just before it blocks in
         # its poll, with nothing ``_pending``; a user thread sends a wake-up only then
         self._woken = False
@@ -343,14 +341,12 @@ class Producer:
 
     def _wake(self) -> None:
         """Caller holds the lock: something new for the I/O thread. A wake-up message goes
-        only if it sleeps (or is about to) in its poll; else it sees ``_pending`` first."""
+        (one eventfd write) only if it sleeps (or is about to) in its poll; else it sees
+        ``_pending`` first."""
         self._pending = True
         if not self._woken:
             self._woken = True
-            try:
-                self._wake_tx.send(b"", zmq.NOBLOCK)
-            except zmq.ZMQError:
-                pass
+            self._wake_send()
 
     def connect(self, topics, timeout: float | None = 10.0) -> None:
         """Learn ``topics``' (a name or a list) leaders and connect to them now, in the I/O
@@ -372,6 +368,7 @@ class Producer:
             for b in list(self._open.values()):
                 self._close_batch(b)
             pending = list(self._unfinished)
+            pending += [d.batch for d in self._finished]   # finished, futures not completed yet
         deadline = None if timeout is None else time.monotonic() + timeout
         for b in pending:
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
@@ -390,7 +387,6 @@ class Producer:
                 self._closed = True
                 self._wake()
             self._thread.join(5)
-            self._wake_tx.close(linger=0)
             self._meta_transport.close()
 
     def __enter__(self):
@@ -404,6 +400,8 @@ class Producer:
         try:
             self._io_loop()
         except BaseException as exc:  # surface to users instead of hanging them
+            self._close_waker()
+            self._complete()
             refused = isinstance(exc, MeshError) and exc.code == ErrorCode.UNAUTHORIZED  # creds refused
             if not refused:
                 log.exception("producer I/O thread failed")
@@ -417,7 +415,7 @@ class Producer:
     def _io_loop(self) -> None:
         transport = Transport(context=self._ctx, creds=self._creds)
         io_cluster = ClusterView(transport, self._bootstrap)
-        transport.add_wakeup(self._wake_rx)
+        transport.add_wakeup(self._wake_fd, self._wake_drain)
         policy = RetryPolicy(max_in_flight=self.max_in_flight, retries=self.retries,
                              backoff_ms=self.backoff_s * 1000, backoff_max_ms=self.backoff_max_s * 1000,
                              jitter=0.2)
@@ -428,8 +426,8 @@ class Producer:
         next_refresh = next_expire_ms = 0.0
         heads: dict[tuple, tuple[bytes, bytes]] = {}   # tp -> its ProduceRequest (op, body), encoded once
         acks, linger_s, mutex, leader_of = self.acks, self.linger_s, self._mutex, io_cluster.leader_of
+        now = time.monotonic()
         while True:
-            now = time.monotonic()
             # collect closed batches and lingered open ones
             with mutex:
                 self._woken = True    # awake: user threads need not wake us (see _wake)
@@ -492,6 +490,14 @@ class Producer:
                         head = heads[tp] = (type(msg).OP, encode_body(msg))
                     rid = transport.send_encoded(addr, head[0], head[1], b.payload)
                     seq.sent(tp, b, rid if acks != 0 else None, now_ms, addr)
+            # requests to a broker whose connection dropped, or that timed out: retriable
+            # (after the sends: a wake-up's batch leaves first)
+            gone = transport.take_disconnected()
+            if gone or now_ms >= next_expire_ms:
+                next_expire_ms = now_ms + _EXPIRE_EVERY_MS
+                for (topic, partition), b, err in seq.expire(now_ms, timeout_ms, gone):
+                    need_refresh = True
+                    log.debug("retrying %s/%d after %s", topic, partition, err)
             self._finish_done(seq)
             if closing and not seq.busy() and not self._unfinished:
                 break
@@ -509,8 +515,11 @@ class Producer:
                         wait_ms = 0   # something came since the collection: look at it first
                     else:
                         self._woken = False   # about to block: a user thread must wake us
+            if self._finished:
+                self._complete()   # last before blocking: a waiting user thread gets the GIL at once
             responses = transport.poll(wait_ms)
-            now_ms = time.monotonic() * 1000
+            now = time.monotonic()
+            now_ms = now * 1000
             for addr, rid, resp, _ in responses:
                 if resp.__class__ is ProduceResponse:   # (on_reply's rid, error, now_ms, base_offset, message, leader)
                     out = seq.on_reply(rid, resp.error, now_ms, resp.base_offset, resp.message, resp.leader)
@@ -525,24 +534,28 @@ class Producer:
                     io_cluster.set_leader(out.tp[0], out.tp[1], resp.leader)
                 else:
                     need_refresh = True
-            # requests to a broker whose connection dropped, or that timed out: retriable
-            gone = transport.take_disconnected()
-            if gone or now_ms >= next_expire_ms:
-                next_expire_ms = now_ms + _EXPIRE_EVERY_MS
-                for (topic, partition), b, err in seq.expire(now_ms, timeout_ms, gone):
-                    need_refresh = True
-                    log.debug("retrying %s/%d after %s", topic, partition, err)
-            self._finish_done(seq)
+        self._complete()
         transport.close(linger_ms=2000 if self.acks == 0 else 0)  # acks=0: let queued sends leave
-        self._wake_rx.close(linger=0)
+        self._close_waker()
+
+    def _close_waker(self) -> None:
+        """The I/O thread is done: no wake-up goes to its fd any more (``_woken`` stays
+        set), and the fd closes once (never written to after: it could be reused)."""
+        with self._mutex:
+            self._woken = True
+            if self._wake_fd >= 0:
+                self._wake_fd = -1
+                self._wake_close()
 
     def _finish_done(self, seq: Sequencer) -> None:
         """Finish what the sequencer finished: one lock round trip for all of them, a
-        notify only if a user thread waits for buffer space, futures completed outside."""
+        notify only if a user thread waits for buffer space. Their futures complete later,
+        outside the lock (``_complete``, just before the I/O thread blocks: a user thread
+        woken by one needs the GIL, which the I/O thread gives up only when it blocks)."""
         done = seq.take_done()
         if not done:
             return
-        finished = []
+        finished = self._finished
         with self._mutex:
             unfinished = self._unfinished
             for d in done:
@@ -553,11 +566,19 @@ class Producer:
                     finished.append(d)
             if self._space_waiters:
                 self._lock.notify_all()
+
+    def _complete(self) -> None:
+        """Complete the futures ``_finish_done`` finished, in order. (I/O thread only. They
+        leave ``_finished`` only once completed: ``flush`` looks there, under the lock, for
+        batches no longer unfinished whose futures are not yet done.)"""
+        finished = self._finished
         for d in finished:
             if d.error is not None:
                 d.batch.future.set_exception(d.error)
             else:
                 d.batch.future.set_result(d.base_offset)
+        with self._mutex:
+            self._finished = []
 
     def _finish(self, b: _Batch, base: int = -1, exc: BaseException | None = None) -> None:
         with self._lock:

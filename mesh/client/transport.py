@@ -26,8 +26,8 @@ instead of waiting for their timeout. ``is_down`` says whether an address is kno
 have no connection now (do not send there; ask for metadata instead): for a connected
 address it answers from what the monitors said when last read, with no socket call (a
 ``poll`` that waits and every blocking call read the monitors that have events;
-``take_disconnected`` drains them every 20 ms; a ``poll`` that finds answers ready
-skips them, ~1.5 us a socket); a drop not seen yet is reported by a later
+``take_disconnected`` drains them every 20 ms; a ``poll`` that may not wait skips
+them, ~1.5 us a socket); a drop not seen yet is reported by a later
 ``take_disconnected``, so what was sent meanwhile is retried.
 
 Credentials. With ``creds`` (``mesh.security.load_creds``: a path, a ``Creds``, or None for
@@ -106,7 +106,8 @@ class Transport:
         # answers received and not yet taken, in arrival order: rid -> (address, msg, payload)
         self._inbox: dict[int, tuple[str, Any, Any]] = {}
         self._abandoned: collections.OrderedDict[int, None] = collections.OrderedDict()
-        self._wakeup: zmq.Socket | None = None
+        self._wakeup: int | None = None              # add_wakeup's fd, and what drains it
+        self._drain_wakeup = None
         self._monitors: dict[zmq.Socket, str] = {}
         self._monitor_of: dict[zmq.Socket, zmq.Socket] = {}   # DEALER -> its monitor
         self._up: set[str] = set()                   # connection established (handshake done)
@@ -115,11 +116,13 @@ class Transport:
         self._disconnected: set[str] = set()         # to report in take_disconnected
         self._next_drain = 0.0                       # take_disconnected: next explicit monitor drain
 
-    def add_wakeup(self, sock: zmq.Socket) -> None:
-        """Also wake ``poll`` when ``sock`` (an inproc PAIR) becomes readable; drained here."""
-        self._wakeup = sock
-        self._poller.register(sock, zmq.POLLIN)
-        self._hot.register(sock, zmq.POLLIN)
+    def add_wakeup(self, fd: int, drain) -> None:
+        """Also wake ``poll`` when the file descriptor ``fd`` (an eventfd or a pipe's read
+        end: a raw fd in the same ``zmq_poll``, a syscall cheaper on both sides than an
+        inproc socket) becomes readable; ``drain()`` empties it (called here)."""
+        self._wakeup, self._drain_wakeup = fd, drain
+        self._poller.register(fd, zmq.POLLIN)
+        self._hot.register(fd, zmq.POLLIN)
 
     def _sock(self, addr: str) -> zmq.Socket:
         s = self._socks.get(addr)
@@ -274,12 +277,9 @@ class Transport:
 
     def _take_ready(self, ready: list) -> None:
         for sock, _ in ready:
-            if sock is self._wakeup:
-                while sock.get(_EVENTS) & _POLLIN:
-                    try:
-                        sock.recv(zmq.NOBLOCK)
-                    except zmq.Again:
-                        break
+            if sock.__class__ is int:   # (zmq_poll gives a raw fd back as a new int)
+                if sock == self._wakeup:
+                    self._drain_wakeup()
                 continue
             if sock in self._monitors:
                 self._on_monitor(sock)
@@ -306,17 +306,19 @@ class Transport:
 
     def poll(self, timeout_ms: int) -> list[tuple[str, int, Any, Any]]:
         """[(address, request id, response message, payload)]: every answer received and
-        not taken by a blocking call, waiting up to ``timeout_ms`` if there is none.
-        Answers ready now are taken without polling the monitors (each socket polled
-        costs ~1.5 us; they are read by ``take_disconnected`` every 20 ms and by every
-        poll that has to wait)."""
+        not taken by a blocking call, waiting up to ``timeout_ms`` if there is none. A
+        poll that may wait is one ``zmq_poll`` of every socket, monitors included (a
+        first look without waiting cost a second one per wait); one that may not skips
+        the monitors (each socket polled costs ~1.5 us; ``take_disconnected`` reads them
+        every 20 ms)."""
         if self._refused is not None:
             self.check_refused()
-        ready = zmq_poll(self._hot.sockets, 0)
-        if ready:
-            self._take_ready(ready)
-        elif not self._inbox and timeout_ms > 0:
-            self._receive(timeout_ms)
+        if timeout_ms > 0 and not self._inbox:
+            self._take_ready(zmq_poll(self._poller.sockets, timeout_ms))  # (one zmq_poll, not two)
+        else:
+            ready = zmq_poll(self._hot.sockets, 0)
+            if ready:
+                self._take_ready(ready)
         out = [(a, rid, msg, p) for rid, (a, msg, p) in self._inbox.items()]
         self._inbox.clear()
         return out

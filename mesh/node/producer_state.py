@@ -181,7 +181,11 @@ class ProducerStates:
     def stage_replicated(self, pid: int, batches) -> None:
         """A follower's append: learn sequences from the batch headers (already offset)."""
         from mesh.wire.records import iter_batches
-        for h, _ in iter_batches(batches, verify_crc=False):
+        self.stage_replicated_batches(pid, iter_batches(batches, verify_crc=False))
+
+    def stage_replicated_batches(self, pid: int, batches) -> None:
+        """``stage_replicated`` of batches walked already: ``(header, batch bytes)`` pairs."""
+        for h, _ in batches:
             if h.producer_id >= 0:
                 self.stage(pid, h, h.base_offset)
 

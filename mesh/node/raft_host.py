@@ -57,20 +57,21 @@ import struct
 from dataclasses import dataclass
 from typing import Callable
 
-import msgpack
-
 from mesh.wire import messages as m
 from mesh.wire.effects import Send
-from mesh.wire.errors import ErrorCode, MeshError
-from mesh.wire.records import MAGIC, iter_batches, parse_header, patch_batch
+from mesh.wire.errors import ErrorCode
+from mesh.wire.records import iter_batches, patch_batch
 from mesh.raft import (
     PEER_MESSAGES, Append, PersistState, Ready, ReplAppend, ReplicaManager, ReplicationConfig, ResetLog, Truncate,
 )
-from mesh.raft.membership import Config, config_from_wire, config_to_wire
+from mesh.raft.log import NO_READY
+from mesh.raft.membership import Config
 from mesh.raft.messages import parse_rows
+from mesh.raft.outbox import split_payload
 from mesh.node.clock import now_ms as _monotonic_ms
 from mesh.node.producer_state import ProducerStates
-from storage.base import CorruptBatch, LogError, StoreBase
+from mesh.node.raft_store import StoreReader, check_append_payload, pack_state, unpack_state
+from storage.base import LogError, StoreBase
 
 __all__ = ["ReplicaHost", "StoreReader", "REPLICATION_MESSAGES", "pack_state", "unpack_state",
            "check_append_payload"]
@@ -80,87 +81,6 @@ _STATE_KEY = struct.Struct(">Q")
 
 
 REPLICATION_MESSAGES: tuple[type, ...] = PEER_MESSAGES  # what the node loop routes to ``step``
-
-
-def check_append_payload(msg: ReplAppend, payload: bytes | None, max_replicas: int = 9) -> None:
-    """MeshError unless every row of ``msg`` carries whole, intact batches from its
-    ``prev_offset`` to its ``end_offset``, all of its ``batch_epoch`` (see the module doc)."""
-    rows = parse_rows(msg, max_replicas)
-    view, at = memoryview(payload or b""), 0
-    for r in rows:
-        chunk, at = view[at:at + r.payload_bytes], at + r.payload_bytes
-        if r.end_offset == r.prev_offset:
-            continue
-        expect = r.prev_offset
-        for h, _ in iter_batches(chunk):
-            if (h.base_offset != expect or h.record_count < 1 or h.leader_epoch != r.batch_epoch
-                    or h.magic != MAGIC):
-                raise MeshError(ErrorCode.INVALID_REQUEST,
-                                f"REPL_APPEND row for partition {r.pid}: batch at {h.base_offset} (epoch "
-                                f"{h.leader_epoch}, {h.record_count} records) where {expect} of epoch "
-                                f"{r.batch_epoch} was due")
-            expect = h.next_offset
-        if expect != r.end_offset:
-            raise MeshError(ErrorCode.INVALID_REQUEST, f"REPL_APPEND row for partition {r.pid}: batches end at "
-                            f"{expect}, the row says {r.end_offset}")
-
-
-def pack_state(st: PersistState) -> bytes:
-    """The ``repl`` row of a partition: [term, vote, commit, epoch cache, recovering,
-    config history [[offset, version, term, voters, learners], ...]]."""
-    return msgpack.packb([st.term, st.vote, st.commit, [list(e) for e in st.epoch_cache], int(st.recovering),
-                          [config_to_wire(o, c) for o, c in st.configs]])
-
-
-def unpack_state(pid: int, raw: bytes) -> PersistState:
-    fields = msgpack.unpackb(raw, raw=False)
-    term, vote, commit, cache = fields[:4]
-    recovering = bool(fields[4]) if len(fields) > 4 else False  # rows written before issue 17
-    # rows written before issue 14 have no history: the partition's initial config (add's replicas)
-    configs = tuple(config_from_wire(m, 1 << 10) for m in fields[5]) if len(fields) > 5 else ()
-    return PersistState(pid, term, vote, commit, tuple(tuple(e) for e in cache), recovering, configs)
-
-
-class StoreReader:
-    """The core's ``LogReader`` over the store: committed batches, plus the batches this
-    turn staged as leader (``tail``: pid -> [(base, next offset, batch as stored)],
-    contiguous from the durable log end), so appends can leave before the turn's sync.
-    A batch that fails its CRC is not replicated."""
-
-    def __init__(self, store: StoreBase) -> None:
-        self.store = store
-        self.tail: dict[int, list[tuple[int, int, bytes]]] = {}
-
-    def _read_tail(self, tail: list, from_offset: int, to_offset: int, max_bytes: int) -> tuple[bytes, int]:
-        out, end, size = [], from_offset, 0
-        for base, nxt, batch in tail:
-            if nxt <= from_offset:
-                continue
-            if base != end or nxt > to_offset or (out and size + len(batch) > max_bytes):
-                break   # (a read always starts at a batch boundary: base == from_offset first)
-            out.append(batch)
-            size += len(batch)
-            end = nxt
-        return b"".join(out), end
-
-    def read(self, pid: int, from_offset: int, to_offset: int, max_bytes: int) -> tuple[bytes, int]:
-        tail = self.tail.get(pid)
-        if tail and from_offset >= tail[0][0]:
-            return self._read_tail(tail, from_offset, to_offset, max_bytes)
-        try:
-            chunks = self.store.read(pid, from_offset, max_bytes, to_offset)
-        except CorruptBatch:  # logged once and reported to the core by the store (note_corrupt)
-            return b"", from_offset
-        if not chunks:
-            return b"", from_offset
-        first, last = parse_header(chunks[0]), parse_header(chunks[-1])
-        if first.base_offset != from_offset:
-            log.error("partition %d: read at %d found a batch starting at %d", pid, from_offset, first.base_offset)
-            return b"", from_offset
-        return b"".join(chunks), last.base_offset + last.record_count
-
-    def start_offset(self, pid: int) -> int:
-        return self.store.log_start(pid)
 
 
 @dataclass
@@ -218,6 +138,8 @@ class ReplicaHost:
         self._lazy: dict[int, PersistState] = {}
         self._next_lazy_flush_ms = 0
         self._logged: set[tuple[str, str]] = set()  # (peer, reason shape) refusals logged once
+        self._refused_seen = 0   # the core's refused_rows when its refusals were last taken
+        self._walked: dict | None = None   # within step: id(chunk) -> (chunk, its batches, checked)
         self.reply: Callable[[bytes, int, object], None] | None = None  # set by the node: reply(ident, rid, msg)
         self.address_of: Callable[[str], str | None] = lambda node_id: None  # set by the node: leader hints
 
@@ -330,16 +252,19 @@ class ReplicaHost:
     # -- inputs -------------------------------------------------------------------------
     def apply(self, ready: Ready) -> None:
         """Carry out a Ready's storage effects in the turn's transaction; hold the rest."""
-        if not (ready.log_ops or ready.persist or ready.messages or ready.committed or ready.leadership
-                or ready.configs):
+        if ready is NO_READY or not (ready.log_ops or ready.persist or ready.messages or ready.committed
+                                     or ready.leadership or ready.configs):
             return   # most calls (a flush, a tick with nothing due): nothing to do
         for op in ready.log_ops:
             self.reader.tail.pop(op.pid, None)   # (a leader's log ops: none; never serve around one)
             self._hard.add(op.pid)
-            if isinstance(op, Append):
-                end = self.store.stage_replica_append(op.pid, op.payload, verified=True)   # (step checked it)
+            if isinstance(op, Append):   # its batches as step walked and checked them
+                w = self._walked.get(id(op.payload)) if self._walked else None
+                batches = w[1] if w is not None and w[0] is op.payload else [
+                    (h, bytes(mv)) for h, mv in iter_batches(op.payload, verify_crc=False)]
+                end = self.store.stage_replica_batches(op.pid, batches)
                 assert end == op.end_offset, (op.pid, end, op.end_offset)
-                self.producers.stage_replicated(op.pid, op.payload)
+                self.producers.stage_replicated_batches(op.pid, batches)
             elif isinstance(op, Truncate):
                 self.store.stage_truncate(op.pid, op.to_offset)
                 self.producers.truncate(op.pid, op.to_offset)
@@ -428,7 +353,10 @@ class ReplicaHost:
             return set()
         committed, self._committed = self._committed, {}
         for pid, commit in committed.items():
-            for w in self._waiters.get(pid, ()):
+            waiters = self._waiters.get(pid)
+            if not waiters:
+                continue
+            for w in waiters:
                 if not w.done and w.end <= commit:
                     w.done = True
                     self.reply(w.ident, w.rid, m.ProduceResponse(0, base_offset=w.base,
@@ -443,7 +371,7 @@ class ReplicaHost:
         held, keep = self._held, []
         hard = self._hard
         for e in held:
-            if type(e.msg) is ReplAppend and not any(r.pid in hard for r in e.msg.rows):
+            if type(e.msg) is ReplAppend and (not hard or not any(r.pid in hard for r in e.msg.rows)):
                 self._send(e.dest, e.msg, e.payload)
             else:
                 keep.append(e)
@@ -457,9 +385,19 @@ class ReplicaHost:
     def step(self, src_node: str, msg: object, payload: bytes | None) -> None:
         """One replication message from peer ``src_node``; MeshError (nothing applied) if it
         is malformed. Rows the core refused are logged once per peer and reason."""
-        if type(msg) is ReplAppend and payload:
-            check_append_payload(msg, payload, self.cfg.max_replicas)
-        self.apply(self.core.step(src_node, msg, payload))
+        rows = parse_rows(msg, self.cfg.max_replicas)   # once: the core takes them as they are
+        chunks = None
+        if type(msg) is ReplAppend:
+            walked = check_append_payload(msg, payload, self.cfg.max_replicas, rows) if payload else ()
+            chunks = split_payload(rows, payload or b"")
+            self._walked = {id(c): (c, w) for c, w in zip(chunks, walked) if w}
+        try:
+            self.apply(self.core.step(src_node, msg, payload, rows, chunks))
+        finally:
+            self._walked = None
+        if self.core.refused_rows == self._refused_seen:
+            return
+        self._refused_seen = self.core.refused_rows
         for peer, why in self.core.take_refusals().items():
             key = (peer, re.sub(r"\d+", "#", why)[:80])
             if key not in self._logged and len(self._logged) < 10_000:
@@ -570,7 +508,7 @@ class ReplicaHost:
         self._persisted = {pid: st for pid in self._replicas if (st := self._load_state(pid)) is not None}
         for pid in list(self._waiters):
             self._fail_waiters(pid, ErrorCode.STORAGE_ERROR, "the write could not be made durable")
-        old = self.core
+        old, self._refused_seen = self.core, 0
         self.reader = StoreReader(self.store)
         self.core = ReplicaManager(self.node_id, self.rng, self.cfg, self.reader,
                                    store_id=self.store_id, confirmed=old.confirmed)

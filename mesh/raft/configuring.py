@@ -103,7 +103,7 @@ class Configuring:
 
     def _check_config_commit(self: Partition) -> None:
         c = self.history.latest()
-        if (self.role.value != "leader" or c.version <= self.cfg_commit_version
+        if (c.version <= self.cfg_commit_version or self.role != "leader"
                 or self.commit < self.history.latest_offset()):
             return
         have = 0

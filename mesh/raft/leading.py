@@ -119,9 +119,10 @@ class Leading:
         if self.role != "leader":
             return
         held = [self.synced] if self.node in self.voters else []
+        progress = self.progress
         for v in self.voters:
-            pr = self.progress.get(v)
-            if pr is not None and pr.counted():
+            pr = progress.get(v)
+            if pr is not None and not pr.recovering:   # (Progress.counted)
                 held.append(pr.match)
         commit = committed_offset(held, self.epoch_start, self.quorum)
         if commit is not None:

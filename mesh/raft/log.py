@@ -22,10 +22,16 @@ below it); there is one entry per epoch that appended a retained batch, plus one
 from __future__ import annotations
 
 import bisect
-from dataclasses import dataclass
-from typing import Iterable, Protocol, TypeAlias
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Iterable, Protocol, TypeAlias
 
-__all__ = ["EpochCache", "Append", "Truncate", "ResetLog", "LogOp", "PersistState", "LogReader"]
+if TYPE_CHECKING:
+    from mesh.raft.membership import Config
+    from mesh.wire.effects import Send
+
+__all__ = ["EpochCache", "Append", "Truncate", "ResetLog", "LogOp", "PersistState", "LogReader", "Ready",
+           "NO_READY"]
 
 
 class EpochCache:
@@ -159,6 +165,38 @@ class PersistState:
     epoch_cache: tuple[tuple[int, int], ...]  # ((epoch, start_offset), ...)
     recovering: bool = False  # lost state, refilling: no votes, not counted (kept across restarts)
     configs: tuple = ()       # ((offset, membership.Config), ...): the config history; () = the initial one
+
+
+@dataclass(slots=True)
+class Ready:
+    """What one call into the core asks of the shell (``mesh.raft.manager``, "Shell contract")."""
+    log_ops: list[LogOp] = field(default_factory=list)          # Append | Truncate | ResetLog, in order
+    persist: list[PersistState] = field(default_factory=list)   # one per changed partition
+    messages: list[Send] = field(default_factory=list)          # to peers, after the fsync
+    committed: dict[int, int] = field(default_factory=dict)     # pid -> new commit offset
+    leadership: dict[int, tuple[str | None, int]] = field(default_factory=dict)  # pid -> (leader | None, epoch)
+    configs: dict[int, tuple[Config, bool]] = field(default_factory=dict)  # pid -> (latest config, committed)
+
+    def __bool__(self) -> bool:
+        return bool(self.log_ops or self.persist or self.messages or self.committed or self.leadership
+                    or self.configs)
+
+
+class _EmptyList(list):
+    """An empty list that refuses to change (``NO_READY``'s sequences)."""
+    __slots__ = ()
+
+    def _refuse(self, *args, **kwargs):
+        raise TypeError("NO_READY is shared: it must not be changed")
+
+    append = extend = insert = pop = remove = clear = sort = reverse = __setitem__ = __delitem__ = _refuse
+    __iadd__ = __imul__ = _refuse
+
+
+# The Ready of a call that asks nothing (most flushes and ticks): one shared instance, never
+# to be changed (its lists and maps refuse changes).
+NO_READY = Ready(_EmptyList(), _EmptyList(), _EmptyList(), MappingProxyType({}), MappingProxyType({}),
+                 MappingProxyType({}))
 
 
 class LogReader(Protocol):

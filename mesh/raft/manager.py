@@ -9,7 +9,7 @@ partition replicas of one broker (``mesh.raft.partition.Partition`` each) and is
 sans-I/O: time is ``tick()``, randomness an injected ``random.Random``, storage a
 ``LogReader`` for reads and effects for writes, the network rows in and ``Send`` effects
 out. Modules of ``mesh.raft``: ``messages`` (the peer protocol's rows and messages),
-``log`` (epoch cache, storage effects, the reader protocol), ``config``
+``log`` (epoch cache, storage effects, the ``Ready``, the reader protocol), ``config``
 (``ReplicationConfig``), ``partition`` (one partition's state machine), ``progress`` (the
 leader's view of each follower: probe / replicate, the inflight window), ``quorum``
 (majorities, the commit offset, vote tallies), ``membership`` (configs, their history in
@@ -206,33 +206,16 @@ from __future__ import annotations
 
 import bisect
 import random
-from dataclasses import dataclass, field
 
-from mesh.wire.effects import Send
 from mesh.wire.errors import ErrorCode, MeshError
 from mesh.raft.config import ReplicationConfig
-from mesh.raft.log import EpochCache, LogOp, LogReader, PersistState
+from mesh.raft.log import NO_READY, EpochCache, LogOp, LogReader, PersistState, Ready
 from mesh.raft.membership import Config, History, initial_config
 from mesh.raft.outbox import Outbox, split_payload
 from mesh.raft.partition import Partition, Role
 from mesh.raft.messages import MAX_STORE_ID, PeerRow, ReplAppend, parse_rows
 
 __all__ = ["ReplicaManager", "Ready"]
-
-
-@dataclass(slots=True)
-class Ready:
-    """What one call asks of the shell (see "Shell contract" above)."""
-    log_ops: list[LogOp] = field(default_factory=list)          # Append | Truncate | ResetLog, in order
-    persist: list[PersistState] = field(default_factory=list)   # one per changed partition
-    messages: list[Send] = field(default_factory=list)          # to peers, after the fsync
-    committed: dict[int, int] = field(default_factory=dict)     # pid -> new commit offset
-    leadership: dict[int, tuple[str | None, int]] = field(default_factory=dict)  # pid -> (leader | None, epoch)
-    configs: dict[int, tuple[Config, bool]] = field(default_factory=dict)  # pid -> (latest config, committed)
-
-    def __bool__(self) -> bool:
-        return bool(self.log_ops or self.persist or self.messages or self.committed or self.leadership
-                    or self.configs)
 
 
 class ReplicaManager:
@@ -348,11 +331,14 @@ class ReplicaManager:
         self._send_data()
         return self._ready()
 
-    def step(self, src: str, msg: object, payload: bytes | None = None) -> Ready:
-        """Feed one replication message from peer ``src``."""
-        rows = parse_rows(msg, self.cfg.max_replicas)
-        chunks: list[bytes] | None = None
-        if type(msg) is ReplAppend:
+    def step(self, src: str, msg: object, payload: bytes | None = None, rows: list[PeerRow] | None = None,
+             chunks: list[bytes] | None = None) -> Ready:
+        """Feed one replication message from peer ``src``. ``rows`` (and for an append
+        ``chunks``): what ``parse_rows(msg)`` and ``split_payload(rows, payload)`` returned,
+        when the caller ran them already (the shell does, to check an append's batches)."""
+        if rows is None:
+            rows = parse_rows(msg, self.cfg.max_replicas)
+        if chunks is None and type(msg) is ReplAppend:
             chunks = split_payload(rows, payload or b"")
         if not self._check_identity(src, msg.store, msg.life):
             return self._ready()
@@ -565,10 +551,13 @@ class ReplicaManager:
                     p.send_appends()
 
     def _ready(self) -> Ready:
+        if not (self._log_ops or self._out._rows or self._persist or self._committed or self._leader_dirty
+                or self._cfg_dirty):
+            return NO_READY   # (most flushes and ticks)
         rd = Ready()
         if self._log_ops:
             rd.log_ops, self._log_ops = self._log_ops, []
-        if self._out:
+        if self._out._rows:
             rd.messages = self._out.take(self.store_id, self.life, self.cfg.max_rows_per_message,
                                          self.cfg.max_message_bytes)
         if self._persist:

@@ -49,12 +49,13 @@ class Outbox:
         out: list[Send] = []
         for dest in sorted(self._rows):
             by_type = self._rows[dest]
-            for row_type in ROW_ORDER:
-                rows = by_type.get(row_type)
-                if not rows:
-                    continue
+            for row_type in (by_type if len(by_type) == 1 else [t for t in ROW_ORDER if t in by_type]):
+                rows = by_type[row_type]   # (never empty)
                 msg_type = MESSAGE_OF[row_type]
                 if row_type is not AppendRow:
+                    if len(rows) <= max_rows:
+                        out.append(Send(dest, msg_type(rows, store, life)))
+                        continue
                     for i in range(0, len(rows), max_rows):
                         out.append(Send(dest, msg_type(rows[i:i + max_rows], store, life)))
                     continue

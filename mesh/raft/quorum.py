@@ -26,9 +26,10 @@ def majority(replicas: int) -> int:
 def committed_offset(held: Iterable[int], epoch_start: int, quorum: int) -> int | None:
     """The largest offset at least ``quorum`` of the ``held`` offsets reach, counting only
     offsets at or past ``epoch_start``; None when fewer than ``quorum`` qualify."""
-    eligible = sorted((h for h in held if h >= epoch_start), reverse=True)
+    eligible = [h for h in held if h >= epoch_start]
     if len(eligible) < quorum:
         return None
+    eligible.sort(reverse=True)
     return eligible[quorum - 1]
 
 

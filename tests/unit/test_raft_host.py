@@ -7,9 +7,12 @@ from __future__ import annotations
 
 import random
 
+import pytest
+
 from mesh.node.producer_state import ProducerStates
 from mesh.node.raft_host import REPLICATION_MESSAGES, ReplicaHost
 from mesh.raft import PEER_MESSAGES, ReplicationConfig, Role
+from mesh.raft.log import NO_READY
 from mesh.wire.codec import decode_body, encode_body, op_of
 from mesh.wire.errors import ErrorCode
 from mesh.wire.records import encode_batch
@@ -103,6 +106,10 @@ def test_the_preferred_replica_leads_and_acks_all_is_answered_at_commit():
     c.advance(TICK_MS)  # the next heartbeat tells the followers
     c.deliver()
     assert [c.hosts[nid].commit_offset(PID) for nid in c.ids] == [end] * 3
+    # the shared Ready of calls that ask nothing is never changed by the shell
+    assert not NO_READY and (NO_READY.log_ops, NO_READY.persist, NO_READY.messages) == ([], [], [])
+    with pytest.raises(TypeError):
+        NO_READY.messages.append(None)
 
 
 def test_a_vote_leaves_only_after_the_turn_committed_it():

@@ -225,6 +225,17 @@ def test_a_well_formed_append_payload_passes():
     check_append_payload(_append([AppendRow(1, 2, 3, 2, 6, 2, 0, 3, len(b), 0)], b)[0], b)
 
 
+def test_the_check_returns_each_rows_batches_walked_once():
+    one, two = batch(3, 2), batch(7, 2, n=2) + batch(9, 2)
+    rows = [AppendRow(1, 2, 3, 2, 4, 2, 0, 3, len(one), 0), AppendRow(2, 2, 5, 2, 5, 0, 0, 3, 0, 0),
+            AppendRow(3, 2, 7, 2, 10, 2, 0, 3, len(two), 0)]
+    walked = check_append_payload(_append(rows, one + two)[0], one + two)
+    assert [[(h.base_offset, h.record_count, raw) for h, raw in w] for w in walked] == [
+        [(3, 1, one)], [], [(7, 2, two[:len(batch(7, 2, n=2))]), (9, 1, batch(9, 2))]]
+    (h, raw), = check_append_payload(_append(rows[:1], one)[0], one)[0]
+    assert raw is one   # a lone batch is staged as received, not copied
+
+
 def test_the_term_jump_bound_is_a_config_field():
     assert ReplicationConfig().max_term_jump == 100
     with pytest.raises(MeshError):

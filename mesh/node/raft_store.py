@@ -1,0 +1,123 @@
+"""The replication shell's storage side (used by ``mesh.node.raft_host``, which re-exports
+it): ``check_append_payload``, the check of a follower's incoming batches (walked and
+CRC-checked once; the store and the producer state reuse the walk), the ``repl`` state row
+(``pack_state`` / ``unpack_state``) and ``StoreReader``, the core's ``LogReader`` over the
+store (with the batches the turn staged as leader, so appends can leave before the sync).
+"""
+from __future__ import annotations
+
+import logging
+import zlib
+
+import msgpack
+
+from mesh.wire.errors import ErrorCode, MeshError
+from mesh.wire.records import HEADER_SIZE, MAGIC, BatchHeader, parse_header
+from mesh.raft import PersistState, ReplAppend
+from mesh.raft.membership import config_from_wire, config_to_wire
+from mesh.raft.messages import AppendRow, parse_rows
+from storage.base import CorruptBatch, StoreBase
+
+__all__ = ["check_append_payload", "pack_state", "unpack_state", "StoreReader"]
+
+log = logging.getLogger("mesh.node.raft_host")
+
+
+def check_append_payload(msg: ReplAppend, payload: bytes | None, max_replicas: int = 9,
+                         rows: list[AppendRow] | None = None) -> list[list[tuple[BatchHeader, bytes]]]:
+    """MeshError unless every row of ``msg`` (``rows``: parsed already) carries whole, intact
+    batches from its ``prev_offset`` to its ``end_offset``, all of its ``batch_epoch`` (see
+    the module doc). Returns each row's batches as ``(header, bytes)``: walked and
+    CRC-checked once here, then staged as they are (store and producer state)."""
+    if rows is None:
+        rows = parse_rows(msg, max_replicas)
+    payload = payload or b""
+    view, at, out, crc32 = memoryview(payload), 0, [], zlib.crc32
+    whole = len(payload) if type(payload) is bytes else -1   # a lone batch is staged without a copy
+    for r in rows:
+        chunk, at = view[at:at + r.payload_bytes], at + r.payload_bytes
+        batches: list[tuple[BatchHeader, bytes]] = []
+        out.append(batches)
+        if r.end_offset == r.prev_offset:
+            continue
+        expect, pos, end = r.prev_offset, 0, len(chunk)
+        while pos + HEADER_SIZE <= end:   # (the checks and messages of records.iter_batches)
+            h = parse_header(chunk, pos)
+            stop = pos + HEADER_SIZE + h.payload_length
+            if stop > end:
+                raise MeshError(ErrorCode.CORRUPT_MESSAGE, f"truncated batch at offset {h.base_offset}")
+            if crc32(chunk[pos + 16:stop]) != h.crc:
+                raise MeshError(ErrorCode.CORRUPT_MESSAGE, f"CRC mismatch in batch at offset {h.base_offset}")
+            if (h.base_offset != expect or h.record_count < 1 or h.leader_epoch != r.batch_epoch
+                    or h.magic != MAGIC):
+                raise MeshError(ErrorCode.INVALID_REQUEST,
+                                f"REPL_APPEND row for partition {r.pid}: batch at {h.base_offset} (epoch "
+                                f"{h.leader_epoch}, {h.record_count} records) where {expect} of epoch "
+                                f"{r.batch_epoch} was due")
+            batches.append((h, payload if stop - pos == whole else bytes(chunk[pos:stop])))
+            expect = h.base_offset + h.record_count
+            pos = stop
+        if pos != end:
+            raise MeshError(ErrorCode.CORRUPT_MESSAGE, "trailing bytes after the last batch")
+        if expect != r.end_offset:
+            raise MeshError(ErrorCode.INVALID_REQUEST, f"REPL_APPEND row for partition {r.pid}: batches end at "
+                            f"{expect}, the row says {r.end_offset}")
+    return out
+
+
+def pack_state(st: PersistState) -> bytes:
+    """The ``repl`` row of a partition: [term, vote, commit, epoch cache, recovering,
+    config history [[offset, version, term, voters, learners], ...]]."""
+    return msgpack.packb([st.term, st.vote, st.commit, [list(e) for e in st.epoch_cache], int(st.recovering),
+                          [config_to_wire(o, c) for o, c in st.configs]])
+
+
+def unpack_state(pid: int, raw: bytes) -> PersistState:
+    fields = msgpack.unpackb(raw, raw=False)
+    term, vote, commit, cache = fields[:4]
+    recovering = bool(fields[4]) if len(fields) > 4 else False  # rows written before issue 17
+    # rows written before issue 14 have no history: the partition's initial config (add's replicas)
+    configs = tuple(config_from_wire(m, 1 << 10) for m in fields[5]) if len(fields) > 5 else ()
+    return PersistState(pid, term, vote, commit, tuple(tuple(e) for e in cache), recovering, configs)
+
+
+class StoreReader:
+    """The core's ``LogReader`` over the store: committed batches, plus the batches this
+    turn staged as leader (``tail``: pid -> [(base, next offset, batch as stored)],
+    contiguous from the durable log end), so appends can leave before the turn's sync.
+    A batch that fails its CRC is not replicated."""
+
+    def __init__(self, store: StoreBase) -> None:
+        self.store = store
+        self.tail: dict[int, list[tuple[int, int, bytes]]] = {}
+
+    def _read_tail(self, tail: list, from_offset: int, to_offset: int, max_bytes: int) -> tuple[bytes, int]:
+        out, end, size = [], from_offset, 0
+        for base, nxt, batch in tail:
+            if nxt <= from_offset:
+                continue
+            if base != end or nxt > to_offset or (out and size + len(batch) > max_bytes):
+                break   # (a read always starts at a batch boundary: base == from_offset first)
+            out.append(batch)
+            size += len(batch)
+            end = nxt
+        return b"".join(out), end
+
+    def read(self, pid: int, from_offset: int, to_offset: int, max_bytes: int) -> tuple[bytes, int]:
+        tail = self.tail.get(pid)
+        if tail and from_offset >= tail[0][0]:
+            return self._read_tail(tail, from_offset, to_offset, max_bytes)
+        try:
+            chunks = self.store.read(pid, from_offset, max_bytes, to_offset)
+        except CorruptBatch:  # logged once and reported to the core by the store (note_corrupt)
+            return b"", from_offset
+        if not chunks:
+            return b"", from_offset
+        first, last = parse_header(chunks[0]), parse_header(chunks[-1])
+        if first.base_offset != from_offset:
+            log.error("partition %d: read at %d found a batch starting at %d", pid, from_offset, first.base_offset)
+            return b"", from_offset
+        return b"".join(chunks), last.base_offset + last.record_count
+
+    def start_offset(self, pid: int) -> int:
+        return self.store.log_start(pid)
