@@ -21,6 +21,7 @@ from mesh.wire.records import Record, iter_batches, parse_header, records_from
 __all__ = ["Consumer", "TopicPartition"]
 
 log = logging.getLogger("mesh.consumer")
+_tuple_new = tuple.__new__
 
 
 class Consumer:
@@ -155,12 +156,15 @@ class Consumer:
 
     # -- fetching -----------------------------------------------------------------------
     def _send_fetches(self) -> None:
+        pending = {tp for _, _, offs in self._inflight.values() for tp in offs}
+        if pending and pending.issuperset(self._positions):
+            return  # every assigned partition has a fetch in flight (the common case: poll_batches
+            #         prefetches, then asks again on its next call)
         missing = [tp for tp, off in self._positions.items() if off is None]
         if missing and self._group is not None:
             missing = self._group.initial_positions(missing)   # the group's committed offsets
         if missing:
             self._reset_positions(missing)
-        pending = {tp for _, _, offs in self._inflight.values() for tp in offs}
         by_addr: dict[str, dict] = collections.defaultdict(dict)
         leaderless = False
         leader_of = self.cluster.leader_of   # cached until a refresh or a NOT_LEADER hint
@@ -198,12 +202,14 @@ class Consumer:
         mv = memoryview(payload or b"")
         pos = 0
         refresh = False
+        positions, append = self._positions, self._buffer.append
         for topic, partition, err, hw, log_start, nbytes, leader in resp.parts:
-            tp = TopicPartition(topic, partition)
+            tp = _tuple_new(TopicPartition, (topic, partition))   # (without the NamedTuple's Python __new__)
             chunk = mv[pos:pos + nbytes]
             pos += nbytes
-            if tp not in self._positions or self._positions[tp] != offs.get(tp):
-                continue  # reassigned or sought meanwhile: stale data
+            start = offs.get(tp)
+            if start is None or positions.get(tp) != start:
+                continue  # not asked for, or reassigned or sought meanwhile: stale data
             if err == ErrorCode.OFFSET_OUT_OF_RANGE:
                 if self.auto_offset_reset == "none":
                     raise MeshError(err, f"offset {offs[tp]} out of range [{log_start}, {hw}] for {tp}")
@@ -222,16 +228,14 @@ class Consumer:
             self._high_watermarks[tp] = hw
             if not nbytes:
                 continue
-            start = offs[tp]
             end = start
-            append = self._buffer.append
             for h, batch in iter_batches(chunk):  # headers only: records are decoded in _take
                 nxt = h.base_offset + h.record_count   # (h.next_offset without a property call)
                 if nxt > start:
                     append((topic, partition, batch, start))
                     end = nxt
             if end > start:
-                self._positions[tp] = end
+                positions[tp] = end
         if refresh:
             self.cluster.refresh()
 

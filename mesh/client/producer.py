@@ -45,7 +45,7 @@ import time
 import zmq
 
 from mesh.client.cluster import ClusterView
-from mesh.client.future import BatchFuture, RecordFuture, RecordMetadata
+from mesh.client.future import _PENDING, BatchFuture, RecordFuture, RecordMetadata
 from mesh.client.sequencer import RETRY, RetryPolicy, SeqBatch, Sequencer
 from mesh.client.transport import Transport
 from mesh.client.waker import waker as _waker
@@ -426,6 +426,8 @@ class Producer:
         next_refresh = next_expire_ms = 0.0
         heads: dict[tuple, tuple[bytes, bytes]] = {}   # tp -> its ProduceRequest (op, body), encoded once
         acks, linger_s, mutex, leader_of = self.acks, self.linger_s, self._mutex, io_cluster.leader_of
+        next_rid, send_encoded = transport.next_rid, transport.send_encoded
+        burst: list = []
         now = time.monotonic()
         while True:
             # collect closed batches and lingered open ones
@@ -465,7 +467,8 @@ class Producer:
                 except MeshError as exc:
                     log.debug("metadata refresh failed: %s", exc)
                 now = time.monotonic()
-            # send what may be sent
+            # send what may be sent: decide and encode all, then hand them to ZeroMQ back to back
+            # (``burst``): its I/O thread is woken (syscalls) once and writes them to TCP together
             now_ms = now * 1000
             for tp in seq.busy_partitions():
                 addr = None   # the partition's leader, looked up once per round
@@ -488,8 +491,12 @@ class Producer:
                     if head is None:
                         msg = ProduceRequest(b.topic, b.partition, acks, int(timeout_ms))
                         head = heads[tp] = (type(msg).OP, encode_body(msg))
-                    rid = transport.send_encoded(addr, head[0], head[1], b.payload)
+                    rid = next_rid()
                     seq.sent(tp, b, rid if acks != 0 else None, now_ms, addr)
+                    burst.append((addr, head[0], head[1], b.payload, rid))
+            for addr, op, body, payload, rid in burst:
+                send_encoded(addr, op, body, payload, rid)
+            burst.clear()
             # requests to a broker whose connection dropped, or that timed out: retriable
             # (after the sends: a wake-up's batch leaves first)
             gone = transport.take_disconnected()
@@ -572,11 +579,11 @@ class Producer:
         leave ``_finished`` only once completed: ``flush`` looks there, under the lock, for
         batches no longer unfinished whose futures are not yet done.)"""
         finished = self._finished
-        for d in finished:
+        for d in finished:   # (BatchFuture.set_result / set_exception without their frame)
             if d.error is not None:
-                d.batch.future.set_exception(d.error)
+                d.batch.future._complete(_PENDING, d.error)
             else:
-                d.batch.future.set_result(d.base_offset)
+                d.batch.future._complete(d.base_offset, None)
         with self._mutex:
             self._finished = []
 

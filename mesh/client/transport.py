@@ -25,10 +25,10 @@ queue); requests in flight to them will never be answered, so callers retry them
 instead of waiting for their timeout. ``is_down`` says whether an address is known to
 have no connection now (do not send there; ask for metadata instead): for a connected
 address it answers from what the monitors said when last read, with no socket call (a
-``poll`` that waits and every blocking call read the monitors that have events;
-``take_disconnected`` drains them every 20 ms; a ``poll`` that may not wait skips
-them, ~1.5 us a socket); a drop not seen yet is reported by a later
-``take_disconnected``, so what was sent meanwhile is retried.
+``poll`` that waits and every blocking call read the monitors that have events, watched
+by their raw ZMQ_FD; ``take_disconnected`` drains them every 20 ms; a ``poll`` that may
+not wait skips them); a drop not seen yet is reported by a later ``take_disconnected``,
+so what was sent meanwhile is retried.
 
 Credentials. With ``creds`` (``mesh.security.load_creds``: a path, a ``Creds``, or None for
 $MESH_CREDS) every DEALER is a CURVE client. A broker that refuses the handshake never
@@ -96,6 +96,7 @@ class Transport:
         self._no_detail: dict[str, int] = {}         # address -> CURVE handshakes closed in a row
         self._socks: dict[str, zmq.Socket] = {}
         self._addr_of: dict[zmq.Socket, str] = {}
+        self._expect: dict[zmq.Socket, int] = {}     # answers still due on each DEALER (_take_ready)
         self._ids = itertools.count(1)
         self._poller = zmq.Poller()                  # everything: DEALERs, monitors, the wake-up socket
         self._hot = zmq.Poller()                     # the same without the monitors (see poll)
@@ -110,6 +111,7 @@ class Transport:
         self._drain_wakeup = None
         self._monitors: dict[zmq.Socket, str] = {}
         self._monitor_of: dict[zmq.Socket, zmq.Socket] = {}   # DEALER -> its monitor
+        self._monitor_fds: dict[int, zmq.Socket] = {}  # a monitor's ZMQ_FD (what poll watches) -> it
         self._up: set[str] = set()                   # connection established (handshake done)
         self._down_since: dict[str, float] = {}      # address -> when it last had no connection
         self._dropped: set[str] = set()              # had a connection, lost it: is_down
@@ -146,11 +148,21 @@ class Transport:
             s.connect(f"tcp://{parse_address(addr)}")
             self._socks[addr] = s
             self._addr_of[s] = addr
+            self._expect[s] = 0
             self._monitors[mon] = addr
             self._monitor_of[s] = mon
             self._poller.register(s, zmq.POLLIN)
             self._hot.register(s, zmq.POLLIN)
-            self._poller.register(mon, zmq.POLLIN)
+            # The monitor is polled by its ZMQ_FD, a raw fd (readable when its mailbox got
+            # something; it costs nothing beyond poll's own syscall), not as a socket: a
+            # socket costs zmq_poll a ZMQ_EVENTS read (two syscalls) before and after every
+            # wait. The fd signals only what comes after a read that found the socket
+            # empty, so it is read once now; ``_on_monitor`` always reads it dry; and
+            # ``take_disconnected`` drains every monitor every 20 ms anyway.
+            mfd = mon.get(zmq.FD)
+            self._monitor_fds[mfd] = mon
+            self._poller.register(mfd, zmq.POLLIN)
+            self._on_monitor(mon)
             self._down_since.setdefault(addr, time.monotonic())
         return s
 
@@ -245,20 +257,29 @@ class Transport:
     def send(self, addr: str, msg, payload: bytes | None = None) -> int:
         return self.send_encoded(addr, type(msg).OP, encode_body(msg), payload)
 
-    def send_encoded(self, addr: str, op: bytes, body: bytes, payload: bytes | None = None) -> int:
+    def next_rid(self) -> int:
+        """A fresh request id, for ``send_encoded(..., rid=)``."""
+        return next(self._ids)
+
+    def send_encoded(self, addr: str, op: bytes, body: bytes, payload: bytes | None = None,
+                     rid: int | None = None) -> int:
         """``send`` of a message encoded beforehand (``type(msg).OP``, ``encode_body(msg)``):
         a driver that sends the same message many times (the producer: one ProduceRequest
-        per partition) encodes it once."""
-        rid = next(self._ids)
+        per partition) encodes it once. ``rid``: an id from ``next_rid`` (default: a fresh
+        one)."""
+        if rid is None:
+            rid = next(self._ids)
         if payload is None:
             frames, copy = [PROTOCOL_CLIENT, rid.to_bytes(8, "big"), op, body], True
         else:
             frames = [PROTOCOL_CLIENT, rid.to_bytes(8, "big"), op, body, payload]
             copy = len(payload) < ZERO_COPY_MIN_BYTES
+        s = self._socks.get(addr) or self._sock(addr)
         try:
-            send_frames(self._socks.get(addr) or self._sock(addr), frames, copy=copy)
+            send_frames(s, frames, copy=copy)
         except zmq.Again:
-            pass  # queue full: the caller's deadline turns this into a timeout and a retry
+            return rid  # queue full: the caller's deadline turns this into a timeout and a retry
+        self._expect[s] += 1
         return rid
 
     def abandon(self, rids) -> None:
@@ -276,13 +297,18 @@ class Transport:
         self._take_ready(zmq_poll(self._poller.sockets, timeout_ms))   # (Poller.poll without its wrapper)
 
     def _take_ready(self, ready: list) -> None:
+        """Read every ready DEALER dry. Whether another message waits costs a ZMQ_EVENTS
+        read (~4 us: two syscalls), so it is asked only while more answers are due on that
+        socket than came (``_expect``: every request has one answer; one that never comes,
+        e.g. to a request given up on, only costs the question again). A message beyond
+        the count stays queued and a later ``zmq_poll`` sees it."""
+        expect = self._expect
         for sock, _ in ready:
             if sock.__class__ is int:   # (zmq_poll gives a raw fd back as a new int)
                 if sock == self._wakeup:
                     self._drain_wakeup()
-                continue
-            if sock in self._monitors:
-                self._on_monitor(sock)
+                elif (mon := self._monitor_fds.get(sock)) is not None:
+                    self._on_monitor(mon)
                 continue
             addr = self._addr_of.get(sock)
             if addr is None:
@@ -292,7 +318,10 @@ class Transport:
                     frames = recv_frames(sock)
                 except zmq.Again:
                     break
-                more = sock.get(_EVENTS) & _POLLIN   # read on without raising Again at the end
+                due = expect[sock] - 1
+                if due >= 0:
+                    expect[sock] = due
+                more = due > 0 and sock.get(_EVENTS) & _POLLIN   # read on without raising Again at the end
                 try:
                     _, rid, msg, payload = unpack(frames)
                 except MeshError:
@@ -307,10 +336,9 @@ class Transport:
     def poll(self, timeout_ms: int) -> list[tuple[str, int, Any, Any]]:
         """[(address, request id, response message, payload)]: every answer received and
         not taken by a blocking call, waiting up to ``timeout_ms`` if there is none. A
-        poll that may wait is one ``zmq_poll`` of every socket, monitors included (a
-        first look without waiting cost a second one per wait); one that may not skips
-        the monitors (each socket polled costs ~1.5 us; ``take_disconnected`` reads them
-        every 20 ms)."""
+        poll that may wait is one ``zmq_poll`` of everything, the monitors' raw fds
+        included (a first look without waiting cost a second one per wait); one that may
+        not skips the monitors (``take_disconnected`` reads them every 20 ms)."""
         if self._refused is not None:
             self.check_refused()
         if timeout_ms > 0 and not self._inbox:
@@ -389,9 +417,12 @@ class Transport:
             self._poller.unregister(s)
             self._hot.unregister(s)
             del self._addr_of[s]
+            self._expect.pop(s, None)
             for mon, a in list(self._monitors.items()):
                 if a == addr:
-                    self._poller.unregister(mon)
+                    for mfd in [f for f, m in self._monitor_fds.items() if m is mon]:
+                        self._poller.unregister(mfd)
+                        del self._monitor_fds[mfd]
                     del self._monitors[mon]
                     self._monitor_of.pop(s, None)
                     s.disable_monitor()

@@ -32,7 +32,7 @@ from mesh.node.ratelog import RateLimitedLog
 from mesh.node.raft_host import REPLICATION_MESSAGES
 from mesh.security.creds import BROKER_PRINCIPAL
 from mesh.wire import messages as m
-from mesh.wire.codec import PROTOCOL_CLIENT, PROTOCOL_PEER, ZERO_COPY_MIN_BYTES, pack, unpack
+from mesh.wire.codec import PROTOCOL_CLIENT, PROTOCOL_PEER, ZERO_COPY_MIN_BYTES, pack_to, unpack
 from mesh.wire.errors import ErrorCode, MeshError
 from mesh.wire.frames import recv_frames, send_frames
 
@@ -98,6 +98,7 @@ class Dispatcher:
         self.security = security if security is not None and security.secured else None
         self.user_id = ""                 # the ZAP User-Id of the message being handled
         self.peer_messages_refused = 0
+        self._senders: dict[bytes, str] = {}   # peer routing id -> its address (sender_address)
         self.metrics = None   # mesh.node.metrics.NodeMetrics (--metrics-port): request counts, latency, bytes
         self.recv = functools.partial(recv_frames, router) if self.security is None else self._recv_secured
 
@@ -174,23 +175,29 @@ class Dispatcher:
             self._due[(bytes(ident), rid)] = self.clock.now_ms() + delay
 
     def handle_peer(self, ident: bytes, frames: list) -> None:
-        src = sender_address(bytes(ident))
+        src = self._senders.get(ident)
+        if src is None:   # the address in a peer's routing id, decoded once per peer
+            src = sender_address(bytes(ident))
+            if src is not None:
+                if len(self._senders) >= 1024:
+                    self._senders.clear()
+                self._senders[bytes(ident)] = src
         msg = None
         try:
             if src is None:
                 raise MeshError(ErrorCode.INVALID_REQUEST, "peer message without a peer identity")
             _, _, msg, payload = unpack(frames[1:], peer_limits=self.peer_limits)
-            if isinstance(msg, _GOSSIP_MESSAGES):
+            if isinstance(msg, REPLICATION_MESSAGES):   # the most frequent first
+                node = self.directory.node_at(src)
+                if node is not None:  # not yet known through gossip: the sender will retry
+                    self.replicas.step(node, msg, payload)
+            elif isinstance(msg, _GOSSIP_MESSAGES):
                 if self.metrics is not None:
                     self.metrics.gossip_received_bytes += sum(map(len, frames))
                 self._send(self.gossip.receive(src, msg, self.clock.wall_ms()))
                 refused = self.gossip.take_refused()   # dropped whole and counted by the core
                 if refused is not None:
                     raise MeshError(ErrorCode.INVALID_REQUEST, refused)
-            elif isinstance(msg, REPLICATION_MESSAGES):
-                node = self.directory.node_at(src)
-                if node is not None:  # not yet known through gossip: the sender will retry
-                    self.replicas.step(node, msg, payload)
             else:
                 raise MeshError(ErrorCode.INVALID_REQUEST, f"unexpected peer message {type(msg).__name__}")
         except MeshError as exc:
@@ -208,7 +215,7 @@ class Dispatcher:
         self.reply(ident, rid, m.ErrorResponse(int(code), message, leader))
 
     def reply(self, ident: bytes, rid: int, msg, payload: bytes | None = None) -> None:
-        frames = [ident] + pack(PROTOCOL_CLIENT, rid, msg, payload)
+        frames = pack_to(ident, PROTOCOL_CLIENT, rid, msg, payload)
         if self.metrics is not None:
             self.metrics.answered(ident, rid, msg, frames)
         outbox = self.outbox

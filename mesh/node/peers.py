@@ -82,8 +82,10 @@ class PeerLinks:
 
     def send(self, addr: str, msg, payload: bytes | None = None) -> bool:
         frames = pack(PROTOCOL_PEER, 0, msg, payload)
+        sock = self._socks.get(addr)
         try:
-            send_frames(self._sock(addr), frames, copy=payload is None or len(payload) < ZERO_COPY_MIN_BYTES)
+            send_frames(sock if sock is not None else self._sock(addr), frames,
+                        copy=payload is None or len(payload) < ZERO_COPY_MIN_BYTES)
         except zmq.Again:
             self.dropped += 1
             return False

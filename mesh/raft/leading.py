@@ -138,6 +138,7 @@ class Leading:
         if self.role != "leader":
             return
         cfg, host = self.cfg, self.host
+        ctx = None   # what every row of this call shares, looked up once (when a row is due)
         for peer in self.peers:
             pr = self.progress[peer]
             learner = peer not in self.voters and cfg.learner_bytes_per_tick > 0   # throttled
@@ -146,25 +147,35 @@ class Leading:
                     if learner and host.learner_budget <= 0:
                         host.starved(self)  # catch-up waits for the next tick's budget
                         break
-                    if self._send_append(peer, pr, data=True) < 0:
+                    if ctx is None:
+                        ctx = self._append_ctx()
+                    if self._send_append(peer, pr, True, ctx) < 0:
                         break  # fell behind our log start: now probing
             if pr.state == PROBE and not pr.probe_sent:
                 data = pr.next == pr.match and not (learner and host.learner_budget <= 0)
-                pr.probe_prev = self._send_append(peer, pr, data=data)
+                if ctx is None:
+                    ctx = self._append_ctx()
+                pr.probe_prev = self._send_append(peer, pr, data, ctx)
                 pr.probe_sent = True
 
-    def _send_append(self: Partition, peer: str, pr: Progress, data: bool) -> int:
-        """Send one append row from ``pr.next``; returns its prev_offset, or -1 when nothing
-        was sent (switched to probing, or the reader cannot see the data yet)."""
-        start = self.host.reader.start_offset(self.pid)
+    def _append_ctx(self: Partition) -> tuple[int, tuple[int, int], tuple[int, int]]:
+        """(log start, committed config id, latest config id): the same for every append
+        row of one ``send_appends``."""
+        return self.host.reader.start_offset(self.pid), self.cfg_commit_ident(), self.history.latest().ident
+
+    def _send_append(self: Partition, peer: str, pr: Progress, data: bool,
+                     ctx: tuple[int, tuple[int, int], tuple[int, int]]) -> int:
+        """Send one append row from ``pr.next`` (``ctx``: ``_append_ctx()``); returns its
+        prev_offset, or -1 when nothing was sent (switched to probing, or the reader cannot
+        see the data yet)."""
+        start, (cv, ct), latest = ctx
         prev = pr.next
         if prev < start:
             if pr.state != PROBE:
                 pr.become_probe(prev)
                 return -1
             row = AppendRow(self.pid, self.term, start, self.cache.epoch_at(start - 1), start, 0,
-                            self.epoch_start, self.commit, 0, 1, *self.cfg_commit_ident(),
-                            self.history.window(start, start))
+                            self.epoch_start, self.commit, 0, 1, cv, ct, self.history.window(start, start))
             self._send(peer, row)
             return start
         prev_epoch = self.cache.epoch_at(prev - 1) if prev > 0 else 0
@@ -183,10 +194,9 @@ class Leading:
                     return -1
                 epoch = 0
             payload = bytes(payload)
-        carry = pr.config_id != self.history.latest().ident
         row = AppendRow(self.pid, self.term, prev, prev_epoch, end, epoch, self.epoch_start,
-                        self.commit, len(payload), 0, *self.cfg_commit_ident(),
-                        self.history.window(prev, end) if carry else [])
+                        self.commit, len(payload), 0, cv, ct,
+                        self.history.window(prev, end) if pr.config_id != latest else [])
         self._send(peer, row, payload)
         if payload and self.cfg.learner_bytes_per_tick > 0 and peer not in self.voters:
             self.host.learner_budget -= len(payload)   # may go below 0: repaid by the next ticks

@@ -24,7 +24,7 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Iterable, Protocol, TypeAlias
+from typing import TYPE_CHECKING, Iterable, NamedTuple, Protocol, TypeAlias
 
 if TYPE_CHECKING:
     from mesh.raft.membership import Config
@@ -35,17 +35,22 @@ __all__ = ["EpochCache", "Append", "Truncate", "ResetLog", "LogOp", "PersistStat
 
 
 class EpochCache:
-    __slots__ = ("_epochs", "_starts")
+    __slots__ = ("_epochs", "_starts", "_entries")
 
     def __init__(self, entries: Iterable[tuple[int, int]] = ()) -> None:
         self._epochs: list[int] = []
         self._starts: list[int] = []
+        self._entries: tuple[tuple[int, int], ...] | None = None   # entries(), until the next change
         for epoch, start in entries:
             self.assign(int(epoch), int(start))
 
     def entries(self) -> tuple[tuple[int, int], ...]:
-        """``((epoch, start_offset), ...)``: what the shell persists (msgpack-friendly)."""
-        return tuple(zip(self._epochs, self._starts))
+        """``((epoch, start_offset), ...)``: what the shell persists (msgpack-friendly). The
+        same tuple until the cache changes (a persisted state compares by identity first)."""
+        e = self._entries
+        if e is None:
+            e = self._entries = tuple(zip(self._epochs, self._starts))
+        return e
 
     def __len__(self) -> int:
         return len(self._epochs)
@@ -92,7 +97,9 @@ class EpochCache:
             assert start >= last_start, f"epoch {epoch} starts at {start}, before {last_start}"
             if start == last_start:  # the previous epoch never appended: replace it
                 self._epochs[-1] = epoch
+                self._entries = None
                 return True
+        self._entries = None
         self._epochs.append(epoch)
         self._starts.append(start)
         return True
@@ -103,6 +110,7 @@ class EpochCache:
         if i == len(self._starts):
             return False
         del self._epochs[i:], self._starts[i:]
+        self._entries = None
         return True
 
     def trim_before(self, log_start: int) -> bool:
@@ -113,20 +121,23 @@ class EpochCache:
             n += 1
         if n:
             del self._epochs[:n], self._starts[:n]
+            self._entries = None
         return n > 0
 
     def reset(self, epoch: int, start: int) -> None:
         """The log restarts empty at ``start``; ``epoch`` is the epoch at ``start - 1``."""
         self._epochs[:] = [epoch]
         self._starts[:] = [start]
+        self._entries = None
 
 
 # -- effects: what the shell must write (one transaction per loop turn) ------------------
 
-@dataclass(frozen=True, slots=True)
-class Append:
+class Append(NamedTuple):
     """Store ``payload`` (whole batches, as received) at ``base_offset``, which is the
-    current log end. All its batches carry leader epoch ``epoch``."""
+    current log end. All its batches carry leader epoch ``epoch``. (A NamedTuple: one per
+    follower append, ~4x cheaper to build than a frozen dataclass; the rare ``Truncate`` and
+    ``ResetLog`` stay dataclasses, so the two never compare equal.)"""
     pid: int
     base_offset: int
     end_offset: int
@@ -153,11 +164,11 @@ class ResetLog:
 LogOp: TypeAlias = Append | Truncate | ResetLog  # a storage effect, applied in order
 
 
-@dataclass(frozen=True, slots=True)
-class PersistState:
+class PersistState(NamedTuple):
     """The partition's replication state; the shell stores it (one small record per
     partition) in the same transaction as the log effects of the same turn, and hands it
-    back to ``add_partition`` after a restart."""
+    back to ``add_partition`` after a restart. Immutable; a NamedTuple, not a frozen
+    dataclass: one is built per commit advance, and a frozen dataclass costs ~2 us to build."""
     pid: int
     term: int
     vote: str | None

@@ -134,11 +134,12 @@ def check_step(old: Config, voters: tuple[str, ...], learners: tuple[str, ...], 
 
 class History:
     """A replica's config markers ``[(offset, Config), ...]`` (never empty)."""
-    __slots__ = ("_offsets", "_configs")
+    __slots__ = ("_offsets", "_configs", "_markers")
 
     def __init__(self, markers: Iterable[tuple[int, Config]]) -> None:
         self._offsets: list[int] = []
         self._configs: list[Config] = []
+        self._markers: tuple[tuple[int, Config], ...] | None = None   # markers(), until the next change
         for offset, c in markers:
             self._add(offset, c)
         assert self._configs, "a config history is never empty"
@@ -148,9 +149,14 @@ class History:
             offset, c, self.markers())
         self._offsets.append(offset)
         self._configs.append(c)
+        self._markers = None
 
     def markers(self) -> tuple[tuple[int, Config], ...]:
-        return tuple(zip(self._offsets, self._configs))
+        """The same tuple until the history changes (a persisted state compares by identity first)."""
+        m = self._markers
+        if m is None:
+            m = self._markers = tuple(zip(self._offsets, self._configs))
+        return m
 
     def __len__(self) -> int:
         return len(self._configs)
@@ -209,6 +215,7 @@ class History:
             return False
         self._offsets = [o for o, _ in merged]
         self._configs = [c for _, c in merged]
+        self._markers = None
         return True
 
     def truncate_after(self, offset: int) -> bool:
@@ -217,12 +224,14 @@ class History:
         if j == len(self._offsets):
             return False
         del self._offsets[j:], self._configs[j:]
+        self._markers = None
         return True
 
     def reset(self, carried: tuple[tuple[int, Config], ...]) -> None:
         """The log restarted at the leader's log start: take the leader's markers."""
         self._offsets = [o for o, _ in carried]
         self._configs = [c for _, c in carried]
+        self._markers = None
 
     def trim(self, committed_version: int) -> bool:
         """Keep the newest committed marker (version at most ``committed_version``) and
@@ -234,6 +243,7 @@ class History:
         if n <= 0:
             return False
         del self._offsets[:n], self._configs[:n]
+        self._markers = None
         return True
 
     def committed(self, committed_version: int) -> Config:

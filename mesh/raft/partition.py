@@ -489,10 +489,10 @@ class Partition(Leading, Configuring):
 
     def _append(self, base: int, end: int, epoch: int, payload: bytes) -> None:
         assert base == self.end and end > base
-        self.cache.truncate_from(base)  # a marker at our end is superseded
+        changed = self.cache.truncate_from(base)  # a marker at our end is superseded
         assert epoch >= self.cache.last_epoch(), (self.pid, epoch, self.cache)
-        self.cache.assign(epoch, base)
-        self._state_changed()
+        if self.cache.assign(epoch, base) or changed:   # (the end offset is not persisted state)
+            self._state_changed()
         self.host.log_op(Append(self.pid, base, end, epoch, payload))
         self.end = end
         self.synced = end

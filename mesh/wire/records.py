@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import operator
 import struct
+import threading
 import zlib
 from itertools import repeat
 from typing import Iterator, NamedTuple, Sequence
@@ -49,8 +50,14 @@ _HEADER = struct.Struct(">QII BBH I QQ qi I")
 HEADER_SIZE = _HEADER.size
 assert HEADER_SIZE == 56
 _PREFIX = struct.Struct(">QI")  # base_offset, leader_epoch
+_PREFIX_CRC = struct.Struct(">QII")  # base_offset, leader_epoch, crc32
+_TAIL = struct.Struct(">BBH I QQ qi I")   # the header from magic on (inside the CRC)
+assert _PREFIX_CRC.size + _TAIL.size == HEADER_SIZE
+_local = threading.local()
 _COUNT_AT = 20
 _PAYLOAD_LEN_AT = 52
+_VALUES_AT = HEADER_SIZE + 1   # the values array's header, after a one-byte [4-array] header
+_COPY_CRC_MAX = 4096
 
 
 class BatchHeader(NamedTuple):
@@ -111,10 +118,18 @@ def encode_batch(values: Sequence[bytes], keys: Sequence[bytes | None] | None = 
         keys = None
     if headers is not None and not any(headers):
         headers = None
-    payload = msgpack.packb([values, keys, deltas, headers], use_bin_type=True)
-    tail = _HEADER.pack(0, 0, 0, MAGIC, attributes, 0, n, first_ts, max_ts,
-                        producer_id, base_sequence, len(payload))[16:] + payload
-    return _PREFIX.pack(0, 0) + struct.pack(">I", zlib.crc32(tail)) + tail
+    try:
+        packer = _local.packer
+    except AttributeError:   # one reusable Packer per thread (msgpack.packb builds one per call)
+        packer = _local.packer = msgpack.Packer(use_bin_type=True)
+    try:
+        payload = packer.pack([values, keys, deltas, headers])
+    except BaseException:
+        packer.reset()   # a failed pack may leave bytes behind in the packer's buffer
+        raise
+    tail = _TAIL.pack(MAGIC, attributes, 0, n, first_ts, max_ts, producer_id, base_sequence, len(payload))
+    # the payload is copied once (by the join); the CRC runs over the tail, then the payload
+    return b"".join((_PREFIX_CRC.pack(0, 0, zlib.crc32(payload, zlib.crc32(tail))), tail, payload))
 
 
 def parse_header(buf, pos: int = 0) -> BatchHeader:
@@ -130,17 +145,22 @@ def validate_batch(buf: bytes, max_bytes: int) -> BatchHeader:
                         f"batch of {n} bytes exceeds the topic's max.message.bytes={max_bytes}")
     if n < HEADER_SIZE:
         raise MeshError(ErrorCode.INVALID_REQUEST, f"batch of {n} bytes is shorter than its {HEADER_SIZE}-byte header")
-    h = parse_header(buf)
+    h = _tuple_new(BatchHeader, _HEADER.unpack_from(buf))   # parse_header without its Python frames
     if h.magic != MAGIC:
         raise MeshError(ErrorCode.INVALID_REQUEST, f"unknown batch magic {h.magic}")
     if h.payload_length != n - HEADER_SIZE:
         raise MeshError(ErrorCode.INVALID_REQUEST,
                         f"batch header says {h.payload_length} payload bytes, frame has {n - HEADER_SIZE}")
-    if h.record_count < 1:
+    count = h.record_count
+    if count < 1:
         raise MeshError(ErrorCode.INVALID_REQUEST, "batch has no records")
-    if zlib.crc32(memoryview(buf)[16:]) != h.crc:
+    # a small batch is cheaper to copy than to view (a memoryview and its slice are two objects)
+    if zlib.crc32(buf[16:] if n <= _COPY_CRC_MAX else memoryview(buf)[16:]) != h.crc:
         raise MeshError(ErrorCode.CORRUPT_MESSAGE, "batch CRC32 mismatch")
-    if _array_len(buf, HEADER_SIZE) != 4 or _array_len(buf, HEADER_SIZE + 1) != h.record_count:
+    # the common case inline (a fixarray of 4, then a fixarray of values); _array_len otherwise
+    if not (n > _VALUES_AT and buf[HEADER_SIZE] == 0x94 and 0x90 <= buf[_VALUES_AT] <= 0x9F
+            and buf[_VALUES_AT] & 0x0F == count) \
+            and (_array_len(buf, HEADER_SIZE) != 4 or _array_len(buf, _VALUES_AT) != count):
         raise MeshError(ErrorCode.INVALID_REQUEST,
                         "batch payload is not [values, keys, deltas, headers] with record_count values")
     return h
