@@ -159,7 +159,6 @@ class Producer:
         self._io_error: BaseException | None = None
         self._finished: list = []      # Done rows finished, their futures not yet completed (_complete)
         self._ctx = ctx = context if context is not None else zmq.Context.instance()   # see Transport
-        self._wake_fd, self._wake_send, self._wake_drain, self._wake_close = _waker()
         # wake-ups (``_wake``): the I/O thread clears ``_woken`` only just before it blocks in
         # its poll, with nothing ``_pending``; a user thread sends a wake-up only then
         self._woken = False
@@ -168,6 +167,7 @@ class Producer:
         self._creds = load_creds(creds)   # a path, a Creds, None: $MESH_CREDS (see Transport)
         self._meta_transport = Transport(context=ctx, creds=self._creds)
         self.cluster = ClusterView(self._meta_transport, bootstrap)
+        self._wake_fd, self._wake_send, self._wake_drain, self._wake_close = _waker()   # last: no fd leak
         self._thread = threading.Thread(target=self._io_main, name="mesh-producer-io", daemon=True)
         self._thread.start()
 

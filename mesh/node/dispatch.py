@@ -32,7 +32,7 @@ from mesh.node.ratelog import RateLimitedLog
 from mesh.node.raft_host import REPLICATION_MESSAGES
 from mesh.security.creds import BROKER_PRINCIPAL
 from mesh.wire import messages as m
-from mesh.wire.codec import PROTOCOL_CLIENT, PROTOCOL_PEER, ZERO_COPY_MIN_BYTES, pack_to, unpack
+from mesh.wire.codec import PROTOCOL_CLIENT, PROTOCOL_PEER, ZERO_COPY_MIN_BYTES, pack, unpack
 from mesh.wire.errors import ErrorCode, MeshError
 from mesh.wire.frames import recv_frames, send_frames
 
@@ -215,7 +215,7 @@ class Dispatcher:
         self.reply(ident, rid, m.ErrorResponse(int(code), message, leader))
 
     def reply(self, ident: bytes, rid: int, msg, payload: bytes | None = None) -> None:
-        frames = pack_to(ident, PROTOCOL_CLIENT, rid, msg, payload)
+        frames = [ident, *pack(PROTOCOL_CLIENT, rid, msg, payload)]
         if self.metrics is not None:
             self.metrics.answered(ident, rid, msg, frames)
         outbox = self.outbox

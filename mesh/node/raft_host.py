@@ -139,7 +139,7 @@ class ReplicaHost:
         self._next_lazy_flush_ms = 0
         self._logged: set[tuple[str, str]] = set()  # (peer, reason shape) refusals logged once
         self._refused_seen = 0   # the core's refused_rows when its refusals were last taken
-        self._walked: dict | None = None   # within step: id(chunk) -> (chunk, its batches, checked)
+        self._walked: dict | None = None   # within step: id(chunk) -> (chunk, its checked batches)
         self.reply: Callable[[bytes, int, object], None] | None = None  # set by the node: reply(ident, rid, msg)
         self.address_of: Callable[[str], str | None] = lambda node_id: None  # set by the node: leader hints
 

@@ -7,12 +7,11 @@ store (with the batches the turn staged as leader, so appends can leave before t
 from __future__ import annotations
 
 import logging
-import zlib
 
 import msgpack
 
 from mesh.wire.errors import ErrorCode, MeshError
-from mesh.wire.records import HEADER_SIZE, MAGIC, BatchHeader, parse_header
+from mesh.wire.records import MAGIC, BatchHeader, iter_batches, parse_header
 from mesh.raft import PersistState, ReplAppend
 from mesh.raft.membership import config_from_wire, config_to_wire
 from mesh.raft.messages import AppendRow, parse_rows
@@ -32,7 +31,7 @@ def check_append_payload(msg: ReplAppend, payload: bytes | None, max_replicas: i
     if rows is None:
         rows = parse_rows(msg, max_replicas)
     payload = payload or b""
-    view, at, out, crc32 = memoryview(payload), 0, [], zlib.crc32
+    view, at, out = memoryview(payload), 0, []
     whole = len(payload) if type(payload) is bytes else -1   # a lone batch is staged without a copy
     for r in rows:
         chunk, at = view[at:at + r.payload_bytes], at + r.payload_bytes
@@ -40,25 +39,16 @@ def check_append_payload(msg: ReplAppend, payload: bytes | None, max_replicas: i
         out.append(batches)
         if r.end_offset == r.prev_offset:
             continue
-        expect, pos, end = r.prev_offset, 0, len(chunk)
-        while pos + HEADER_SIZE <= end:   # (the checks and messages of records.iter_batches)
-            h = parse_header(chunk, pos)
-            stop = pos + HEADER_SIZE + h.payload_length
-            if stop > end:
-                raise MeshError(ErrorCode.CORRUPT_MESSAGE, f"truncated batch at offset {h.base_offset}")
-            if crc32(chunk[pos + 16:stop]) != h.crc:
-                raise MeshError(ErrorCode.CORRUPT_MESSAGE, f"CRC mismatch in batch at offset {h.base_offset}")
+        expect = r.prev_offset
+        for h, mv in iter_batches(chunk):   # whole batches, CRC checked
             if (h.base_offset != expect or h.record_count < 1 or h.leader_epoch != r.batch_epoch
                     or h.magic != MAGIC):
                 raise MeshError(ErrorCode.INVALID_REQUEST,
                                 f"REPL_APPEND row for partition {r.pid}: batch at {h.base_offset} (epoch "
                                 f"{h.leader_epoch}, {h.record_count} records) where {expect} of epoch "
                                 f"{r.batch_epoch} was due")
-            batches.append((h, payload if stop - pos == whole else bytes(chunk[pos:stop])))
+            batches.append((h, payload if len(mv) == whole else bytes(mv)))
             expect = h.base_offset + h.record_count
-            pos = stop
-        if pos != end:
-            raise MeshError(ErrorCode.CORRUPT_MESSAGE, "trailing bytes after the last batch")
         if expect != r.end_offset:
             raise MeshError(ErrorCode.INVALID_REQUEST, f"REPL_APPEND row for partition {r.pid}: batches end at "
                             f"{expect}, the row says {r.end_offset}")

@@ -551,13 +551,13 @@ class ReplicaManager:
                     p.send_appends()
 
     def _ready(self) -> Ready:
-        if not (self._log_ops or self._out._rows or self._persist or self._committed or self._leader_dirty
+        if not (self._log_ops or self._out or self._persist or self._committed or self._leader_dirty
                 or self._cfg_dirty):
             return NO_READY   # (most flushes and ticks)
         rd = Ready()
         if self._log_ops:
             rd.log_ops, self._log_ops = self._log_ops, []
-        if self._out._rows:
+        if self._out:
             rd.messages = self._out.take(self.store_id, self.life, self.cfg.max_rows_per_message,
                                          self.cfg.max_message_bytes)
         if self._persist:

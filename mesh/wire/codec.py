@@ -43,7 +43,7 @@ from mesh.wire.errors import ErrorCode, MeshError
 
 __all__ = [
     "PROTOCOL_CLIENT", "PROTOCOL_PEER", "REGISTRY", "message", "encode_body", "decode_body",
-    "pack", "pack_to", "unpack", "op_of", "DecodeLimits", "NO_LIMITS", "ZERO_COPY_MIN_BYTES",
+    "pack", "unpack", "op_of", "DecodeLimits", "NO_LIMITS", "ZERO_COPY_MIN_BYTES",
 ]
 
 PROTOCOL_CLIENT = b"mesh/1"
@@ -142,8 +142,8 @@ def _bad_type(cls: type, i: int, v: Any) -> None:
 def _slot_setters(cls: type, fields: tuple) -> list | None:
     """The slot setters of a frozen, slotted dataclass whose ``__init__`` is the one
     ``dataclasses`` generated (it only sets each field in order), None for anything else."""
-    init = cls.__dict__.get("__init__")
-    if (not cls.__dataclass_params__.frozen or hasattr(cls, "__post_init__") or getattr(getattr(init, "__code__", None), "co_filename", "") != "<string>"
+    init_file = getattr(getattr(cls.__dict__.get("__init__"), "__code__", None), "co_filename", "")
+    if (not cls.__dataclass_params__.frozen or hasattr(cls, "__post_init__") or init_file != "<string>"
             or any(not f.init or f.kw_only or f.name.startswith("_") or f.name == "self" for f in fields)):
         return None
     setters = []
@@ -314,13 +314,6 @@ def pack(protocol: bytes, request_id: int, msg: Any, payload: bytes | None = Non
     if payload is None:
         return [protocol, request_id.to_bytes(8, "big"), msg.OP, encode_body(msg)]
     return [protocol, request_id.to_bytes(8, "big"), msg.OP, encode_body(msg), payload]
-
-
-def pack_to(ident: bytes, protocol: bytes, request_id: int, msg: Any, payload: bytes | None = None) -> list:
-    """``[ident] + pack(protocol, request_id, msg, payload)``: frames for a ROUTER to send."""
-    if payload is None:
-        return [ident, protocol, request_id.to_bytes(8, "big"), msg.OP, encode_body(msg)]
-    return [ident, protocol, request_id.to_bytes(8, "big"), msg.OP, encode_body(msg), payload]
 
 
 def unpack(frames: list, limits: DecodeLimits | None = None,
