@@ -375,14 +375,18 @@ def test_an_append_at_epoch_plus_1000_from_a_forged_leader_is_refused(cluster, p
 
 def test_a_vote_request_with_term_2_63_and_transfer_is_refused(cluster, peer, stranger):
     uuid = topic_uuid(cluster, stranger)
-    leader, address, epoch = leader_of(cluster, 1)
+    leader, _, epoch = leader_of(cluster, 1)
     follower = next(b for b in cluster.brokers if b.node_id != leader)
     peer.send(follower.address, broker(cluster, leader).address,
               ReplVote([VoteRow(cluster_pid(uuid, 1), 2 ** 63 - 1, 2 ** 63 - 1, 2 ** 62, 0, 1)], "", 1))
     peer.send(follower.address, broker(cluster, leader).address,
               ReplTimeoutNow([TimeoutNowRow(cluster_pid(uuid, 1), epoch + 1)], "", 1))
     healthy(cluster, records_so_far(cluster))
-    assert leader_of(cluster, 1)[:2] == (leader, address)
+    wait_until(lambda: logged(cluster, "TimeoutNow not from the leader of our term"), 10, "the TimeoutNow refused")
+    # Neither forgery took effect: the epoch did not jump toward 2**63. (The leader itself may
+    # change: in open mode a forger's DEALER takes over a real peer's routing id at a ROUTER,
+    # ROUTER_HANDOVER, and the link flaps until they settle, so an ordinary election may follow.)
+    assert leader_of(cluster, 1)[2] < epoch + 100
 
 
 def test_after_a_full_restart_nothing_forged_came_back(cluster):
