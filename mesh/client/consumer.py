@@ -3,8 +3,9 @@
 I/O happens in the caller's thread, inside ``poll()`` (as kafka-python does). One fetch is
 kept in flight per leader broker, covering every assigned partition that broker leads, so
 the next data is usually already on its way while the caller processes the last.
-Records come back in offset order per partition; batches are checked (CRC) and decoded
-in bulk (``mesh.wire.records.records_from``).
+Records come back in offset order per partition; batches are checked (length, CRC) once,
+when a fetch answer is walked (``mesh.wire.records.iter_batches``), and decoded in bulk
+later from the header that walk parsed (``records_from``).
 """
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from mesh.client.cluster import ClusterView, TopicPartition
 from mesh.client.transport import Transport
 from mesh.wire.errors import ErrorCode, MeshError, retriable
 from mesh.wire.messages import EARLIEST, LATEST, ErrorResponse, FetchRequest
-from mesh.wire.records import Record, iter_batches, parse_header, records_from
+from mesh.wire.records import Record, iter_batches, records_from
 
 __all__ = ["Consumer", "TopicPartition"]
 
@@ -46,7 +47,7 @@ class Consumer:
         self._assigned: list[TopicPartition] = []
         self._inflight: dict[int, tuple[str, float, dict]] = {}   # rid -> (addr, sent, {tp: offset})
         self._busy_addrs: set[str] = set()
-        # fetched, not yet returned: raw (topic, partition, batch, min offset) or decoded lists
+        # fetched, not yet returned: raw (topic, partition, batch, min offset, header) or decoded lists
         self._buffer: collections.deque = collections.deque()
         self._high_watermarks: dict[TopicPartition, int] = {}
         self._next_refresh = 0.0
@@ -102,7 +103,7 @@ class Consumer:
         tp = TopicPartition(*tp)
         for item in self._buffer:
             if self._tp_of(item) == tp:
-                return item[0].offset if isinstance(item, list) else max(item[3], parse_header(item[2]).base_offset)
+                return item[0].offset if isinstance(item, list) else max(item[3], item[4].base_offset)
         if self._positions.get(tp) is None:
             self._reset_positions([tp])
         return self._positions[tp]
@@ -232,7 +233,7 @@ class Consumer:
             for h, batch in iter_batches(chunk):  # headers only: records are decoded in _take
                 nxt = h.base_offset + h.record_count   # (h.next_offset without a property call)
                 if nxt > start:
-                    append((topic, partition, batch, start))
+                    append((topic, partition, batch, start, h))   # (records_from's arguments)
                     end = nxt
             if end > start:
                 positions[tp] = end

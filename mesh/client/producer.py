@@ -157,7 +157,7 @@ class Producer:
         self._rng = random.Random()
         # I/O side
         self._io_error: BaseException | None = None
-        self._finished: list = []      # Done rows finished, their futures not yet completed (_complete)
+        self._finished: list = []      # Done rows, their futures not yet completed (_complete; I/O thread only)
         self._ctx = ctx = context if context is not None else zmq.Context.instance()   # see Transport
         # wake-ups (``_wake``): the I/O thread clears ``_woken`` only just before it blocks in
         # its poll, with nothing ``_pending``; a user thread sends a wake-up only then
@@ -367,8 +367,7 @@ class Producer:
         with self._lock:
             for b in list(self._open.values()):
                 self._close_batch(b)
-            pending = list(self._unfinished)
-            pending += [d.batch for d in self._finished]   # finished, futures not completed yet
+            pending = list(self._unfinished)   # (until its future is complete: see _complete)
         deadline = None if timeout is None else time.monotonic() + timeout
         for b in pending:
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
@@ -505,9 +504,13 @@ class Producer:
                 for (topic, partition), b, err in seq.expire(now_ms, timeout_ms, gone):
                     need_refresh = True
                     log.debug("retrying %s/%d after %s", topic, partition, err)
-            self._finish_done(seq)
-            if closing and not seq.busy() and not self._unfinished:
-                break
+            done = seq.take_done()
+            if done:
+                self._finished += done
+            if closing and not seq.busy():
+                self._complete()
+                if not self._unfinished:
+                    break
             # wait for answers, wake-ups, lingers (to the nearest millisecond: ``lingered``
             # closed what is due within half of one), backoffs and timeouts (rounded up)
             wait_ms = 100
@@ -554,38 +557,28 @@ class Producer:
                 self._wake_fd = -1
                 self._wake_close()
 
-    def _finish_done(self, seq: Sequencer) -> None:
-        """Finish what the sequencer finished: one lock round trip for all of them, a
-        notify only if a user thread waits for buffer space. Their futures complete later,
-        outside the lock (``_complete``, just before the I/O thread blocks: a user thread
-        woken by one needs the GIL, which the I/O thread gives up only when it blocks)."""
-        done = seq.take_done()
-        if not done:
-            return
-        finished = self._finished
-        with self._mutex:
-            unfinished = self._unfinished
-            for d in done:
-                b = d.batch
-                if b in unfinished:
-                    unfinished.discard(b)
-                    self._buffered -= b.nbytes
-                    finished.append(d)
-            if self._space_waiters:
-                self._lock.notify_all()
-
     def _complete(self) -> None:
-        """Complete the futures ``_finish_done`` finished, in order. (I/O thread only. They
-        leave ``_finished`` only once completed: ``flush`` looks there, under the lock, for
-        batches no longer unfinished whose futures are not yet done.)"""
-        finished = self._finished
+        """Complete the futures of what the sequencer finished (``_finished``), in order,
+        then take those batches out of ``_unfinished`` and free their buffer space: one
+        lock round trip for all of them, a notify only if a user thread waits for space.
+        Called just before the I/O thread blocks (a user thread woken by a future needs the
+        GIL, which the I/O thread gives up only there). A batch leaves ``_unfinished`` only
+        once its future is complete, so ``flush`` waits for exactly what is there."""
+        finished, self._finished = self._finished, []
         for d in finished:   # (BatchFuture.set_result / set_exception without their frame)
             if d.error is not None:
                 d.batch.future._complete(_PENDING, d.error)
             else:
                 d.batch.future._complete(d.base_offset, None)
         with self._mutex:
-            self._finished = []
+            unfinished = self._unfinished
+            for d in finished:
+                b = d.batch
+                if b in unfinished:
+                    unfinished.remove(b)
+                    self._buffered -= b.nbytes
+            if self._space_waiters:
+                self._lock.notify_all()
 
     def _finish(self, b: _Batch, base: int = -1, exc: BaseException | None = None) -> None:
         with self._lock:

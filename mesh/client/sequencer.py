@@ -178,6 +178,7 @@ class Sequencer:
         self._by_rid: dict[int, tuple[TP, SeqBatch]] = {}
         self._stale: collections.OrderedDict[int, tuple[TP, SeqBatch]] = collections.OrderedDict()
         self._done: list[Done] = []
+        self._held_until_ms = 0.0   # the latest end of any backoff (next_backoff_ms: none once past)
 
     # -- state ------------------------------------------------------------------------------
     def partitions(self) -> list[TP]:
@@ -216,6 +217,8 @@ class Sequencer:
 
     def next_backoff_ms(self, now_ms: float) -> float | None:
         """The earliest end of a backoff that holds queued batches back, if any."""
+        if self._held_until_ms <= now_ms:
+            return None   # (the common case: no partition backs off; no walk)
         ends = [p.backoff_until_ms for p in self._active.values()
                 if p.backoff_until_ms > now_ms and any(b.rid is None for b in p.batches)]
         return min(ends, default=None)
@@ -383,6 +386,7 @@ class Sequencer:
         if self.policy.jitter:
             delay_ms *= 1 - self.policy.jitter + 2 * self.policy.jitter * self._rng.random()
         p.backoff_until_ms = max(p.backoff_until_ms, now_ms + delay_ms)
+        self._held_until_ms = max(self._held_until_ms, p.backoff_until_ms)
 
     def _late(self, rid: int, error: int, base_offset: int) -> Outcome | None:
         """Rule 3: the answer to an attempt given up on. A success still finishes the batch."""

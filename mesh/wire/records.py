@@ -209,9 +209,13 @@ def decode_batch(batch) -> tuple[BatchHeader, list, list | None, list | None, li
     return h, values, keys, deltas, headers
 
 
-def records_from(topic: str, partition: int, batch, min_offset: int = 0) -> list[Record]:
-    """Turn one batch into Records, skipping offsets below ``min_offset``."""
-    h, values, keys, deltas, headers = decode_batch(batch)
+def records_from(topic: str, partition: int, batch, min_offset: int = 0,
+                 header: BatchHeader | None = None) -> list[Record]:
+    """Turn one batch into Records, skipping offsets below ``min_offset``. ``header``: the
+    batch's header as ``iter_batches`` gave it (its walk checked length and CRC), so it is
+    not parsed twice."""
+    h = parse_header(batch) if header is None else header
+    values, keys, deltas, headers = msgpack.unpackb(batch[HEADER_SIZE:], raw=False)   # (decode_batch's)
     n = h.record_count
     base = h.base_offset
     skip = max(0, min_offset - base)

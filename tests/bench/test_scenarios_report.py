@@ -49,6 +49,8 @@ def test_dsbs_runs_every_cell_with_the_papers_parallelism_and_with_one_of_each()
     assert len({c.id for c in cells}) == len(cells) == 60
     assert all(c.workload.consumers <= c.workload.partitions for c in cells)
     assert any("-p3-c3" in c.id for c in cells) and any("-p1-c1" in c.id for c in cells)
+    # the paper's threads are requests in flight; one of each keeps the client's default
+    assert {(c.workload.producers, c.workload.in_flight) for c in cells} == {(3, 15), (1, 5)}
     # the old single sweeps are unchanged in naming: smoke's cells name no extra knob
     assert [c.id for c in get_scenario("smoke").cells()] == ["c00-64B-b20-split", "c01-64B-b20-streaming"]
 

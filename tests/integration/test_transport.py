@@ -135,3 +135,46 @@ def test_a_paused_server_is_noticed_within_seconds_and_a_killed_one_at_once():
             proc.kill()
             proc.wait()
         t.close()
+
+
+def test_an_answer_whose_wake_up_a_send_consumed_is_still_taken_at_once():
+    """``poll`` waits on each DEALER's raw ZMQ_FD, which signals an answer only if nothing
+    read the socket's mailbox since it last found no message. A send may read it (libzmq
+    does, about once a millisecond): here the answer to A has arrived (its wake-up is in
+    the mailbox), then sending B reads the mailbox, so A waits with its fd silent. A poll
+    must still return A at once, not at the end of its wait."""
+    import select
+    port = free_port()
+    addr = f"127.0.0.1:{port}"
+    r = zmq.Context.instance().socket(zmq.ROUTER)
+    r.setsockopt(zmq.LINGER, 0)
+    r.bind(f"tcp://{addr}")
+    t = Transport()
+
+    def answer():
+        frames = r.recv_multipart()
+        _, rid, _, _ = unpack(frames[1:])
+        r.send_multipart([frames[0]] + pack(PROTOCOL_CLIENT, rid, ProduceResponse(0, base_offset=rid)))
+    try:
+        for _ in range(20):
+            a = t.send(addr, ProduceRequest("t", 0, -1))
+            assert t.poll(0) == []   # A not answered yet: the socket found nothing, its fd now tells
+            answer()
+            fd = t._socks[addr].get(zmq.FD)
+            assert select.select([fd], [], [], 5)[0], "A's answer never reached the socket"
+            spin_until = time.perf_counter() + 0.0015   # past libzmq's command throttle (~1 ms)
+            while time.perf_counter() < spin_until:
+                pass
+            b = t.send(addr, ProduceRequest("t", 0, -1))
+            t0, got = time.monotonic(), set()
+            while a not in got and time.monotonic() - t0 < 3:   # (a poll may also end on a monitor event)
+                got |= {rid for _, rid, _, _ in t.poll(3000)}
+            assert a in got and time.monotonic() - t0 < 1.0
+            answer()
+            deadline = time.monotonic() + 5
+            while b not in got and time.monotonic() < deadline:
+                got |= {rid for _, rid, _, _ in t.poll(1000)}
+            assert b in got
+    finally:
+        t.close()
+        r.close(linger=0)

@@ -67,6 +67,32 @@ def test_a_record_future_reads_its_batch_future():
     assert (md.topic, md.partition, md.offset) == ("t", 2, 103) and ok == [md] and failed == []
 
 
+def test_record_callbacks_and_errbacks_before_and_after_completion(caplog):
+    """Each record's callback gets its own metadata (offset -1 when the broker no longer
+    knew where a duplicate went), an errback gets the batch's error, neither runs for the
+    other outcome, one added after completion runs at once, and one that raises is logged
+    without stopping the others."""
+    ok, failed = [], []
+    b = _Batch("t", 1, now=10.0, delivery_s=60.0)
+    r0, r1 = RecordFuture(b, 0), RecordFuture(b, 1)
+    r0.add_callback(lambda md: 1 / 0).add_errback(failed.append)
+    r1.add_callback(ok.append).add_errback(failed.append)
+    b.future.set_result(40)
+    assert ok == [("t", 1, 41)] and failed == [] and "exception calling callback" in caplog.text
+    r0.add_callback(ok.append)
+    assert ok == [("t", 1, 41), ("t", 1, 40)]
+    dup = _Batch("t", 1, now=10.0, delivery_s=60.0)
+    RecordFuture(dup, 2).add_callback(ok.append)
+    dup.future.set_result(-1)
+    assert ok[-1] == ("t", 1, -1)
+    bad = _Batch("t", 1, now=10.0, delivery_s=60.0)
+    err = MeshError(ErrorCode.TIMEOUT, "x", maybe_written=True)
+    RecordFuture(bad, 0).add_callback(ok.append).add_errback(failed.append)
+    bad.future.set_exception(err)
+    RecordFuture(bad, 1).add_errback(failed.append).add_callback(ok.append)
+    assert failed == [err, err] and len(ok) == 3
+
+
 def test_a_batch_sets_every_sequencer_field():
     """_Batch inlines SeqBatch.__init__: a field added there must be added here too."""
     b, ref = _Batch("t", 0, now=10.0, delivery_s=60.0), SeqBatch(0, 70_000.0)
