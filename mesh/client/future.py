@@ -13,7 +13,7 @@ A timed-out wait raises ``TimeoutError`` (``concurrent.futures.TimeoutError`` is
 class). A callback added after completion runs at once in the caller's thread; one added
 before runs in the completing thread (the producer's I/O thread); a callback's exception
 is logged, as ``concurrent.futures`` does. A record's callback (``RecordFuture.add_callback``
-/ ``add_errback``) is kept as a ``(fn, record future, on success)`` tuple, which completion
+/ ``add_errback``) is kept as a ``(fn, record future, on success)`` ``_RecordCallback``, which completion
 calls with the record's metadata (or the error) directly: no closure made per record, no
 Python frames between the completion and ``fn``.
 """
@@ -79,25 +79,24 @@ class BatchFuture:
         return self._exc
 
     def add_done_callback(self, fn) -> None:
-        with _state_lock:
-            if not self.done():
-                if self._callbacks is None:
-                    self._callbacks = [fn]
-                else:
-                    self._callbacks.append(fn)
-                return
-        self._call(fn)
+        if not self._keep(fn):
+            self._call(fn)
 
-    def _add_record_callback(self, cb: tuple) -> None:
+    def _add_record_callback(self, cb: "_RecordCallback") -> None:
         """``add_done_callback`` of a record's ``(fn, record future, on success)``."""
+        if not self._keep(cb):
+            self._call_record(cb, self._result, self._exc)
+
+    def _keep(self, cb) -> bool:
+        """Keep ``cb`` for the completion; False if done already (the caller runs it now)."""
         with _state_lock:
-            if not self.done():
-                if self._callbacks is None:
-                    self._callbacks = [cb]
-                else:
-                    self._callbacks.append(cb)
-                return
-        self._call_record(cb, self._result, self._exc)
+            if self.done():
+                return False
+            if self._callbacks is None:
+                self._callbacks = [cb]
+            else:
+                self._callbacks.append(cb)
+            return True
 
     def set_result(self, result) -> None:
         self._complete(result, None)
@@ -107,6 +106,8 @@ class BatchFuture:
 
     def _complete(self, result, exc: BaseException | None) -> None:
         with _state_lock:
+            if self._result is not _PENDING or self._exc is not None:
+                return   # completed once already (an I/O thread failing mid-round finishes the rest)
             if exc is None:
                 self._result = result
             else:
@@ -117,7 +118,7 @@ class BatchFuture:
             w.release()
         if cbs:
             for fn in cbs:
-                if fn.__class__ is tuple:
+                if fn.__class__ is _RecordCallback:
                     self._call_record(fn, result, exc)
                 else:
                     self._call(fn)
@@ -128,7 +129,7 @@ class BatchFuture:
         except Exception:
             log.exception("exception calling callback for %r", self)
 
-    def _call_record(self, cb: tuple, base, exc: BaseException | None) -> None:
+    def _call_record(self, cb: "_RecordCallback", base, exc: BaseException | None) -> None:
         fn, rf, on_success = cb
         if (exc is None) is not on_success:
             return   # a callback on failure, an errback on success
@@ -140,6 +141,12 @@ class BatchFuture:
                 fn(exc)
         except Exception:
             log.exception("exception calling callback for %r", rf)
+
+
+class _RecordCallback(tuple):
+    """``(fn, record future, on success)``: a record's callback or errback, told apart
+    from any callable a user gives ``add_done_callback`` (a tuple among them included)."""
+    __slots__ = ()
 
 
 class RecordMetadata(NamedTuple):
@@ -172,10 +179,10 @@ class RecordFuture:
 
     def add_callback(self, fn) -> "RecordFuture":
         """``fn(RecordMetadata)`` once the record is written (see ``BatchFuture`` for the thread)."""
-        self._batch.future._add_record_callback((fn, self, True))
+        self._batch.future._add_record_callback(_tuple_new(_RecordCallback, (fn, self, True)))
         return self
 
     def add_errback(self, fn) -> "RecordFuture":
         """``fn(exception)`` if the record's batch fails."""
-        self._batch.future._add_record_callback((fn, self, False))
+        self._batch.future._add_record_callback(_tuple_new(_RecordCallback, (fn, self, False)))
         return self

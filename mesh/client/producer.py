@@ -558,13 +558,24 @@ class Producer:
                 self._wake_close()
 
     def _complete(self) -> None:
-        """Complete the futures of what the sequencer finished (``_finished``), in order,
-        then take those batches out of ``_unfinished`` and free their buffer space: one
-        lock round trip for all of them, a notify only if a user thread waits for space.
-        Called just before the I/O thread blocks (a user thread woken by a future needs the
-        GIL, which the I/O thread gives up only there). A batch leaves ``_unfinished`` only
-        once its future is complete, so ``flush`` waits for exactly what is there."""
+        """Free the buffer space of what the sequencer finished (``_finished``), complete
+        their futures in order, then take those batches out of ``_unfinished``. Space comes
+        first: a callback may send (and wait for space, which only this thread frees). A
+        batch leaves ``_unfinished`` only once its future is complete, so ``flush`` waits
+        for exactly what is there. Called just before the I/O thread blocks (a user thread
+        woken by a future needs the GIL, which the I/O thread gives up only there)."""
         finished, self._finished = self._finished, []
+        if not finished:
+            return
+        with self._mutex:
+            unfinished = self._unfinished
+            for d in finished:
+                b = d.batch
+                if b in unfinished:
+                    self._buffered -= b.nbytes
+                    b.nbytes = 0   # freed once: _finish of it after a failure frees nothing more
+            if self._space_waiters:
+                self._lock.notify_all()
         for d in finished:   # (BatchFuture.set_result / set_exception without their frame)
             if d.error is not None:
                 d.batch.future._complete(_PENDING, d.error)
@@ -573,12 +584,7 @@ class Producer:
         with self._mutex:
             unfinished = self._unfinished
             for d in finished:
-                b = d.batch
-                if b in unfinished:
-                    unfinished.remove(b)
-                    self._buffered -= b.nbytes
-            if self._space_waiters:
-                self._lock.notify_all()
+                unfinished.discard(d.batch)
 
     def _finish(self, b: _Batch, base: int = -1, exc: BaseException | None = None) -> None:
         with self._lock:

@@ -25,10 +25,9 @@ queue); requests in flight to them will never be answered, so callers retry them
 instead of waiting for their timeout. ``is_down`` says whether an address is known to
 have no connection now (do not send there; ask for metadata instead): for a connected
 address it answers from what the monitors said when last read, with no socket call (a
-``poll`` that waits and every blocking call read the monitors that have events, watched
-by their raw ZMQ_FD; ``take_disconnected`` drains them every 20 ms; a ``poll`` that may
-not wait skips them); a drop not seen yet is reported by a later ``take_disconnected``,
-so what was sent meanwhile is retried.
+``poll`` and every blocking call read the monitors that have events, watched by their
+raw ZMQ_FD, and ``take_disconnected`` drains them every 20 ms); a drop not seen yet is
+reported by a later ``take_disconnected``, so what was sent meanwhile is retried.
 
 Credentials. With ``creds`` (``mesh.security.load_creds``: a path, a ``Creds``, or None for
 $MESH_CREDS) every DEALER is a CURVE client. A broker that refuses the handshake never
@@ -99,7 +98,7 @@ class Transport:
         self._no_detail: dict[str, int] = {}         # address -> CURVE handshakes closed in a row
         self._socks: dict[str, zmq.Socket] = {}
         self._addr_of: dict[zmq.Socket, str] = {}
-        self._expect: dict[zmq.Socket, int] = {}     # answers still due on each DEALER (_take_ready)
+        self._expect: dict[zmq.Socket, int] = {}     # answers still due on each DEALER (_read)
         self._ids = itertools.count(1)
         self.next_rid = self._ids.__next__           # a fresh request id, for send_encoded(..., rid=)
         self._poller = zmq.Poller()                  # blocking calls: DEALERs, monitors' fds, the wake-up fd
@@ -126,8 +125,8 @@ class Transport:
 
     def add_wakeup(self, fd: int, drain) -> None:
         """Also wake ``poll`` when the file descriptor ``fd`` (an eventfd or a pipe's read
-        end: a raw fd in the same ``zmq_poll``, a syscall cheaper on both sides than an
-        inproc socket) becomes readable; ``drain()`` empties it (called here)."""
+        end, watched beside the sockets: a syscall cheaper on both sides than an inproc
+        socket) becomes readable; ``drain()`` empties it (called here)."""
         self._wakeup, self._drain_wakeup = fd, drain
         self._poller.register(fd, zmq.POLLIN)
         self._fds.register(fd, select.POLLIN)
@@ -309,8 +308,8 @@ class Transport:
         """Wait up to ``timeout_ms`` for something; move every answer that arrived into the inbox."""
         if self._refused is not None:
             self.check_refused()
+        self._quiet.clear()   # (zmq_poll reads every DEALER's commands: see poll)
         ready = zmq_poll(self._poller.sockets, timeout_ms)   # (Poller.poll without its wrapper)
-        self._quiet.clear()   # (zmq_poll read every DEALER's commands: see poll)
         self._take_ready(ready)
 
     def _take_ready(self, ready: list) -> None:
@@ -370,21 +369,22 @@ class Transport:
         its mailbox, which an answer does only if the socket found no message when it last
         looked (a receive that raised Again, or ZMQ_EVENTS without POLLIN: it is then
         ``_quiet``), and nothing it did since read its mailbox (a send may: it is no longer
-        quiet). So before a wait every socket that owes answers and is not quiet is asked
-        its ZMQ_EVENTS (which makes it quiet or finds an answer); the others are only
-        read when their fd says so. A socket that owes nothing is read when its fd says
-        so, and every 20 ms (``take_disconnected``): an answer beyond the count is late
-        at worst."""
+        quiet). So every socket that is not quiet is asked its ZMQ_EVENTS (which makes it
+        quiet or finds a message) before a wait, and before a look that does not wait if
+        it owes answers; quiet ones are read when their fd says so. (A look that does not
+        wait skips a socket that owes nothing: a message beyond the count waits for the
+        next wait or for ``take_disconnected``'s look every 20 ms.)"""
         if self._refused is not None:
             self.check_refused()
         quiet, ready = self._quiet, []
+        waits = timeout_ms > 0 and not self._inbox
         for sock, due in self._expect.items():
-            if due > 0 and sock not in quiet:
+            if sock not in quiet and (due > 0 or waits):
                 if _getsockopt(sock, _EVENTS) & _POLLIN:
                     ready.append(sock)
                 else:
                     quiet.add(sock)
-        wait = timeout_ms if timeout_ms > 0 and not ready and not self._inbox else 0
+        wait = timeout_ms if waits and not ready else 0
         for fd, _ in self._fds.poll(wait):
             sock = self._fd_sock.get(fd)
             if sock is not None:

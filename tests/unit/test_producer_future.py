@@ -99,3 +99,47 @@ def test_a_batch_sets_every_sequencer_field():
     for name in SeqBatch.__slots__:
         assert getattr(b, name) == getattr(ref, name), name
     assert b.tp == ("t", 0) and not b.future.done()
+
+
+def test_a_future_completes_once_and_a_users_tuple_is_just_a_callable(caplog):
+    """A second completion changes nothing (an I/O thread failing mid-round fails what is
+    left, some of it completed already); a callable that happens to be a tuple subclass
+    is called as any callback, not taken for a record's."""
+    f, seen = BatchFuture(), []
+    f.set_result(5)
+    f.set_exception(MeshError(ErrorCode.TIMEOUT, "late"))
+    assert f.result(0) == 5 and f.exception(0) is None
+
+    class CallableTuple(tuple):
+        def __call__(self, fut):
+            seen.append(fut.result())
+    g = BatchFuture()
+    g.add_done_callback(CallableTuple((1, 2, 3)))
+    g.add_done_callback((1, 2, 3))   # not callable: logged, the I/O thread goes on
+    g.set_result(9)
+    assert seen == [9] and "exception calling callback" in caplog.text
+
+
+def test_buffer_space_is_freed_before_the_callbacks_run():
+    """A record's callback that sends (say, to a dead-letter topic) while the buffer is
+    full must find the finished batch's space free: only the I/O thread, which runs the
+    callback, frees space (``Producer._complete``)."""
+    from mesh.client.producer import Producer
+    from mesh.client.sequencer import Done
+    p = Producer.__new__(Producer)     # the completion step alone: no sockets, no I/O thread
+    p._mutex = threading.RLock()
+    p._lock = threading.Condition(p._mutex)
+    p._space_waiters = 0
+    b = _Batch("t", 0, now=10.0, delivery_s=60.0)
+    b.nbytes = 100
+    p._buffered, p._unfinished = 100, {b}
+    seen = []
+    RecordFuture(b, 0).add_callback(lambda md: seen.append((p._buffered, b in p._unfinished)))
+    p._finished = [Done(("t", 0), b, 7)]
+    p._complete()
+    assert seen == [(0, True)]          # space free, the batch still unfinished until completed
+    assert p._buffered == 0 and not p._unfinished and b.future.result(0) == 7
+    p._finished = [Done(("t", 0), b, 7)]   # finished twice (cannot happen): nothing freed twice
+    p._unfinished.add(b)
+    p._complete()
+    assert p._buffered == 0
