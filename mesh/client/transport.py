@@ -25,9 +25,10 @@ queue); requests in flight to them will never be answered, so callers retry them
 instead of waiting for their timeout. ``is_down`` says whether an address is known to
 have no connection now (do not send there; ask for metadata instead): for a connected
 address it answers from what the monitors said when last read, with no socket call (a
-``poll`` and every blocking call read the monitors that have events, watched by their
-raw ZMQ_FD, and ``take_disconnected`` drains them every 20 ms); a drop not seen yet is
-reported by a later ``take_disconnected``, so what was sent meanwhile is retried.
+``poll`` that waits and every blocking call read the monitors that have events, watched
+by their raw ZMQ_FD; ``take_disconnected`` drains them every 20 ms; a ``poll`` that may
+not wait skips them); a drop not seen yet is reported by a later ``take_disconnected``,
+so what was sent meanwhile is retried.
 
 Credentials. With ``creds`` (``mesh.security.load_creds``: a path, a ``Creds``, or None for
 $MESH_CREDS) every DEALER is a CURVE client. A broker that refuses the handshake never
@@ -41,12 +42,11 @@ from __future__ import annotations
 
 import collections
 import itertools
-import select
 import time
 from typing import Any
 
 import zmq
-from zmq.backend import Socket as _BackendSocket, zmq_poll
+from zmq.backend import zmq_poll
 from zmq.utils.monitor import parse_monitor_message
 
 from mesh.security.creds import Creds, load_creds
@@ -72,8 +72,6 @@ _AUTH_FAILED = zmq.EVENT_HANDSHAKE_FAILED_AUTH
 _PROTOCOL_FAILED = zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
 _NO_DETAIL = zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
 _EVENTS, _POLLIN = int(zmq.EVENTS), int(zmq.POLLIN)   # ints: enum.Flag arithmetic costs per call
-_getsockopt = _BackendSocket.get   # (pyzmq's Socket.get turns the option into an enum first)
-_NOTHING: frozenset = frozenset()
 _NO_DETAIL_MAX = 3           # CURVE handshakes closed in a row, none succeeded: a wrong cluster key
 
 
@@ -98,13 +96,10 @@ class Transport:
         self._no_detail: dict[str, int] = {}         # address -> CURVE handshakes closed in a row
         self._socks: dict[str, zmq.Socket] = {}
         self._addr_of: dict[zmq.Socket, str] = {}
-        self._expect: dict[zmq.Socket, int] = {}     # answers still due on each DEALER (_read)
+        self._expect: dict[zmq.Socket, int] = {}     # answers still due on each DEALER (_take_ready)
         self._ids = itertools.count(1)
-        self.next_rid = self._ids.__next__           # a fresh request id, for send_encoded(..., rid=)
-        self._poller = zmq.Poller()                  # blocking calls: DEALERs, monitors' fds, the wake-up fd
-        self._fds = select.poll()                    # poll's wait: the same, every one by its raw fd
-        self._fd_sock: dict[int, zmq.Socket] = {}    # a DEALER's ZMQ_FD -> it
-        self._quiet: set[zmq.Socket] = set()         # DEALERs whose ZMQ_FD tells of the next answer (poll)
+        self._poller = zmq.Poller()                  # everything: DEALERs, monitors, the wake-up socket
+        self._hot = zmq.Poller()                     # the same without the monitors (see poll)
         self._hwm = hwm
         self._heartbeat_ivl_ms = heartbeat_ivl_ms
         self._heartbeat_timeout_ms = heartbeat_timeout_ms
@@ -125,11 +120,11 @@ class Transport:
 
     def add_wakeup(self, fd: int, drain) -> None:
         """Also wake ``poll`` when the file descriptor ``fd`` (an eventfd or a pipe's read
-        end, watched beside the sockets: a syscall cheaper on both sides than an inproc
-        socket) becomes readable; ``drain()`` empties it (called here)."""
+        end: a raw fd in the same ``zmq_poll``, a syscall cheaper on both sides than an
+        inproc socket) becomes readable; ``drain()`` empties it (called here)."""
         self._wakeup, self._drain_wakeup = fd, drain
         self._poller.register(fd, zmq.POLLIN)
-        self._fds.register(fd, select.POLLIN)
+        self._hot.register(fd, zmq.POLLIN)
 
     def _sock(self, addr: str) -> zmq.Socket:
         s = self._socks.get(addr)
@@ -157,9 +152,7 @@ class Transport:
             self._monitors[mon] = addr
             self._monitor_of[s] = mon
             self._poller.register(s, zmq.POLLIN)
-            sfd = s.get(zmq.FD)
-            self._fd_sock[sfd] = s
-            self._fds.register(sfd, select.POLLIN)
+            self._hot.register(s, zmq.POLLIN)
             # The monitor is polled by its ZMQ_FD, a raw fd (readable when its mailbox got
             # something; it costs nothing beyond poll's own syscall), not as a socket: a
             # socket costs zmq_poll a ZMQ_EVENTS read (two syscalls) before and after every
@@ -169,36 +162,26 @@ class Transport:
             mfd = mon.get(zmq.FD)
             self._monitor_fds[mfd] = mon
             self._poller.register(mfd, zmq.POLLIN)
-            self._fds.register(mfd, select.POLLIN)
             self._on_monitor(mon)
             self._down_since.setdefault(addr, time.monotonic())
         return s
 
     # -- liveness ---------------------------------------------------------------------------
-    def take_disconnected(self) -> "set[str] | frozenset[str]":
+    def take_disconnected(self) -> set[str]:
         """Addresses whose connection dropped since the last call, or that have had none for
         ``connect_timeout_ms`` (reported again every ``connect_timeout_ms`` while it lasts):
         requests in flight to them will never be answered, so callers retry them now
         instead of waiting for their timeout. (A ``poll`` that waits already reads the
         monitors that have events; the explicit drain here, ~4 us a monitor, runs every
-        20 ms, and so does a look at every DEALER that is not ``_quiet``: see ``poll``.)"""
+        20 ms.)"""
         now = time.monotonic()
         if now >= self._next_drain:
             self._next_drain = now + 0.02
             self._drain_monitors()
-            for sock in list(self._addr_of):
-                if sock not in self._quiet:
-                    if _getsockopt(sock, _EVENTS) & _POLLIN:
-                        self._read(sock, dry=True)
-                    else:
-                        self._quiet.add(sock)
-        if self._down_since:
-            for addr, since in self._down_since.items():
-                if addr in self._socks and now - since >= self._connect_timeout_s:
-                    self._disconnected.add(addr)
-                    self._down_since[addr] = now
-        if not self._disconnected:
-            return _NOTHING   # (no set made per call)
+        for addr, since in self._down_since.items():
+            if addr in self._socks and now - since >= self._connect_timeout_s:
+                self._disconnected.add(addr)
+                self._down_since[addr] = now
         out, self._disconnected = self._disconnected, set()
         return out
 
@@ -211,7 +194,7 @@ class Transport:
             return False
         s = self._socks.get(addr)
         mon = self._monitor_of.get(s) if s is not None else None
-        if mon is not None and _getsockopt(mon, _EVENTS) & _POLLIN:
+        if mon is not None and mon.get(_EVENTS) & _POLLIN:
             self._on_monitor(mon)
         if addr in self._up:
             return False
@@ -224,7 +207,7 @@ class Transport:
 
     def _on_monitor(self, mon: zmq.Socket) -> None:
         addr = self._monitors[mon]
-        while _getsockopt(mon, _EVENTS) & _POLLIN:   # (checked first: raising Again costs more)
+        while mon.get(_EVENTS) & _POLLIN:   # (checked first: raising Again costs more)
             try:
                 ev = parse_monitor_message(mon.recv_multipart(zmq.NOBLOCK))
             except zmq.Again:
@@ -274,6 +257,10 @@ class Transport:
     def send(self, addr: str, msg, payload: bytes | None = None) -> int:
         return self.send_encoded(addr, type(msg).OP, encode_body(msg), payload)
 
+    def next_rid(self) -> int:
+        """A fresh request id, for ``send_encoded(..., rid=)``."""
+        return next(self._ids)
+
     def send_encoded(self, addr: str, op: bytes, body: bytes, payload: bytes | None = None,
                      rid: int | None = None) -> int:
         """``send`` of a message encoded beforehand (``type(msg).OP``, ``encode_body(msg)``):
@@ -288,7 +275,6 @@ class Transport:
             frames = [PROTOCOL_CLIENT, rid.to_bytes(8, "big"), op, body, payload]
             copy = len(payload) < ZERO_COPY_MIN_BYTES
         s = self._socks.get(addr) or self._sock(addr)
-        self._quiet.discard(s)   # a send reads its mailbox, even one that fails: see poll
         try:
             send_frames(s, frames, copy=copy)
         except zmq.Again:
@@ -308,12 +294,15 @@ class Transport:
         """Wait up to ``timeout_ms`` for something; move every answer that arrived into the inbox."""
         if self._refused is not None:
             self.check_refused()
-        self._quiet.clear()   # (zmq_poll reads every DEALER's commands: see poll)
-        ready = zmq_poll(self._poller.sockets, timeout_ms)   # (Poller.poll without its wrapper)
-        self._take_ready(ready)
+        self._take_ready(zmq_poll(self._poller.sockets, timeout_ms))   # (Poller.poll without its wrapper)
 
     def _take_ready(self, ready: list) -> None:
-        """Read every ready DEALER (``_read``) and raw fd of ``zmq_poll``'s answer."""
+        """Read every ready DEALER dry. Whether another message waits costs a ZMQ_EVENTS
+        read (~4 us: two syscalls), so it is asked only while more answers are due on that
+        socket than came (``_expect``: every request has one answer; one that never comes,
+        e.g. to a request given up on, only costs the question again). A message beyond
+        the count stays queued and a later ``zmq_poll`` sees it."""
+        expect = self._expect
         for sock, _ in ready:
             if sock.__class__ is int:   # (zmq_poll gives a raw fd back as a new int)
                 if sock == self._wakeup:
@@ -321,81 +310,43 @@ class Transport:
                 elif (mon := self._monitor_fds.get(sock)) is not None:
                     self._on_monitor(mon)
                 continue
-            if sock in self._addr_of:
-                self._read(sock)
-
-    def _read(self, sock: zmq.Socket, dry: bool = False) -> None:
-        """Move the answers waiting on ``sock`` into the inbox. Whether another one waits
-        costs a ZMQ_EVENTS read (~3 us: two syscalls; a receive that raises Again costs
-        twice that), so it is asked only while more answers are due on that socket than
-        came (``_expect``: every request has one answer; one that never comes, e.g. to a
-        request given up on, only costs the question again), or when ``dry``. Once it says
-        no (or a receive raised Again), the socket is ``_quiet`` (see ``poll``)."""
-        addr = self._addr_of[sock]
-        expect, inbox = self._expect, self._inbox
-        self._quiet.discard(sock)
-        while True:
-            try:
-                frames = recv_frames(sock)
-            except zmq.Again:
-                self._quiet.add(sock)
-                return
-            due = expect[sock] - 1
-            if due >= 0:
-                expect[sock] = due
-            try:
-                _, rid, msg, payload = unpack(frames)
-            except MeshError:
-                pass   # a garbled response: the request will time out and be retried
-            else:
+            addr = self._addr_of.get(sock)
+            if addr is None:
+                continue
+            while True:
+                try:
+                    frames = recv_frames(sock)
+                except zmq.Again:
+                    break
+                due = expect[sock] - 1
+                if due >= 0:
+                    expect[sock] = due
+                more = due > 0 and sock.get(_EVENTS) & _POLLIN   # read on without raising Again at the end
+                try:
+                    _, rid, msg, payload = unpack(frames)
+                except MeshError:
+                    continue  # a garbled response: the request will time out and be retried
                 if rid in self._abandoned:
                     del self._abandoned[rid]
                 else:
-                    inbox[rid] = (addr, msg, payload)
-            if due <= 0 and not dry:
-                return   # (not quiet: a message beyond the count may wait; see poll)
-            if not _getsockopt(sock, _EVENTS) & _POLLIN:   # read on without raising Again at the end
-                self._quiet.add(sock)
-                return
+                    self._inbox[rid] = (addr, msg, payload)
+                if not more:
+                    break
 
     def poll(self, timeout_ms: int) -> list[tuple[str, int, Any, Any]]:
         """[(address, request id, response message, payload)]: every answer received and
-        not taken by a blocking call, waiting up to ``timeout_ms`` if there is none.
-
-        A wait is one ``poll(2)`` of raw fds only: each DEALER's ZMQ_FD, the monitors'
-        and the wake-up fd. (``zmq_poll`` asks every socket its ZMQ_EVENTS, two syscalls,
-        before and after a first pass that does not wait: with one DEALER per broker,
-        most of a wait's cost.) A DEALER's ZMQ_FD becomes readable when a command reaches
-        its mailbox, which an answer does only if the socket found no message when it last
-        looked (a receive that raised Again, or ZMQ_EVENTS without POLLIN: it is then
-        ``_quiet``), and nothing it did since read its mailbox (a send may: it is no longer
-        quiet). So every socket that is not quiet is asked its ZMQ_EVENTS (which makes it
-        quiet or finds a message) before a wait, and before a look that does not wait if
-        it owes answers; quiet ones are read when their fd says so. (A look that does not
-        wait skips a socket that owes nothing: a message beyond the count waits for the
-        next wait or for ``take_disconnected``'s look every 20 ms.)"""
+        not taken by a blocking call, waiting up to ``timeout_ms`` if there is none. A
+        poll that may wait is one ``zmq_poll`` of everything, the monitors' raw fds
+        included (a first look without waiting cost a second one per wait); one that may
+        not skips the monitors (``take_disconnected`` reads them every 20 ms)."""
         if self._refused is not None:
             self.check_refused()
-        quiet, ready = self._quiet, []
-        waits = timeout_ms > 0 and not self._inbox
-        for sock, due in self._expect.items():
-            if sock not in quiet and (due > 0 or waits):
-                if _getsockopt(sock, _EVENTS) & _POLLIN:
-                    ready.append(sock)
-                else:
-                    quiet.add(sock)
-        wait = timeout_ms if waits and not ready else 0
-        for fd, _ in self._fds.poll(wait):
-            sock = self._fd_sock.get(fd)
-            if sock is not None:
-                if sock not in ready:
-                    ready.append(sock)
-            elif fd == self._wakeup:
-                self._drain_wakeup()
-            elif (mon := self._monitor_fds.get(fd)) is not None:
-                self._on_monitor(mon)
-        for sock in ready:
-            self._read(sock)
+        if timeout_ms > 0 and not self._inbox:
+            self._take_ready(zmq_poll(self._poller.sockets, timeout_ms))  # (one zmq_poll, not two)
+        else:
+            ready = zmq_poll(self._hot.sockets, 0)
+            if ready:
+                self._take_ready(ready)
         out = [(a, rid, msg, p) for rid, (a, msg, p) in self._inbox.items()]
         self._inbox.clear()
         return out
@@ -464,17 +415,13 @@ class Transport:
         s = self._socks.pop(addr, None)
         if s is not None:
             self._poller.unregister(s)
-            for sfd in [f for f, x in self._fd_sock.items() if x is s]:
-                self._fds.unregister(sfd)
-                del self._fd_sock[sfd]
-            self._quiet.discard(s)
+            self._hot.unregister(s)
             del self._addr_of[s]
             self._expect.pop(s, None)
             for mon, a in list(self._monitors.items()):
                 if a == addr:
                     for mfd in [f for f, m in self._monitor_fds.items() if m is mon]:
                         self._poller.unregister(mfd)
-                        self._fds.unregister(mfd)
                         del self._monitor_fds[mfd]
                     del self._monitors[mon]
                     self._monitor_of.pop(s, None)

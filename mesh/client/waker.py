@@ -1,8 +1,8 @@
 """The producer's wake-up: how a user thread tells the I/O thread, asleep in its
-poll, that there is something new (``mesh.client.producer``).
+``zmq_poll``, that there is something new (``mesh.client.producer``).
 
-An eventfd (Linux), else a pipe: a raw file descriptor that the transport's poll watches
-beside the ZeroMQ sockets' (``Transport.add_wakeup``). A wake-up is one non-blocking write, its
+An eventfd (Linux), else a pipe: a raw file descriptor that ``zmq_poll`` watches beside
+the ZeroMQ sockets (``Transport.add_wakeup``). A wake-up is one non-blocking write, its
 drain one read: a syscall on each side, cheaper than an inproc ZeroMQ socket pair (about
 20 us against 36 us per wake-up round trip measured here).
 """

@@ -119,9 +119,12 @@ def test_a_paused_server_is_noticed_within_seconds_and_a_killed_one_at_once():
         proc.send_signal(signal.SIGSTOP)
         t0 = time.monotonic()
         t.send(addr, MetadataRequest(None))
-        wait_until(lambda: t.poll(20) == [] and addr in t.take_disconnected(), 5, "the paused server dropped")
+        # reported dropped, and down now: on a starved machine a heartbeat can also drop the
+        # connection just before the pause, and the reconnect comes up again at once
+        reported: set = set()
+        wait_until(lambda: t.poll(20) == [] and not reported.update(t.take_disconnected())
+                   and addr in reported and t.is_down(addr), 5, "the paused server dropped")
         assert time.monotonic() - t0 < 3.0   # heartbeat: ~1.3 s; TCP alone would keep it up
-        assert t.is_down(addr)
         proc.send_signal(signal.SIGCONT)
         wait_until(lambda: t.poll(20) is not None and not t.is_down(addr), 5, "reconnected after SIGCONT")
         proc.kill()
