@@ -202,20 +202,20 @@ def iter_batches(buf, verify_crc: bool = True) -> Iterator[tuple[BatchHeader, me
         raise MeshError(ErrorCode.CORRUPT_MESSAGE, "trailing bytes after the last batch")
 
 
-def decode_batch(batch) -> tuple[BatchHeader, list, list | None, list | None, list | None]:
-    """(header, values, keys, timestamp deltas, headers) of one batch."""
-    h = parse_header(batch)
+def decode_batch(batch, header: BatchHeader | None = None) -> tuple[BatchHeader, list, list | None,
+                                                                     list | None, list | None]:
+    """(header, values, keys, timestamp deltas, headers) of one batch. ``header``: its header
+    as ``iter_batches`` gave it (that walk checked length and CRC), not parsed again."""
+    h = parse_header(batch) if header is None else header
     values, keys, deltas, headers = msgpack.unpackb(batch[HEADER_SIZE:], raw=False)
     return h, values, keys, deltas, headers
 
 
 def records_from(topic: str, partition: int, batch, min_offset: int = 0,
                  header: BatchHeader | None = None) -> list[Record]:
-    """Turn one batch into Records, skipping offsets below ``min_offset``. ``header``: the
-    batch's header as ``iter_batches`` gave it (its walk checked length and CRC), so it is
-    not parsed twice."""
-    h = parse_header(batch) if header is None else header
-    values, keys, deltas, headers = msgpack.unpackb(batch[HEADER_SIZE:], raw=False)   # (decode_batch's)
+    """Turn one batch into Records, skipping offsets below ``min_offset`` (``header``: see
+    ``decode_batch``)."""
+    h, values, keys, deltas, headers = decode_batch(batch, header)
     n = h.record_count
     base = h.base_offset
     skip = max(0, min_offset - base)

@@ -141,11 +141,12 @@ def test_a_paused_server_is_noticed_within_seconds_and_a_killed_one_at_once():
 
 
 def test_an_answer_whose_wake_up_a_send_consumed_is_still_taken_at_once():
-    """``poll`` waits on each DEALER's raw ZMQ_FD, which signals an answer only if nothing
-    read the socket's mailbox since it last found no message. A send may read it (libzmq
-    does, about once a millisecond): here the answer to A has arrived (its wake-up is in
-    the mailbox), then sending B reads the mailbox, so A waits with its fd silent. A poll
-    must still return A at once, not at the end of its wait."""
+    """A DEALER's ZMQ_FD signals an answer only if nothing read the socket's mailbox since
+    it last found no message, and a send may read it (libzmq does, about once a
+    millisecond): here the answer to A has arrived (its wake-up is in the mailbox), then
+    sending B reads the mailbox, so A's fd stays silent. A ``poll`` must still return A at
+    once, not at the end of its wait (``zmq_poll`` asks ZMQ_EVENTS; a wait on raw fds
+    alone would not)."""
     import select
     port = free_port()
     addr = f"127.0.0.1:{port}"
