@@ -139,6 +139,7 @@ def run(scenario, bootstrap, brokers, out_dir, master, skip_analysis, keep_topic
     """Run a scenario, analyse it with Spark and write the report."""
     from bench.cluster import LocalCluster, check_reachable
     from bench.cell import check_group_support, run_cell
+    from bench.calibrate import describe, probe
     from bench.events import environment, now_iso, write_run_json
 
     sc = get_scenario(scenario).with_overrides(_overrides(kw))
@@ -169,6 +170,8 @@ def run(scenario, bootstrap, brokers, out_dir, master, skip_analysis, keep_topic
         "started": now_iso(), "environment": environment(), "status": "running",
     }
     click.echo(f"bench: scenario {sc.name}, {len(cells)} cell(s) -> {out_dir}")
+    info["environment"]["calibration"] = cal = probe(out_dir)
+    click.echo(f"bench: machine now: {describe(cal)}")
     cluster = None
     t0 = time.monotonic()
     try:
@@ -229,7 +232,8 @@ def _run_peer(sc, out_dir: str | None) -> None:
     os.makedirs(out_dir, exist_ok=True)
     command = "bench " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     click.echo(f"bench: scenario {sc.name} -> {out_dir}")
-    path = run_peer(out_dir, sc.base.message_bytes, sc.base.messages, command=command, echo=click.echo)
+    path = run_peer(out_dir, sc.base.message_bytes, sc.base.messages, command=command, echo=click.echo,
+                    e2e_rate=sc.base.rate, e2e_seconds=sc.base.duration_s)
     click.echo(f"bench: report: {path}")
 
 

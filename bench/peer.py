@@ -15,8 +15,10 @@ ordered log): blocking publish latency (``latency_samples`` sends, each waiting 
 acknowledgement before the next: ``Producer.send().get()`` with default settings,
 ``js.publish``), after 100 warm-up sends; async publish throughput (``messages`` records:
 ``send()`` per record then ``flush()``; ``js.publish_async`` then wait for every ack);
-consume throughput (read those records back from the start). Records/s are acknowledged
-or received records over the wall time of the phase.
+consume throughput (read those records back from the start); end-to-end latency at a
+fixed rate (``e2e_rate`` records/s for ``e2e_seconds``, open loop, a consumer in its own
+process: ``bench.peer_e2e``). Records/s are acknowledged or received records over the wall
+time of the phase.
 
 Writes ``peer.json``, ``report.md`` and ``peer.png`` in the run directory. No Spark: the
 samples are few and summarised here (``bench.peer_nats.latency_summary``).
@@ -28,6 +30,8 @@ import os
 import time
 
 from bench import plots as charts
+from bench.calibrate import describe, probe
+from bench.peer_e2e import mesh_e2e
 from bench.peer_nats import INSTALL_HINT, NatsCluster, available, latency_summary, run_nats
 from bench.scenarios import BenchError, format_size
 
@@ -48,14 +52,18 @@ MEASURES = (
     ("blocking publish p99 (ms)", ("latency", "p99_ms"), "lower"),
     ("blocking publish p99.9 (ms)", ("latency", "p999_ms"), "lower"),
     ("blocking publish mean (ms)", ("latency", "mean_ms"), "lower"),
+    ("end-to-end p50 at a fixed rate (ms)", ("e2e", "p50_ms"), "lower"),
+    ("end-to-end p99 at a fixed rate (ms)", ("e2e", "p99_ms"), "lower"),
+    ("end-to-end p99.9 at a fixed rate (ms)", ("e2e", "p999_ms"), "lower"),
     ("async publish (records/s)", ("produce_rps",), "higher"),
     ("consume (records/s)", ("consume_rps",), "higher"),
 )
 
 
-def peer_spec(message_bytes: int, messages: int) -> dict:
+def peer_spec(message_bytes: int, messages: int, e2e_rate: int = 10_000, e2e_seconds: float = 5.0) -> dict:
     return {"message_bytes": message_bytes, "messages": messages,
-            "latency_samples": max(20, min(1000, messages // 100))}
+            "latency_samples": max(20, min(1000, messages // 100)),
+            "e2e_rate": e2e_rate or 10_000, "e2e_seconds": e2e_seconds or 5.0}
 
 
 def run_mesh(bootstrap: str, replication_factor: int, spec: dict) -> dict:
@@ -66,6 +74,7 @@ def run_mesh(bootstrap: str, replication_factor: int, spec: dict) -> dict:
     payload = b"m" * size
     create_topic(bootstrap, "peer-lat", 1, replication_factor)
     create_topic(bootstrap, "peer-thr", 1, replication_factor)
+    create_topic(bootstrap, "peer-e2e", 1, replication_factor)
     out: dict = {}
     with Producer(bootstrap) as p:  # default settings (acks=all)
         for _ in range(min(100, n_lat)):
@@ -93,6 +102,7 @@ def run_mesh(bootstrap: str, replication_factor: int, spec: dict) -> dict:
         out["consumed"] = got
     if got < n:
         raise BenchError(f"mesh consumer read {got} of {n} records within 120 s")
+    out["e2e"] = mesh_e2e(bootstrap, "peer-e2e", size, spec["e2e_rate"], spec["e2e_seconds"])
     return out
 
 
@@ -120,7 +130,7 @@ def side_by_side(results: dict) -> str:
     header.append("better")
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join([":---"] + ["---:"] * (len(header) - 2) + [":---"]) + "|"]
     for label, path, better in MEASURES:
-        ms = path[0] == "latency"
+        ms = path[0] in ("latency", "e2e")
         row = [label]
         for a, b in PAIRS:
             va, vb = _get(results.get(a), path), _get(results.get(b), path)
@@ -135,13 +145,17 @@ def _report(out_dir: str, spec: dict, results: dict, info: dict) -> str:
     lines = ["# Benchmark report: peer-nats", "",
              f"The same workload against this mesh and NATS JetStream, in one run: {format_size(spec['message_bytes'])} "
              f"records; blocking publish latency over {spec['latency_samples']:,} sends (each acknowledged before the "
-             f"next); async publish and consume throughput over {spec['messages']:,} records; one partition / one "
-             "stream. Ratios are mesh/NATS: for latency lower is better, for records/s higher is better.", "",
+             f"next); end-to-end latency at {spec['e2e_rate']:,} records/s for {spec['e2e_seconds']:g} s (open loop: "
+             "from each record's due time to its receipt by a consumer in another process); async publish and "
+             f"consume throughput over {spec['messages']:,} records; one partition / one stream. Ratios are "
+             "mesh/NATS: for latency lower is better, for records/s higher is better.", "",
              side_by_side(results), "",
              "![peer.png](peer.png)", "",
              "## Setup", "",
              f"- command: `{info.get('command', '-')}`",
              f"- started {info.get('started', '-')}; machine: {info.get('machine', '-')}",
+             f"- machine at start: {describe(info.get('calibration'))} (`bench.calibrate`: how quiet the host "
+             "was; compare runs by it)",
              "- systems run one after another, alternating mesh and NATS, each on a cluster started for it on "
              "127.0.0.1 (fresh data directories) and stopped after it.",
              "- mesh: `Producer` with default settings (acks=all, linger 5 ms upper bound); the broker syncs "
@@ -157,7 +171,8 @@ def _report(out_dir: str, spec: dict, results: dict, info: dict) -> str:
     return path
 
 
-def run_peer(out_dir: str, message_bytes: int, messages: int, command: str = "", echo=print) -> str:
+def run_peer(out_dir: str, message_bytes: int, messages: int, command: str = "", echo=print,
+             e2e_rate: int = 10_000, e2e_seconds: float = 5.0) -> str:
     """Measure every system of SYSTEMS; write peer.json, report.md and peer.png; return
     the report's path. BenchError (with how to install it) when the peer is missing."""
     missing = available()
@@ -166,12 +181,14 @@ def run_peer(out_dir: str, message_bytes: int, messages: int, command: str = "",
     import subprocess
     from bench.cluster import LocalCluster
     from bench.events import environment, now_iso
-    spec = peer_spec(message_bytes, messages)
+    spec = peer_spec(message_bytes, messages, e2e_rate, e2e_seconds)
     env = environment()
     version = subprocess.run(["nats-server", "--version"], capture_output=True, text=True).stdout.strip()
     info = {"command": command, "started": now_iso(), "nats_version": version, "errors": {},
             "machine": f"{env.get('cpu_count')} CPUs, load average at start "
-                       f"{', '.join(f'{x:.1f}' for x in env.get('loadavg') or [])}"}
+                       f"{', '.join(f'{x:.1f}' for x in env.get('loadavg') or [])}",
+            "calibration": probe(out_dir)}
+    echo(f"bench: machine now: {describe(info['calibration'])}")
     results: dict = {}
     for key, label, system, servers, replicas in SYSTEMS:
         echo(f"bench: peer-nats: {label}...")
@@ -196,7 +213,8 @@ def run_peer(out_dir: str, message_bytes: int, messages: int, command: str = "",
             continue
         r = results[key]
         echo(f"bench: peer-nats: {label}: publish p50 {r['latency']['p50_ms']:.2f} ms, "
-             f"p99 {r['latency']['p99_ms']:.2f} ms; async {r['produce_rps']:,.0f} rec/s; "
+             f"p99 {r['latency']['p99_ms']:.2f} ms; end-to-end at {spec['e2e_rate']:,} rec/s p50 "
+             f"{r['e2e']['p50_ms']:.2f} ms, p99 {r['e2e']['p99_ms']:.2f} ms; async {r['produce_rps']:,.0f} rec/s; "
              f"consume {r['consume_rps']:,.0f} rec/s ({time.monotonic() - t0:.1f} s)")
     with open(os.path.join(out_dir, "peer.json"), "w") as f:
         json.dump({"spec": spec, "info": info, "results": results}, f, indent=1)

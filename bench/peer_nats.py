@@ -7,9 +7,10 @@ to every server), waits until JetStream answers (a meta leader is elected), and 
 them on ``stop()``. ``run_nats(url, replicas, spec)`` measures on a fresh file-backed
 stream of that many replicas: blocking publish latency (one ``publish`` awaited at a
 time, each acknowledged by the stream), async publish throughput (``publish_async``,
-the client's default window of pending acks) and consume throughput (an ordered push
+the client's default window of pending acks), consume throughput (an ordered push
 consumer, nats-py's fastest way to read a stream: no acks, flow-controlled; a pull
-consumer fetching 1,000 at a time read 5-8x slower here). It returns the same keys as ``bench.peer.run_mesh``.
+consumer fetching 1,000 at a time read 5-8x slower here) and end-to-end latency at a fixed
+rate (``bench.peer_e2e``). It returns the same keys as ``bench.peer.run_mesh``.
 
 JetStream 2.9 acknowledges a publish once the stream's replicas hold it in their file
 store; it does not fsync each message (``sync_interval`` defaults to 2 minutes), while
@@ -158,7 +159,7 @@ async def _run(url: str, replicas: int, spec: dict) -> dict:
     out: dict = {}
     try:
         js = nc.jetstream(timeout=10)
-        for name, subject in (("LAT", "bench.lat"), ("THR", "bench.thr")):
+        for name, subject in (("LAT", "bench.lat"), ("THR", "bench.thr"), ("E2E", "bench.e2e")):
             deadline = time.monotonic() + 20
             while True:
                 try:
@@ -209,4 +210,7 @@ async def _run(url: str, replicas: int, spec: dict) -> dict:
 
 def run_nats(url: str, replicas: int, spec: dict) -> dict:
     """The peer workload against a NATS cluster (see the module docstring)."""
-    return asyncio.run(_run(url, replicas, spec))
+    from bench.peer_e2e import nats_e2e
+    out = asyncio.run(_run(url, replicas, spec))
+    out["e2e"] = nats_e2e(url, "bench.e2e", spec["message_bytes"], spec["e2e_rate"], spec["e2e_seconds"])
+    return out

@@ -272,30 +272,34 @@ def plot_rate_sweep(path: str, cells: list[dict]) -> bool:
 
 
 def plot_peer(path: str, results: dict, systems: tuple) -> None:
-    """Two panels: blocking publish latency (p50, p99) and throughput (publish, consume)
-    per system, values on the bars."""
+    """Three panels: blocking publish latency (p50, p99), end-to-end latency at a fixed rate
+    (p50, p99) and throughput (publish, consume) per system, values on the bars."""
     plt = _plt()
     shown = [(k, label) for k, label, *_ in systems if k in results]
-    fig, (ax, bx) = plt.subplots(1, 2, figsize=(13, 5))
+    fig, (ax, ex, bx) = plt.subplots(1, 3, figsize=(18, 5))
     xs = range(len(shown))
-    lat_vals = []
-    for i, (name, key) in enumerate((("p50", "p50_ms"), ("p99", "p99_ms"))):
-        v = [results[k]["latency"][key] for k, _ in shown]
-        lat_vals += v
-        _label_bars(ax, ax.bar([x + (i - 0.5) * 0.4 for x in xs], v, 0.4, label=name),
-                    fmt=_ms_label, fontsize=8)
+    for a, part in ((ax, "latency"), (ex, "e2e")):
+        vals = []
+        for i, (name, key) in enumerate((("p50", "p50_ms"), ("p99", "p99_ms"))):
+            v = [(results[k].get(part) or {}).get(key) or 0.0 for k, _ in shown]
+            vals += v
+            _label_bars(a, a.bar([x + (i - 0.5) * 0.4 for x in xs], v, 0.4, label=name),
+                        fmt=_ms_label, fontsize=8)
+        _scale(a, "y", vals)
+        a.set_ylabel("ms")
     for i, (name, key) in enumerate((("async publish", "produce_rps"), ("consume", "consume_rps"))):
         v = [results[k][key] for k, _ in shown]
         _label_bars(bx, bx.bar([x + (i - 0.5) * 0.4 for x in xs], v, 0.4, label=name), fontsize=8)
-    _scale(ax, "y", lat_vals)
-    for a in (ax, bx):
+    for a in (ax, ex, bx):
         a.set_xticks(list(xs))
         a.set_xticklabels([label for _, label in shown], rotation=20, ha="right", fontsize=8)
         a.margins(y=0.15)
         a.grid(axis="y", alpha=0.3)
         a.legend(fontsize=8)
-    ax.set_ylabel("ms")
+    rate = next(((results[k].get("e2e") or {}).get("rate") for k, _ in shown if results[k].get("e2e")), None)
     ax.set_title("Blocking publish latency (ms, lower is better)", fontsize=10)
+    ex.set_title(f"End-to-end latency at {rate:,} records/s (ms, lower is better)" if rate else
+                 "End-to-end latency at a fixed rate (ms, lower is better)", fontsize=10)
     _scale(bx, "y", [])
     bx.set_ylabel("records/s")
     bx.set_title("Throughput (records/s, higher is better)", fontsize=10)

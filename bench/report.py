@@ -11,6 +11,7 @@ import os
 import time
 
 from bench import plots as charts
+from bench.calibrate import describe
 from bench.scenarios import BenchError, format_size
 
 __all__ = ["write_report", "compare_runs", "PAPER", "paper_cell", "SUMMARY_FIELDS", "headline_rows",
@@ -298,6 +299,7 @@ def write_report(run_dir: str, analysis: dict, run_info: dict) -> str:
         ["cluster", where],
         ["machine", f"{env.get('cpu_count')} CPUs, {env.get('platform')}, load average at start "
                     f"{', '.join(f'{x:.1f}' for x in env.get('loadavg') or [])}"],
+        ["machine at start", describe(env.get("calibration"))],
         ["versions", ", ".join(f"{k} {v}" for k, v in (env.get("versions") or {}).items() if v)],
         ["git commit", f"{env.get('git_commit') or '-'}{' (uncommitted changes)' if env.get('git_dirty') else ''}"],
         ["command", run_info.get("command", "-")],

@@ -299,12 +299,13 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in [
                       partitions=3, messages=0, duration_s=20, rate=10_000, mode="streaming")),
     # peer-nats: not cells; bench.peer runs it (its own clusters, no Spark)
     Scenario("peer-nats", "the same 100 B workload against this mesh (3 brokers RF 3 acks=all; 1 broker) and a "
-                          "NATS JetStream cluster it starts (R3; R1): blocking publish latency, async publish and "
-                          "consume throughput, side by side",
+                          "NATS JetStream cluster it starts (R3; R1): blocking publish latency, end-to-end latency "
+                          "at 10,000 rec/s, async publish and consume throughput, side by side",
              Workload(message_bytes=100, batch=0, acks="all", replication_factor=3, producers=1, consumers=1,
-                      partitions=1, messages=100_000),
+                      partitions=1, messages=100_000, rate=10_000, duration_s=5.0),
              notes="Needs `nats-server` on the PATH (`apt-get install nats-server`) and nats-py "
-                   "(`pip install .[peer]`). --size and --messages change the workload.",
+                   "(`pip install .[peer]`). --size and --messages change the workload; --rate and "
+                   "--duration-s the end-to-end phase.",
              runner="peer-nats"),
 ]}
 

@@ -42,7 +42,11 @@ remembered, so the broker knows where the producer's sequence stands. The rules:
    delivery deadline, or the partition failed more than ``max_failures`` times in a row,
    the batch and every in-flight batch of its partition go back to the queue, in order,
    with the same producer id and sequences, and the partition backs off (doubling, or
-   growing linearly, up to ``backoff_max_ms``, with optional jitter). The broker drops
+   growing linearly, up to ``backoff_max_ms``, with optional jitter); except after a
+   NOT_LEADER naming another broker as the leader, unless the retry before it was such a
+   one: the driver follows that hint and the batches go there at once (Kafka's KIP-951),
+   so a leader change costs a round trip, not a backoff, and two brokers pointing at each
+   other cannot make a tight loop (every other retry backs off). The broker drops
    what it already has (answering with the original offsets), so order and exactly-once
    both hold. ``wait`` holds a partition back without counting a failure (no leader
    known yet: nothing was sent).
@@ -132,6 +136,7 @@ class RetryPolicy:
     linear_backoff: bool = False          # backoff_ms * failures, instead of doubling
     jitter: float = 0.0                   # the backoff is scaled by 1 +- jitter (rng)
     probe_duplicates: bool = False        # rule 7
+    follow_hints: bool = True             # rule 4: a first NOT_LEADER naming another broker: no backoff
 
 
 class Done(NamedTuple):
@@ -152,7 +157,7 @@ class Outcome(NamedTuple):
 
 class _Partition:
     __slots__ = ("batches", "producer_id", "next_seq", "next_ordinal", "backoff_until_ms", "backoff_ms",
-                 "failures", "renew")
+                 "failures", "renew", "followed")
 
     def __init__(self, producer_id: int):
         self.batches: collections.deque[SeqBatch] = collections.deque()  # unfinished, in order
@@ -163,6 +168,7 @@ class _Partition:
         self.backoff_ms = 0.0
         self.failures = 0    # failed rounds since the last success
         self.renew = False   # rule 6: a fresh producer id once the old one is out of doubt
+        self.followed = False  # rule 4: the last retry followed a NOT_LEADER hint at once
 
 
 class Sequencer:
@@ -304,6 +310,7 @@ class Sequencer:
         if error == 0 and b.probe is None:   # rule 3, NONE: the common case first (as _succeed)
             p.failures = 0
             p.backoff_ms = 0.0
+            p.followed = False
             done = _tuple_new(Done, (tp, b, base_offset, None, False, False))   # Done(tp, b, base_offset),
             if p.batches and p.batches[0] is b:                                   # without the namedtuple's
                 p.batches.popleft()                                               # Python-level __new__
@@ -365,6 +372,11 @@ class Sequencer:
             self._fail(tp, p, batch, err, gave_up=True)
             return False
         self._drop_in_flight(tp, p)
+        if (pol.follow_hints and not p.followed and err.code == ErrorCode.NOT_LEADER and err.leader
+                and err.leader != batch.sent_to):
+            p.followed = True
+            return True   # the broker named another leader: go there now (rule 4)
+        p.followed = False
         if pol.linear_backoff:
             p.backoff_ms = min(pol.backoff_max_ms, pol.backoff_ms * p.failures)
         else:
@@ -457,6 +469,7 @@ class Sequencer:
     def _succeed(self, tp: TP, p: _Partition, b: SeqBatch, base_offset: int, duplicate: bool) -> None:
         p.failures = 0
         p.backoff_ms = 0.0
+        p.followed = False
         self._finish(tp, b, Done(tp, b, base_offset, duplicate=duplicate))
 
     def _fail(self, tp: TP, p: _Partition, b: SeqBatch, err: MeshError, gave_up: bool) -> None:

@@ -236,7 +236,9 @@ class Leading:
     # -- local appends ---------------------------------------------------------------------------
     def append_position(self: Partition) -> tuple[int, int]:
         if self.role != "leader" or self.transfer_to is not None:
-            hint = self.transfer_to if self.role == "leader" else self.leader
+            # a hint names an elected leader only: clients retry at a hint at once (a transfer
+            # target that has not won yet would answer NOT_LEADER again, and back them off)
+            hint = None if self.role == "leader" else self.leader
             raise MeshError(ErrorCode.NOT_LEADER, f"partition {self.pid}: not the leader", leader=hint)
         now, window = self.host.now_tick, 3 * self.cfg.heartbeat_ticks + 1
         voters = [self.progress[v] for v in self.voters if v != self.node]

@@ -20,7 +20,7 @@ needs_peer = pytest.mark.skipif(available() is not None,
 @needs_peer
 @pytest.mark.parametrize("servers", [1, 3])
 def test_nats_driver_measures_a_real_jetstream_cluster(tmp_path, servers):
-    spec = {"message_bytes": 100, "messages": 2_000, "latency_samples": 50}
+    spec = {"message_bytes": 100, "messages": 2_000, "latency_samples": 50, "e2e_rate": 2_000, "e2e_seconds": 1.0}
     t0 = time.monotonic()
     cluster = NatsCluster(servers, str(tmp_path / "nats")).start()
     try:
@@ -32,6 +32,8 @@ def test_nats_driver_measures_a_real_jetstream_cluster(tmp_path, servers):
     lat = res["latency"]
     assert lat["samples"] == 50 and 0 < lat["p50_ms"] <= lat["p99_ms"] <= lat["max_ms"]
     assert res["consumed"] == 2_000 and res["produce_rps"] > 0 and res["consume_rps"] > 0
+    e2e = res["e2e"]   # every record of the paced phase reached the consumer process
+    assert e2e["samples"] == 2_000 and e2e["rate"] == 2_000 and 0 < e2e["p50_ms"] <= e2e["p99_ms"] <= e2e["max_ms"]
     # JetStream kept its store under the run's directory
     assert any(os.scandir(tmp_path / "nats" / "n0" / "jetstream"))
     assert time.monotonic() - t0 < 30

@@ -75,9 +75,9 @@ def test_headline_marks_saturated_cells_and_lists_max_throughput_apart():
 
 CANNED = {
     "mesh-rf3": {"latency": {"p50_ms": 2.0, "p99_ms": 4.0, "p999_ms": 6.0, "mean_ms": 2.5}, "produce_rps": 200_000.0,
-                 "consume_rps": 800_000.0},
+                 "consume_rps": 800_000.0, "e2e": {"p50_ms": 4.0, "p99_ms": 8.0, "p999_ms": 10.0, "rate": 10_000}},
     "nats-r3": {"latency": {"p50_ms": 0.5, "p99_ms": 2.0, "p999_ms": 3.0, "mean_ms": 0.6}, "produce_rps": 20_000.0,
-                "consume_rps": 80_000.0},
+                "consume_rps": 80_000.0, "e2e": {"p50_ms": 3.0, "p99_ms": 24.0, "p999_ms": 40.0, "rate": 10_000}},
     "mesh-rf1": {"latency": {"p50_ms": 1.0, "p99_ms": 2.0, "p999_ms": 2.5, "mean_ms": 1.1}, "produce_rps": 300_000.0,
                  "consume_rps": 900_000.0},
 }
@@ -95,6 +95,10 @@ def test_peer_table_puts_systems_side_by_side_with_the_ratio():
     assert "| 200,000 | 20,000 | 10.00x |" in thr
     # NATS R1 missing (failed): its cells and ratio are "-", the others still shown
     assert "| 300,000 | - | - |" in thr
+    e2e = next(ln for ln in lines if ln.startswith("| end-to-end p99 at a fixed rate (ms)"))
+    assert "| 8.00 | 24.00 | 0.33x |" in e2e and e2e.rstrip(" |").endswith("lower")
+    # mesh RF 1 ran without the end-to-end phase (an older run): "-", not an error
+    assert "| - | - | - |" in e2e
 
 
 def test_latency_summary_percentiles():

@@ -46,6 +46,7 @@ class NodeSimConfig:
     wipes: bool = False            # also lose whole disks (a broker restarts empty: lost state)
     early_appends: bool = True     # leaders' appends leave before the turn's sync (ReplicaHost)
     early_acks: bool = True        # acks=all answers a drained commit advance allows, before the sync
+    follow_hints: bool = True      # producers retry at a NOT_LEADER's named leader at once (first time)
     loss: float = 0.03
     dup: float = 0.03
     delay_ms: tuple[int, int] = (1, 12)
@@ -61,7 +62,8 @@ class NodeSimConfig:
                 f"--partitions {self.partitions} --rf {self.rf} --producers {self.producers}"
                 + ("" if self.faults else " --no-faults") + (" --wipes" if self.wipes else "")
                 + ("" if self.early_appends else " --no-early-appends")
-                + ("" if self.early_acks else " --no-early-acks"))
+                + ("" if self.early_acks else " --no-early-acks")
+                + ("" if self.follow_hints else " --no-follow-hints"))
 
 
 # -- the store: MemoryStore whose group commit can fail ---------------------------------------
@@ -174,10 +176,11 @@ class SimBatch(SeqBatch):
 
 
 class Producer:
-    def __init__(self, cid: str, index: int, rng: random.Random) -> None:
+    def __init__(self, cid: str, index: int, rng: random.Random, follow_hints: bool = True) -> None:
         self.id = cid
         self.ids = iter(range(1000 * (index + 1), 1000 * (index + 2)))
-        self.seq = Sequencer(RetryPolicy(max_in_flight=3, backoff_ms=30, backoff_max_ms=400, jitter=0.2),
+        self.seq = Sequencer(RetryPolicy(max_in_flight=3, backoff_ms=30, backoff_max_ms=400, jitter=0.2,
+                                         follow_hints=follow_hints),
                              producer_id=next(self.ids), new_producer_id=lambda: next(self.ids), rng=rng)
         self.leader: dict[int, str] = {}
         self.rid = 0

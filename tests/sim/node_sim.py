@@ -120,7 +120,8 @@ class NodeSim(NodeClients, NodeChecks):
         self.replicas = {p: replicas[p] for p in range(cfg.partitions)}
         self.brokers = {nid: Broker(nid, sorted(self.pid_of[p] for p in range(cfg.partitions)
                                                 if nid in replicas[p])) for nid in self.broker_ids}
-        self.producers = {f"c{i}": Producer(f"c{i}", i, random.Random(f"node-sim/{cfg.seed}/c{i}"))
+        self.producers = {f"c{i}": Producer(f"c{i}", i, random.Random(f"node-sim/{cfg.seed}/c{i}"),
+                                                     cfg.follow_hints)
                           for i in range(cfg.producers)}
         self.consumers = {f"k{p}": Consumer(f"k{p}", p) for p in range(cfg.partitions)}
         self.faults_on, self.clients_on = cfg.faults, True
@@ -479,6 +480,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="leaders send appends only after their sync (the contract before issue 15)")
     p.add_argument("--no-early-acks", action="store_true",
                    help="acks=all answers only after the turn's sync (the shell before issue 15, part 2)")
+    p.add_argument("--no-follow-hints", action="store_true",
+                   help="producers back off after every NOT_LEADER (the client before issue 15, round 5)")
     p.add_argument("-q", "--quiet", action="store_true")
     p.add_argument("-v", "--verbose", action="store_true", help="show the shells' log (failed commits ...)")
     args = p.parse_args(argv)
@@ -486,7 +489,8 @@ def main(argv: list[str] | None = None) -> int:
     return run_seeds(args.seed, args.seeds, lambda seed: run(NodeSimConfig(
         seed=seed, steps=args.steps, brokers=args.brokers, partitions=args.partitions, rf=args.rf,
         producers=args.producers, faults=not args.no_faults, wipes=args.wipes,
-        early_appends=not args.no_early_appends, early_acks=not args.no_early_acks)),
+        early_appends=not args.no_early_appends, early_acks=not args.no_early_acks,
+        follow_hints=not args.no_follow_hints)),
         failure=SimFailure, quiet=args.quiet)
 
 

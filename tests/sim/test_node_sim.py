@@ -44,7 +44,7 @@ def test_faults_are_really_injected():
         assert totals[kind] > 0, totals
 
 
-@pytest.mark.parametrize("seed, early", [(0, False), (2, True)])   # seeds whose schedule wipes a disk
+@pytest.mark.parametrize("seed, early", [(4, False), (2, True)])   # seeds whose schedule wipes a disk
 def test_a_broker_that_lost_its_disk_refills_and_nothing_acknowledged_is_lost(seed, early):
     sim = run(NodeSimConfig(seed=seed, steps=STEPS, wipes=True, early_appends=early))
     assert sim.counts["wipe"] > 0 and sim.counts["acked"] > 50, sim.summary()
@@ -55,8 +55,10 @@ def test_wiped_disks_never_stall_a_partition(seed):
     """Seed 40: a late message from a life never heard retired a peer's live identity for
     good. Seed 164: a rebuild after refilling declared lost state again, so two replicas of
     a partition were recovering at once and no leader could be elected. Both replay the
-    schedule they were found with: appends and acks only after the leader's sync."""
-    sim = run(NodeSimConfig(seed=seed, steps=1500, wipes=True, early_appends=False, early_acks=False))
+    schedule they were found with: appends and acks only after the leader's sync, and
+    producers that back off after every NOT_LEADER."""
+    sim = run(NodeSimConfig(seed=seed, steps=1500, wipes=True, early_appends=False, early_acks=False,
+                            follow_hints=False))
     assert sim.counts["wipe"] > 0, sim.summary()
 
 

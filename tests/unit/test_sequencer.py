@@ -2,6 +2,8 @@
 import itertools
 import random
 
+import pytest
+
 from mesh.client.sequencer import (
     DONE, FAILED, PROBE, RETRY, SPLIT, Done, Outcome, RetryPolicy, SeqBatch, Sequencer,
 )
@@ -164,6 +166,40 @@ def test_leader_change_not_leader_then_the_new_leader_takes_the_same_sequences()
     for rid, *_ in reversed(resent):
         assert seq.on_reply(rid, NONE, 500).action == DONE
     assert names(seq.take_done()) == ["b2", "b1", "b0"]
+
+
+def test_not_leader_naming_another_broker_is_followed_at_once_but_never_twice_in_a_row():
+    seq, d, bs = make(RetryPolicy(max_in_flight=3, backoff_ms=100), n=2)
+    sent = d.pump(0)
+    out = seq.on_reply(sent[0][0], NOT_LEADER, 5, leader="leader-b:1")
+    assert out.action == RETRY and out.batch.name == "b0"
+    assert seq.backoff_until_ms(TP) <= 5            # no backoff: the hint goes to the new leader now
+    again = d.pump(5)
+    assert [(n, s_) for _, n, _, s_ in again] == [("b0", 0), ("b1", 1)]   # same sequences, in order
+    # a second hint right after (stale: two brokers pointing at each other) backs off as
+    # any retry does, so hints cannot make a tight loop
+    seq.on_reply(again[0][0], NOT_LEADER, 6, leader="leader-c:1")
+    assert seq.backoff_until_ms(TP) == 106
+    assert d.pump(50) == []
+    # after a retry that backed off, a hint is followed at once again
+    third = d.pump(106)
+    seq.on_reply(third[0][0], NOT_LEADER, 110, leader="leader-d:1")
+    assert seq.backoff_until_ms(TP) == 106 and len(d.pump(110)) == 2
+    # a success ends the run: the next hint is followed at once
+    for rid, *_ in d.sent[-2:]:
+        seq.on_reply(rid, NONE, 120)
+    seq.append(TP, B("b2"))
+    (rid, *_), = d.pump(120)
+    seq.on_reply(rid, NOT_LEADER, 130, leader="leader-e:1")
+    assert seq.backoff_until_ms(TP) == 106
+
+
+@pytest.mark.parametrize("leader", [None, "", "leader-a:1"])
+def test_not_leader_without_a_new_leader_backs_off(leader):
+    seq, d, bs = make(RetryPolicy(max_in_flight=3, backoff_ms=100), n=1)
+    (rid, *_), = d.pump(0)
+    assert seq.on_reply(rid, NOT_LEADER, 5, leader=leader).action == RETRY
+    assert seq.backoff_until_ms(TP) == 105          # no hint, or it names the broker that refused
 
 
 def test_backoff_doubles_up_to_its_cap_and_resets_after_a_success():
