@@ -24,7 +24,7 @@ and a refusal without one costs the client a backoff. Once the handover ends
 (``release_held``, every turn) a held request runs again: appended if the transfer was
 abandoned and we still lead, otherwise answered NOT_LEADER with the new leader's address,
 which the client follows at once. Held for at most ``_HOLD_MS`` (and the request's
-timeout), at most ``_HOLD_MAX`` per partition and ``_HOLD_BYTES`` in all; past a bound a
+timeout), at most ``_HOLD_MAX`` per partition, ``_HOLD_ALL`` and ``_HOLD_BYTES`` in all; past a bound a
 request is refused as before. A held request has appended nothing (its answer is an
 ``ErrorResponse`` unless it is appended when it runs again).
 
@@ -96,6 +96,7 @@ _tuple_new = tuple.__new__
 _HOLD_MS = 2_000        # a handover ends within an election timeout (then it is abandoned)
 _HOLD_MAX = 1_024       # produce requests held per partition during a handover
 _HOLD_BYTES = 64 << 20  # bytes of produce requests held in all
+_HOLD_ALL = 16_384      # produce requests held in all
 
 
 class _Staged(NamedTuple):   # a tuple: built once per produce request
@@ -153,6 +154,7 @@ class DataPath:
         self._grown: set[int] = set()
         self._held: dict[int, list[tuple]] = {}   # pid -> [(ident, rid, req, payload, until_ms)]
         self._held_bytes = 0
+        self._held_count = 0
         self.held_total = 0   # produce requests ever held through a handover
         self._doomed: str | None = None
         self.on_commit: list[Callable[[bool], None]] = []   # told after every commit_turn: ok or not
@@ -202,6 +204,12 @@ class DataPath:
         if payload is None:
             raise MeshError(ErrorCode.INVALID_REQUEST, "produce request has no record batch frame")
         h = records.validate_batch(payload, t.config["max.message.bytes"])
+        if hold and pid in self._held:   # earlier requests of this partition wait: keep the order
+            # (before the sequence check: the batches held ahead of this one are not stored yet)
+            if not self._hold(pid, ident, rid, req, payload, behind=True):
+                raise MeshError(ErrorCode.NOT_LEADER, f"{req.topic}/{req.partition}: a leadership handover "
+                                                      "is in progress and too many requests wait for it")
+            return
         if h.producer_id >= 0:
             dup = producers.check(pid, h)
             if dup is not None:  # a retry of a batch we already have: answer as before
@@ -211,11 +219,6 @@ class DataPath:
                 elif req.acks != 0:
                     self.reply(ident, rid, m.ProduceResponse(0, base_offset=dup))
                 return
-        if hold and pid in self._held:   # earlier requests of this partition wait: keep the order
-            if not self._hold(pid, ident, rid, req, payload, behind=True):
-                raise MeshError(ErrorCode.NOT_LEADER, f"{req.topic}/{req.partition}: a leadership handover "
-                                                      "is in progress and too many requests wait for it")
-            return
         try:
             base, epoch = replicas.append_position(pid)
         except MeshError as exc:  # the core names leaders by node id; clients need an address
@@ -243,27 +246,29 @@ class DataPath:
         if not behind and not self.replicas.transferring(pid):
             return False
         held = self._held.get(pid)
-        if (held is not None and len(held) >= _HOLD_MAX) or self._held_bytes + len(payload) > _HOLD_BYTES:
+        if ((held is not None and len(held) >= _HOLD_MAX) or self._held_bytes + len(payload) > _HOLD_BYTES
+                or self._held_count >= _HOLD_ALL):
             return False
         if held is None:
             held = self._held[pid] = []
         held.append((ident, rid, req, payload, self.now_ms() + min(_HOLD_MS, max(0, req.timeout_ms))))
         self._held_bytes += len(payload)
+        self._held_count += 1
         self.held_total += 1
         return True
 
     @property
     def holding(self) -> int:
         """Produce requests held now."""
-        return sum(len(h) for h in self._held.values())
+        return self._held_count
 
     def release_held(self) -> None:
         """Every turn: run again, in order, the produce requests held for a handover that
         ended (or whose first one waited long enough). While the leadership is between
         nodes (we stepped down, nobody won yet) they wait on: the answer should name the
         new leader."""
-        if not self._held:
-            return
+        if not self._held or self._doomed is not None:
+            return   # a doomed turn would roll them back: the next turn runs them
         now = self.now_ms()
         replicas = self.replicas
         for pid in list(self._held):
@@ -274,15 +279,18 @@ class DataPath:
                 continue
             del self._held[pid]   # all of them, in the order they came (none may overtake another)
             # the elected successor, as the replication core knows it (gossip may lag behind)
-            addr = (self.address_of(leader) if hosted and leader is not None and self.address_of
-                    and not replicas.is_leader(pid) else None)
+            try:
+                addr = (self.address_of(leader) if hosted and leader is not None and self.address_of
+                        and not replicas.is_leader(pid) else None)
+            except Exception:  # an odd view: let on_produce name the leader
+                addr = None
             for ident, rid, req, payload, _ in held:
                 self._held_bytes -= len(payload)
-                if addr is not None:
-                    self.reply(ident, rid, m.ErrorResponse(int(ErrorCode.NOT_LEADER),
-                                                           f"{req.topic}/{req.partition} is led by {addr}", addr))
-                    continue
+                self._held_count -= 1
                 try:
+                    if addr is not None:
+                        raise MeshError(ErrorCode.NOT_LEADER, f"{req.topic}/{req.partition} is led by {addr}",
+                                        leader=addr)
                     self.on_produce(ident, rid, req, payload, hold=False)
                 except MeshError as exc:
                     self.reply(ident, rid, m.ErrorResponse(int(exc.code), exc.message, exc.leader))

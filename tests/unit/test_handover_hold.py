@@ -66,11 +66,21 @@ class Store:
 
 
 class Producers:
+    """The idempotent producer's sequence check, as ProducerStates does it for one producer:
+    a batch whose first sequence is not the next one expected is refused (an earlier batch
+    is still in flight)."""
+
+    def __init__(self):
+        self.next = 0
+
     def check(self, pid, h):
+        if h.producer_id >= 0 and h.base_sequence != self.next:
+            raise MeshError(ErrorCode.OUT_OF_ORDER_SEQUENCE, f"expected {self.next}, got {h.base_sequence}")
         return None
 
     def stage(self, pid, h, base):
-        pass
+        if h.producer_id >= 0:
+            self.next = h.base_sequence + h.record_count
 
 
 def make():
@@ -82,8 +92,9 @@ def make():
     return dp, replicas, replies, now
 
 
-def produce(dp, rid, value=b"v"):
-    dp.on_produce(b"c", rid, m.ProduceRequest("t", 0, 1, 5_000), encode_batch([value]))
+def produce(dp, rid, value=b"v", seq=-1):
+    batch = encode_batch([value], producer_id=5 if seq >= 0 else -1, base_sequence=seq)
+    dp.on_produce(b"c", rid, m.ProduceRequest("t", 0, 1, 5_000), batch)
 
 
 def test_held_during_a_handover_then_answered_with_the_new_leader_in_order():
@@ -116,6 +127,17 @@ def test_an_abandoned_handover_appends_what_it_held_first_and_in_order():
     values = (b"value-one", b"value-two", b"value-three")
     assert len(replicas.appended) == 3 and all(v in p for p, v in zip(replicas.appended, values))
     assert replies == [] and dp.holding == 0  # acks=1: answered after the turn's sync
+
+
+def test_pipelined_idempotent_batches_wait_behind_the_held_one_not_refused_out_of_order():
+    dp, replicas, replies, now = make()
+    replicas.moving = True
+    produce(dp, 1, b"value-one", seq=0)       # held: not stored, so sequence 1 is not next yet
+    produce(dp, 2, b"value-two", seq=1)       # must wait behind it, not get OUT_OF_ORDER_SEQUENCE
+    assert replies == [] and dp.holding == 2
+    replicas.moving = False                   # abandoned: both stored, in order
+    dp.release_held()
+    assert replies == [] and len(replicas.appended) == 2 and b"value-one" in replicas.appended[0]
 
 
 def test_a_request_waits_no_longer_than_the_hold_and_holds_are_bounded(monkeypatch):
