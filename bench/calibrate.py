@@ -26,15 +26,12 @@ import shutil
 import tempfile
 import time
 
+from bench.peer_nats import latency_summary
+
 __all__ = ["probe", "describe"]
 
 _ROUNDS = 1000
 _COMMITS = 300
-
-
-def _pct(xs: list[float], q: float) -> float:
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(q * len(xs)))]
 
 
 def _echo(port_q) -> None:
@@ -72,13 +69,14 @@ def wakeup_rtt_us(rounds: int = _ROUNDS) -> tuple[float, float]:
             d.recv()
         ts = []
         for _ in range(rounds):
-            t = time.perf_counter()
+            t = time.perf_counter_ns()
             d.send(b"x")
             d.recv()
-            ts.append((time.perf_counter() - t) * 1e6)
+            ts.append(time.perf_counter_ns() - t)
             time.sleep(0.0005)  # start each round trip from sleeping processes
         d.send(b"q")
-        return _pct(ts, 0.5), _pct(ts, 0.99)
+        s = latency_summary(ts)
+        return s["p50_ms"] * 1000, s["p99_ms"] * 1000
     finally:
         d.close()
         zctx.term()
@@ -96,14 +94,15 @@ def sync_commit_ms(directory: str | None = None, commits: int = _COMMITS) -> tup
         try:
             ts = []
             for i in range(commits):
-                t = time.perf_counter()
+                t = time.perf_counter_ns()
                 with env.begin(write=True) as tx:
                     tx.put(i.to_bytes(8, "big"), b"c" * 2048)
-                ts.append((time.perf_counter() - t) * 1e3)
+                ts.append(time.perf_counter_ns() - t)
                 time.sleep(0.001)  # as a broker's turns come apart
         finally:
             env.close()
-        return _pct(ts, 0.5), _pct(ts, 0.99)
+        s = latency_summary(ts)
+        return s["p50_ms"], s["p99_ms"]
     finally:
         shutil.rmtree(path, ignore_errors=True)
 
