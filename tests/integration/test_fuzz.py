@@ -355,6 +355,17 @@ def test_offsets_stamped_2_62_are_refused_and_real_commits_win(cluster, peer):
     healthy(cluster, records_so_far(cluster))
 
 
+_lives = iter(range(1, 1 << 30))
+
+
+def fresh_life() -> tuple[str, int]:
+    """A (store, life) no broker has seen. A forgery must claim one: a broker drops, unlogged,
+    a message from a life it saw replaced less than an election timeout ago (a late message
+    from before a restart), and the fuzz above often claims ("", 1) for a real broker's
+    address, which the real broker's next message then replaces."""
+    return f"forger-{os.getpid()}", next(_lives)
+
+
 def test_an_append_at_epoch_plus_1000_from_a_forged_leader_is_refused(cluster, peer, stranger):
     uuid = topic_uuid(cluster, stranger)
     leader, address, epoch = leader_of(cluster, 0)
@@ -366,7 +377,7 @@ def test_an_append_at_epoch_plus_1000_from_a_forged_leader_is_refused(cluster, p
                     len(forged), 0)
     for b in cluster.brokers:
         if b.node_id != leader:
-            peer.send(address, b.address, ReplAppend([row], "", 1), forged)
+            peer.send(address, b.address, ReplAppend([row], *fresh_life()), forged)
     # (refusals are logged once per peer and reason: the fuzz may have said it already)
     wait_until(lambda: logged(cluster, "ahead of ours"), 10, "a term-jump refusal in the logs")
     healthy(cluster, len(before))
@@ -377,10 +388,11 @@ def test_a_vote_request_with_term_2_63_and_transfer_is_refused(cluster, peer, st
     uuid = topic_uuid(cluster, stranger)
     leader, _, epoch = leader_of(cluster, 1)
     follower = next(b for b in cluster.brokers if b.node_id != leader)
+    life = fresh_life()
     peer.send(follower.address, broker(cluster, leader).address,
-              ReplVote([VoteRow(cluster_pid(uuid, 1), 2 ** 63 - 1, 2 ** 63 - 1, 2 ** 62, 0, 1)], "", 1))
+              ReplVote([VoteRow(cluster_pid(uuid, 1), 2 ** 63 - 1, 2 ** 63 - 1, 2 ** 62, 0, 1)], *life))
     peer.send(follower.address, broker(cluster, leader).address,
-              ReplTimeoutNow([TimeoutNowRow(cluster_pid(uuid, 1), epoch + 1)], "", 1))
+              ReplTimeoutNow([TimeoutNowRow(cluster_pid(uuid, 1), epoch + 1)], *life))
     healthy(cluster, records_so_far(cluster))
     wait_until(lambda: logged(cluster, "TimeoutNow not from the leader of our term"), 10, "the TimeoutNow refused")
     # Neither forgery took effect: the epoch did not jump toward 2**63. (The leader itself may
