@@ -47,7 +47,7 @@ remembered, so the broker knows where the producer's sequence stands. The rules:
    one: the driver follows that hint and the batches go there at once (Kafka's KIP-951),
    so a redirect to an elected leader costs a round trip, not a backoff, and two brokers
    pointing at each other cannot make a tight loop (every other retry backs off). (A
-   leader handing over names no successor until it has won: that retry backs off.) The broker drops
+   leader handing over holds produce requests until its target has won, then names it.) The broker drops
    what it already has (answering with the original offsets), so order and exactly-once
    both hold. ``wait`` holds a partition back without counting a failure (no leader
    known yet: nothing was sent).

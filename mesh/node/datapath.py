@@ -18,6 +18,16 @@ of a stored batch (same producer id and sequences, ``ProducerStates.check``) is 
 with its original offsets (or DUPLICATE_SEQUENCE when it is older than the batches kept),
 never stored twice. NOT_LEADER carries the leader's address when this node knows it.
 
+A handover (preferred leader, a move): while this node hands its leadership over, a
+produce request is held (``_hold``), not refused: there is no elected leader to name yet,
+and a refusal without one costs the client a backoff. Once the handover ends
+(``release_held``, every turn) a held request runs again: appended if the transfer was
+abandoned and we still lead, otherwise answered NOT_LEADER with the new leader's address,
+which the client follows at once. Held for at most ``_HOLD_MS`` (and the request's
+timeout), at most ``_HOLD_MAX`` per partition, ``_HOLD_ALL`` and ``_HOLD_BYTES`` in all; past a bound a
+request is refused as before. A held request has appended nothing (its answer is an
+``ErrorResponse`` unless it is appended when it runs again).
+
 Fetch: answered from data below the high watermark (what a quorum has synced), or parked
 until the high watermark moves or ``max_wait_ms`` passes.
 
@@ -83,6 +93,10 @@ class DataLimits:
 
 
 _tuple_new = tuple.__new__
+_HOLD_MS = 2_000        # a handover ends within an election timeout (then it is abandoned)
+_HOLD_MAX = 1_024       # produce requests held per partition during a handover
+_HOLD_BYTES = 64 << 20  # bytes of produce requests held in all
+_HOLD_ALL = 16_384      # produce requests held in all
 
 
 class _Staged(NamedTuple):   # a tuple: built once per produce request
@@ -138,6 +152,10 @@ class DataPath:
         self._seq = itertools.count(1)
         self._deadlines: list[_Waiter] = []
         self._grown: set[int] = set()
+        self._held: dict[int, list[tuple]] = {}   # pid -> [(ident, rid, req, payload, until_ms)]
+        self._held_bytes = 0
+        self._held_count = 0
+        self.held_total = 0   # produce requests ever held through a handover
         self._doomed: str | None = None
         self.on_commit: list[Callable[[bool], None]] = []   # told after every commit_turn: ok or not
         self.metrics = None   # mesh.node.metrics.NodeMetrics (--metrics-port)
@@ -154,10 +172,15 @@ class DataPath:
         return t, pid
 
     def next_deadline_ms(self) -> int | None:
-        """When the earliest parked fetch times out (``now_ms`` scale), None if none is parked."""
+        """When the earliest parked fetch or held produce times out (``now_ms`` scale), None
+        if nothing waits."""
         while self._deadlines and self._deadlines[0].done:
             heapq.heappop(self._deadlines)
-        return self._deadlines[0].deadline_ms if self._deadlines else None
+        d = self._deadlines[0].deadline_ms if self._deadlines else None
+        if self._held:
+            h = min(held[0][4] for held in self._held.values())
+            d = h if d is None else min(d, h)
+        return d
 
     @property
     def parked(self) -> int:
@@ -169,7 +192,7 @@ class DataPath:
             self._doomed = reason
 
     # -- produce ------------------------------------------------------------------------
-    def on_produce(self, ident, rid, req: m.ProduceRequest, payload) -> None:
+    def on_produce(self, ident, rid, req: m.ProduceRequest, payload, hold: bool = True) -> None:
         if req.acks not in (0, 1, -1):
             raise MeshError(ErrorCode.INVALID_REQUEST, f"acks must be 0, 1 or -1 (all), not {req.acks}")
         if req.timeout_ms < 0:
@@ -181,6 +204,12 @@ class DataPath:
         if payload is None:
             raise MeshError(ErrorCode.INVALID_REQUEST, "produce request has no record batch frame")
         h = records.validate_batch(payload, t.config["max.message.bytes"])
+        if hold and pid in self._held:   # earlier requests of this partition wait: keep the order
+            # (before the sequence check: the batches held ahead of this one are not stored yet)
+            if not self._hold(pid, ident, rid, req, payload, behind=True):
+                raise MeshError(ErrorCode.NOT_LEADER, f"{req.topic}/{req.partition}: a leadership handover "
+                                                      "is in progress and too many requests wait for it")
+            return
         if h.producer_id >= 0:
             dup = producers.check(pid, h)
             if dup is not None:  # a retry of a batch we already have: answer as before
@@ -193,6 +222,8 @@ class DataPath:
         try:
             base, epoch = replicas.append_position(pid)
         except MeshError as exc:  # the core names leaders by node id; clients need an address
+            if hold and exc.code == ErrorCode.NOT_LEADER and self._hold(pid, ident, rid, req, payload):
+                return   # a handover is in progress: answered when it ends (release_held)
             hint = self.address_of(exc.leader) if exc.leader and self.address_of else None
             raise MeshError(exc.code, exc.message, leader=hint or self.leader_of(t, req.partition))
         try:
@@ -207,6 +238,67 @@ class DataPath:
         # staged: from here on the answer is a ProduceResponse (the outcome may be "written")
         self._staged.append(_tuple_new(_Staged, (ident, rid, req.acks, pid, base, end,
                                                  min(req.timeout_ms, self.limits.max_produce_timeout_ms))))
+
+    def _hold(self, pid: int, ident, rid, req: m.ProduceRequest, payload: bytes, behind: bool = False) -> bool:
+        """Hold a produce request while this node hands ``pid``'s leadership over (see the
+        module doc), or ``behind`` requests of ``pid`` held already (so that none overtakes
+        them); False if there is no reason to, or a bound is reached."""
+        if not behind and not self.replicas.transferring(pid):
+            return False
+        held = self._held.get(pid)
+        if ((held is not None and len(held) >= _HOLD_MAX) or self._held_bytes + len(payload) > _HOLD_BYTES
+                or self._held_count >= _HOLD_ALL):
+            return False
+        if held is None:
+            held = self._held[pid] = []
+        held.append((ident, rid, req, payload, self.now_ms() + min(_HOLD_MS, max(0, req.timeout_ms))))
+        self._held_bytes += len(payload)
+        self._held_count += 1
+        self.held_total += 1
+        return True
+
+    @property
+    def holding(self) -> int:
+        """Produce requests held now."""
+        return self._held_count
+
+    def release_held(self) -> None:
+        """Every turn: run again, in order, the produce requests held for a handover that
+        ended (or whose first one waited long enough). While the leadership is between
+        nodes (we stepped down, nobody won yet) they wait on: the answer should name the
+        new leader."""
+        if not self._held or self._doomed is not None:
+            return   # a doomed turn would roll them back: the next turn runs them
+        now = self.now_ms()
+        replicas = self.replicas
+        for pid in list(self._held):
+            held = self._held[pid]
+            hosted = replicas.hosts(pid)
+            leader = replicas.leader(pid)[0] if hosted else None
+            if hosted and (replicas.transferring(pid) or leader is None) and held[0][4] > now:
+                continue
+            del self._held[pid]   # all of them, in the order they came (none may overtake another)
+            # the elected successor, as the replication core knows it (gossip may lag behind)
+            try:
+                addr = (self.address_of(leader) if hosted and leader is not None and self.address_of
+                        and not replicas.is_leader(pid) else None)
+            except Exception:  # an odd view: let on_produce name the leader
+                addr = None
+            for ident, rid, req, payload, _ in held:
+                self._held_bytes -= len(payload)
+                self._held_count -= 1
+                try:
+                    if addr is not None:
+                        raise MeshError(ErrorCode.NOT_LEADER, f"{req.topic}/{req.partition} is led by {addr}",
+                                        leader=addr)
+                    self.on_produce(ident, rid, req, payload, hold=False)
+                except MeshError as exc:
+                    self.reply(ident, rid, m.ErrorResponse(int(exc.code), exc.message, exc.leader))
+                except Exception as exc:  # as the dispatcher: answer, fail the turn, keep serving
+                    self.doom(f"{type(exc).__name__} while running a held produce request")
+                    log.exception("held produce request failed: %s", exc)
+                    self.reply(ident, rid, m.ErrorResponse(int(ErrorCode.INVALID_REQUEST),
+                                                           f"request could not be handled: {exc}"))
 
     def answer_committed(self) -> None:
         """Right after the drain: answer the acks=all requests and wake the parked fetches

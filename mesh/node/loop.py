@@ -360,6 +360,7 @@ class Node:
             self._gossip_suspect = True
         self._step("gossip tick", self._tick_gossip, now_ms)
         self._step("replication tick", self.replicas.tick_due)
+        self._step("held produces", self.data.release_held)   # a handover that ended: run them again
         self._step("corrupt batches", self._report_corrupt)
         if self.gossip.version != self._seen_version:
             self._seen_version = self.gossip.version

@@ -415,6 +415,10 @@ class ReplicaHost:
     def append_position(self, pid: int) -> tuple[int, int]:
         return self.core.append_position(pid)
 
+    def transferring(self, pid: int) -> bool:
+        """This node leads ``pid`` and is handing the leadership over (appends refused)."""
+        return self.core.transferring(pid)
+
     def leader_append(self, pid: int, end_offset: int, epoch: int, base: int = -1, batch: bytes | None = None,
                       patched: bool = False) -> None:
         """The data path staged ``batch`` (as the client sent it, or as stored if ``patched``)

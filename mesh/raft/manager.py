@@ -455,6 +455,11 @@ class ReplicaManager:
     def role(self, pid: int) -> Role:
         return self._part(pid).role
 
+    def transferring(self, pid: int) -> bool:
+        """Leader of ``pid`` and handing the leadership over (appends are refused meanwhile)."""
+        p = self._parts.get(pid)
+        return p is not None and p.role == Role.LEADER and p.transfer_to is not None
+
     def leader(self, pid: int) -> tuple[str | None, int]:
         p = self._part(pid)
         return p.leader, p.term

@@ -271,6 +271,7 @@ class NodeSim(NodeClients, NodeChecks):
         b.data.answer_committed()   # what the drain's commit advances allow (mesh.node.loop, step 2)
         b.host.send_early_appends()   # the drain's leader appends leave before the turn's steps
         b.host.tick_due()
+        b.data.release_held()   # produce requests held through a handover that ended
         if b.crash_in_turn:
             self._crash(b, mid_turn=True)   # before the commit: the turn's writes and sends vanish
             return
