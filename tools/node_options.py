@@ -40,6 +40,9 @@ BOUND_OPTIONS: list[tuple[str, int, int, str]] = [
     ("move_rate_bytes", 0, 32 << 20, "catch-up bytes/s this broker sends to replicas being added by a move, "
                                     "0 = no cap (Kafka leader.replication.throttled.rate)"),
     ("max_moves_per_broker", 1, 4, "replica moves in progress at once per source and per target broker"),
+    ("shutdown_handover_ms", 0, 5_000, "on SIGTERM or Ctrl-C, hand every partition led here to a caught-up replica, "
+                                       "waiting at most this long, then stop; a second signal stops at once; "
+                                       "0 = stop at once (Kafka controlled.shutdown.enable)"),
 ]
 
 

@@ -62,3 +62,4 @@ class NodeConfig:
     move_rate_bytes: int = 32 << 20          # catch-up bytes/s this broker sends to new replicas (0 = no cap)
     max_moves_per_broker: int = 4            # moves in progress per source and per target broker
     balance: bool = True                     # False: never move replicas on its own (manual reassign only)
+    shutdown_handover_ms: int = 5_000        # SIGTERM: hand led partitions over for at most this long, then stop

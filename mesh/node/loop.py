@@ -57,6 +57,11 @@ and relearn the cluster from peers: partitions are neither reconciled nor droppe
 snapshot is written, until gossip has been quiet for ``_RELEARN_QUIET_MS`` after a peer
 was heard); the replication state -> move the data directory aside and rejoin empty.
 
+Stopping (SIGTERM, SIGINT): the node first hands every partition it leads to a caught-up
+replica on a live broker (``_hand_over``, Kafka's controlled shutdown; produce requests
+meanwhile are held and then sent to the new leader), for at most ``shutdown_handover_ms``,
+then tells its peers it left (gossip LEFT) and closes. A second signal stops at once.
+
 Nothing a client or a peer sends can crash the loop: each message is handled inside a
 guard (``mesh.node.dispatch``, which also owns the ROUTER socket).
 
@@ -116,6 +121,7 @@ log = logging.getLogger("mesh.node.loop")
 
 _RELEARN_QUIET_MS = 2_000      # --reset-gossip: gossip unchanged this long after a peer was heard
 _PRODUCER_EXPIRY_CHECK_MS = 60_000
+_LAME_DUCK_MS = 500            # stopping, leaderships handed over: clients redirected this long
 
 
 def _seeded_rng() -> random.Random:
@@ -211,6 +217,11 @@ class Node:
                                        apply_cluster_change=self._apply_cluster_change,
                                        identity=lambda: self._identity)
         self._running = False
+        self._stop_asked = 0              # signals seen: the first hands leaderships over, the second stops
+        self._handover_until_ms: int | None = None
+        self._handovers: dict[int, int] = {}   # pid -> handovers started while stopping
+        self._lame_duck_until_ms: int | None = None
+        self._linger_ms = 0
         self.metrics = None   # mesh.node.metrics.NodeMetrics with --metrics-port
         self._next_retention_ms = 0
         self._seen_version = -1
@@ -279,7 +290,40 @@ class Node:
             signal.signal(sig, lambda *_: self.stop())
 
     def stop(self) -> None:
-        self._running = False
+        """Stop serving: first hand the partitions led here over (``_hand_over``, at most
+        ``shutdown_handover_ms``); a second call, or 0 ms, stops at the end of this turn."""
+        self._stop_asked += 1
+        if self._stop_asked > 1 or self.cfg.shutdown_handover_ms <= 0:
+            self._running = False
+
+    def _hand_over(self) -> None:
+        """Controlled shutdown (Kafka's): each turn after the first stop signal, start a
+        handover of every partition led here that has a caught-up, answering replica on a
+        live broker (at most 3 per partition: an abandoned one is tried again); stop once
+        none is led or in progress, or when ``shutdown_handover_ms`` has passed. Producers
+        meanwhile are held and then sent to the new leader (``DataPath._hold``). Then, as
+        NATS's lame-duck mode, it serves ``_LAME_DUCK_MS`` more, so clients that come to it
+        meanwhile are pointed to the new leaders (at once: KIP-951) rather than finding it
+        gone; a rolling restart costs them milliseconds, not an election timeout."""
+        now = self.clock.now_ms()
+        if self._handover_until_ms is None:
+            self._handover_until_ms = now + self.cfg.shutdown_handover_ms
+            log.info("node %s stopping: handing over the %d partitions it leads (at most %d ms)",
+                     self.node_id, len(self.replicas.leaders()), self.cfg.shutdown_handover_ms)
+        if self._lame_duck_until_ms is not None:   # handed over: redirecting clients a little longer
+            if now >= self._lame_duck_until_ms:
+                self._running = False
+                self._linger_ms = 200   # the answers of this last turn still go out
+            return
+        gone = {m.node_id for m in self.gossip.members(self.clock.wall_ms()) if m.status != "alive"}
+        busy = self.replicas.hand_over_all(gone, self._handovers)
+        if not busy or now >= self._handover_until_ms:
+            still = self.replicas.leaders()
+            log.log(logging.WARNING if busy else logging.INFO,
+                    "node %s handed over %d partitions in %d ms; still leading %d", self.node_id,
+                    sum(1 for pid in self._handovers if pid not in still),
+                    now + self.cfg.shutdown_handover_ms - self._handover_until_ms, len(still))
+            self._lame_duck_until_ms = now + min(_LAME_DUCK_MS, self.cfg.shutdown_handover_ms)
 
     def run(self) -> None:
         self._running = True
@@ -327,7 +371,7 @@ class Node:
         if self.metrics is not None:
             self.metrics.close()
         self.security.close(self.router)
-        self.router.close(linger=0)
+        self.router.close(linger=self._linger_ms)
         self.store.close()
         self.disk.data_dir.unlock()
         log.info("node %s stopped", self.node_id)
@@ -388,6 +432,8 @@ class Node:
             self._step("producer expiry", self.producers.expire, self.clock.wall_ms())
         if not self._relearning:
             self._step("elastic", self.elastic.tick, now_ms)   # config changes to gossip; moves (mesh.node.elastic)
+        if self._stop_asked and self._running:
+            self._step("hand over", self._hand_over)   # stopping: leaderships to others first
         if not self.data.commit_turn():  # the turn's one sync; then acks, replication sends, wake-ups
             self._seen_version = -1      # reconcile and persist the snapshot again on a good turn
         self._step("publish", self.publish.flush)     # leadership changes of the turn, to gossip

@@ -220,6 +220,22 @@ class ReplicaHost:
         """Hand leadership of ``pid`` to ``target`` (a voter; a no-op when not leading)."""
         self.apply(self.core.transfer_leadership(pid, target))
 
+    def hand_over_all(self, exclude: frozenset[str] | set[str], started: dict[int, int], tries: int = 3) -> bool:
+        """Controlled shutdown, once per turn: start handing over every partition led here to
+        a caught-up replica not in ``exclude`` (``ReplicaManager.hand_over``), at most
+        ``tries`` times per partition (counted in ``started``: an abandoned handover is tried
+        again); True while one is in progress."""
+        busy = False
+        for pid in self.core.leaders():
+            if self.core.transferring(pid):
+                busy = True
+            elif started.get(pid, 0) < tries:
+                self.apply(self.core.hand_over(pid, exclude))
+                if self.core.transferring(pid):
+                    started[pid] = started.get(pid, 0) + 1
+                    busy = True
+        return busy
+
     def leaders(self) -> list[int]:
         """The partitions this node leads, ascending."""
         return self.core.leaders()

@@ -221,6 +221,21 @@ class Leading:
         self.transfer_elapsed_ticks = 0
         self._maybe_send_timeout_now()
 
+    def hand_over(self: Partition, exclude: frozenset[str] | set[str] = frozenset(),
+                  new: frozenset[str] | set[str] = frozenset()) -> None:
+        """Controlled shutdown: hand leadership to the most caught-up voter that answered
+        within the last two heartbeats and is not recovering, none in ``exclude``, those in
+        ``new`` (lives just begun) last (ties: the earlier in the replica order, the
+        preferred first); a no-op if there is none, if we do not lead, or while a handover
+        is in progress."""
+        if self.role.value != "leader" or self.transfer_to is not None:
+            return
+        now, window = self.host.now_tick, 2 * self.cfg.heartbeat_ticks + 1
+        best = [(peer not in new, pr.match, -self.voters.index(peer), peer) for peer, pr in self.progress.items()
+                if peer in self.voters and peer not in exclude and not pr.recovering and pr.active(now, window)]
+        if best:
+            self.transfer_leadership(max(best)[3])
+
     def _maybe_send_timeout_now(self: Partition) -> None:
         target = self.transfer_to
         if target is not None and self.progress[target].match >= self.end:

@@ -241,6 +241,7 @@ class ReplicaManager:
         self._peer_life: dict[str, tuple[str, int]] = {}      # peer -> (store, life) as last heard
         self._retired: dict[str, list[tuple[str, int]]] = {}  # peer -> identities it no longer has
         self._peer_heard: dict[str, int] = {}         # peer -> tick its current identity was last heard
+        self._peer_since: dict[str, int] = {}         # peer -> tick its current identity was first heard
         self.cfg = config or ReplicationConfig()
         self.reader = reader
         self.now_tick = 0                             # ticks since start
@@ -364,7 +365,7 @@ class ReplicaManager:
                 return False  # a late message from a life that ended: it may claim what is gone
             retired.remove(ident)  # what replaced it went silent: it was the late one ("Lost state" 1)
         self._peer_life[src] = ident
-        self._peer_heard[src] = self.now_tick
+        self._peer_heard[src] = self._peer_since[src] = self.now_tick
         self.peer_stores[src] = store
         if last is None:
             return True
@@ -431,6 +432,16 @@ class ReplicaManager:
     def transfer_leadership(self, pid: int, target: str) -> Ready:
         """Hand leadership of ``pid`` to ``target`` (admin; automatic for the preferred replica)."""
         self._part(pid).transfer_leadership(target)
+        return self._ready()
+
+    def hand_over(self, pid: int, exclude: frozenset[str] | set[str] = frozenset()) -> Ready:
+        """Controlled shutdown: hand leadership of ``pid`` to a caught-up, answering voter
+        not in ``exclude`` (``Partition.hand_over``), one whose current life we have known
+        for an election timeout first (a broker that just restarted may not vote or campaign
+        yet: its identity is confirmed by gossip); ``transferring(pid)`` says whether it
+        started."""
+        new = {peer for peer, since in self._peer_since.items() if self.now_tick - since < self.cfg.election_ticks}
+        self._part(pid).hand_over(exclude, new)
         return self._ready()
 
     def propose_config(self, pid: int, voters: list[str] | tuple[str, ...],

@@ -1,6 +1,9 @@
 """Client failover on real brokers: a producer with the default settings gets its next send
-acknowledged by a new leader within a few seconds of a SIGSTOP of the leader, then of a
-kill -9 of the (new) leader; nothing acknowledged is stored twice or out of send order."""
+acknowledged by a new leader within a few seconds of a SIGSTOP of the leader, of a kill -9
+of the (new) leader, and of a SIGTERM of the leader after that, which hands its leadership
+over before it stops (controlled shutdown: its log says so); nothing acknowledged is stored
+twice or out of send order."""
+import re
 import signal
 import time
 
@@ -39,17 +42,24 @@ def test_the_next_send_after_a_paused_or_killed_leader_is_acknowledged_within_se
         for _ in range(20):
             send_and_wait(10)
         recovery = {}
-        for fault in ("pause", "kill"):
+        for fault in ("pause", "kill", "stop"):
             leader = wait_until(lambda: _leader(c.bootstrap, "fo"), 10, "a leader")
             victim = next(b for b in c.brokers if b.node_id == leader)
             others = ",".join(b.address for b in c.brokers if b is not victim)
             if fault == "pause":
                 victim.signal(signal.SIGSTOP)
-            else:
+            elif fault == "kill":
                 victim.kill()
+            else:
+                victim.signal(signal.SIGTERM)
+                wait_until(lambda: "stopping: handing over" in victim.log(), 10, "the stop to begin")
             t0 = time.monotonic()
             send_and_wait(RECOVERY_S + 5)       # the first send made after the fault
             recovery[fault] = time.monotonic() - t0
+            if fault == "stop":
+                assert victim.wait_stopped() == 0
+                said = re.findall(r"handed over (\d+) partitions in \d+ ms; still leading (\d+)", victim.log())
+                assert said and said[-1] == ("1", "0"), f"no handover before the stop: {victim.log()}"
             assert _leader(others, "fo") not in (None, leader)
             for _ in range(20):
                 send_and_wait(10)
@@ -65,7 +75,7 @@ def test_the_next_send_after_a_paused_or_killed_leader_is_acknowledged_within_se
     assert len(values) == len(set(values)), "a record stored twice"
     assert values == sorted(values), "stored out of send order"
     assert {r.value: r.offset for r in got if r.value in acked} == acked
-    assert len(acked) == 20 + 2 * 21 + 20
+    assert len(acked) == 20 + 3 * 21 + 20
     print(f"first acknowledgement after the fault: {recovery}")
     for fault, s in recovery.items():
         assert s < RECOVERY_S, f"first acknowledgement {s:.1f} s after the {fault}: {recovery}"

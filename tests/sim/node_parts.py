@@ -47,6 +47,7 @@ class NodeSimConfig:
     early_appends: bool = True     # leaders' appends leave before the turn's sync (ReplicaHost)
     early_acks: bool = True        # acks=all answers a drained commit advance allows, before the sync
     follow_hints: bool = True      # producers retry at a NOT_LEADER's named leader at once (first time)
+    stops: bool = False            # a third of the crashes are graceful stops (hand leaderships over first)
     loss: float = 0.03
     dup: float = 0.03
     delay_ms: tuple[int, int] = (1, 12)
@@ -63,7 +64,7 @@ class NodeSimConfig:
                 + ("" if self.faults else " --no-faults") + (" --wipes" if self.wipes else "")
                 + ("" if self.early_appends else " --no-early-appends")
                 + ("" if self.early_acks else " --no-early-acks")
-                + ("" if self.follow_hints else " --no-follow-hints"))
+                + ("" if self.follow_hints else " --no-follow-hints") + (" --stops" if self.stops else ""))
 
 
 # -- the store: MemoryStore whose group commit can fail ---------------------------------------
@@ -154,6 +155,8 @@ class Broker:
         self.inbox: list[tuple[str, list]] = []
         self.turn_at: int | None = None
         self.crash_in_turn = self.fail_commit = False
+        self.stop_until: int | None = None  # stopping gracefully (``--stops``): until then, handing over
+        self.handovers: dict[int, int] = {}  # pid -> handovers started while stopping
         self.wipes = 0                      # disks lost so far (``--wipes``)
         self.lost = False                   # restarted on an empty disk, replicas not yet refilled
         self.lost_stores: list[SimStore] = []  # disks lost (``--wipes``), as they were

@@ -130,7 +130,7 @@ class NodeSim(NodeClients, NodeChecks):
         self.requests: dict[tuple[str, int], tuple[int, bytes, str]] = {}  # (client, rid) -> (p, batch, label)
         self.counts = {k: 0 for k in ("crash", "mid_turn_crash", "failed_commit", "pause", "partition",
                                       "produced", "acked", "fetched", "retries", "peer_sent", "wipe",
-                                      "early_appends")}
+                                      "early_appends", "stop", "handed_over")}
         for b in self.brokers.values():
             self._boot(b)
             self.net.call_after(self.rng.randrange(cfg.tick_ms), "tick", b.id)
@@ -272,6 +272,7 @@ class NodeSim(NodeClients, NodeChecks):
         b.host.send_early_appends()   # the drain's leader appends leave before the turn's steps
         b.host.tick_due()
         b.data.release_held()   # produce requests held through a handover that ended
+        stopped = b.stop_until is not None and self._hand_over(b)
         if b.crash_in_turn:
             self._crash(b, mid_turn=True)   # before the commit: the turn's writes and sends vanish
             return
@@ -287,9 +288,20 @@ class NodeSim(NodeClients, NodeChecks):
             b.lost = False   # every replica refilled (the node then clears its identity's flag)
         b.data.after_turn()
         b.in_turn = False
+        if stopped and ok:
+            self._crash(b, mid_turn=False, stop=True)   # the loop ends after this turn (Node._hand_over)
+            return
         deadline = b.data.next_deadline_ms()
         if deadline is not None:
             self._want_turn(b, max(1, deadline - b.now_ms() + 1))
+
+    def _hand_over(self, b: Broker) -> bool:
+        """A graceful stop's turn (``Node._hand_over``): start handovers of what ``b`` leads
+        (to brokers that are up; gossip would say which); True once it may stop."""
+        down = {o.id for o in self.brokers.values() if not o.up}
+        busy = b.host.hand_over_all(down, b.handovers)
+        self._want_turn(b, self.cfg.tick_ms)
+        return not busy or self.net.now >= b.stop_until
 
     def _peer_in(self, b: Broker, src: str, frames: list) -> None:
         try:
@@ -345,7 +357,11 @@ class NodeSim(NodeClients, NodeChecks):
             self.net.heal()
         elif r < 0.52:
             if b.up:
-                if self.rng.random() < 0.5:
+                if self.cfg.stops and b.stop_until is None and self.rng.random() < 1 / 3:
+                    b.stop_until = self.net.now + self.rng.randint(200, 5000)   # shutdown_handover_ms
+                    self.counts["stop"] += 1
+                    self._want_turn(b)
+                elif self.rng.random() < 0.5:
                     b.crash_in_turn = True
                     self._want_turn(b)
                 else:
@@ -366,8 +382,12 @@ class NodeSim(NodeClients, NodeChecks):
                 self.net.call_after(pause_ms, "resume", b.id)
         # else: a quiet spell
 
-    def _crash(self, b: Broker, mid_turn: bool, wipe: bool = False) -> None:
-        self.counts["wipe" if wipe else "mid_turn_crash" if mid_turn else "crash"] += 1
+    def _crash(self, b: Broker, mid_turn: bool, wipe: bool = False, stop: bool = False) -> None:
+        if stop:
+            self.counts["handed_over"] += sum(1 for pid in b.handovers if not b.host.is_leader(pid))
+        else:
+            self.counts["wipe" if wipe else "mid_turn_crash" if mid_turn else "crash"] += 1
+        b.stop_until, b.handovers = None, {}
         if wipe:   # the disk is gone: the broker comes back empty and must refill from its peers
             b.lost_stores.append(b.store)
             b.store, b.lost = SimStore(b.store.pids), True
@@ -387,6 +407,7 @@ class NodeSim(NodeClients, NodeChecks):
         self.net.loss = self.net.dup = 0.0
         for b in self.brokers.values():
             b.crash_in_turn = b.fail_commit = False
+            b.stop_until, b.handovers = None, {}   # a stop in progress is called off
             if not b.up:
                 self._boot(b)
             if b.paused:
@@ -445,7 +466,8 @@ class NodeSim(NodeClients, NodeChecks):
         return (f"seed {self.cfg.seed}: {self.turns} turns, {self.net.now / 1000:.1f}s simulated, "
                 f"{c['acked']}/{c['produced']} batches acked ({failed} failed, {c['retries']} retries), "
                 f"{c['fetched']} fetched, {c['crash']}+{c['mid_turn_crash']} crashes, "
-                f"{c['failed_commit']} failed commits, {c['wipe']} wiped disks, {c['pause']} pauses, "
+                + (f"{c['stop']} graceful stops ({c['handed_over']} leaderships handed over), " if c['stop'] else "")
+                + f"{c['failed_commit']} failed commits, {c['wipe']} wiped disks, {c['pause']} pauses, "
                 f"{c['partition']} partitions, "
                 f"{len(self.leader_of_epoch)} leaderships, trace {self.trace.hexdigest()[:12]}")
 
@@ -483,6 +505,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="acks=all answers only after the turn's sync (the shell before issue 15, part 2)")
     p.add_argument("--no-follow-hints", action="store_true",
                    help="producers back off after every NOT_LEADER (the client before issue 15, round 5)")
+    p.add_argument("--stops", action="store_true",
+                   help="a third of the crashes are graceful stops: leaderships handed over first")
     p.add_argument("-q", "--quiet", action="store_true")
     p.add_argument("-v", "--verbose", action="store_true", help="show the shells' log (failed commits ...)")
     args = p.parse_args(argv)
@@ -491,7 +515,7 @@ def main(argv: list[str] | None = None) -> int:
         seed=seed, steps=args.steps, brokers=args.brokers, partitions=args.partitions, rf=args.rf,
         producers=args.producers, faults=not args.no_faults, wipes=args.wipes,
         early_appends=not args.no_early_appends, early_acks=not args.no_early_acks,
-        follow_hints=not args.no_follow_hints)),
+        follow_hints=not args.no_follow_hints, stops=args.stops)),
         failure=SimFailure, quiet=args.quiet)
 
 

@@ -456,6 +456,54 @@ def test_leadership_moves_to_the_caught_up_preferred_replica():
     assert net.cores["n0"].role(1) is Role.FOLLOWER and net.cores["n1"].commit_offset(1) == 1
 
 
+def test_hand_over_picks_the_most_caught_up_answering_voter_and_it_wins():
+    net = Net()
+    net.elect("n0")
+    net.cut = {("n0", "n1")}            # n1 misses the last record
+    net.produce("n0")
+    net.tick(1, nids=["n0", "n2"])
+    net.heal()
+    net.apply("n0", net.cores["n0"].hand_over(1))
+    assert net.cores["n0"].transferring(1)
+    net.tick(3)
+    assert net.cores["n2"].role(1) is Role.LEADER and net.cores["n0"].role(1) is Role.FOLLOWER
+    assert net.cores["n2"].leader(1)[1] == 2 and net.log("n2") == net.log("n0")
+
+
+def test_hand_over_skips_excluded_and_silent_voters_and_is_a_no_op_on_a_follower():
+    net = Net()
+    net.elect("n0")
+    net.tick(2)
+    net.apply("n1", net.cores["n1"].hand_over(1))          # a follower: nothing
+    assert not net.cores["n1"].transferring(1) and net.cores["n1"].role(1) is Role.FOLLOWER
+    net.apply("n0", net.cores["n0"].hand_over(1, {"n1", "n2"}))   # both excluded: stays leader
+    assert not net.cores["n0"].transferring(1)
+    net.apply("n0", net.cores["n0"].hand_over(1, {"n1"}))
+    assert net.cores["n0"].transferring(1)
+    net.tick(3)
+    assert net.cores["n2"].role(1) is Role.LEADER
+    net.isolate("n0")                                       # n0 falls silent to the new leader
+    net.tick(2 * CFG.heartbeat_ticks + 2, nids=["n1", "n2"])
+    net.heal()
+    net.apply("n2", net.cores["n2"].hand_over(1, {"n1"}))   # n0 has not answered lately: no one
+    assert not net.cores["n2"].transferring(1) and net.cores["n2"].role(1) is Role.LEADER
+
+
+def test_hand_over_prefers_a_voter_whose_life_it_has_known_for_an_election_timeout():
+    net = Net()
+    net.elect("n0")
+    net.produce("n0")
+    net.tick(CFG.election_ticks)
+    net.crash("n1")
+    net.start("n1", confirmed=False)    # a new life, not yet confirmed: it may not campaign
+    net.cores["n1"].life += 1           # (Net draws the same life again: make it the new one it is)
+    net.tick(3)
+    assert net.cores["n0"].followers(1)["n1"] == net.cores["n0"].followers(1)["n2"]   # both caught up
+    net.apply("n0", net.cores["n0"].hand_over(1))
+    net.tick(3)
+    assert net.cores["n2"].role(1) is Role.LEADER   # not n1, though it comes first in the replica order
+
+
 def test_appends_are_refused_during_a_transfer():
     net = Net()
     net.elect("n0")
