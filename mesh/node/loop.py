@@ -218,7 +218,7 @@ class Node:
                                        identity=lambda: self._identity)
         self._running = False
         self._stop_asked = 0              # signals seen: the first hands leaderships over, the second stops
-        self._handover_until_ms: int | None = None
+        self._stop_since_ms: int | None = None
         self._handovers: dict[int, int] = {}   # pid -> handovers started while stopping
         self._lame_duck_until_ms: int | None = None
         self._linger_ms = 0
@@ -306,8 +306,8 @@ class Node:
         meanwhile are pointed to the new leaders (at once: KIP-951) rather than finding it
         gone; a rolling restart costs them milliseconds, not an election timeout."""
         now = self.clock.now_ms()
-        if self._handover_until_ms is None:
-            self._handover_until_ms = now + self.cfg.shutdown_handover_ms
+        if self._stop_since_ms is None:
+            self._stop_since_ms = now
             log.info("node %s stopping: handing over the %d partitions it leads (at most %d ms)",
                      self.node_id, len(self.replicas.leaders()), self.cfg.shutdown_handover_ms)
         if self._lame_duck_until_ms is not None:   # handed over: redirecting clients a little longer
@@ -317,12 +317,12 @@ class Node:
             return
         gone = {m.node_id for m in self.gossip.members(self.clock.wall_ms()) if m.status != "alive"}
         busy = self.replicas.hand_over_all(gone, self._handovers)
-        if not busy or now >= self._handover_until_ms:
+        if not busy or now - self._stop_since_ms >= self.cfg.shutdown_handover_ms:
             still = self.replicas.leaders()
             log.log(logging.WARNING if busy else logging.INFO,
                     "node %s handed over %d partitions in %d ms; still leading %d", self.node_id,
                     sum(1 for pid in self._handovers if pid not in still),
-                    now + self.cfg.shutdown_handover_ms - self._handover_until_ms, len(still))
+                    now - self._stop_since_ms, len(still))
             self._lame_duck_until_ms = now + min(_LAME_DUCK_MS, self.cfg.shutdown_handover_ms)
 
     def run(self) -> None:

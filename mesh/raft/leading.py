@@ -223,30 +223,30 @@ class Leading:
 
     def hand_over(self: Partition, exclude: frozenset[str] | set[str] = frozenset(),
                   new: frozenset[str] | set[str] = frozenset()) -> None:
-        """Controlled shutdown: hand leadership to the most caught-up voter that answered
-        within the last two heartbeats and is not recovering, none in ``exclude``, those in
-        ``new`` (lives just begun) last (ties: the earlier in the replica order, the
-        preferred first); a no-op if there is none, if we do not lead, or while a handover
-        is in progress."""
+        """Controlled shutdown: hand leadership to the best successor (``_best_successor``)
+        among the voters that answered within the last two heartbeats, none in ``exclude``,
+        those in ``new`` (lives just begun) last; a no-op if there is none, if we do not
+        lead, or while a handover is in progress."""
         if self.role.value != "leader" or self.transfer_to is not None:
             return
-        now, window = self.host.now_tick, 2 * self.cfg.heartbeat_ticks + 1
-        best = [(peer not in new, pr.match, -self.voters.index(peer), peer) for peer, pr in self.progress.items()
-                if peer in self.voters and peer not in exclude and not pr.recovering and pr.active(now, window)]
-        if best:
-            self.transfer_leadership(max(best)[3])
+        target = self._best_successor(2 * self.cfg.heartbeat_ticks + 1, exclude, new)
+        if target is not None:
+            self.transfer_leadership(target)
 
     def _maybe_send_timeout_now(self: Partition) -> None:
         target = self.transfer_to
         if target is not None and self.progress[target].match >= self.end:
             self._send(target, TimeoutNowRow(self.pid, self.term))
 
-    def _best_successor(self: Partition) -> str | None:
-        """The most caught-up follower that answers and is not recovering (corruption hand-over)."""
-        now, window = self.host.now_tick, self.cfg.election_ticks
-        best = [(pr.match, peer) for peer, pr in self.progress.items()
-                if not pr.recovering and pr.active(now, window) and peer in self.voters]
-        return max(best)[1] if best else None
+    def _best_successor(self: Partition, window: int | None = None, exclude: frozenset[str] | set[str] = frozenset(),
+                        new: frozenset[str] | set[str] = frozenset()) -> str | None:
+        """The most caught-up voter that answered within ``window`` ticks (an election
+        timeout by default) and is not recovering, none in ``exclude``, those in ``new``
+        last (corruption hand-over, controlled shutdown)."""
+        now, window = self.host.now_tick, window or self.cfg.election_ticks
+        best = [(peer not in new, pr.match, peer) for peer, pr in self.progress.items()
+                if not pr.recovering and pr.active(now, window) and peer in self.voters and peer not in exclude]
+        return max(best)[2] if best else None
 
     # -- local appends ---------------------------------------------------------------------------
     def append_position(self: Partition) -> tuple[int, int]:
