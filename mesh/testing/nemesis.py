@@ -14,7 +14,12 @@ seeded ``random.Random`` from the enabled kinds:
 - ``partition``: with brokers in network namespaces (``mesh.testing.netns``), cut a
   random broker (half the time the leader of a random partition) off from the other
   brokers, or split the brokers into a minority and a majority; clients still reach
-  every broker; hold, heal.
+  every broker; hold, heal;
+- ``stop``: SIGTERM the leader of a random partition (a controlled shutdown: it hands its
+  leaderships over, then leaves), wait until it has exited, hold, restart it;
+- ``roll``: a rolling restart, as an operator's script does it: every broker in turn
+  (random order) is SIGTERM'd, restarted, and waited for until every partition's leader
+  reports all its replicas in sync (``diskfaults.wait_in_sync``), before the next; no hold.
 
 Every fault is recorded as a ``Fault`` (kind, targets, start time, heal time, in
 ``time.monotonic()`` seconds, the clock of the history files). ``heal_all()`` undoes
@@ -30,11 +35,12 @@ import random
 import time
 from dataclasses import asdict, dataclass, field
 
+from mesh.testing.diskfaults import wait_in_sync
 from mesh.testing.launcher import BrokerProcess, Cluster, wait_until
 
 __all__ = ["FAULT_KINDS", "Fault", "Nemesis", "parse_faults"]
 
-FAULT_KINDS = ("kill", "leader-kill", "pause", "kill2", "partition")
+FAULT_KINDS = ("kill", "leader-kill", "pause", "kill2", "partition", "stop", "roll")
 
 
 def parse_faults(spec: str | list[str]) -> list[str]:
@@ -87,8 +93,12 @@ class Nemesis:
 
     def leader_of(self, partition: int) -> str | None:
         """The leader with the highest epoch any live broker reports."""
+        return self._partitions_seen().get(partition, {}).get("leader")
+
+    def _partitions_seen(self) -> dict[int, dict]:
+        """partition -> its entry with the highest epoch that any live broker reports."""
         from mesh.client import Admin
-        best = (-1, None)
+        best: dict[int, dict] = {}
         for b in self.cluster.brokers:
             if not b.alive() or b.node_id in self._paused:
                 continue
@@ -99,15 +109,16 @@ class Nemesis:
                 continue
             for t in md.topics:
                 if t.get("name") == self.topic and not t.get("error"):
-                    p = t["partitions"][partition]
-                    if p.get("leader") and p.get("epoch", -1) > best[0]:
-                        best = (p["epoch"], p["leader"])
-        return best[1]
+                    for i, p in enumerate(t["partitions"]):
+                        if p.get("leader") and p.get("epoch", -1) > best.get(i, {}).get("epoch", -1):
+                            best[i] = p
+        return best
 
     def all_led(self) -> bool:
         """Every partition has a leader that a live broker names, and that leader is live."""
         live = {b.node_id for b in self.cluster.brokers if b.alive()}
-        return all(self.leader_of(p) in live for p in range(self.partitions))
+        seen = self._partitions_seen()
+        return all(seen.get(p, {}).get("leader") in live for p in range(self.partitions))
 
     # -- faults ---------------------------------------------------------------------------
     def _hold(self) -> float:
@@ -166,6 +177,28 @@ class Nemesis:
         f.heal_t = time.monotonic()
         b.resume()
         self._paused.discard(b.node_id)
+
+    def fault_stop(self, f: Fault, hold: float) -> None:
+        b = self._leader_or_any(f.extra["partition"])
+        f.targets = [b.node_id]
+        f.start_t = time.monotonic()
+        f.extra["exit_code"] = b.stop(timeout_s=30)   # SIGKILL if it has not left in 30 s
+        f.extra["stop_s"] = round(time.monotonic() - f.start_t, 3)
+        self._sleep(hold)
+        f.heal_t = time.monotonic()
+        b.start(wait=True, timeout_s=30)
+
+    def fault_roll(self, f: Fault, hold: float) -> None:
+        order = self.rng.sample(self._alive(), len(self._alive()))
+        f.targets = [b.node_id for b in order]
+        f.start_t = time.monotonic()
+        f.extra["exit_codes"] = []
+        for b in order:
+            f.extra["exit_codes"].append(b.stop(timeout_s=30))
+            b.start(wait=True, timeout_s=30)
+            wait_in_sync(self.cluster.brokers, self.topic, timeout_s=60)
+        f.heal_t = time.monotonic()
+        f.detail = f"roll {','.join(f.targets)} in {f.heal_t - f.start_t:.1f} s"
 
     def fault_partition(self, f: Fault, hold: float) -> None:
         """Cut one broker (half the time a partition's leader) off from the other brokers,
