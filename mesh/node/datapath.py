@@ -18,11 +18,12 @@ of a stored batch (same producer id and sequences, ``ProducerStates.check``) is 
 with its original offsets (or DUPLICATE_SEQUENCE when it is older than the batches kept),
 never stored twice. NOT_LEADER carries the leader's address when this node knows it.
 
-A handover (preferred leader, a move): while this node hands its leadership over, a
+A handover (preferred leader, a move): while this node hands its leadership over, and
+after it has stepped down for the target until it learns who won (``transferring``), a
 produce request is held (``_hold``), not refused: there is no elected leader to name yet,
-and a refusal without one costs the client a backoff. Once the handover ends
-(``release_held``, every turn) a held request runs again: appended if the transfer was
-abandoned and we still lead, otherwise answered NOT_LEADER with the new leader's address,
+and a refusal without one costs the client a backoff and a metadata refresh. Once the handover ends
+(``release_held``, every turn) a held request runs again: appended if we lead (the
+transfer was abandoned, or we stepped down and won again), otherwise answered NOT_LEADER with the new leader's address,
 which the client follows at once. Held for at most ``_HOLD_MS`` (and the request's
 timeout), at most ``_HOLD_MAX`` per partition, ``_HOLD_ALL`` and ``_HOLD_BYTES`` in all; past a bound a
 request is refused as before. A held request has appended nothing (its answer is an
@@ -199,11 +200,16 @@ class DataPath:
             raise MeshError(ErrorCode.INVALID_REQUEST, f"timeout_ms must be >= 0, not {req.timeout_ms}")
         producers, replicas = self.producers, self.replicas
         t, pid = self.catalog.partition(req.topic, req.partition)
-        if pid is None or not replicas.is_leader(pid):
+        leading = pid is not None and replicas.is_leader(pid)
+        if not leading and not (hold and pid is not None and replicas.transferring(pid)):
             self.local_partition(req.topic, req.partition)   # raises NOT_LEADER with the leader's address
         if payload is None:
             raise MeshError(ErrorCode.INVALID_REQUEST, "produce request has no record batch frame")
         h = records.validate_batch(payload, t.config["max.message.bytes"])
+        if not leading:   # stepped down for a handover, the winner not known here yet: wait for it
+            if not self._hold(pid, ident, rid, req, payload):
+                self.local_partition(req.topic, req.partition)   # a bound is reached: refused as before
+            return
         if hold and pid in self._held:   # earlier requests of this partition wait: keep the order
             # (before the sequence check: the batches held ahead of this one are not stored yet)
             if not self._hold(pid, ident, rid, req, payload, behind=True):
@@ -240,9 +246,10 @@ class DataPath:
                                                  min(req.timeout_ms, self.limits.max_produce_timeout_ms))))
 
     def _hold(self, pid: int, ident, rid, req: m.ProduceRequest, payload: bytes, behind: bool = False) -> bool:
-        """Hold a produce request while this node hands ``pid``'s leadership over (see the
-        module doc), or ``behind`` requests of ``pid`` held already (so that none overtakes
-        them); False if there is no reason to, or a bound is reached."""
+        """Hold a produce request while this node hands ``pid``'s leadership over or has
+        just stepped down for the target (``transferring``, see the module doc), or
+        ``behind`` requests of ``pid`` held already (so that none overtakes them); False if
+        there is no reason to, or a bound is reached."""
         if not behind and not self.replicas.transferring(pid):
             return False
         held = self._held.get(pid)
@@ -261,6 +268,22 @@ class DataPath:
     def holding(self) -> int:
         """Produce requests held now."""
         return self._held_count
+
+    def refuse_held(self) -> None:
+        """The node is closing: answer every held request now (nothing of it was appended),
+        NOT_LEADER with the leader's address where it is known, so clients move on at once
+        instead of waiting for their request timeout."""
+        held, self._held = self._held, {}
+        for pid, reqs in held.items():
+            for ident, rid, req, payload, _ in reqs:
+                self._held_bytes -= len(payload)
+                self._held_count -= 1
+                try:
+                    self.local_partition(req.topic, req.partition)
+                    exc = MeshError(ErrorCode.NOT_LEADER, "the broker is stopping")
+                except MeshError as e:
+                    exc = e
+                self.reply(ident, rid, m.ErrorResponse(int(exc.code), exc.message, exc.leader))
 
     def release_held(self) -> None:
         """Every turn: run again, in order, the produce requests held for a handover that

@@ -363,6 +363,10 @@ class Node:
         if self.text is not None:
             self.text.close()
         try:
+            self.data.refuse_held()   # held through a handover whose winner is not known yet
+        except Exception as exc:      # closing anyway
+            log.error("could not answer the held produce requests: %r", exc)
+        try:
             self._persist_snapshot()
             self.store.commit()
         except LogError:

@@ -432,7 +432,8 @@ class ReplicaHost:
         return self.core.append_position(pid)
 
     def transferring(self, pid: int) -> bool:
-        """This node leads ``pid`` and is handing the leadership over (appends refused)."""
+        """This node leads ``pid`` and is handing the leadership over (appends refused), or
+        it stepped down for the handover's target and knows no leader yet."""
         return self.core.transferring(pid)
 
     def leader_append(self, pid: int, end_offset: int, epoch: int, base: int = -1, batch: bytes | None = None,
@@ -459,7 +460,8 @@ class ReplicaHost:
 
     # -- after the turn's sync ----------------------------------------------------------
     def after_commit(self, ok: bool) -> set[int]:
-        """Returns the partitions whose commit offset moved (to wake fetches)."""
+        """Returns the partitions whose commit offset moved, or whose leadership went to
+        another node (to wake fetches: these learn NOT_LEADER with the new leader)."""
         if self.reader.tail:
             self.reader.tail.clear()
         if self._hard:
@@ -489,12 +491,15 @@ class ReplicaHost:
         if not self._leadership:
             return self.answer_committed()
         leadership, self._leadership = self._leadership, {}
+        moved_away: set[int] = set()
         for pid, (leader, epoch) in leadership.items():
             self._publish(pid, leader, epoch)
             if leader != self.node_id:  # tell waiting clients at once, with the new leader's address if known
                 self._fail_waiters(pid, ErrorCode.NOT_LEADER, f"leadership moved to {leader}",
                                    leader=self.address_of(leader) if leader else None)
-        return self.answer_committed()
+                if leader is not None:
+                    moved_away.add(pid)   # its parked fetches: NOT_LEADER naming the new leader, now
+        return self.answer_committed() | moved_away
 
     def expire(self) -> None:
         if not self._waiters:

@@ -467,9 +467,11 @@ class ReplicaManager:
         return self._part(pid).role
 
     def transferring(self, pid: int) -> bool:
-        """Leader of ``pid`` and handing the leadership over (appends are refused meanwhile)."""
+        """Leader of ``pid`` and handing the leadership over (appends are refused meanwhile),
+        or stepped down for the handover's target and no leader known yet."""
         p = self._parts.get(pid)
-        return p is not None and p.role == Role.LEADER and p.transfer_to is not None
+        return p is not None and (p.transfer_to is not None if p.role == Role.LEADER
+                                  else p.handed_to is not None and p.leader is None)
 
     def leader(self, pid: int) -> tuple[str | None, int]:
         p = self._part(pid)

@@ -167,6 +167,7 @@ class Partition(Leading, Configuring):
         self.leader_since_tick = 0
         self.transfer_to: str | None = None
         self.transfer_elapsed_ticks = 0
+        self.handed_to: str | None = None   # stepped down for this transfer's target; no leader known yet
         self._step = self._step_follower
         self._tick = self._tick_election
         self._reset_timeout()
@@ -186,6 +187,8 @@ class Partition(Leading, Configuring):
             self._state_changed()
 
     def _set_leader(self, leader: str | None) -> None:
+        if leader is not None:
+            self.handed_to = None
         if leader != self.leader:
             self.leader = leader
             self.host.leader_changed(self)
@@ -243,6 +246,9 @@ class Partition(Leading, Configuring):
 
     # -- role changes -------------------------------------------------------------------
     def _become_follower(self, term: int, leader: str | None) -> None:
+        # a leader handing over steps down when its target campaigns (a higher term); not
+        # when it loses its quorum or its state (the same term)
+        handed_to = self.transfer_to if self.role is Role.LEADER and term > self.term else None
         if term > self.term:
             self.term = term
             self.vote = None
@@ -255,6 +261,7 @@ class Partition(Leading, Configuring):
         self.progress = {}
         self.votes = {}
         self.transfer_to = None
+        self.handed_to = handed_to
         self.synced = self.end
         self._set_leader(leader)
 
@@ -274,6 +281,7 @@ class Partition(Leading, Configuring):
         self._tick = self._tick_election
         self.progress = {}
         self.transfer_to = None
+        self.handed_to = None
         self._set_leader(None)
         self.host.leader_changed(self)  # the term may have moved
         self.votes = {self.node: True}

@@ -166,3 +166,53 @@ def test_no_handover_no_hold():
     with pytest.raises(MeshError) as e:
         produce(dp, 2)
     assert e.value.code == ErrorCode.NOT_LEADER and e.value.leader == "h2:1" and dp.holding == 0
+
+
+
+def test_after_stepping_down_for_a_handover_requests_wait_for_the_winner(monkeypatch):
+    dp, replicas, replies, now = make()
+    replicas.moving, replicas.leader_id = True, None   # stepped down for the target; who won: not known yet
+    produce(dp, 1)
+    produce(dp, 2)
+    assert replies == [] and dp.holding == 2 and replicas.appended == []
+    dp.release_held()
+    assert dp.holding == 2                    # still nobody known: they wait on
+    replicas.moving, replicas.leader_id = False, "n2"
+    dp.release_held()
+    assert [(rid, msg.error, msg.leader) for rid, msg in replies] == [
+        (1, ErrorCode.NOT_LEADER, "h2:1"), (2, ErrorCode.NOT_LEADER, "h2:1")]
+    replicas.leader_id = None                 # leaderless with no handover (an election): refused at once
+    with pytest.raises(MeshError) as e:
+        produce(dp, 3)
+    assert e.value.code == ErrorCode.LEADER_NOT_AVAILABLE and dp.holding == 0
+    replicas.moving = True                    # a handover's gap, but no hold slot left: refused as before
+    monkeypatch.setattr(dp_mod, "_HOLD_ALL", 0)
+    with pytest.raises(MeshError) as e:
+        produce(dp, 4)
+    assert e.value.code == ErrorCode.LEADER_NOT_AVAILABLE and dp.holding == 0
+
+
+def test_a_closing_node_answers_what_it_holds_at_once():
+    dp, replicas, replies, now = make()
+    replicas.moving, replicas.leader_id = True, None
+    produce(dp, 1)
+    produce(dp, 2)
+    dp.refuse_held()
+    assert [(rid, msg.error) for rid, msg in replies] == [(1, ErrorCode.LEADER_NOT_AVAILABLE),
+                                                          (2, ErrorCode.LEADER_NOT_AVAILABLE)]
+    assert dp.holding == 0 and replicas.appended == []
+    replies.clear()
+    produce(dp, 3)
+    replicas.leader_id = "n2"                 # the winner is known by then: named
+    dp.refuse_held()
+    assert [(rid, msg.error, msg.leader) for rid, msg in replies] == [(3, ErrorCode.NOT_LEADER, "h2:1")]
+
+
+def test_a_node_that_stepped_down_and_then_wins_appends_what_it_held_in_order():
+    dp, replicas, replies, now = make()
+    replicas.moving, replicas.leader_id = True, None   # stepped down for a target that never took over
+    produce(dp, 1, b"value-one")
+    produce(dp, 2, b"value-two")
+    replicas.moving, replicas.leader_id = False, "n1"  # it campaigned again and won
+    dp.release_held()
+    assert replies == [] and len(replicas.appended) == 2 and b"value-one" in replicas.appended[0]

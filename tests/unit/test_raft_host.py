@@ -31,6 +31,7 @@ class Cluster:
         self.queue: list[tuple[str, str, bytes, bytes, bytes | None]] = []
         self.replies: dict[str, list] = {nid: [] for nid in self.ids}
         self.published: dict[str, list] = {nid: [] for nid in self.ids}
+        self.woken: dict[str, set] = {nid: set() for nid in self.ids}   # what after_commit said to wake
         self.hosts = {nid: self._host(nid) for nid in self.ids}
 
     def _host(self, nid: str, confirmed: bool = True) -> ReplicaHost:
@@ -52,7 +53,7 @@ class Cluster:
             store.commit()
         else:
             store.rollback()  # what a failed commit leaves behind
-        h.after_commit(ok)
+        self.woken[nid] |= h.after_commit(ok)
 
     def deliver(self, drop=lambda src, dest: False) -> None:
         while self.queue:
@@ -110,6 +111,24 @@ def test_the_preferred_replica_leads_and_acks_all_is_answered_at_commit():
     assert not NO_READY and (NO_READY.log_ops, NO_READY.persist, NO_READY.messages) == ([], [], [])
     with pytest.raises(TypeError):
         NO_READY.messages.append(None)
+
+
+def test_a_leadership_that_moves_away_wakes_the_partitions_parked_fetches():
+    c = Cluster()
+    c.start()
+    c.produce("n0")
+    c.deliver()
+    c.advance(TICK_MS)
+    c.deliver()
+    for nid in c.ids:
+        c.woken[nid].clear()
+    c.hosts["n0"].transfer_leadership(PID, "n1")
+    c.turn("n0")
+    c.deliver()
+    assert c.hosts["n1"].is_leader(PID) and c.hosts["n0"].leader(PID)[0] == "n1"
+    # n0's commit offset did not move: PID is woken because its leadership went to n1, so
+    # a fetch parked on n0 is answered NOT_LEADER naming n1 now, not at its max wait
+    assert PID in c.woken["n0"]
 
 
 def test_a_vote_leaves_only_after_the_turn_committed_it():

@@ -504,6 +504,32 @@ def test_hand_over_prefers_a_voter_whose_life_it_has_known_for_an_election_timeo
     assert net.cores["n2"].role(1) is Role.LEADER   # not n1, though it comes first in the replica order
 
 
+def test_a_leader_that_stepped_down_for_its_target_counts_as_transferring_until_a_leader_is_known():
+    net = Net()
+    net.elect("n0")
+    net.produce("n0")
+    net.tick(2)
+    net.apply("n0", net.cores["n0"].hand_over(1, {"n2"}))
+    # n1's vote request reaches n0 (it steps down), n1's first append does not yet
+    net.deliver(drop=lambda src, dest, msg: (src, dest) == ("n1", "n0") and type(msg) is not ReplVote)
+    n0 = net.cores["n0"]
+    assert net.cores["n1"].role(1) is Role.LEADER and n0.role(1) is Role.FOLLOWER
+    assert n0.leader(1)[0] is None and n0.transferring(1)    # the shell holds produce requests
+    net.tick(1)
+    assert n0.leader(1)[0] == "n1" and not n0.transferring(1)
+    # a leader cut off from its quorum steps down (the same term) while a transfer it began
+    # is pending: that is no handover's gap, nothing is held
+    net.isolate("n1")
+    for i in range(3 * CFG.election_ticks):
+        if i == CFG.election_ticks - 2:
+            net.apply("n1", net.cores["n1"].transfer_leadership(1, "n0"))
+        net.tick(1, nids=["n1"])
+        if net.cores["n1"].role(1) is not Role.LEADER:
+            break
+    n1 = net.cores["n1"]
+    assert n1.role(1) is Role.FOLLOWER and n1.leader(1)[0] is None and not n1.transferring(1)
+
+
 def test_appends_are_refused_during_a_transfer():
     net = Net()
     net.elect("n0")
