@@ -138,4 +138,8 @@ class ZapHandler:
         if self.monitor is not None:
             self.monitor.close(linger=0)
             self.monitor = None
+        try:
+            self.sock.unbind(ZAP_ENDPOINT)   # at once: a close frees an inproc name only later
+        except zmq.ZMQError:
+            pass
         self.sock.close(linger=0)
