@@ -37,7 +37,7 @@ from mesh.gossip.namespaces import Namespace, Namespaces
 from mesh.gossip.parsing import MALFORMED_KINDS, Malformed
 from mesh.gossip.registers import ClusterRegisters
 from mesh.gossip.rounds import Rounds
-from mesh.gossip.rows import Row
+from mesh.gossip.rows import MAX_LIFE, Row
 from mesh.gossip.snapshot import restore_snapshot, take_snapshot
 from mesh.wire.effects import Send
 
@@ -46,8 +46,13 @@ __all__ = ["Gossip"]
 _STATS = ("rounds", "syn_received", "ack_received", "ack2_received", "malformed", "unknown_messages",
           "deltas_applied", "deltas_skipped", "resets_sent", "resets_applied", "truncated",
           "stalls", "identity_conflicts", "seed_probes", "stale_cluster_killed", "stale_cluster_dropped",
-          "nodes_refused", "identity_conflicts_refused", "kills_refused", "snapshot_dropped",
+          "nodes_refused", "other_lives", "identity_conflicts_refused", "kills_refused", "snapshot_dropped",
           *(f"malformed_{k}" for k in MALFORMED_KINDS))
+
+
+def _draw_life(rng: random.Random) -> int:
+    """A life's nonce (``Row.life``): random, never 0 (0 means unknown)."""
+    return 1 + rng.randrange(MAX_LIFE - 1)
 
 
 class Gossip:
@@ -70,12 +75,14 @@ class Gossip:
         self.address = address
         self.generation = generation
         self.config = config
+        self._rng = rng
         self.stats: dict[str, int] = dict.fromkeys(_STATS, 0)
         self._check = EntryCheck(validate_entry, register_prefixes, config.max_clock_skew_ms,
                                  config.tombstone_gc_ms)
         self._refused: str | None = None
         self.load_warnings: list[str] = []
-        self._members = Membership(node_id, address, generation, config, self.stats, now_ms)
+        self._members = Membership(node_id, address, generation, config, self.stats, now_ms,
+                                   life=_draw_life(rng))
         self._namespaces = Namespaces(self._members, rng, self.stats, config.max_entry_bytes)
         self._registers = ClusterRegisters(node_id, rng, self.stats, config.max_entry_bytes)
         self._rounds = Rounds(self._members, self._namespaces, self._registers, seeds, rng, config,
@@ -117,6 +124,7 @@ class Gossip:
     def receive(self, src_address: str, msg: Any, now_ms: int) -> list[Send]:
         """A gossip message from ``src_address`` (the sender's gossip address: replies go there)."""
         self._observe(now_ms)
+        unheard = self._members.hold_heartbeat and not self._members.heard_peer
         try:
             out = self._rounds.dispatch(src_address, msg, now_ms)
         except Malformed as exc:
@@ -127,6 +135,8 @@ class Gossip:
         if out is None:
             self.stats["unknown_messages"] += 1
             return []
+        if unheard and self._members.heard_peer:
+            self._next_round_ms = now_ms   # a held first beat was just released: show it at once
         return out
 
     def take_refused(self) -> str | None:
@@ -191,7 +201,7 @@ class Gossip:
                 if not e.deleted:
                     fresh.put(k, len(fresh.entries) + 1, e.value, False, now_ms, e.size_bytes)
         self.generation = generation
-        self._members.reincarnate(generation, fresh)
+        self._members.reincarnate(generation, fresh, _draw_life(self._rng))
         self._namespaces.version += 1
 
     @property
@@ -202,9 +212,9 @@ class Gossip:
 
     @property
     def heard_peer(self) -> bool:
-        """True once another node showed its view of us: a row for us (in any message), or
-        a full digest (SYN) without one. An ACK without a row for us does not count: it
-        may be a late answer to another life of ours."""
+        """True once another node showed its view of us: a row for us (in a SYN, or of our
+        generation in an ACK), or a full digest (SYN) without one. An ACK without a row of
+        our generation for us does not count: it may be a late answer to another life."""
         return self._members.heard_peer
 
     @property
@@ -342,7 +352,7 @@ class Gossip:
         10,000 copies of a 10,000-row table until they actually diverge. Detector clocks
         start when a member's heartbeat first moves.
         """
-        rows = {o: Row(o, g, 0, 0, 0, a, False) for o, a, g in members}
+        rows = {o: Row(o, g, 0, 0, 0, a, False, 0) for o, a, g in members}   # lives unknown (0)
         if len(rows) != len(members):
             raise ValueError("duplicate node ids")
         targets = list(rows)

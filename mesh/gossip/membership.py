@@ -8,19 +8,25 @@ index so a random peer is drawn in O(1).
 Rules:
 R2 Identity: rows merge by generation first. A higher generation *replaces* the origin
    (namespace dropped, not merged); within a generation the heartbeat and the ``left``
-   flag only grow. Nobody but the owner changes its own row. A row for our own id that
-   cannot be this life's (a higher generation, or our generation with a max version above
-   ours or a heartbeat above the highest one this life ever *sent*: peers only hold what
-   we sent) is an *identity conflict*: counted, ignored, and the highest such generation
+   flag only grow. Each life draws a random ``life`` nonce, carried in its row: two lives
+   of one generation (a rolled-back store restarts with a generation the cluster saw)
+   are told apart, and a peer keeps the first life it saw of a generation (a later one,
+   even with a higher heartbeat, does not overwrite it), so the evidence stays until the
+   restarted node has seen it. Nobody but the owner changes its own row. A row for our
+   own id that cannot be this life's (a higher generation, or our generation with
+   another life, a max version above ours or a heartbeat above the highest one this
+   life ever *sent*: peers only hold what we sent) is an *identity conflict*: counted, ignored, and the highest such generation
    kept in ``identity_conflict``. It means this node's stored generation went back (its
    disk lost state); the shell persists a generation above it and calls
    ``Gossip.reincarnate`` (never the core on its own: the new generation must be durable
    before it is spoken). With ``hold_heartbeat`` the heartbeat stays 0 until a peer has
    shown its view of us (a row for us, or a full digest without one): that first view is
-   compared before the first beat, so a peer holding another life of our generation with
-   any heartbeat >= 1 is always a conflict, never a confirmation (``seen_by_peer``: a
-   peer holds a heartbeat >= 1 that we sent). An ACK without a row for us (it may be a
-   late answer to another life) is not a view of us.
+   compared before the first beat, so a peer holding another life of our generation is
+   always a conflict, never a confirmation (``seen_by_peer``: a peer holds this life, at
+   a heartbeat >= 1 that we sent). An ACK without a row of our generation for
+   us (it may be a late answer to another life) is not a view of us. Peers answer a SYN
+   from a life just begun (heartbeat <= 2), or one whose row they hold differently, with
+   the sender's row as they hold it (``Rounds.on_syn``), so both views come quickly.
 R4 Liveness: an origin's heartbeat moving feeds a phi-accrual detector
    (``mesh.gossip.detector``). ALIVE -> SUSPECT when phi > ``phi_threshold``;
    SUSPECT -> DEAD after ``dead_after_ms`` more; SUSPECT/DEAD -> ALIVE only when its
@@ -77,16 +83,17 @@ class Membership:
     """Rows, verdicts, targets, detector and graveyard of one node (R2, R4, R5)."""
 
     def __init__(self, node_id: str, address: str, generation: int, config: GossipConfig,
-                 stats: dict[str, int], now_ms: int) -> None:
+                 stats: dict[str, int], now_ms: int, life: int = 0) -> None:
         self.node_id = node_id
         self.address = address
         self.generation = generation
+        self.life = life                   # this life's nonce (R2); 0 only in fixtures
         self.config = config
         self.stats = stats
         self.now_ms = now_ms               # the latest time seen; events are stamped with it
         self.left = False                  # this node left (graceful shutdown)
         self.version = 0                   # moves on every change (see Gossip.version)
-        self.rows: dict[str, Row] = {node_id: Row(node_id, generation, 0, 0, 0, address, False)}
+        self.rows: dict[str, Row] = {node_id: Row(node_id, generation, 0, 0, 0, address, False, life)}
         self.rows_shared = False           # copy-on-write (see Gossip.converged_cluster)
         self.namespaces: dict[str, Namespace] = {}
         self.status: dict[str, Verdict] = {}      # non-ALIVE origins only
@@ -107,6 +114,7 @@ class Membership:
     def share(self, rows: dict[str, Row], targets: list[str], tindex: dict[str, int]) -> None:
         """Start from a table shared with other nodes; the first write copies it."""
         self.rows, self.rows_shared = rows, True
+        self.life = rows[self.node_id].life
         self.targets, self.tindex, self.targets_shared = targets, tindex, True
 
     # ---------------------------------------------------------------- rows -------------
@@ -121,7 +129,7 @@ class Membership:
         """Our own heartbeat moves."""
         row = self.rows[self.node_id]
         self.set_row(tuple.__new__(Row, (row.node_id, row.generation, row.heartbeat + 1, row.max_version,
-                                         row.gc_version, row.address, row.left)))
+                                         row.gc_version, row.address, row.left, row.life)))
 
     def mark_left(self) -> None:
         """This node leaves: the flag goes into its own row (R4: final for this generation)."""
@@ -147,12 +155,12 @@ class Membership:
             mine = get(o)
             if mine == r:
                 continue
-            if (mine is not None and r.generation == mine.generation and r.left == mine.left and o != me
-                    and not self.rows_shared):
+            if (mine is not None and r.generation == mine.generation and r.left == mine.left
+                    and r.life == mine.life and o != me and not self.rows_shared):
                 # the common case: a heartbeat moved (or the peer is behind)
                 if r.heartbeat > mine.heartbeat:      # (tuple.__new__: the hot path, in C)
                     mine_rows[o] = tuple.__new__(Row, (o, mine.generation, r.heartbeat, mine.max_version,
-                                                       mine.gc_version, mine.address, mine.left))
+                                                       mine.gc_version, mine.address, mine.left, mine.life))
                     self.detector.report(o, now_ms)
                     st = status.get(o)
                     if st is not None and st.status != LEFT:
@@ -178,13 +186,13 @@ class Membership:
         peer holds this life (a later life of the same generation then sees a conflict, R2).
         The first view of us (a row for us, or a full digest without one) releases a held
         heartbeat: only after it was compared."""
-        if row is None and not full:
-            return                         # an ACK (maybe late, to another life) without our row
+        if not full and (row is None or row.generation != self.generation):
+            return                         # an ACK (maybe late, to another life) without this life's row
         if row is not None and row.generation == self.generation:
             if row.heartbeat > self.sent_heartbeat:
                 if row == self.rows[self.node_id]:     # equal to ours, so not compared in the merge
                     self._conflict(row)
-            elif row.heartbeat >= 1:
+            elif row.heartbeat >= 1 and row.life == self.life:
                 self.seen_by_peer = True
         if not self.heard_peer:
             self.heard_peer = True
@@ -211,7 +219,8 @@ class Membership:
         if o == self.node_id:
             me = self.rows[o]
             if r.generation > self.generation or (r.generation == self.generation and (
-                    r.heartbeat > self.sent_heartbeat or r.max_version > me.max_version)):
+                    r.heartbeat > self.sent_heartbeat or r.max_version > me.max_version
+                    or (r.life and r.life != self.life))):
                 self._conflict(r)
             return
         mine = self.rows.get(o)
@@ -231,12 +240,20 @@ class Membership:
             return
         if r.generation < mine.generation:
             return
+        if r.life != mine.life:
+            if mine.life:
+                if r.life:   # another life of this generation: the first one seen stays (R2)
+                    self.stats["other_lives"] += 1
+                    return
+            else:            # a row restored without its life (0, unknown) learns it
+                mine = mine._replace(life=r.life)
+                self.set_row(mine)
         hb_moved = r.heartbeat > mine.heartbeat
         left_now = r.left and not mine.left
         if not hb_moved and not left_now:
             return
         self.set_row(Row(o, mine.generation, max(r.heartbeat, mine.heartbeat), mine.max_version,
-                         mine.gc_version, mine.address, mine.left or r.left))
+                         mine.gc_version, mine.address, mine.left or r.left, mine.life))
         if left_now:
             self.set_status(o, LEFT, now_ms)
         elif hb_moved:
@@ -254,7 +271,7 @@ class Membership:
         o = r.node_id
         self.namespaces.pop(o, None)
         self.detector.forget(o)
-        self.set_row(Row(o, r.generation, r.heartbeat, 0, 0, r.address, r.left))
+        self.set_row(Row(o, r.generation, r.heartbeat, 0, 0, r.address, r.left, r.life))
         if r.left:
             new = LEFT
         elif from_itself:
@@ -269,16 +286,19 @@ class Membership:
         self.retarget(o)
         self.event(o, old_status, new)
 
-    def reincarnate(self, generation: int, namespace: "Namespace | None") -> None:
-        """This node starts a new life at ``generation`` (R2): own row replaced (heartbeat
-        0, max version of ``namespace``, the own namespace re-versioned by the caller)."""
+    def reincarnate(self, generation: int, namespace: "Namespace | None", life: int) -> None:
+        """This node starts a new life at ``generation`` (R2), with the nonce ``life``: own
+        row replaced (heartbeat 0, max version of ``namespace``, the own namespace
+        re-versioned by the caller)."""
         me = self.node_id
         if namespace is None:
             self.namespaces.pop(me, None)
         else:
             self.namespaces[me] = namespace
         self.generation = generation
-        self.set_row(Row(me, generation, 0, len(namespace.entries) if namespace else 0, 0, self.address, self.left))
+        self.life = life
+        self.set_row(Row(me, generation, 0, len(namespace.entries) if namespace else 0, 0, self.address, self.left,
+                         life))
         self.identity_conflict = 0
         self.sent_heartbeat = 0
         self.seen_by_peer = False

@@ -236,7 +236,7 @@ class Namespaces:
                 v = ents[i + 1]
                 if v > mv:
                     ns.put(ents[i], v, ents[i + 2], ents[i + 3], now_ms, sizes[j])
-        self._members.set_row(Row(o, gen, row.heartbeat, max(mv, upto), my_gc, row.address, row.left))
+        self._members.set_row(Row(o, gen, row.heartbeat, max(mv, upto), my_gc, row.address, row.left, row.life))
         self._stats["deltas_applied"] += 1
         self.version += 1
 

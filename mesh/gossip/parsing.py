@@ -19,12 +19,12 @@ from typing import Any
 
 from mesh.gossip.checks import EntryCheck
 from mesh.gossip.rows import (BUCKETS, DELTA_FIELDS, ENTRY_FIELDS, ENTRY_OVERHEAD, MAX_COUNTER, MAX_GENERATION,
-                              MAX_HEARTBEAT, MAX_KEY_CHARS, MAX_NAME_CHARS, REGISTER_FIELDS, ROW_FIELDS, Delta, Row, size_of)
+                              MAX_HEARTBEAT, MAX_KEY_CHARS, MAX_LIFE, MAX_NAME_CHARS, REGISTER_FIELDS, ROW_FIELDS, Delta, Row, size_of)
 
 __all__ = ["Malformed", "MALFORMED_KINDS", "parse_rows", "parse_buckets", "parse_deltas", "parse_registers",
            "parse_gc_clock"]
 
-_ROW_TYPES = [str, int, int, int, int, str, bool]
+_ROW_TYPES = [str, int, int, int, int, str, bool, int]
 _node_id = operator.attrgetter("node_id")
 MALFORMED_KINDS = ("shape", "bounds", "stamp", "entry", "hello")
 
@@ -68,10 +68,10 @@ def parse_rows(digest: Any, limit: int) -> dict[str, Row]:
                  or list(map(type, itertools.chain.from_iterable(rows))) != _ROW_TYPES * len(rows)):
         raise Malformed("digest types")
     if rows:
-        ids, gens, hbs, mvs, gcs, addrs, _ = zip(*rows)
-        if min(min(gens), min(hbs), min(mvs), min(gcs)) < 0 or max(gens) >= MAX_GENERATION \
-                or max(hbs) >= MAX_HEARTBEAT or max(max(mvs), max(gcs)) > MAX_COUNTER:
-            raise Malformed("digest: a generation, heartbeat or version out of range", "bounds")
+        ids, gens, hbs, mvs, gcs, addrs, _, lives = zip(*rows)
+        if min(min(gens), min(hbs), min(mvs), min(gcs), min(lives)) < 0 or max(gens) >= MAX_GENERATION \
+                or max(hbs) >= MAX_HEARTBEAT or max(max(mvs), max(gcs)) > MAX_COUNTER or max(lives) >= MAX_LIFE:
+            raise Malformed("digest: a generation, heartbeat, version or life out of range", "bounds")
         if not (_names_ok(ids) and _names_ok(addrs)):
             raise Malformed(f"digest: node ids and addresses are 1..{MAX_NAME_CHARS} characters", "bounds")
     out = dict(zip(map(_node_id, rows), rows))

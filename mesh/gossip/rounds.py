@@ -3,7 +3,9 @@
 Exchange (one round every ``interval_ms``, started by ``Gossip.tick``):
 1. SYN  A -> B: A's digest and the hashes of A's cluster-store buckets.
 2. ACK  B -> A: the rows where B differs from A (what B knows newer, where B is
-   behind), the deltas A lacks, and B's cluster entries in the buckets that differ.
+   behind), the deltas A lacks, and B's cluster entries in the buckets that differ. A
+   sender whose life has just begun (heartbeat <= 2) also gets its own row back, as B now
+   holds it: the view of itself a restarted node waits for (``Membership.saw_our_row``).
    When the only difference is heartbeats at most two beats newer, B does not answer:
    heartbeats then spread by push, in every SYN, which halves idle traffic; a sender
    further behind (a joiner, a healed partition) gets them pulled in the ACK.
@@ -35,6 +37,7 @@ from mesh.wire.effects import Send
 __all__ = ["Rounds"]
 
 _HEARTBEAT_SLACK_BEATS = 2   # a SYN this far behind on some heartbeat gets an answer
+_ECHO_BEATS = 2              # a SYN whose sender's life is this young gets its own row back
 _MAX_CLUSTER_ENTRIES = 1_000_000
 
 
@@ -153,6 +156,17 @@ class Rounds:
                 reply_rows.append(r)
                 if r.heartbeat > a.heartbeat + _HEARTBEAT_SLACK_BEATS:
                     must_reply = True
+        # a life just begun (heartbeat 0 held until a peer's view of it, then its first
+        # beats) gets its row back as we now hold it: the view it waits for to beat, then
+        # to be confirmed (Membership.saw_our_row), in one exchange instead of waiting for
+        # a peer to pick it as a target
+        # (and a row for the sender ahead of the one it sent is another life of it: answered
+        # always, so the sender sees the conflict now)
+        sender = m.rows.get(msg.node_id) if msg.node_id != self._node_id else None
+        if sender is not None and (sender.heartbeat <= _ECHO_BEATS or sender != own):
+            if sender not in reply_rows:
+                reply_rows.append(sender)
+            must_reply = True
         budget = Budget(self._config.max_delta_bytes)
         reg = self._registers
         mine = reg.hashes()

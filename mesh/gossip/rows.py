@@ -32,6 +32,7 @@ __all__ = [
     "Row", "Delta", "Entry", "Register", "Grave", "Verdict",
     "ROW_FIELDS", "DELTA_FIELDS", "ENTRY_FIELDS", "REGISTER_FIELDS", "BUCKETS",
     "DELTA_OVERHEAD", "ENTRY_OVERHEAD", "MAX_KEY_CHARS", "MAX_NAME_CHARS", "MAX_COUNTER", "MAX_GENERATION",
+    "MAX_LIFE",
     "Budget", "size_of", "check_key", "entry_size", "register_size",
 ]
 
@@ -41,7 +42,7 @@ ALIVE, SUSPECT, DEAD, LEFT = "alive", "suspect", "dead", "left"
 
 
 class Row(NamedTuple):
-    """One origin's line of the digest; on the wire a 7-element array in this order."""
+    """One origin's line of the digest; on the wire an 8-element array in this order."""
     node_id: str
     generation: int
     heartbeat: int
@@ -49,6 +50,8 @@ class Row(NamedTuple):
     gc_version: int         # the highest version whose tombstone was collected
     address: str
     left: bool              # graceful leave: final for this generation
+    life: int = 0           # random per life of the origin (0: unknown): tells apart two lives of
+                            # one generation, as a rolled-back store restarts with (R2)
 
 
 class Delta(NamedTuple):
@@ -110,6 +113,7 @@ MAX_KEY_CHARS = 1024
 MAX_NAME_CHARS = 255        # a node id, an address, a register's writer
 MAX_COUNTER = 2 ** 53 - 1   # heartbeats, versions, stamps: exact in every msgpack reader (R8)
 MAX_GENERATION = 2 ** 48    # a generation this high is forged: refused in rows, deltas, snapshots (R2)
+MAX_LIFE = 2 ** 32         # a life nonce is drawn below this (0 means unknown)
 MAX_HEARTBEAT = 2 ** 48     # no life beats this often (5 a second: 1.8 million years): forged, refused in rows
 _MAX_DEPTH = 32
 

@@ -20,7 +20,8 @@ Layout (``format`` 1)::
     {"format": 1, "node_id", "generation", "clock", "cluster_gc",
      "cluster":   [key, clock, writer, value, deleted, stored_ms, ...],
      "nodes":     [[node_id, generation, heartbeat, max_version, gc_version, address, left,
-                    status, since_ms, [key, version, value, deleted, stored_ms, ...]], ...],
+                    status, since_ms, [key, version, value, deleted, stored_ms, ...], life], ...],
+     (a node without the trailing life, as written before lives existed, loads with life 0)
      "graveyard": [[node_id, generation, heartbeat, removed_ms], ...]}
 """
 from __future__ import annotations
@@ -32,7 +33,7 @@ from mesh.gossip.checks import EntryCheck
 from mesh.gossip.membership import Membership
 from mesh.gossip.namespaces import Namespace
 from mesh.gossip.registers import ClusterRegisters
-from mesh.gossip.rows import (ALIVE, DEAD, ENTRY_OVERHEAD, LEFT, MAX_COUNTER, MAX_GENERATION, MAX_KEY_CHARS,
+from mesh.gossip.rows import (ALIVE, DEAD, ENTRY_OVERHEAD, LEFT, MAX_COUNTER, MAX_GENERATION, MAX_KEY_CHARS, MAX_LIFE,
                               MAX_NAME_CHARS, SUSPECT, Grave, Row, Verdict, register_size, size_of)
 
 __all__ = ["take_snapshot", "restore_snapshot"]
@@ -88,7 +89,7 @@ def take_snapshot(members: Membership, registers: ClusterRegisters) -> dict:
             for v, k in ns.by_version.items():
                 e = ns.entries[k]
                 ents += [k, v, e.value, e.deleted, e.stored_ms]
-        nodes.append([*row, st, since, ents])
+        nodes.append([*row[:7], st, since, ents, row.life])
     cluster = []
     for k, e in sorted(registers.entries.items()):
         cluster += [k, e.clock, e.writer, e.value, e.deleted, e.stored_ms]
@@ -149,7 +150,7 @@ def restore_snapshot(snap: dict, members: Membership, registers: ClusterRegister
     rows = members.rows
     for node in nodes:
         try:
-            o, gen, hb, mv, gc, addr, left, st, since, ents = _node(node)
+            o, gen, hb, mv, gc, addr, left, st, since, ents, life = _node(node)
         except _Bad as exc:
             warnings.append(f"node dropped: {exc}"[:300])
             continue
@@ -162,7 +163,7 @@ def restore_snapshot(snap: dict, members: Membership, registers: ClusterRegister
             except (_Bad, TypeError) as exc:
                 warnings.append(f"node {o!r}: namespace dropped (peers send it again): {exc}"[:300])
                 mv = gc = 0
-        rows[o] = Row(o, gen, hb, mv, gc, addr, left)
+        rows[o] = Row(o, gen, hb, mv, gc, addr, left, life)
         if ns is not None:
             members.namespaces[o] = ns
         if left:
@@ -196,9 +197,11 @@ def restore_snapshot(snap: dict, members: Membership, registers: ClusterRegister
 
 
 def _node(node: Any) -> tuple:
-    if not isinstance(node, (list, tuple)) or len(node) != _NODE_FIELDS:
+    if not isinstance(node, (list, tuple)) or len(node) not in (_NODE_FIELDS, _NODE_FIELDS + 1):
         raise _Bad(f"not a {_NODE_FIELDS}-field row")
-    o, gen, hb, mv, gc, addr, left, st, since, ents = node
+    o, gen, hb, mv, gc, addr, left, st, since, ents = node[:_NODE_FIELDS]
+    life = node[_NODE_FIELDS] if len(node) > _NODE_FIELDS else 0     # (snapshots before lives: unknown)
+    _count(life, f"node {o!r}: life", MAX_LIFE - 1)
     _name(o, "node id")
     _count(gen, f"node {o!r}: generation", MAX_GENERATION - 1)
     for v, what in ((hb, "heartbeat"), (mv, "max version"), (gc, "gc version"), (since, "since_ms")):
@@ -207,7 +210,7 @@ def _node(node: Any) -> tuple:
     if st not in (ALIVE, SUSPECT, DEAD, LEFT):
         raise _Bad(f"node {o!r}: status {st!r}")
     ents = _flat(ents if ents else [], _NS_FIELDS, f"node {o!r}: namespace")
-    return o, gen, hb, mv, gc, addr, _flag(left, f"node {o!r}: left"), st, since, ents
+    return o, gen, hb, mv, gc, addr, _flag(left, f"node {o!r}: left"), st, since, ents, life
 
 
 def _namespace(o: str, ents: list, max_version: int, check: EntryCheck, now_ms: int) -> Namespace:

@@ -327,6 +327,10 @@ class Node:
 
     def run(self) -> None:
         self._running = True
+        # links to the peers the restored gossip state knows, before the first round
+        self.peers.connect(sorted(mem.address for mem in self.gossip.members(self.clock.wall_ms())
+                                  if mem.node_id != self.node_id and mem.address != self.address
+                                  and mem.status in ("alive", "suspect")))
         log.info("node %s (generation %d) serving on %s, data in %s, seeds %s", self.node_id,
                  self.generation, self.address, self.cfg.data_dir, ",".join(self.cfg.seeds) or "none")
         poller = zmq.Poller()

@@ -11,7 +11,13 @@ ROUTER and authenticates as ``broker`` (``mesh.security.zap``); the receiver tru
 message only for that, never for the routing id. Without ROUTER_HANDOVER there, a
 restarted peer gets its routing id back once the receiver has dropped the old connection
 (at once on a closed TCP connection; for a silent one, after the TTL its PINGs announced): the DEALER
-reconnects every 100 ms to 2 s until then.
+reconnects every 100 to 300 ms until then.
+
+Reconnects back off from 100 ms to at most ``RECONNECT_MAX_MS`` (300 ms): a broker that
+was down for seconds gets its peers' answers (gossip ACKs, appends) within 300 ms of
+coming back, not after a backoff that grew while it was away; ``connect`` opens the links
+to the peers a restarted broker already knows before its first gossip round (a first
+message on a link still connecting is dropped: IMMEDIATE).
 
 Sends never block: a message to a peer that is not connected (IMMEDIATE) or whose queue is
 full is dropped and counted. Gossip and replication both retransmit, so a drop is a delay,
@@ -30,6 +36,7 @@ __all__ = ["PeerLinks", "sender_address", "PEER_PREFIX"]
 
 log = logging.getLogger("mesh.node.peers")
 PEER_PREFIX = b"peer:"
+RECONNECT_MAX_MS = 300
 
 
 def sender_address(identity: bytes) -> str | None:
@@ -66,7 +73,7 @@ class PeerLinks:
             s.setsockopt(zmq.RCVHWM, 1)  # peers never answer on this socket
             s.setsockopt(zmq.IMMEDIATE, 1)
             s.setsockopt(zmq.RECONNECT_IVL, 100)
-            s.setsockopt(zmq.RECONNECT_IVL_MAX, 2000)
+            s.setsockopt(zmq.RECONNECT_IVL_MAX, RECONNECT_MAX_MS)
             s.setsockopt(zmq.HEARTBEAT_IVL, self.heartbeat_ivl_ms)
             s.setsockopt(zmq.HEARTBEAT_TIMEOUT, self.heartbeat_timeout_ms)
             s.setsockopt(zmq.HEARTBEAT_TTL, min(self.heartbeat_timeout_ms, 6_553_500))
@@ -79,6 +86,15 @@ class PeerLinks:
                 raise
             self._socks[addr] = s
         return s
+
+    def connect(self, addrs) -> None:
+        """Open the links to ``addrs`` now (each is kept), so a first message need not wait."""
+        for addr in addrs:
+            if addr not in self._socks:
+                try:
+                    self._sock(addr)
+                except zmq.ZMQError as exc:
+                    log.debug("cannot link to %s: %s", addr, exc)
 
     def send(self, addr: str, msg, payload: bytes | None = None) -> bool:
         frames = pack(PROTOCOL_PEER, 0, msg, payload)

@@ -47,9 +47,10 @@ __all__ = [
 ]
 
 PROTOCOL_CLIENT = b"mesh/1"
-PROTOCOL_PEER = b"mesh-peer/4"  # 2: store identity, lives and recovering flags in replication;
+PROTOCOL_PEER = b"mesh-peer/5"  # 2: store identity, lives and recovering flags in replication;
 #                                 3: gossip keys chunked (tparts/, lead/, stats/, recovering/<topic>/<k>), users, ACLs;
-#                                 4: replication carries config markers and config ids (membership change)
+#                                 4: replication carries config markers and config ids (membership change);
+#                                 5: gossip rows carry their origin's life (Row.life)
 PROTOCOLS = (PROTOCOL_CLIENT, PROTOCOL_PEER)
 
 REGISTRY: dict[bytes, type] = {}

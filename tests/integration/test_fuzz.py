@@ -170,7 +170,7 @@ def topic_uuid(c: Cluster, s: Stranger) -> str:
     try:
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
-            out.send_multipart(pack(PROTOCOL_PEER, 0, GossipSyn("stranger", [["stranger", 1, 0, 0, 0, me, False]],
+            out.send_multipart(pack(PROTOCOL_PEER, 0, GossipSyn("stranger", [["stranger", 1, 0, 0, 0, me, False, 0]],
                                                                  [], 0)))
             while s.inbox.poll(500):
                 frames = s.inbox.recv_multipart()
@@ -327,10 +327,10 @@ def test_an_ack2_deleting_the_topic_with_stamp_2_62_is_refused(cluster, peer):
 
 
 def test_rows_for_real_brokers_at_generation_2_62_are_refused(cluster, peer):
-    forged = [[b.node_id, FAR_FUTURE, 1, 0, 0, "127.0.0.1:9", False] for b in cluster.brokers[1:]]
+    forged = [[b.node_id, FAR_FUTURE, 1, 0, 0, "127.0.0.1:9", False, 0] for b in cluster.brokers[1:]]
     for b in cluster.brokers:
         peer.send("127.0.0.12:9", b.address, GossipAck("ghost", forged, [], [], [], 0))
-    wait_until(lambda: logged(cluster, "a generation, heartbeat or version out of range"), 10, "the refusal")
+    wait_until(lambda: logged(cluster, "a generation, heartbeat, version or life out of range"), 10, "the refusal")
     healthy(cluster, records_so_far(cluster))
 
 

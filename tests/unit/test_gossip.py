@@ -22,7 +22,8 @@ CFG = GossipConfig(dead_after_ms=3_000, tombstone_gc_ms=30_000)
 
 def make(node_id: str, seeds=(), gen: int = 1, cfg: GossipConfig = CFG, now: int = 0,
          snapshot=None) -> Gossip:
-    return Gossip(node_id, f"addr-{node_id}", gen, list(seeds), random.Random(f"t/{node_id}/{gen}"),
+    # (a node made again later, as a rolled-back copy restarts, draws another life: now in the seed)
+    return Gossip(node_id, f"addr-{node_id}", gen, list(seeds), random.Random(f"t/{node_id}/{gen}/{now or ''}"),
                   cfg, now, snapshot=snapshot)
 
 
@@ -79,8 +80,8 @@ def test_messages_are_registered_frozen_and_round_trip():
     for op, cls in ((b"GOSSIP_SYN", GossipSyn), (b"GOSSIP_ACK", GossipAck), (b"GOSSIP_ACK2", GossipAck2)):
         assert REGISTRY[op] is cls
         assert cls.__dataclass_params__.frozen and hasattr(cls, "__slots__")
-    syn = GossipSyn("a", [["a", 1, 2, 3, 0, "addr-a", False]], [], 0)
-    assert wire(syn).digest == [["a", 1, 2, 3, 0, "addr-a", False]]
+    syn = GossipSyn("a", [["a", 1, 2, 3, 0, "addr-a", False, 0]], [], 0)
+    assert wire(syn).digest == [["a", 1, 2, 3, 0, "addr-a", False, 0]]
     with pytest.raises(AttributeError):
         syn.node_id = "b"  # type: ignore[misc]
 
@@ -222,7 +223,7 @@ def test_generation_must_increase_on_restore():
 
 def test_someone_else_claiming_our_id_at_a_higher_generation_is_counted_not_obeyed():
     a, b, net = pair()
-    rogue = [["a", 9, 1, 0, 0, "addr-rogue", False], ["b", 1, 1, 0, 0, "addr-b", False]]
+    rogue = [["a", 9, 1, 0, 0, "addr-rogue", False, 0], ["b", 1, 1, 0, 0, "addr-b", False, 0]]
     a.receive("addr-rogue", GossipSyn("a", rogue, [], 0), net.now)
     assert a.stats["identity_conflicts"] == 1
     assert a.digest_entry("a")[0] == 1
@@ -399,10 +400,10 @@ def test_snapshot_is_msgpack_data_and_restores_the_view():
 # ---------------------------------------------------------------- robustness ----------
 
 @pytest.mark.parametrize("msg", [
-    GossipSyn("x", [["a", "not-an-int", 0, 0, 0, "addr", False]], [], 0),
+    GossipSyn("x", [["a", "not-an-int", 0, 0, 0, "addr", False, 0]], [], 0),
     GossipSyn("x", [["a", 1, 0]], [], 0),
-    GossipSyn("x", ["a", 1, 0, 0, 0, "addr", False], [], 0),
-    GossipSyn("x", [["a", 1, 0, 0, 0, "addr", False], ["a", 1, 0, 0, 0, "addr", False]], [], 0),
+    GossipSyn("x", ["a", 1, 0, 0, 0, "addr", False, 0], [], 0),
+    GossipSyn("x", [["a", 1, 0, 0, 0, "addr", False, 0], ["a", 1, 0, 0, 0, "addr", False, 0]], [], 0),
     GossipSyn("x", [], [1, 2, 3], 0),
     GossipAck("x", [], [["a", 1, 0, 5, 0, False, ["k", 3, 1, False, "j", 2, 1, False]]], [], [], 0),
     GossipAck("x", [], [["a", 1, 0, 1, 0, False, ["k", 1, object(), False]]], [], [], 0),
@@ -428,7 +429,7 @@ def test_known_nodes_are_bounded():
     a = make("a", cfg=cfg)
     rows = []
     for i in range(10):
-        rows.append([f"n{i}", 1, 1, 0, 0, f"addr-n{i}", False])
+        rows.append([f"n{i}", 1, 1, 0, 0, f"addr-n{i}", False, 0])
     a.receive("addr-n0", GossipSyn("n0", rows, [], 0), 0)
     assert len(a.members(0)) == 3 and a.stats["nodes_refused"] == 8
 
@@ -488,7 +489,7 @@ def test_any_interleaving_converges_once_the_network_is_reliable(script):
 def test_a_row_for_us_from_another_life_of_our_generation_is_a_conflict():
     a, b, net = pair()
     mine = a.digest_entry("a")
-    other_life = [["a", mine[0], mine[1] + 50, mine[2] + 5, 0, "addr-a", False]]
+    other_life = [["a", mine[0], mine[1] + 50, mine[2] + 5, 0, "addr-a", False, 0]]
     a.receive("addr-b", GossipAck("b", other_life, [], [], [], 0), net.now)
     assert a.identity_conflict == mine[0] and a.stats["identity_conflicts"] == 1
     assert a.heard_peer
@@ -500,7 +501,7 @@ def test_a_forged_huge_generation_for_us_is_refused_not_adopted():
     and a row that got in anyway (below the parsing bound) is never adopted as ours."""
     a, b, net = pair()
     net.run(1_000)
-    a.receive("addr-b", GossipAck("b", [["a", 2 ** 62, 1, 0, 0, "addr-a", False]], [], [], [], 0), net.now)
+    a.receive("addr-b", GossipAck("b", [["a", 2 ** 62, 1, 0, 0, "addr-a", False, 0]], [], [], [], 0), net.now)
     assert a.identity_conflict == 0 and a.stats["malformed_bounds"] == 1
     a._members._conflict(a._members.rows["a"]._replace(generation=2 ** 48))
     assert a.identity_conflict == 0 and a.stats["identity_conflicts_refused"] == 1
@@ -512,7 +513,7 @@ def test_reincarnate_moves_to_a_new_generation_and_peers_follow():
     a.set_local("gone", 2)
     a.delete_local("gone")
     net.run(1_000)
-    a.receive("addr-b", GossipAck("b", [["a", 7, 1, 0, 0, "addr-a", False]], [], [], [], 0), net.now)
+    a.receive("addr-b", GossipAck("b", [["a", 7, 1, 0, 0, "addr-a", False, 0]], [], [], [], 0), net.now)
     assert a.identity_conflict == 7
     with pytest.raises(ValueError):
         a.reincarnate(1, net.now)
@@ -543,6 +544,58 @@ def test_a_second_life_of_the_same_generation_sees_the_first_one(first_life_ms):
     net.add(a2)
     net.run(1_000)
     assert a2.identity_conflict == 2 and a2.heard_peer
+
+
+def test_a_restarted_node_is_confirmed_by_the_answers_to_its_own_first_two_rounds():
+    """A new life (heartbeat held at 0) needs a peer's view of itself twice: to beat, then to
+    be confirmed (``seen_by_peer``). A peer answers a young life's SYN with its row as it
+    now holds it, so the node's own rounds suffice: it does not wait for a peer to pick it
+    as a target (here the peer never starts a round)."""
+    a = make("a", gen=1)
+    b = make("b", seeds=[a.address])
+    net = Net(a, b)
+    net.run(1_000)
+    a2 = make("a", seeds=[b.address], gen=2, now=net.now)      # a restart: the next generation
+    a2.hold_heartbeat = True
+    net.add(a2)
+    rounds, started = 0, []
+    while not a2.seen_by_peer and rounds < 5:
+        while not (sends := a2.tick(net.now)):
+            net.now += 10
+        rounds += 1
+        started.append(net.now)
+        q = deque((a2.address, s) for s in sends)
+        while q:                                                # only this exchange: SYN, ACK, ACK2
+            src, snd = q.popleft()
+            for r in net.nodes[snd.dest].receive(src, wire(snd.msg), net.now):
+                q.append((snd.dest, r))
+    assert a2.seen_by_peer and a2.identity_conflict == 0 and rounds == 2
+    assert started[1] == started[0]   # the second round at once, as the first beat was released
+
+
+def test_a_syn_whose_senders_row_we_hold_ahead_is_answered_with_it():
+    """A peer holding another life of the sender (same generation, a higher heartbeat: a
+    rolled-back disk) answers at once with that row, however small the difference, so the
+    sender sees the conflict before it could be confirmed."""
+    b, net = _first_life(3)
+    held = b.digest_entry("a")
+    digest = [list(r) for r in b._syn().digest]
+    for r in digest:
+        if r[0] == "a":
+            r[2] = 1                                   # the sender's row: its heartbeat 1
+    out = b.receive("addr-a", wire(GossipSyn("a", digest, [], 0)), net.now)
+    acks = [s.msg for s in out if type(s.msg) is GossipAck]
+    assert acks and any(r[0] == "a" and r[2] == held[1] for r in acks[0].digest)
+
+
+def test_a_late_ack_with_an_earlier_lifes_row_is_no_view_of_this_life():
+    """An ACK to a SYN of the previous life may arrive after a restart, carrying that life's
+    row (peers echo a young life's row): it is not a view of this life, so the held
+    heartbeat stays 0 until one is."""
+    a2 = make("a", gen=2)
+    a2.hold_heartbeat = True
+    a2.receive("addr-b", wire(GossipAck("b", [["a", 1, 1, 0, 0, "addr-a", False, 0]], [], [], [], 0)), 0)
+    assert not a2.heard_peer and a2.digest_entry("a")[1] == 0 and not a2.seen_by_peer
 
 
 def _first_life(min_hb: int):

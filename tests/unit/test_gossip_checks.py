@@ -108,14 +108,14 @@ def test_a_kill_of_a_stamp_younger_than_the_tombstone_horizon_is_refused():
 # ---------------------------------------------------------------- bounds --------------
 
 @pytest.mark.parametrize("row", [
-    ["x", MAX_GENERATION, 1, 0, 0, "addr-x", False],
-    ["x", 2 ** 62, 1, 0, 0, "127.0.0.1:9", False],
-    ["x", 1, MAX_COUNTER + 1, 0, 0, "addr-x", False],
-    ["x", 1, 2 ** 48, 0, 0, "addr-x", False],   # a heartbeat no life reaches (a forged view of a real node)
-    ["x", 1, 1, 2 ** 60, 0, "addr-x", False],
-    ["x", 1, 1, 0, -1, "addr-x", False],
-    ["", 1, 1, 0, 0, "addr-x", False],
-    ["x", 1, 1, 0, 0, "a" * 256, False],
+    ["x", MAX_GENERATION, 1, 0, 0, "addr-x", False, 0],
+    ["x", 2 ** 62, 1, 0, 0, "127.0.0.1:9", False, 0],
+    ["x", 1, MAX_COUNTER + 1, 0, 0, "addr-x", False, 0],
+    ["x", 1, 2 ** 48, 0, 0, "addr-x", False, 0],   # a heartbeat no life reaches (a forged view of a real node)
+    ["x", 1, 1, 2 ** 60, 0, "addr-x", False, 0],
+    ["x", 1, 1, 0, -1, "addr-x", False, 0],
+    ["", 1, 1, 0, 0, "addr-x", False, 0],
+    ["x", 1, 1, 0, 0, "a" * 256, False, 0],
 ])
 def test_membership_rows_out_of_bounds_are_refused(row):
     a, b, net = pair()
@@ -128,7 +128,7 @@ def test_a_forged_generation_for_real_nodes_is_refused_everywhere():
     a, b, net = pair()
     net.add(node("c", seeds=[a.address]))
     net.run(2_000)
-    forged = [["b", 2 ** 62, 1, 0, 0, "127.0.0.1:9", False], ["c", 2 ** 62, 1, 0, 0, "127.0.0.1:9", False]]
+    forged = [["b", 2 ** 62, 1, 0, 0, "127.0.0.1:9", False, 0], ["c", 2 ** 62, 1, 0, 0, "127.0.0.1:9", False, 0]]
     refused(a, GossipSyn("b", forged + [["b", *a.digest_entry("b")]], [], 0), "bounds", net.now)
     net.run(3_000)
     assert a.live_members(net.now) == ["a", "b", "c"] and a.digest_entry("b")[0] == 1
@@ -215,11 +215,11 @@ def test_a_hello_without_the_senders_own_row_gets_nothing():
     a, b, net = pair()
     a.put_cluster("topic/orders", TOPIC)
     refused(a, GossipSyn("x", [], [], 0), "hello", net.now)
-    refused(a, GossipSyn("x", [["y", 1, 0, 0, 0, "addr-b", False]], [], 0), "hello", net.now)
+    refused(a, GossipSyn("x", [["y", 1, 0, 0, 0, "addr-b", False, 0]], [], 0), "hello", net.now)
     # its own row, but another address than the one it came from
-    refused(a, GossipSyn("x", [["x", 1, 0, 0, 0, "elsewhere", False]], [], 0), "hello", net.now)
+    refused(a, GossipSyn("x", [["x", 1, 0, 0, 0, "elsewhere", False, 0]], [], 0), "hello", net.now)
     # a joining node presents itself: it gets what a joiner needs
-    out = a.receive("addr-x", wire(GossipSyn("x", [["x", 1, 0, 0, 0, "addr-x", False]], [], 0)), net.now)
+    out = a.receive("addr-x", wire(GossipSyn("x", [["x", 1, 0, 0, 0, "addr-x", False, 0]], [], 0)), net.now)
     assert len(out) == 1 and type(out[0].msg) is GossipAck
 
 

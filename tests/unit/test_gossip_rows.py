@@ -23,23 +23,24 @@ from mesh.wire.codec import decode_body, encode_body
 
 
 def test_typed_rows_encode_exactly_as_the_positional_lists():
-    row = Row("a", 1, 2, 3, 0, "addr-a", False)
+    row = Row("a", 1, 2, 3, 0, "addr-a", False, 0)
     delta = Delta("a", 1, 0, 3, 0, False, ["k", 3, {"v": [1, 2]}, False])
     typed = GossipAck("b", [row], [delta], [0] * BUCKETS, ["t", 5, "a", None, True], 0)
-    plain = GossipAck("b", [["a", 1, 2, 3, 0, "addr-a", False]],
+    plain = GossipAck("b", [["a", 1, 2, 3, 0, "addr-a", False, 0]],
                       [["a", 1, 0, 3, 0, False, ["k", 3, {"v": [1, 2]}, False]]],
                       [0] * BUCKETS, ["t", 5, "a", None, True], 0)
     assert encode_body(typed) == encode_body(plain)
     assert msgpack.unpackb(encode_body(typed), raw=False) == [
-        "b", [["a", 1, 2, 3, 0, "addr-a", False]], [["a", 1, 0, 3, 0, False, ["k", 3, {"v": [1, 2]}, False]]],
+        "b", [["a", 1, 2, 3, 0, "addr-a", False, 0]], [["a", 1, 0, 3, 0, False, ["k", 3, {"v": [1, 2]}, False]]],
         [0] * BUCKETS, ["t", 5, "a", None, True], 0]
-    assert row == ("a", 1, 2, 3, 0, "addr-a", False)          # still a tuple where it matters
+    assert row == ("a", 1, 2, 3, 0, "addr-a", False, 0)          # still a tuple where it matters
 
 
-def test_a_real_syn_carries_rows_as_seven_element_arrays():
+def test_a_real_syn_carries_rows_as_eight_element_arrays():
     g = Gossip("a", "addr-a", 4, [], random.Random(1), GossipConfig(), 0)
     syn = decode_body(b"GOSSIP_SYN", encode_body(g._syn()))
-    assert syn.digest == [["a", 4, 0, 0, 0, "addr-a", False]]
+    life = syn.digest[0][7]
+    assert syn.digest == [["a", 4, 0, 0, 0, "addr-a", False, life]] and 0 < life < 2 ** 32
 
 
 def _golden_trace() -> str:
@@ -68,10 +69,12 @@ def _golden_trace() -> str:
     return h.hexdigest()
 
 
-# Computed with the positional-tuple implementation before the split into modules. A
-# change here means the wire bytes or the protocol's choices changed: that must be on
-# purpose (and said so in the change), never a side effect of a refactoring.
-GOLDEN_TRACE_SHA256 = "4f93967683ee74f308d593ef1a317106a09f263e1b3cb4a09e3b88889afbfdf9"
+# Computed with the positional-tuple implementation before the split into modules, then
+# changed on purpose twice: a SYN from a life just begun gets its own row back in the ACK
+# (rounds.py, _ECHO_BEATS); rows carry a random life nonce (rows.py, Row.life). A change here means the wire bytes or the protocol's choices
+# changed: that must be on purpose (and said so in the change), never a side effect of a
+# refactoring.
+GOLDEN_TRACE_SHA256 = "f3e39efdbc85c1d710f136ccd88ce61471add0cac2a748ff405756e43667f91b"
 
 
 def test_a_deterministic_run_sends_the_same_bytes_as_before_the_typed_rows():
@@ -81,25 +84,28 @@ def test_a_deterministic_run_sends_the_same_bytes_as_before_the_typed_rows():
 # ---------------------------------------------------------------- parsing --------------
 
 def test_parse_rows_gives_typed_rows_by_node():
-    rows = parse_rows([["a", 1, 2, 3, 4, "addr-a", False], ("b", 2, 0, 0, 0, "addr-b", True)], 10)
+    rows = parse_rows([["a", 1, 2, 3, 4, "addr-a", False, 0], ("b", 2, 0, 0, 0, "addr-b", True, 0)], 10)
     assert list(rows) == ["a", "b"]                           # the sender's order
     a, b = rows["a"], rows["b"]
     assert type(a) is Row and a.generation == 1 and a.heartbeat == 2 and a.max_version == 3
     assert a.gc_version == 4 and a.address == "addr-a" and a.left is False
-    assert b.left is True and b == ("b", 2, 0, 0, 0, "addr-b", True)
+    assert b.left is True and b == ("b", 2, 0, 0, 0, "addr-b", True, 0)
     assert parse_rows([], 10) == {}
 
 
 @pytest.mark.parametrize("digest,limit", [
     ("not a list", 10),
-    ([["a", 1, 2, 3, 4, "addr-a", False]] * 2, 10),                # duplicate node
+    ([["a", 1, 2, 3, 4, "addr-a", False, 0]] * 2, 10),                # duplicate node
     ([["a", 1, 2, 3, 4, "addr-a"]], 10),                            # six fields
-    ([["a", 1, 2, 3, 4, "addr-a", False, 9]], 10),                  # eight fields
-    ([["a", 1, 2, 3, 4, "addr-a", 0]], 10),                         # left must be a bool
-    ([["a", True, 2, 3, 4, "addr-a", False]], 10),                  # a bool is not an int here
-    ([["a", 1.0, 2, 3, 4, "addr-a", False]], 10),
+    ([["a", 1, 2, 3, 4, "addr-a", False, 9, 9]], 10),               # nine fields
+    ([["a", 1, 2, 3, 4, "addr-a", False]], 10),                     # seven fields (no life)
+    ([["a", 1, 2, 3, 4, "addr-a", False, -1]], 10),                 # a life out of range
+    ([["a", 1, 2, 3, 4, "addr-a", False, 2 ** 32]], 10),
+    ([["a", 1, 2, 3, 4, "addr-a", 0, 0]], 10),                      # left must be a bool
+    ([["a", True, 2, 3, 4, "addr-a", False, 0]], 10),                  # a bool is not an int here
+    ([["a", 1.0, 2, 3, 4, "addr-a", False, 0]], 10),
     ([5], 10),                                                      # a row that is not a list
-    ([["a", 1, 2, 3, 4, "addr-a", False], ["b", 1, 2, 3, 4, "addr-b", False]], 1),   # over the limit
+    ([["a", 1, 2, 3, 4, "addr-a", False, 0], ["b", 1, 2, 3, 4, "addr-b", False, 0]], 1),   # over the limit
 ])
 def test_parse_rows_refuses_malformed_digests(digest, limit):
     with pytest.raises(Malformed):
