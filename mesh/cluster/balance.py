@@ -32,7 +32,11 @@ Theory of operation (one pass, partitions in pid order, brokers in id order):
   destination. Views lag, so a stale one may start moves a fresher one no longer wants
   (overshoot); without this rule the next view could send a replica straight back.
 - Preferred leaders (target[0]): first an eligible member goes first where the first one
-  is not eligible (least preferred-leader count), then counts are evened out the same way
+  is not eligible (least preferred-leader count), unless the first one is only away: down
+  or stopped (not draining) for less than ``leader_grace_ms``, as in a restart or a rolling
+  restart. It stays first, so the Raft layer's preferred-leader election hands it its
+  leaderships back once it has caught up (Kafka keeps the replica order through restarts
+  the same way); after the grace it loses them as before. Then counts are evened out the same way
   (within 1) by moving a member to the front: directly from A to B where a partition A
   leads holds B, else along a path A -> X -> ... -> B (a breadth-first search, bounded by
   ``leader_path_budget`` per pass). Reordering moves no data.
@@ -89,6 +93,7 @@ class BalanceSettings:
     catch_up_lag: int = 1_000            # offsets: a learner this close to the end is caught up
     max_learners_per_partition: int = 1
     leader_path_budget: int = 64         # breadth-first searches per target pass
+    leader_grace_ms: int = 60_000        # a preferred leader down this long or less stays preferred
 
 
 def stable_rank(pid: int, node: str) -> int:
@@ -239,7 +244,7 @@ class _Pass:
             if m and m[0] in self.lead:
                 self.lead[m[0]] += 1
         for pid, m in self.members.items():
-            if pid in self.pinned or not m or m[0] in self.is_eligible:
+            if pid in self.pinned or not m or m[0] in self.is_eligible or self.away(m[0]):
                 continue
             cands = [n for n in m if n in self.is_eligible]
             if cands:
@@ -247,6 +252,12 @@ class _Pass:
                 m.remove(best)
                 m.insert(0, best)
                 self.lead[best] += 1
+
+    def away(self, node: str) -> bool:
+        """Down or stopped for at most ``leader_grace_ms``, and not leaving for good."""
+        b = self.info.get(node)
+        return (b is not None and not b.alive and not b.draining
+                and b.dead_ms <= self.settings.leader_grace_ms)
 
     def balance_leaders(self) -> None:
         if len(self.eligible) < 2 or self.spread(self.lead) < 2:

@@ -79,3 +79,30 @@ def test_the_next_send_after_a_paused_or_killed_leader_is_acknowledged_within_se
     print(f"first acknowledgement after the fault: {recovery}")
     for fault, s in recovery.items():
         assert s < RECOVERY_S, f"first acknowledgement {s:.1f} s after the {fault}: {recovery}"
+
+
+def test_a_broker_restarted_after_a_graceful_stop_leads_its_partitions_again(cluster3):
+    """Kafka keeps the replica order through restarts: a broker that stops gracefully (its
+    leaderships handed over) and comes back within the balancer's grace is still its
+    partitions' preferred replica, so it leads them again once it has caught up."""
+    c = cluster3
+    with Admin(c.bootstrap) as a:
+        a.create_topic("back", partitions=3, replication_factor=3)
+
+    def parts():
+        with Admin(c.bootstrap, request_timeout_ms=1000) as a:
+            return a.describe_topic("back")["partitions"]
+
+    wait_until(lambda: all(p["leader"] == p["replicas"][0] for p in parts()), 30, "preferred leaders")
+    victim = next(b for b in c.brokers if b.node_id == parts()[0]["leader"])
+    with Producer(c.bootstrap, linger_ms=0) as p:
+        for i in range(10):
+            p.send("back", b"before-%d" % i, partition=0).get(10)
+        victim.signal(signal.SIGTERM)
+        assert victim.wait_stopped() == 0
+        assert parts()[0]["replicas"][0] == victim.node_id, "the stopped broker lost its place"
+        p.send("back", b"while-away", partition=0).get(10)
+        victim.start()
+        wait_until(lambda: parts()[0]["leader"] == victim.node_id, 30,
+                   f"{victim.node_id} to lead partition 0 again")
+        p.send("back", b"after", partition=0).get(10)

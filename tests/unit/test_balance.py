@@ -112,6 +112,26 @@ def test_dead_broker_keeps_its_replicas_until_replaceable():
     assert sum(len(set(tg[p.pid]) - set(p.voters)) for p in parts) == 18
 
 
+def test_a_broker_away_for_the_grace_or_less_stays_preferred_leader():
+    """A restart (down, or LEFT after a graceful stop) keeps the broker first in its
+    partitions, so preferred-leader election hands it its leaderships back; past the grace
+    (or draining: leaving for good) an eligible member goes first, as before."""
+    brokers, parts = cluster(3, 12, 3)
+    mine = [p.pid for p in parts if p.voters[0] == "n2"]
+    assert mine
+
+    def with_n2(**kw):
+        return [BrokerInfo(b.node_id, **kw) if b.node_id == "n2" else b for b in brokers]
+
+    for away in (0, S.leader_grace_ms):
+        tg = target(with_n2(alive=False, dead_ms=away), parts)
+        assert all(tg[pid][0] == "n2" for pid in mine), away
+        assert target(with_n2(alive=False, dead_ms=away), applied(parts, tg)) == tg   # a fixed point
+    for gone in (dict(alive=False, dead_ms=S.leader_grace_ms + 1), dict(draining=True)):
+        tg = target(with_n2(**gone), parts)
+        assert all(tg[pid][0] != "n2" for pid in mine), gone
+
+
 def test_dead_broker_absent_from_the_view_is_replaced():
     brokers, parts = cluster(4, 8, 2)
     tg = target([b for b in brokers if b.node_id != "n4"], parts)
