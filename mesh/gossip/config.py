@@ -27,6 +27,7 @@ class GossipConfig:
     max_events: int = 10_000
     detector_window: int = 100
     max_clock_skew_ms: int = 60_000     # a peer's stamp or gc clock beyond now + this is refused (R8)
+    confirm_wait_ms: int = 2_000        # a new life confirmed by fewer than a majority of peers after this
 
     def __post_init__(self) -> None:
         for name in ("interval_ms", "fanout", "dead_after_ms", "tombstone_gc_ms",
@@ -41,7 +42,8 @@ class GossipConfig:
         for name in ("unreachable_probe_prob", "seed_probe_prob"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ValueError(f"GossipConfig.{name} must be within [0, 1]")
-        if self.heartbeat_interval_ms < 0 or self.stall_threshold_ms < 0 or self.max_clock_skew_ms < 0:
+        if (self.heartbeat_interval_ms < 0 or self.stall_threshold_ms < 0 or self.max_clock_skew_ms < 0
+                or self.confirm_wait_ms < 0):
             raise ValueError("GossipConfig: negative interval")
 
     @classmethod

@@ -105,6 +105,7 @@ class Gossip:
         self._last_step_ms = max(self._last_step_ms, now_ms)
         if self._members.left:
             return []
+        self._members.check_confirmed(now_ms)
         if self._next_round_ms > now_ms + self._interval_ms:   # the clock went backwards
             self._next_round_ms = now_ms + self._interval_ms
         if now_ms >= self._next_hb_ms:
@@ -221,8 +222,8 @@ class Gossip:
     def hold_heartbeat(self) -> bool:
         """Our heartbeat stays 0 until a peer showed its view of us (``heard_peer``), then
         beats at once (set by a shell that checks its identity): that first view is compared
-        before the first beat, so a peer holding a row for our generation with a heartbeat
-        above 0 always shows another life of it (R2, ``identity_conflict``)."""
+        before the first beat, so a peer holding a row for our generation with another life,
+        or with a heartbeat above 0, shows another life of it (R2, ``identity_conflict``)."""
         return self._members.hold_heartbeat
 
     @hold_heartbeat.setter
@@ -231,9 +232,11 @@ class Gossip:
 
     @property
     def seen_by_peer(self) -> bool:
-        """True once a peer showed it holds this life of ours (our generation, a heartbeat
-        >= 1 that this life sent): from then on a restart that reuses our generation is
-        detectable. With ``hold_heartbeat``, never before a peer's view of us was compared."""
+        """True once a majority of the other members showed they hold this life of ours (our
+        generation and life, a heartbeat >= 1 that this life sent), or one did and
+        ``confirm_wait_ms`` passed (``Membership.check_confirmed``): from then on a restart
+        that reuses our generation is detectable. With ``hold_heartbeat``, never before a
+        peer's view of us was compared."""
         return self._members.seen_by_peer
 
     # ---------------------------------------------------------------- reads ------------
@@ -279,7 +282,7 @@ class Gossip:
         return self._namespaces.entry_version(node_id, key)
 
     def digest_entry(self, node_id: str) -> tuple | None:
-        """(generation, heartbeat, max_version, gc_version, address, left), if known."""
+        """(generation, heartbeat, max_version, gc_version, address, left, life), if known."""
         row = self._members.rows.get(node_id)
         return None if row is None else row[1:]
 

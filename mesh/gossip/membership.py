@@ -7,26 +7,33 @@ index so a random peer is drawn in O(1).
 
 Rules:
 R2 Identity: rows merge by generation first. A higher generation *replaces* the origin
-   (namespace dropped, not merged); within a generation the heartbeat and the ``left``
-   flag only grow. Each life draws a random ``life`` nonce, carried in its row: two lives
-   of one generation (a rolled-back store restarts with a generation the cluster saw)
-   are told apart, and a peer keeps the first life it saw of a generation (a later one,
-   even with a higher heartbeat, does not overwrite it), so the evidence stays until the
-   restarted node has seen it. Nobody but the owner changes its own row. A row for our
-   own id that cannot be this life's (a higher generation, or our generation with
-   another life, a max version above ours or a heartbeat above the highest one this
-   life ever *sent*: peers only hold what we sent) is an *identity conflict*: counted, ignored, and the highest such generation
-   kept in ``identity_conflict``. It means this node's stored generation went back (its
-   disk lost state); the shell persists a generation above it and calls
-   ``Gossip.reincarnate`` (never the core on its own: the new generation must be durable
-   before it is spoken). With ``hold_heartbeat`` the heartbeat stays 0 until a peer has
-   shown its view of us (a row for us, or a full digest without one): that first view is
-   compared before the first beat, so a peer holding another life of our generation is
-   always a conflict, never a confirmation (``seen_by_peer``: a peer holds this life, at
-   a heartbeat >= 1 that we sent). An ACK without a row of our generation for
-   us (it may be a late answer to another life) is not a view of us. Peers answer a SYN
-   from a life just begun (heartbeat <= 2), or one whose row they hold differently, with
-   the sender's row as they hold it (``Rounds.on_syn``), so both views come quickly.
+   (namespace dropped, not merged); within a generation the heartbeat and the ``left`` flag
+   only grow. Each life draws a random ``life`` nonce, carried in its row: two lives of one
+   generation (a rolled-back store restarts with a generation the cluster saw) are told
+   apart, and a peer keeps the first life it saw of a generation (a later one, even with a
+   higher heartbeat, does not overwrite it), so the evidence stays until the restarted node
+   has seen it (a row restored with life 0 from an older snapshot takes the first life it
+   then hears of); deltas never cross lives (``Namespaces.deltas``). Nobody but the owner
+   changes its own row. A row for our own id that cannot be this life's (a higher
+   generation, or our generation with another life, a max version above ours or a heartbeat
+   above the highest one this life ever *sent*: peers only hold what we sent) is an
+   *identity conflict*: counted, ignored, and the highest such generation kept in
+   ``identity_conflict``. It means this node's stored generation went back (its disk lost
+   state); the shell persists a generation above it and calls ``Gossip.reincarnate`` (never
+   the core on its own: the new generation must be durable before it is spoken). With
+   ``hold_heartbeat`` the heartbeat stays 0 until a peer has shown its view of us (a row
+   for us, or a full digest without one): that first view is compared before the first
+   beat, so a peer holding another life of our generation is a conflict, never a
+   confirmation. Confirmed (``seen_by_peer``): a majority of the other members (LEFT aside)
+   showed they hold this life, at a heartbeat >= 1 that we sent; that majority shares a
+   peer with any majority that held another life of our generation, and that peer kept the
+   other one. Short of a majority (peers down or cut off), one such view after
+   ``confirm_wait_ms`` of gossip with everyone reachable: then a peer that held the other
+   life but was out of reach for that long is heard only later (the conflict comes then).
+   An ACK without a row of our generation for us (it may be a late answer to another life)
+   is not a view of us. Peers answer a SYN from a life just begun (heartbeat <= 2), or one
+   whose row they hold differently, with the sender's row as they hold it
+   (``Rounds.on_syn``), so both views come quickly.
 R4 Liveness: an origin's heartbeat moving feeds a phi-accrual detector
    (``mesh.gossip.detector``). ALIVE -> SUSPECT when phi > ``phi_threshold``;
    SUSPECT -> DEAD after ``dead_after_ms`` more; SUSPECT/DEAD -> ALIVE only when its
@@ -107,7 +114,9 @@ class Membership:
         self.events: deque[MembershipEvent] = deque(maxlen=config.max_events)
         self.identity_conflict = 0          # highest generation of a row for us not of this life (R2)
         self.heard_peer = False             # a peer showed its view of us (since start): see saw_our_row
-        self.seen_by_peer = False           # a peer's row for us showed this life's heartbeat (>= 1)
+        self.seen_by_peer = False           # peers' rows for us showed this life (see _confirm_by)
+        self.confirmed_by: set[str] = set()  # peers whose row for us showed this life at heartbeat >= 1
+        self.first_confirm_ms = 0           # when the first of them did
         self.sent_heartbeat = 0             # the highest own heartbeat put in a message in this life
         self.hold_heartbeat = False         # heartbeat 0 until a peer is heard (see Gossip.hold_heartbeat)
 
@@ -146,7 +155,7 @@ class Membership:
             if sender:
                 self.heard_from(sender, rows.get(sender), now_ms)
             if sender and sender != self.node_id:
-                self.saw_our_row(rows.get(self.node_id), full)
+                self.saw_our_row(rows.get(self.node_id), full, sender)
             return
         status = self.status
         me = self.node_id
@@ -172,7 +181,7 @@ class Membership:
         if sender:
             self.heard_from(sender, rows.get(sender), now_ms)
         if sender and sender != self.node_id:
-            self.saw_our_row(rows.get(self.node_id), full)
+            self.saw_our_row(rows.get(self.node_id), full, sender)
 
     def sending_own_row(self) -> None:
         """Our row goes into a message: peers may hold its heartbeat from now on (R2)."""
@@ -180,7 +189,7 @@ class Membership:
         if hb > self.sent_heartbeat:
             self.sent_heartbeat = hb
 
-    def saw_our_row(self, row: Row | None, full: bool) -> None:
+    def saw_our_row(self, row: Row | None, full: bool, sender: str) -> None:
         """A peer's view of us, after its rows were merged (a differing row for us was
         compared there, ``_merge_row``). This life's row with a heartbeat we sent means the
         peer holds this life (a later life of the same generation then sees a conflict, R2).
@@ -192,12 +201,28 @@ class Membership:
             if row.heartbeat > self.sent_heartbeat:
                 if row == self.rows[self.node_id]:     # equal to ours, so not compared in the merge
                     self._conflict(row)
-            elif row.heartbeat >= 1 and row.life == self.life:
-                self.seen_by_peer = True
+            elif row.heartbeat >= 1 and row.life == self.life and sender not in self.confirmed_by:
+                if not self.confirmed_by:
+                    self.first_confirm_ms = self.now_ms
+                self.confirmed_by.add(sender)
+                self.check_confirmed(self.now_ms)
         if not self.heard_peer:
             self.heard_peer = True
             if self.hold_heartbeat:
                 self.beat()                # the first beat of this life, once a view of us was compared
+
+    def check_confirmed(self, now_ms: int) -> None:
+        """``seen_by_peer`` once a majority of the other members (LEFT ones aside) hold this
+        life: a peer keeps the first life it saw of a generation, so such a majority shares a
+        peer with the majority that held another life of it (R2). Short of a majority (peers
+        down or cut off), one peer's view is enough after ``confirm_wait_ms`` of gossip with
+        everyone reachable showed no other life."""
+        if self.seen_by_peer or not self.confirmed_by:
+            return
+        others = sum(1 for o in self.rows if o != self.node_id and self.status_of(o) != LEFT)
+        if (len(self.confirmed_by) > others // 2
+                or now_ms - self.first_confirm_ms >= self.config.confirm_wait_ms):
+            self.seen_by_peer = True
 
     def _conflict(self, r: Row) -> None:
         self.stats["identity_conflicts"] += 1
@@ -210,7 +235,7 @@ class Membership:
         """A message from ``sender`` carrying its own current row confirms an unconfirmed node."""
         st = self.status.get(sender)
         if (st is not None and st.status == SUSPECT and row is not None and sender not in self.detector
-                and self.rows[sender].generation == row.generation):
+                and self.rows[sender].generation == row.generation and self.rows[sender].life in (0, row.life)):
             self.detector.report(sender, now_ms)
             self.set_status(sender, ALIVE, now_ms)
 
@@ -302,6 +327,7 @@ class Membership:
         self.identity_conflict = 0
         self.sent_heartbeat = 0
         self.seen_by_peer = False
+        self.confirmed_by = set()
         self.version += 1
 
     # ------------------------------------------------------------- liveness ------------

@@ -162,6 +162,9 @@ class Namespaces:
             row = rows.get(o)
             if row is None or o == "" or (peer is not None and peer.generation > row.generation):
                 continue
+            if peer is not None and peer.generation == row.generation and peer.life != row.life \
+                    and peer.life and row.life:
+                continue                                    # another life of o (R2): not its keys
             if peer is None or peer.generation < row.generation:
                 if row.max_version > 0:
                     wanted.append((o, 0, False))

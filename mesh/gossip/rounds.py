@@ -4,8 +4,9 @@ Exchange (one round every ``interval_ms``, started by ``Gossip.tick``):
 1. SYN  A -> B: A's digest and the hashes of A's cluster-store buckets.
 2. ACK  B -> A: the rows where B differs from A (what B knows newer, where B is
    behind), the deltas A lacks, and B's cluster entries in the buckets that differ. A
-   sender whose life has just begun (heartbeat <= 2) also gets its own row back, as B now
-   holds it: the view of itself a restarted node waits for (``Membership.saw_our_row``).
+   sender whose life has just begun (heartbeat <= 2), or whose row B holds otherwise (a
+   higher heartbeat or another life: a rolled-back copy), also gets its own row back, as
+   B holds it: the view of itself a restarted node waits for (``Membership.saw_our_row``).
    When the only difference is heartbeats at most two beats newer, B does not answer:
    heartbeats then spread by push, in every SYN, which halves idle traffic; a sender
    further behind (a joiner, a healed partition) gets them pulled in the ACK.
@@ -81,6 +82,8 @@ class Rounds:
         if others > 0:
             self._seed_backoff_ms = self._interval_ms
             k = min(cfg.fanout, others)
+            if m.hold_heartbeat and not m.seen_by_peer:
+                k = min(others, max(k, others // 2 + 1))   # a new life: to a majority (its confirmation)
             if k == 1:
                 p = self._node_id
                 while p == self._node_id:
@@ -136,7 +139,7 @@ class Rounds:
         if same:
             m.heard_from(msg.node_id, own, now_ms)   # the same digest, row for row: nothing to merge
             if msg.node_id != m.node_id:
-                m.saw_our_row(rows.get(m.node_id), True)
+                m.saw_our_row(rows.get(m.node_id), True, msg.node_id)
         else:
             m.merge_rows(rows, now_ms, msg.node_id, full=True)
         # rows where we know more, or where we are behind: the sender needs to see them.

@@ -223,12 +223,12 @@ TOPIC_VALUES = st.one_of(JUNK, st.fixed_dictionaries({
 
 def rows(ids, addrs):
     """Membership rows: fake nodes with anything but a real broker's address, real nodes
-    only refusable (huge numbers, or generation 0, which is below every real life)."""
-    fake = st.tuples(FAKE_IDS, WILD, WILD, WILD, WILD, st.text(max_size=20), st.booleans()).map(list)
+    only refusable (huge numbers, or generation 0, which is below every real life); any life."""
+    fake = st.tuples(FAKE_IDS, WILD, WILD, WILD, WILD, st.text(max_size=20), st.booleans(), WILD).map(list)
     real = st.one_of(
-        st.tuples(ids, BIG, WILD, WILD, WILD, addrs, st.booleans()),
-        st.tuples(ids, st.just(1), BIG, WILD, WILD, addrs, st.booleans()),
-        st.tuples(ids, st.just(0), WILD, WILD, WILD, addrs, st.booleans())).map(list)
+        st.tuples(ids, BIG, WILD, WILD, WILD, addrs, st.booleans(), WILD),
+        st.tuples(ids, st.just(1), BIG, WILD, WILD, addrs, st.booleans(), WILD),
+        st.tuples(ids, st.just(0), WILD, WILD, WILD, addrs, st.booleans(), WILD)).map(list)
     return st.lists(st.one_of(fake, real, JUNK), max_size=5)
 
 
