@@ -105,7 +105,7 @@ class Gossip:
         self._last_step_ms = max(self._last_step_ms, now_ms)
         if self._members.left:
             return []
-        self._members.check_confirmed(now_ms)
+        self._members.check_confirmed()
         if self._next_round_ms > now_ms + self._interval_ms:   # the clock went backwards
             self._next_round_ms = now_ms + self._interval_ms
         if now_ms >= self._next_hb_ms:

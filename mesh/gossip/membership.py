@@ -114,7 +114,7 @@ class Membership:
         self.events: deque[MembershipEvent] = deque(maxlen=config.max_events)
         self.identity_conflict = 0          # highest generation of a row for us not of this life (R2)
         self.heard_peer = False             # a peer showed its view of us (since start): see saw_our_row
-        self.seen_by_peer = False           # peers' rows for us showed this life (see _confirm_by)
+        self.seen_by_peer = False           # peers' rows for us showed this life (see check_confirmed)
         self.confirmed_by: set[str] = set()  # peers whose row for us showed this life at heartbeat >= 1
         self.first_confirm_ms = 0           # when the first of them did
         self.sent_heartbeat = 0             # the highest own heartbeat put in a message in this life
@@ -205,23 +205,26 @@ class Membership:
                 if not self.confirmed_by:
                     self.first_confirm_ms = self.now_ms
                 self.confirmed_by.add(sender)
-                self.check_confirmed(self.now_ms)
+                self.check_confirmed()
         if not self.heard_peer:
             self.heard_peer = True
             if self.hold_heartbeat:
                 self.beat()                # the first beat of this life, once a view of us was compared
 
-    def check_confirmed(self, now_ms: int) -> None:
+    def check_confirmed(self) -> None:
         """``seen_by_peer`` once a majority of the other members (LEFT ones aside) hold this
         life: a peer keeps the first life it saw of a generation, so such a majority shares a
-        peer with the majority that held another life of it (R2). Short of a majority (peers
-        down or cut off), one peer's view is enough after ``confirm_wait_ms`` of gossip with
-        everyone reachable showed no other life."""
+        peer with any majority that held another life of it (R2). Short of a majority (peers
+        down or cut off), one peer's view is enough ``confirm_wait_ms`` after the first one
+        (a timer: a peer holding another life heard in that time shows the conflict first).
+        Cost: O(non-ALIVE origins), and only until confirmed."""
         if self.seen_by_peer or not self.confirmed_by:
             return
-        others = sum(1 for o in self.rows if o != self.node_id and self.status_of(o) != LEFT)
-        if (len(self.confirmed_by) > others // 2
-                or now_ms - self.first_confirm_ms >= self.config.confirm_wait_ms):
+        me, status = self.node_id, self.status
+        left = {o for o, v in status.items() if v.status == LEFT and o != me}
+        others = len(self.rows) - 1 - len(left)
+        held = sum(1 for o in self.confirmed_by if o in self.rows and o not in left)
+        if held > others // 2 or self.now_ms - self.first_confirm_ms >= self.config.confirm_wait_ms:
             self.seen_by_peer = True
 
     def _conflict(self, r: Row) -> None:
@@ -328,6 +331,7 @@ class Membership:
         self.sent_heartbeat = 0
         self.seen_by_peer = False
         self.confirmed_by = set()
+        self.first_confirm_ms = 0
         self.version += 1
 
     # ------------------------------------------------------------- liveness ------------

@@ -39,6 +39,7 @@ __all__ = ["Rounds"]
 
 _HEARTBEAT_SLACK_BEATS = 2   # a SYN this far behind on some heartbeat gets an answer
 _ECHO_BEATS = 2              # a SYN whose sender's life is this young gets its own row back
+_CONFIRM_FANOUT = 8          # an unconfirmed life's SYNs per round, at most (larger clusters: confirm_wait_ms)
 _MAX_CLUSTER_ENTRIES = 1_000_000
 
 
@@ -82,8 +83,8 @@ class Rounds:
         if others > 0:
             self._seed_backoff_ms = self._interval_ms
             k = min(cfg.fanout, others)
-            if m.hold_heartbeat and not m.seen_by_peer:
-                k = min(others, max(k, others // 2 + 1))   # a new life: to a majority (its confirmation)
+            if m.hold_heartbeat and not m.seen_by_peer:   # a new life: to a majority (its confirmation),
+                k = min(others, max(k, min(others // 2 + 1, _CONFIRM_FANOUT)))   # a few at most
             if k == 1:
                 p = self._node_id
                 while p == self._node_id:

@@ -654,3 +654,62 @@ def test_a_restart_reusing_a_seen_generation_is_a_conflict_before_any_confirm(mi
             deliver(n.address, n.tick(net.now))
         assert not wrong, f"confirmed without seeing the other life (held hb {held}): {wrong}"
     assert a2.identity_conflict == 2 and a2.stats["identity_conflicts"] >= 1
+
+
+# -- lives (Row.life): majority confirmation, deltas, liveness -----------------------
+
+def _restart_with_one_peer_cut(wait_ms):
+    a, b, c = make("a"), make("b", seeds=["addr-a"]), make("c", seeds=["addr-a"])
+    net = Net(a, b, c)
+    net.run(1_000)
+    del net.nodes["addr-a"]
+    a2 = net.add(make("a", seeds=["addr-b"], gen=2, now=net.now))
+    a2.hold_heartbeat = True
+    net.cut.add("addr-c")                        # c down or cut off: b alone is no majority of {b, c}
+    t0 = net.now
+    net.run(wait_ms, step_ms=10)
+    return a2, net, t0
+
+
+def test_one_peer_of_two_is_no_majority_until_confirm_wait():
+    """A new life is confirmed by a majority of the other members holding it (a peer keeps
+    the first life it saw, so that majority meets any majority that held another life);
+    with one of two peers cut off, one view suffices only after ``confirm_wait_ms``."""
+    a2, net, t0 = _restart_with_one_peer_cut(CFG.confirm_wait_ms - 200)
+    assert a2._members.confirmed_by == {"b"} and not a2.seen_by_peer      # majority rule
+    net.run(600, step_ms=10)
+    assert a2.seen_by_peer and a2.identity_conflict == 0                   # fallback
+
+
+def test_deltas_do_not_cross_lives():
+    """b holds a's first life; c adopted the copy's (same generation): c never sends b the
+    copy's keys as if they were the first life's."""
+    a = make("a", gen=2); a.set_local("k", "first life")
+    b = make("b", seeds=["addr-a"])
+    net = Net(a, b); net.run(1_000)
+    assert b.entry_version("a", "k") is not None
+    del net.nodes["addr-a"]
+    c = net.add(make("c"))                       # never saw the first life
+    a2 = net.add(make("a", gen=2, now=net.now)); a2.set_local("k", "copy"); a2.set_local("k2", "copy")
+    net.deliver("addr-a", [Send("addr-c", a2._syn())])
+    net.deliver("addr-c", [Send("addr-a", c._syn())])
+    del net.nodes["addr-a"]
+    assert c.entry_version("a", "k2") is not None
+    net.deliver("addr-b", [Send("addr-c", b._syn())])
+    net.deliver("addr-c", [Send("addr-b", c._syn())])
+    assert b.entry_version("a", "k2") is None, "the copy's keys went into the first life's namespace at b"
+
+
+def test_a_message_from_another_life_does_not_revive_a_suspect_row():
+    """A row learned second-hand stays SUSPECT until its own life speaks: a message from
+    another life of the same generation does not vouch for it."""
+    a = make("a", gen=2); b = make("b", seeds=["addr-a"])
+    net = Net(a, b); net.run(1_000)
+    c = make("c")
+    net.add(c)
+    net.deliver("addr-b", [Send("addr-c", b._syn())])   # c learns a second-hand: SUSPECT
+    assert {m.node_id: m.status for m in c.members(net.now)}["a"] == SUSPECT
+    del net.nodes["addr-a"]
+    a2 = net.add(make("a", gen=2, now=net.now))
+    net.deliver("addr-a", [Send("addr-c", a2._syn())])
+    assert {m.node_id: m.status for m in c.members(net.now)}["a"] == SUSPECT
