@@ -33,7 +33,7 @@ Theory of operation (one pass, partitions in pid order, brokers in id order):
   (overshoot); without this rule the next view could send a replica straight back.
 - Preferred leaders (target[0]): first an eligible member goes first where the first one
   is not eligible (least preferred-leader count), unless the first one is only away: down
-  or stopped (not draining) for less than ``leader_grace_ms``, as in a restart or a rolling
+  or stopped (not draining) for at most ``leader_grace_ms``, as in a restart or a rolling
   restart. It stays first, so the Raft layer's preferred-leader election hands it its
   leaderships back once it has caught up (Kafka keeps the replica order through restarts
   the same way); after the grace it loses them as before. Then counts are evened out the same way

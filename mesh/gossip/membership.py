@@ -27,9 +27,9 @@ R2 Identity: rows merge by generation first. A higher generation *replaces* the 
    confirmation. Confirmed (``seen_by_peer``): a majority of the other members (LEFT aside)
    showed they hold this life, at a heartbeat >= 1 that we sent; that majority shares a
    peer with any majority that held another life of our generation, and that peer kept the
-   other one. Short of a majority (peers down or cut off), one such view after
-   ``confirm_wait_ms`` of gossip with everyone reachable: then a peer that held the other
-   life but was out of reach for that long is heard only later (the conflict comes then).
+   other one. Short of a majority (peers down or cut off), one such view suffices
+   ``confirm_wait_ms`` after the first (a timer): a peer holding the other life that was
+   not heard in that time shows the conflict only later.
    An ACK without a row of our generation for us (it may be a late answer to another life)
    is not a view of us. Peers answer a SYN from a life just begun (heartbeat <= 2), or one
    whose row they hold differently, with the sender's row as they hold it
@@ -94,7 +94,6 @@ class Membership:
         self.node_id = node_id
         self.address = address
         self.generation = generation
-        self.life = life                   # this life's nonce (R2); 0 only in fixtures
         self.config = config
         self.stats = stats
         self.now_ms = now_ms               # the latest time seen; events are stamped with it
@@ -120,10 +119,14 @@ class Membership:
         self.sent_heartbeat = 0             # the highest own heartbeat put in a message in this life
         self.hold_heartbeat = False         # heartbeat 0 until a peer is heard (see Gossip.hold_heartbeat)
 
+    @property
+    def life(self) -> int:
+        """This life's nonce (R2), as our own row carries it (0 only in shared fixtures)."""
+        return self.rows[self.node_id].life
+
     def share(self, rows: dict[str, Row], targets: list[str], tindex: dict[str, int]) -> None:
         """Start from a table shared with other nodes; the first write copies it."""
         self.rows, self.rows_shared = rows, True
-        self.life = rows[self.node_id].life
         self.targets, self.tindex, self.targets_shared = targets, tindex, True
 
     # ---------------------------------------------------------------- rows -------------
@@ -201,7 +204,8 @@ class Membership:
             if row.heartbeat > self.sent_heartbeat:
                 if row == self.rows[self.node_id]:     # equal to ours, so not compared in the merge
                     self._conflict(row)
-            elif row.heartbeat >= 1 and row.life == self.life and sender not in self.confirmed_by:
+            elif (row.heartbeat >= 1 and row.life == self.life and sender not in self.confirmed_by
+                  and sender in self.rows):     # (known members only: the set stays bounded)
                 if not self.confirmed_by:
                     self.first_confirm_ms = self.now_ms
                 self.confirmed_by.add(sender)
@@ -324,7 +328,6 @@ class Membership:
         else:
             self.namespaces[me] = namespace
         self.generation = generation
-        self.life = life
         self.set_row(Row(me, generation, 0, len(namespace.entries) if namespace else 0, 0, self.address, self.left,
                          life))
         self.identity_conflict = 0

@@ -201,8 +201,8 @@ def _node(node: Any) -> tuple:
         raise _Bad(f"not a {_NODE_FIELDS}-field row")
     o, gen, hb, mv, gc, addr, left, st, since, ents = node[:_NODE_FIELDS]
     life = node[_NODE_FIELDS] if len(node) > _NODE_FIELDS else 0     # (snapshots before lives: unknown)
-    _count(life, f"node {o!r}: life", MAX_LIFE - 1)
     _name(o, "node id")
+    _count(life, f"node {o!r}: life", MAX_LIFE - 1)
     _count(gen, f"node {o!r}: generation", MAX_GENERATION - 1)
     for v, what in ((hb, "heartbeat"), (mv, "max version"), (gc, "gc version"), (since, "since_ms")):
         _count(v, f"node {o!r}: {what}")

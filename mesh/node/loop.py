@@ -91,7 +91,7 @@ import zmq
 
 from mesh.cluster import keys, schema
 from mesh.cluster.catalog import Catalog
-from mesh.gossip import Gossip, GossipConfig
+from mesh.gossip import ALIVE, SUSPECT, Gossip, GossipConfig
 from mesh.node.clock import SYSTEM_CLOCK, Clock
 from mesh.node.config import NodeConfig
 from mesh.node.bounds import StartupError, check_bounds, raise_nofile_limit, router_options
@@ -330,7 +330,7 @@ class Node:
         # links to the peers the restored gossip state knows, before the first round
         self.peers.connect(sorted(mem.address for mem in self.gossip.members(self.clock.wall_ms())
                                   if mem.node_id != self.node_id and mem.address != self.address
-                                  and mem.status in ("alive", "suspect")))
+                                  and mem.status in (ALIVE, SUSPECT)))
         log.info("node %s (generation %d) serving on %s, data in %s, seeds %s", self.node_id,
                  self.generation, self.address, self.cfg.data_dir, ",".join(self.cfg.seeds) or "none")
         poller = zmq.Poller()

@@ -262,6 +262,21 @@ def test_bad_snapshot_entries_are_dropped_with_a_warning_and_relearned_from_peer
     b2.check_invariants()
 
 
+def test_snapshot_rows_keep_their_life_and_older_snapshots_load_with_life_0():
+    a, b, net = pair()
+    life = b.digest_entry("a")[6]
+    snap = _snapshot_of(b)
+    assert life and node("b", gen=2, now=net.now, snapshot=snap).digest_entry("a")[6] == life
+    old = _snapshot_of(b)
+    for n in old["nodes"]:
+        del n[10:]                                                       # as written before lives
+    assert node("b", gen=2, now=net.now, snapshot=old).digest_entry("a")[6] == 0
+    bad = _snapshot_of(b)
+    next(n for n in bad["nodes"] if n[0] == "a")[10] = 2 ** 32           # a life out of range
+    b2 = node("b", gen=2, now=net.now, snapshot=bad)
+    assert b2.digest_entry("a") is None and any("life" in w for w in b2.load_warnings)
+
+
 def test_a_snapshot_of_another_node_or_not_older_is_still_refused():
     a, b, net = pair()
     snap = _snapshot_of(b)
