@@ -349,7 +349,9 @@ def _partition_families(mx: NodeMetrics, node) -> list[list]:
     tp = ("topic", "partition")
     out = [_gauge("mesh_under_replicated_partitions", "Partitions led here with fewer in-sync replicas than replicas",
                   rows=[((), under)]),
-           _gauge("mesh_offline_partitions", "Partitions hosted here with no leader known", rows=[((), offline)])]
+           _gauge("mesh_offline_partitions", "Partitions hosted here with no leader known", rows=[((), offline)]),
+           _gauge("mesh_quiet_replicas", "Partition replicas hosted here that are quiet (idle: not ticked, no "
+                  "heartbeats)", rows=[((), replicas.quiet())])]
     if mx.per_partition:
         out += [_gauge("mesh_partition_log_size_bytes", "Bytes of the local log", tp, size),
                 _gauge("mesh_partition_leader", "1 if this broker leads the partition", tp, leader),

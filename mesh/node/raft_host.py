@@ -236,6 +236,10 @@ class ReplicaHost:
                     busy = True
         return busy
 
+    def quiet(self) -> int:
+        """Replicas hosted here that are quiet (idle partitions: not ticked, no heartbeats)."""
+        return self.core.quiet()
+
     def leaders(self) -> list[int]:
         """The partitions this node leads, ascending."""
         return self.core.leaders()

@@ -31,6 +31,7 @@ class ReplicationConfig:
     max_replicas: int = 9
     max_term_jump: int = 100            # a row more terms ahead than this is refused (see Partition.step)
     learner_bytes_per_tick: int = 0     # node-wide catch-up bytes to learners per tick (0: unlimited)
+    quiesce_after_beats: int = 3        # an idle, caught-up partition goes quiet after this many beats (0: never)
 
     def __post_init__(self) -> None:
         if self.heartbeat_ticks < 1 or self.election_ticks < 2 * self.heartbeat_ticks + 1:
@@ -41,5 +42,7 @@ class ReplicationConfig:
                      "max_rows_per_message", "max_partitions", "max_replicas", "max_term_jump"):
             if getattr(self, name) < 1:
                 raise MeshError(ErrorCode.INVALID_CONFIG, f"{name} must be positive")
+        if self.quiesce_after_beats < 0:
+            raise MeshError(ErrorCode.INVALID_CONFIG, "quiesce_after_beats must be 0 (never) or positive")
         if self.learner_bytes_per_tick < 0:
             raise MeshError(ErrorCode.INVALID_CONFIG, "learner_bytes_per_tick must be 0 (unlimited) or positive")

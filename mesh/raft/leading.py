@@ -95,6 +95,7 @@ class Leading:
             pr.become_probe(pr.match)  # lost in flight: resend from what it acknowledged
         else:
             return
+        self._unquiesce()   # (it needs something: a quiet leader wakes)
         self.host.want_flush(self)
 
     def _note_recovering(self: Partition, pr: Progress, flag: int) -> None:
@@ -111,6 +112,7 @@ class Leading:
         pr = self.progress.get(peer) if self.role.value == "leader" else None
         if pr is None:
             return
+        self._unquiesce()
         pr.forget(self.end if new_store else min(pr.match, self.end))
         pr.store = store
         self.host.want_flush(self)
@@ -205,10 +207,48 @@ class Leading:
         return prev
 
     def heartbeat(self: Partition) -> None:
+        """The node-wide beat; the last one before going quiet says so (rule 10)."""
         cv, ct = self.cfg_commit_ident()
+        quiesce = self._may_quiesce()
         for peer in self.peers:
             pr = self.progress[peer]
-            self._send(peer, HeartbeatRow(self.pid, self.term, min(self.commit, pr.match), cv, ct))
+            self._send(peer, HeartbeatRow(self.pid, self.term, min(self.commit, pr.match), cv, ct, int(quiesce)))
+        if quiesce:
+            self._quiesce()
+
+    def _may_quiesce(self: Partition) -> bool:
+        """Rule 10 of ``mesh.raft.partition``: idle for ``quiesce_after_beats`` beats and
+        nothing a tick would do (catch-up, commit, transfer, config change, hand-back)."""
+        if not self.cfg.quiesce_after_beats:
+            return False
+        if self.end != self.beat_end:
+            self.beat_end, self.idle_beats = self.end, 0
+            return False
+        self.idle_beats += 1
+        if (self.idle_beats < self.cfg.quiesce_after_beats or self.transfer_to is not None
+                or self.commit != self.end or self.synced != self.end or not self.epoch_committed
+                or not self.config_committed() or self.history.latest().learners or self.node not in self.voters):
+            return False
+        now, window, latest = self.host.now_tick, self.cfg.election_ticks, self.history.latest().ident
+        heard = self.host.heard_tick
+        caught_up = 1
+        for peer, pr in self.progress.items():
+            if not pr.active(now, window) and now - heard(peer) >= window:
+                continue   # its node is silent: left behind (woken when it is heard again)
+            # its node is alive: its replica must hold everything (else it may be waiting for
+            # a probe that got lost, which only a ticking leader resends)
+            if (pr.match < self.end or pr.recovering or pr.state != REPLICATE or pr.inflight
+                    or pr.config_id != latest):
+                return False
+            caught_up += 1
+        if caught_up < self.quorum:
+            return False   # check-quorum must be able to act
+        preferred = self.voters[0]
+        if self.cfg.auto_rebalance and preferred != self.node:
+            pr = self.progress[preferred]
+            if not pr.recovering and (pr.active(now, window) or now - heard(preferred) < window):
+                return False   # a hand-back will be due (_tick_leader); quiet only while it is away
+        return True
 
     # -- leadership transfer ---------------------------------------------------------------------
     def transfer_leadership(self: Partition, target: str) -> None:
@@ -217,6 +257,7 @@ class Leading:
         if (self.role.value != "leader" or target == self.node or target not in self.voters
                 or self.progress[target].recovering):
             return
+        self._unquiesce()
         self.transfer_to = target
         self.transfer_elapsed_ticks = 0
         self._maybe_send_timeout_now()
@@ -229,6 +270,7 @@ class Leading:
         lead, or while a handover is in progress."""
         if self.role.value != "leader" or self.transfer_to is not None:
             return
+        self._unquiesce()
         target = self._best_successor(2 * self.cfg.heartbeat_ticks + 1, exclude, new)
         if target is not None:
             self.transfer_leadership(target)
@@ -255,6 +297,7 @@ class Leading:
             # target that has not won yet would answer NOT_LEADER again, and back them off)
             hint = None if self.role == "leader" else self.leader
             raise MeshError(ErrorCode.NOT_LEADER, f"partition {self.pid}: not the leader", leader=hint)
+        self._unquiesce()   # a write is coming
         now, window = self.host.now_tick, 3 * self.cfg.heartbeat_ticks + 1
         voters = [self.progress[v] for v in self.voters if v != self.node]
         if 1 + sum(1 for pr in voters if pr.counted() and pr.active(now, window)) < self.quorum:
@@ -272,6 +315,7 @@ class Leading:
         if end_offset <= self.end:
             raise MeshError(ErrorCode.INVALID_REQUEST,
                             f"partition {self.pid}: append ends at {end_offset}, log end is {self.end}")
+        self._unquiesce()
         self.end = end_offset
         self.host.want_flush(self)
 

@@ -1,4 +1,4 @@
-"""Wire messages of partition replication (peer protocol ``mesh-peer/5``).
+"""Wire messages of partition replication (peer protocol ``mesh-peer/6``).
 
 MultiRaft coalescing is built into the message shapes: every message carries a list of
 *rows*, one row per partition, and a node sends at most one message of each kind to each
@@ -104,6 +104,7 @@ class HeartbeatRow(NamedTuple):
     commit: int           # min(leader commit, what the leader knows this follower holds)
     cfg_commit: int = 0   # the leader's committed config id: (version, term)
     cfg_commit_term: int = 0
+    quiesce: int = 0      # 1: the leader goes quiet (idle, every live follower caught up); see manager
 
 
 class HeartbeatRespRow(NamedTuple):
@@ -320,7 +321,7 @@ def _check_row(r: PeerRow) -> str | None:
             return "fields out of range"
     elif kind is HeartbeatRow:
         if (r.term < 1 or not 0 <= r.commit < MAX_OFFSET or not 0 <= r.cfg_commit < MAX_VERSION
-                or not 0 <= r.cfg_commit_term <= r.term):
+                or not 0 <= r.cfg_commit_term <= r.term or r.quiesce not in (0, 1)):
             return "commit out of range"
     elif kind is HeartbeatRespRow:
         if (r.recovering not in (0, 1) or r.code < 0 or not 0 <= r.cfg_version < MAX_VERSION

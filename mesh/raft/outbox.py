@@ -44,13 +44,19 @@ class Outbox:
         if type(row) is AppendRow:
             self._payloads.setdefault(dest, []).append(payload)
 
+    def ping(self, dest: str) -> None:
+        """Make sure a message goes to ``dest``: an empty ``REPL_HEARTBEAT`` unless rows for
+        it are queued already (any message tells the peer we are alive; see quiescence)."""
+        if dest not in self._rows:
+            self._rows[dest] = {HeartbeatRow: []}
+
     def take(self, store: str, life: int, max_rows: int, max_bytes: int) -> list[Send]:
         """Every queued row as coalesced messages (signed with the sender's identity)."""
         out: list[Send] = []
         for dest in sorted(self._rows):
             by_type = self._rows[dest]
             for row_type in (by_type if len(by_type) == 1 else [t for t in ROW_ORDER if t in by_type]):
-                rows = by_type[row_type]   # (never empty)
+                rows = by_type[row_type]   # (empty only for a ping)
                 msg_type = MESSAGE_OF[row_type]
                 if row_type is not AppendRow:
                     if len(rows) <= max_rows:

@@ -63,6 +63,18 @@ Rules, in the order ``step`` applies them:
    ``transfer`` flag skips the lease check only for the term right after ours (the
    successor of the leader we follow); otherwise it is an ordinary request.
 9. Membership: the latest config in our log decides who counts (``mesh.raft.configuring``).
+10. Quiescence (CockroachDB's; the manager's docstring has the node-wide half). A leader
+   whose partition was idle for ``quiesce_after_beats`` beats, with a committed config, no
+   learners, no transfer, commit = synced = log end, a quorum caught up and every follower
+   that answered within an election timeout caught up (silent ones are left behind), and
+   no hand-back to a live preferred replica due, sends one heartbeat with ``quiesce`` set
+   and goes quiet: no ticks, no heartbeats. A follower that gets it from its leader, holds
+   the leader's commit and is not recovering goes quiet too: no election timer, and its
+   leader's lease holds for as long as the leader's node is heard (the manager wakes it
+   otherwise). A quiet leader wakes on anything that needs it (a write, a config change, a
+   transfer, any row but a heartbeat answer that needs nothing); a quiet follower on any
+   row from its leader but a quiesce heartbeat. Safety never depends on it: quiet replicas
+   only skip timers, and every wake-up path is one a lost message could take anyway.
 """
 from __future__ import annotations
 
@@ -126,6 +138,11 @@ class PartitionHost(Protocol):
     def config_changed(self, p: Partition) -> None: ...
     # Learners wait for the next tick's catch-up budget.
     def starved(self, p: Partition) -> None: ...
+    # The partition went quiet (rule 10): stop ticking it / tick it again.
+    def quiesced(self, p: Partition) -> None: ...
+    def unquiesced(self, p: Partition) -> None: ...
+    # When the node ``peer`` was last heard (any message; a very old tick if never).
+    def heard_tick(self, peer: str) -> int: ...
 
 
 class Partition(Leading, Configuring):
@@ -168,6 +185,11 @@ class Partition(Leading, Configuring):
         self.transfer_to: str | None = None
         self.transfer_elapsed_ticks = 0
         self.handed_to: str | None = None   # stepped down for this transfer's target; no leader known yet
+        self.quiesced = False               # rule 10 (the manager keeps who is quiet)
+        self.idle_beats = 0                 # leader: beats since the log end last moved
+        self.beat_end = -1                  # leader: the log end at the last beat
+        self.quiet_peers: tuple[str, ...] = ()   # quiet leader: its followers, as the manager indexed them
+        self.quiet_leader: str | None = None     # quiet follower: its leader, as the manager indexed it
         self._step = self._step_follower
         self._tick = self._tick_election
         self._reset_timeout()
@@ -207,6 +229,37 @@ class Partition(Leading, Configuring):
 
     def tick(self) -> None:
         self._tick()
+
+    # -- quiescence (rule 10) ------------------------------------------------------------
+    def _quiesce(self) -> None:
+        if not self.quiesced:
+            self.quiesced = True
+            self.host.quiesced(self)
+
+    def _unquiesce(self, elapsed_ticks: int | None = None) -> None:
+        """Tick again. A follower's election timer restarts at ``elapsed_ticks`` (None: at
+        0, as when its leader is heard); a leader counts its followers as last heard when
+        their nodes were (so a write right after waking is not refused for lack of answers)."""
+        if not self.quiesced:
+            return
+        self.quiesced = False
+        self.idle_beats = 0
+        self.host.unquiesced(self)
+        if self.role is Role.LEADER:
+            self._refresh_heard()
+        elif elapsed_ticks is not None:
+            self.election_elapsed_ticks = elapsed_ticks
+
+    def _refresh_heard(self) -> None:
+        heard = self.host.heard_tick
+        for peer, pr in self.progress.items():
+            t = heard(peer)
+            if t > pr.last_resp_tick:
+                pr.last_resp_tick = t
+
+    def wake(self, elapsed_ticks: int | None = None) -> None:
+        """The manager's way in (rule 10): its node went silent, restarted, or came back."""
+        self._unquiesce(elapsed_ticks)
 
     def _tick_election(self) -> None:
         self.election_elapsed_ticks += 1
@@ -249,6 +302,7 @@ class Partition(Leading, Configuring):
         # a leader handing over steps down when its target campaigns (a higher term); not
         # when it loses its quorum or its state (the same term)
         handed_to = self.transfer_to if self.role is Role.LEADER and term > self.term else None
+        self._unquiesce()
         if term > self.term:
             self.term = term
             self.vote = None
@@ -266,6 +320,7 @@ class Partition(Leading, Configuring):
         self._set_leader(leader)
 
     def _campaign(self, pre: bool, transfer: bool = False) -> None:
+        self._unquiesce()
         self._reset_timeout()
         if pre:
             self.role = Role.PRE_CANDIDATE
@@ -308,7 +363,7 @@ class Partition(Leading, Configuring):
         return False
 
     def _become_leader(self) -> None:
-        assert self.role is Role.CANDIDATE
+        assert self.role is Role.CANDIDATE and not self.quiesced
         now = self.host.now_tick
         self.role = Role.LEADER
         self._step = self._step_leader
@@ -336,6 +391,13 @@ class Partition(Leading, Configuring):
         if why is not None:
             self.host.refuse(src, why)
             return
+        if self.quiesced:
+            if self.role is Role.LEADER:
+                if kind is not HeartbeatRespRow:   # (an answer to our quiesce heartbeat wakes us only if it needs something)
+                    self._unquiesce()
+            elif src == self.leader and not (kind is HeartbeatRow and row.quiesce):
+                # our leader campaigning has stopped leading (a restart, check-quorum): no lease
+                self._unquiesce(self.cfg.election_ticks if kind is VoteRow else None)
         if row.term > self.term:
             if kind is VoteRow:
                 transfer = row.transfer and row.term == self.term + 1
@@ -419,6 +481,8 @@ class Partition(Leading, Configuring):
             self._note_cfg_commit(row.cfg_commit, row.cfg_commit_term)
             self._send(src, HeartbeatRespRow(self.pid, self.term, _NONE, int(self.recovering),
                                              *self.history.latest().ident))
+            if row.quiesce and self.commit >= row.commit and not self.recovering and self.cfg.quiesce_after_beats:
+                self._quiesce()   # rule 10
         elif kind is TimeoutNowRow and self.may_campaign():  # from our leader (rule 8)
             self._campaign(pre=False, transfer=True)
 
@@ -539,6 +603,7 @@ class Partition(Leading, Configuring):
         commit it sees). RF 1 has no one to refill from: no change."""
         if self.voters == (self.node,):
             return
+        self._unquiesce()
         if self.role is not Role.FOLLOWER:
             self._become_follower(self.term, None)
         if recover_to is not None:
@@ -562,6 +627,7 @@ class Partition(Leading, Configuring):
         self.corrupt_at = offset
         if self.voters == (self.node,) or offset >= self.end or offset < 0:
             return
+        self._unquiesce()
         if self.role is Role.LEADER:
             successor = self._best_successor()
             if successor is not None:
@@ -582,13 +648,15 @@ class Partition(Leading, Configuring):
             self._state_changed()
 
     def campaign(self) -> None:
-        if self.role is not Role.LEADER and self.may_campaign():
+        if self.role is not Role.LEADER and self.may_campaign():   # (_campaign wakes a quiet replica)
             self._campaign(pre=self.cfg.pre_vote)
 
     # -- queries ----------------------------------------------------------------------------
     def isr(self) -> list[str]:
         if self.role is not Role.LEADER:
             return []
+        if self.quiesced:
+            self._refresh_heard()   # a quiet leader's followers are as live as their nodes
         now, lag = self.host.now_tick, self.cfg.isr_lag_ticks
         return [r for r in self.voters if r == self.node or self.progress[r].in_sync(now, lag, self.end)]
 
@@ -600,7 +668,7 @@ class Partition(Leading, Configuring):
             "isr": self.isr(), "recovering": self.recovering, "recover_to": self.recover_to,
             "corrupt_at": self.corrupt_at, "config": self.history.latest().describe(),
             "config_committed": self.cfg_commit_version >= self.history.latest().version,
-            "leader_tick": self.leader_tick}
+            "leader_tick": self.leader_tick, "quiesced": self.quiesced}
         if self.role is Role.LEADER:
             d["epoch_start"] = self.epoch_start
             d["transfer_to"] = self.transfer_to

@@ -119,14 +119,18 @@ def expected_idle_messages_per_sec(brokers: int, partitions: int, rf: int, tick_
 
 
 def idle_messages_per_sec(brokers: int = 3, partitions: int = 1000, rf: int = 3, seconds: float = 10.0,
-                          seed: int = 0, config: ReplicationConfig | None = None) -> dict:
-    """Measure it: elect and balance leaders with no faults and no clients, then count the
-    messages sent during ``seconds`` of idle simulated time."""
+                          seed: int = 0, config: ReplicationConfig | None = None, settle_s: float = 0.0) -> dict:
+    """Measure it: elect and balance leaders with no faults and no clients, wait
+    ``settle_s`` more, then count the messages sent during ``seconds`` of idle simulated
+    time (``quiet``: partitions not ticked, summed over brokers, at the end)."""
     rcfg = config or ReplicationConfig()
     cfg = SimConfig(seed=seed, brokers=brokers, partitions=partitions, rf=rf, faults=False, clients=False,
                     loss=0.0, dup=0.0, slow_p=0.0, replication=rcfg, check_replicas=False)
     sim = Sim(cfg)
     sim.run_until(lambda: sim.converged() and sim.balanced(), 120_000 * US, "idle cluster balanced")
+    settled = sim.now_us + int(settle_s * 1e6)
+    while (t := sim.net.next_time()) is not None and t <= settled:
+        sim._event()
     start = sim.now_us
     before_m, before_r = dict(sim.sent_messages), dict(sim.sent_rows)
     end = start + int(seconds * 1e6)
@@ -135,7 +139,8 @@ def idle_messages_per_sec(brokers: int = 3, partitions: int = 1000, rf: int = 3,
     msgs = {n: (sim.sent_messages[n] - before_m[n]) / seconds for n in sim.node_ids}
     rows = {n: (sim.sent_rows[n] - before_r[n]) / seconds for n in sim.node_ids}
     return {"per_broker": max(msgs.values()), "cluster": sum(msgs.values()),
-            "rows_per_broker": max(rows.values()), "rows_cluster": sum(rows.values())}
+            "rows_per_broker": max(rows.values()), "rows_cluster": sum(rows.values()),
+            "quiet": sum(sim.nodes[n].core.quiet() for n in sim.node_ids if sim.nodes[n].core is not None)}
 
 
 # -- command line -----------------------------------------------------------------------------------

@@ -10,9 +10,11 @@ import pytest
 
 from mesh.node.raft_host import ReplicaHost
 from mesh.raft import Ready
+from tests.sim.node_parts import SIM_REPLICATION
 from tests.sim.node_sim import NodeSim, NodeSimConfig, SimFailure, main, run
 
 STEPS = 2000
+ALWAYS_TICKING = dataclasses.replace(SIM_REPLICATION, quiesce_after_beats=0)   # schedules found before quiescence
 SHAPES = [  # (brokers, partitions, rf, seeds, steps)
     (3, 3, 3, range(0, 4), STEPS),
     (5, 4, 3, range(100, 101), STEPS),
@@ -44,7 +46,7 @@ def test_faults_are_really_injected():
         assert totals[kind] > 0, totals
 
 
-@pytest.mark.parametrize("seed, early", [(4, False), (2, True)])   # seeds whose schedule wipes a disk
+@pytest.mark.parametrize("seed, early", [(2, False), (0, True)])   # seeds whose schedule wipes a disk
 def test_a_broker_that_lost_its_disk_refills_and_nothing_acknowledged_is_lost(seed, early):
     sim = run(NodeSimConfig(seed=seed, steps=STEPS, wipes=True, early_appends=early))
     assert sim.counts["wipe"] > 0 and sim.counts["acked"] > 50, sim.summary()
@@ -56,9 +58,9 @@ def test_wiped_disks_never_stall_a_partition(seed):
     good. Seed 164: a rebuild after refilling declared lost state again, so two replicas of
     a partition were recovering at once and no leader could be elected. Both replay the
     schedule they were found with: appends and acks only after the leader's sync, and
-    producers that back off after every NOT_LEADER."""
+    producers that back off after every NOT_LEADER, and no quiescence (it came later)."""
     sim = run(NodeSimConfig(seed=seed, steps=1500, wipes=True, early_appends=False, early_acks=False,
-                            follow_hints=False))
+                            follow_hints=False, replication=ALWAYS_TICKING))
     assert sim.counts["wipe"] > 0, sim.summary()
 
 

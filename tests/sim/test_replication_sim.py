@@ -14,6 +14,7 @@ from mesh.raft.configuring import Configuring
 from mesh.raft.membership import Config, History, check_step
 from tests.sim.replication_reconfig import ReconfigConfig, next_step
 from tests.sim.replication_reconfig import run as run_reconfig
+from mesh.raft import ReplicationConfig
 from tests.sim.replication_sim import (
     SimConfig, SimFailure, expected_idle_messages_per_sec, idle_messages_per_sec, main, run,
 )
@@ -128,18 +129,27 @@ def test_checkers_catch_a_leader_that_never_lowers_what_a_follower_holds(monkeyp
 def test_checkers_catch_replicas_that_lost_state_voting_and_counting(monkeypatch):
     monkeypatch.setattr(Progress, "counted", lambda self: True)
     monkeypatch.setattr(Partition, "eligible", lambda self: True)
-    exc = _first_failure(range(10), steps=4000, disk_faults=True)
+    exc = _first_failure(range(20), steps=4000, disk_faults=True)   # seed 10 since quiescence
     # a committed batch is gone: a leader without it, or a replica whose committed log differs
     assert "leader completeness" in str(exc) or "committed" in str(exc) or "lost state" in str(exc), exc
 
 
 def test_idle_heartbeats_are_coalesced_per_broker_pair():
-    got = idle_messages_per_sec(brokers=3, partitions=300, rf=3, seconds=5)
+    # always ticking (quiescence off): one heartbeat and one answer per broker pair and beat
+    got = idle_messages_per_sec(brokers=3, partitions=300, rf=3, seconds=5,
+                                config=ReplicationConfig(quiesce_after_beats=0))
     exp = expected_idle_messages_per_sec(3, 300, 3)
     assert exp["per_broker"] == 40 and exp["uncoalesced_per_broker"] == 4000
     # the simulated clocks drift by up to 5 %
     assert exp["per_broker"] * 0.94 <= got["per_broker"] <= exp["per_broker"] * 1.06, got
     assert expected_idle_messages_per_sec(3, 1000, 3)["per_broker"] == 40
+
+
+def test_idle_partitions_go_quiet_and_cost_one_ping_per_peer_and_beat():
+    got = idle_messages_per_sec(brokers=3, partitions=300, rf=3, seconds=5, settle_s=2)
+    assert got["quiet"] == 3 * 300, got   # every replica of every partition
+    # 2 peers x 10 beats/s, the clocks drifting by up to 5 %; no partition rows at all
+    assert 20 * 0.94 <= got["per_broker"] <= 20 * 1.06 and got["rows_cluster"] == 0, got
 
 
 def test_cli_reports_each_seed(capsys):

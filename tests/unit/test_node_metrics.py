@@ -27,6 +27,9 @@ class _Replicas:
     def isr(self, pid):
         return ["n1"] if pid == 1 else []
 
+    def quiet(self):
+        return 1
+
 
 def _node():
     members = [Member("n1", "127.0.0.1:1", 1, "alive", 5, 1_000, 0.0, 9),
@@ -59,7 +62,7 @@ def test_the_snapshot_serves_every_family_from_the_node_loop():
     text = _served(True)
     for line in ['mesh_partition_leader{partition="0",topic="t"} 1.0',
                  'mesh_partition_follower_lag_records{follower="n2",partition="0",topic="t"} 6.0',
-                 "mesh_under_replicated_partitions 1.0", "mesh_offline_partitions 1.0",
+                 "mesh_under_replicated_partitions 1.0", "mesh_offline_partitions 1.0", "mesh_quiet_replicas 1.0",
                  'mesh_group_lag_records{group="g",partition="0",topic="t"} 3.0',
                  'mesh_group_rebalances_total{group="g"} 3.0',
                  'mesh_requests_total{code="NONE",op="Metadata"} 1.0',

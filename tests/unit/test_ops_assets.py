@@ -37,7 +37,7 @@ GAUGES = {
     "mesh_storage_map_used_bytes", "mesh_storage_map_size_bytes", "mesh_partition_log_size_bytes",
     "mesh_partition_leader", "mesh_partition_leader_epoch", "mesh_partition_log_end_offset",
     "mesh_partition_high_watermark", "mesh_partition_follower_lag_records", "mesh_under_replicated_partitions",
-    "mesh_offline_partitions", "mesh_gossip_members", "mesh_gossip_convergence_lag_seconds",
+    "mesh_offline_partitions", "mesh_quiet_replicas", "mesh_gossip_members", "mesh_gossip_convergence_lag_seconds",
     "mesh_group_members", "mesh_group_generation", "mesh_group_committed_offset", "mesh_group_lag_records",
     "mesh_broker_info", "process_resident_memory_bytes", "process_virtual_memory_bytes",
     "process_open_fds", "process_max_fds", "process_start_time_seconds",

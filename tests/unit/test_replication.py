@@ -26,7 +26,7 @@ from mesh.wire.codec import REGISTRY, decode_body, encode_body, op_of
 from tests.sim.replication_disk import SimDisk, batches_of
 
 CFG = ReplicationConfig(heartbeat_ticks=1, election_ticks=10, retransmit_ticks=5, auto_rebalance=False,
-                        isr_lag_ticks=20)
+                        isr_lag_ticks=20, quiesce_after_beats=0)   # message-exact scenarios: always ticking
 
 
 class Net:
