@@ -58,25 +58,32 @@ class Admin(ElasticAdmin, SecurityAdmin, ClientBase):
         self._call(CreateTopicRequest(name, partitions, replication_factor,
                                       {k: str(v) for k, v in (config or {}).items()}))
         self._wait_everywhere(lambda topics: name in topics and all(
-            p.get("leader") for p in topics[name]["partitions"]), wait_s)
+            p.get("leader") for p in topics[name]["partitions"]), wait_s, name)
 
     def delete_topic(self, name: str, wait_s: float = 10.0) -> None:
         self._call(DeleteTopicRequest(name))
-        self._wait_everywhere(lambda topics: name not in topics, wait_s)
+        self._wait_everywhere(lambda topics: name not in topics, wait_s, name)
 
-    def _wait_everywhere(self, ok, wait_s: float) -> None:
+    def _wait_everywhere(self, ok, wait_s: float, topic: str | None = None) -> None:
+        """Poll each live broker's view of ``topic`` (None: of every topic) until ``ok``
+        holds there. A broker spends time on each answer (a 10,000-partition topic: tens of
+        ms), so the poll waits at least twice as long as the last answer took: it takes at
+        most a third of a broker's time."""
         deadline = time.monotonic() + wait_s
         pending = [b["address"] for b in self.metadata([]).brokers if b.get("status") == "alive"]
         while pending and time.monotonic() < deadline:
             addr = pending[0]
+            t0 = time.monotonic()
             try:
-                resp, _ = self.transport.call(addr, MetadataRequest(None), timeout_ms=1000)
+                resp, _ = self.transport.call(addr, MetadataRequest(None if topic is None else [topic]),
+                                              timeout_ms=1000)
                 if ok({t["name"]: t for t in resp.topics if not t.get("error")}):
                     pending.pop(0)
                     continue
             except MeshError:
                 self.transport.forget(addr)
-            time.sleep(0.02)  # a gossip round is 200 ms: poll a few times per round
+            # a gossip round is 200 ms: poll a few times per round, and never hog the broker
+            time.sleep(max(0.02, 2 * (time.monotonic() - t0)))
 
     def metadata(self, topics: list[str] | None = None):
         return self._call(MetadataRequest(topics))

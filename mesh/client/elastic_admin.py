@@ -54,7 +54,7 @@ class ElasticAdmin:
                 p.get("leader") for p in t["partitions"]) and (
                 not replication_factor or t.get("replication_factor") == replication_factor)
         if wait_s > 0:
-            self._wait_everywhere(ok, wait_s)
+            self._wait_everywhere(ok, wait_s, name)
 
     def decommission(self, node_id: str, wait_s: float = 10.0) -> None:
         """Mark broker ``node_id`` draining: every replica moves off it, leaderships first;

@@ -112,7 +112,6 @@ class Leading:
         pr = self.progress.get(peer) if self.role.value == "leader" else None
         if pr is None:
             return
-        self._unquiesce()
         pr.forget(self.end if new_store else min(pr.match, self.end))
         pr.store = store
         self.host.want_flush(self)

@@ -359,8 +359,11 @@ class ReplicaManager:
             if p.quiesced:
                 continue   # went quiet in this loop (woken ones join from the next tick)
             p.tick()
-            if beat and p.role is Role.LEADER:
-                p.heartbeat()
+            if beat:
+                if p.role is Role.LEADER:
+                    p.heartbeat()
+                elif p.stepdown_beats or p.recovering:
+                    p.follower_beat()
         if housekeeping:
             for pid in self._pids:
                 parts[pid].trim_cache()
@@ -451,6 +454,7 @@ class ReplicaManager:
         for pid in self._pids:
             p = self._parts[pid]
             if src in p.progress:
+                p.wake()   # (a quiet leader: it must probe the restarted follower)
                 p.peer_restarted(src, store, new_store=store != last[0])
         for pid in sorted(self._quiet_followers.get(src, ())):
             self._parts[pid].wake(self.cfg.election_ticks)   # it restarted: it leads nothing now

@@ -73,8 +73,13 @@ Rules, in the order ``step`` applies them:
    leader's lease holds for as long as the leader's node is heard (the manager wakes it
    otherwise). A quiet leader wakes on anything that needs it (a write, a config change, a
    transfer, any row but a heartbeat answer that needs nothing); a quiet follower on any
-   row from its leader but a quiesce heartbeat. Safety never depends on it: quiet replicas
-   only skip timers, and every wake-up path is one a lost message could take anyway.
+   row from its leader but a quiesce heartbeat (an append or heartbeat keeps the lease;
+   anything else means the leader stopped leading and ends it). Followers never speak
+   first otherwise, so two replicas do on every beat (``follower_beat``): a leader that
+   stepped down within its term (check-quorum, a corrupt batch) tells its peers for an
+   election timeout, and a recovering replica whose leader has been silent for a beat
+   tells its leader, which wakes and refills it. Safety never depends on quiescence:
+   quiet replicas only skip timers and keep a lease their leader's broker still holds.
 """
 from __future__ import annotations
 
@@ -190,6 +195,7 @@ class Partition(Leading, Configuring):
         self.beat_end = -1                  # leader: the log end at the last beat
         self.quiet_peers: tuple[str, ...] = ()   # quiet leader: its followers, as the manager indexed them
         self.quiet_leader: str | None = None     # quiet follower: its leader, as the manager indexed it
+        self.stepdown_beats = 0             # beats left to tell the followers we stopped leading (rule 10)
         self._step = self._step_follower
         self._tick = self._tick_election
         self._reset_timeout()
@@ -257,6 +263,22 @@ class Partition(Leading, Configuring):
             if t > pr.last_resp_tick:
                 pr.last_resp_tick = t
 
+    def follower_beat(self) -> None:
+        """The node-wide beat, for a replica that is not leading (rule 10): a leader that
+        stepped down within its term tells its followers for an election timeout (a quiet
+        follower would keep its lease otherwise), and a recovering replica whose leader has
+        not been heard for a beat tells the leader (a quiet leader would not refill it)."""
+        if not self.cfg.quiesce_after_beats:
+            return
+        row = HeartbeatRespRow(self.pid, self.term, _NONE, int(self.recovering), *self.history.latest().ident)
+        if self.stepdown_beats:
+            self.stepdown_beats -= 1
+            for peer in self.peers:
+                self._send(peer, row)
+        elif (self.recovering and self.leader is not None
+              and self.host.now_tick - self.leader_tick > self.cfg.heartbeat_ticks):
+            self._send(self.leader, row)
+
     def wake(self, elapsed_ticks: int | None = None) -> None:
         """The manager's way in (rule 10): its node went silent, restarted, or came back."""
         self._unquiesce(elapsed_ticks)
@@ -303,6 +325,11 @@ class Partition(Leading, Configuring):
         # when it loses its quorum or its state (the same term)
         handed_to = self.transfer_to if self.role is Role.LEADER and term > self.term else None
         self._unquiesce()
+        # stepping down within our term (check-quorum, a corrupt batch): quiet followers keep
+        # our lease until told; a newer term's rows tell them anyway
+        self.stepdown_beats = (self.cfg.election_ticks // self.cfg.heartbeat_ticks + 1
+                               if self.role is Role.LEADER and term == self.term and self.cfg.quiesce_after_beats
+                               else 0)
         if term > self.term:
             self.term = term
             self.vote = None
@@ -321,6 +348,7 @@ class Partition(Leading, Configuring):
 
     def _campaign(self, pre: bool, transfer: bool = False) -> None:
         self._unquiesce()
+        self.stepdown_beats = 0
         self._reset_timeout()
         if pre:
             self.role = Role.PRE_CANDIDATE
@@ -396,8 +424,9 @@ class Partition(Leading, Configuring):
                 if kind is not HeartbeatRespRow:   # (an answer to our quiesce heartbeat wakes us only if it needs something)
                     self._unquiesce()
             elif src == self.leader and not (kind is HeartbeatRow and row.quiesce):
-                # our leader campaigning has stopped leading (a restart, check-quorum): no lease
-                self._unquiesce(self.cfg.election_ticks if kind is VoteRow else None)
+                # an append or heartbeat: it leads; anything else (a vote request, an answer):
+                # it stopped leading (a restart, check-quorum, a corrupt batch): no lease
+                self._unquiesce(None if kind is AppendRow or kind is HeartbeatRow else self.cfg.election_ticks)
         if row.term > self.term:
             if kind is VoteRow:
                 transfer = row.transfer and row.term == self.term + 1
@@ -485,6 +514,10 @@ class Partition(Leading, Configuring):
                 self._quiesce()   # rule 10
         elif kind is TimeoutNowRow and self.may_campaign():  # from our leader (rule 8)
             self._campaign(pre=False, transfer=True)
+        elif kind is HeartbeatRespRow and src == self.leader:
+            # an answer from our leader in its own term: it stepped down (rule 10's notice)
+            self._set_leader(None)
+            self.election_elapsed_ticks = max(self.election_elapsed_ticks, self.cfg.election_ticks)
 
     def _step_candidate(self, src: str, row: PeerRow, payload: bytes) -> None:
         kind = type(row)

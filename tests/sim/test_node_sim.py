@@ -46,9 +46,12 @@ def test_faults_are_really_injected():
         assert totals[kind] > 0, totals
 
 
-@pytest.mark.parametrize("seed, early", [(2, False), (0, True)])   # seeds whose schedule wipes a disk
-def test_a_broker_that_lost_its_disk_refills_and_nothing_acknowledged_is_lost(seed, early):
-    sim = run(NodeSimConfig(seed=seed, steps=STEPS, wipes=True, early_appends=early))
+@pytest.mark.parametrize("early", [False, True])
+def test_a_broker_that_lost_its_disk_refills_and_nothing_acknowledged_is_lost(early):
+    for seed in range(12):   # the first seed whose schedule wipes a disk (schedules move with the code)
+        sim = run(NodeSimConfig(seed=seed, steps=STEPS, wipes=True, early_appends=early))
+        if sim.counts["wipe"] > 0:
+            break
     assert sim.counts["wipe"] > 0 and sim.counts["acked"] > 50, sim.summary()
 
 

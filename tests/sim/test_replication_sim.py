@@ -79,12 +79,15 @@ def test_a_run_is_a_function_of_its_seed():
     assert run(SimConfig(seed=12, steps=600)).trace.hexdigest() != a.trace.hexdigest()
 
 
-def _first_failure(seeds: range, steps: int = 2000, disk_faults: bool = False) -> SimFailure:
+def _first_failure(seeds: range, steps: int = 2000, disk_faults: bool = False, match: str = "") -> SimFailure:
+    """The first seed's failure (whose message holds ``match``: an injected bug may also
+    show first as a stall, which is not the check a test is about)."""
     for seed in seeds:
         try:
             run(SimConfig(seed=seed, steps=steps, disk_faults=disk_faults))
         except SimFailure as exc:
-            return exc
+            if match in str(exc):
+                return exc
     pytest.fail("the checkers missed an injected bug")
 
 
@@ -122,14 +125,14 @@ def test_checkers_catch_a_leader_that_never_lowers_what_a_follower_holds(monkeyp
 
     monkeypatch.setattr(Progress, "lower", never_lower)
     monkeypatch.setattr(Leading, "peer_restarted", lambda self, peer, store, new_store: None)
-    exc = _first_failure(range(10), steps=4000, disk_faults=True)
-    assert "which lost state" in str(exc) and "reproduce with" in str(exc)
+    exc = _first_failure(range(10), steps=4000, disk_faults=True, match="which lost state")
+    assert "reproduce with" in str(exc)
 
 
 def test_checkers_catch_replicas_that_lost_state_voting_and_counting(monkeypatch):
     monkeypatch.setattr(Progress, "counted", lambda self: True)
     monkeypatch.setattr(Partition, "eligible", lambda self: True)
-    exc = _first_failure(range(20), steps=4000, disk_faults=True)   # seed 10 since quiescence
+    exc = _first_failure(range(40), steps=4000, disk_faults=True)   # (seed 20 since quiescence)
     # a committed batch is gone: a leader without it, or a replica whose committed log differs
     assert "leader completeness" in str(exc) or "committed" in str(exc) or "lost state" in str(exc), exc
 

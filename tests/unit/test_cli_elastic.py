@@ -228,7 +228,7 @@ class Client(ElasticAdmin):
         self.requests.append(msg)
         return getattr(self, "answer", None) or type("R", (), {"error": 0})()
 
-    def _wait_everywhere(self, ok, wait_s):
+    def _wait_everywhere(self, ok, wait_s, topic=None):
         self.requests.append(("wait", ok({"t": {"partitions": [{"leader": "n1"}] * 4,
                                                 "replication_factor": 2}})))
 

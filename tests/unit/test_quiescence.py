@@ -42,6 +42,18 @@ def quiet_net(writes: int = 3) -> Net:
     return net
 
 
+def restart(net: Net, nid: str, campaign: bool = False) -> int:
+    """Crash ``nid`` and start it again (a new life), campaigning at once if asked;
+    returns the term before."""
+    term = net.cores["n0"].leader(1)[1]
+    net.crash(nid)
+    net.start(nid)
+    if campaign:
+        net.apply(nid, net.cores[nid].campaign(1))
+        net.deliver()
+    return term
+
+
 def test_an_idle_caught_up_partition_goes_quiet_and_its_brokers_only_ping():
     net = quiet_net()
     term = net.cores["n0"].leader(1)[1]
@@ -101,11 +113,7 @@ def test_a_quiet_follower_keeps_its_leaders_lease_while_the_leaders_node_is_hear
     """A restarted follower campaigns at once (it heard no leader yet); the other, quiet,
     follower must not grant it a (pre-)vote while the leader's node pings: no term change."""
     net = quiet_net()
-    term = net.cores["n0"].leader(1)[1]
-    net.crash("n1")
-    net.start("n1")
-    net.apply("n1", net.cores["n1"].campaign(1))
-    net.deliver()
+    term = restart(net, "n1", campaign=True)
     assert net.cores["n2"].leader(1) == ("n0", term) and net.cores["n2"].status(1)["quiesced"]
     for _ in range(5 * E):
         net.tick()
@@ -116,9 +124,7 @@ def test_a_quiet_follower_keeps_its_leaders_lease_while_the_leaders_node_is_hear
 
 def test_a_restarted_leader_is_replaced_its_quiet_followers_drop_the_lease():
     net = quiet_net()
-    term = net.cores["n0"].leader(1)[1]
-    net.crash("n0")
-    net.start("n0")          # a new life: it leads nothing, its followers are quiet
+    term = restart(net, "n0")   # a new life: it leads nothing, its followers are quiet
     for _ in range(5 * E):
         net.tick()
         if leader_of(net) is not None:
@@ -132,11 +138,7 @@ def test_a_message_from_the_leaders_new_life_ends_its_lease_at_once():
     """Restarted and campaigning before its silence reached an election timeout: its
     quiet followers know from its new life that it leads nothing, and vote."""
     net = quiet_net()
-    term = net.cores["n0"].leader(1)[1]
-    net.crash("n0")
-    net.start("n0")
-    net.apply("n0", net.cores["n0"].campaign(1))
-    net.deliver()
+    term = restart(net, "n0", campaign=True)
     assert leader_of(net) == "n0" and net.cores["n0"].leader(1)[1] == term + 1
 
 
@@ -223,3 +225,62 @@ def test_quiesce_after_beats_is_checked():
     from mesh.wire.errors import MeshError
     with pytest.raises(MeshError):
         ReplicationConfig(quiesce_after_beats=-1)
+
+
+# -- found by review: replicas that stop leading or lose state while their partition is quiet --------
+
+def test_a_quiet_leader_that_finds_a_corrupt_batch_is_replaced_even_if_its_timeout_now_is_lost():
+    """It steps down within its term and cannot campaign (recovering): its quiet followers
+    would keep its lease for good; its step-down notice (every beat, for an election
+    timeout) ends the lease, so they elect a successor anyway."""
+    from mesh.raft.messages import ReplTimeoutNow
+    net = quiet_net()
+    net.apply("n0", net.cores["n0"].report_corrupt(1, 1))
+    net.deliver(drop=lambda src, dest, msg: type(msg) is ReplTimeoutNow)
+    net.tick(6 * E)
+    lead = leader_of(net)
+    assert lead in ("n1", "n2") and len(net.log(lead)) == 3
+    net.tick(6 * E)
+    assert not net.cores["n0"].recovering(1) and net.log("n0") == net.log(lead)
+
+
+def test_a_quiet_leader_that_finds_a_corrupt_batch_is_replaced_even_if_the_transfer_vote_is_lost():
+    net = quiet_net()
+    lost = []
+
+    def drop(src, dest, msg):
+        if type(msg) is ReplVote and not lost:
+            lost.append(dest)
+            return True
+        return False
+    net.apply("n0", net.cores["n0"].report_corrupt(1, 1))
+    net.deliver(drop=drop)
+    net.tick(6 * E)
+    assert lost and leader_of(net) in ("n1", "n2")
+
+
+def test_a_follower_that_loses_state_under_a_quiet_leader_is_refilled():
+    net = quiet_net()
+    net.apply("n1", net.cores["n1"].declare_lost_state())
+    assert net.cores["n1"].recovering(1)
+    net.tick(4 * E)
+    assert not net.cores["n1"].recovering(1) and net.log("n1") == net.log("n0")
+    assert net.cores["n0"].isr(1) == ["n0", "n1", "n2"]
+    settle(net)
+
+
+def test_a_follower_that_finds_a_corrupt_batch_under_a_quiet_leader_is_refilled():
+    net = quiet_net()
+    net.apply("n1", net.cores["n1"].report_corrupt(1, 1))
+    assert net.cores["n1"].recovering(1) and net.cores["n1"].end_offset(1) == 1
+    net.tick(4 * E)
+    assert not net.cores["n1"].recovering(1) and net.log("n1") == net.log("n0")
+
+
+def test_a_leader_that_hears_nobody_steps_down_and_is_replaced():
+    """It can send but not receive: its pings keep its quiet followers in its lease until
+    check-quorum deposes it and its step-down notice ends the lease."""
+    net = quiet_net()
+    net.cut |= {("n1", "n0"), ("n2", "n0")}
+    net.tick(8 * E)
+    assert leader_of(net) in ("n1", "n2")
