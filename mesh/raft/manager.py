@@ -75,7 +75,8 @@ public API, the ``Ready``). The package exports the public API: ``from mesh.raft
   manager wakes the follower with its election timer where it would stand had it been
   ticking, so a dead leader's quiet partitions elect a successor in the usual time. A peer
   heard from a new life (restart) wakes the quiet followers it led (it leads nothing now:
-  no lease) and the quiet leaders it follows (``peer_restarted``). A follower's node
+  their leases run out as if they had kept ticking) and the quiet leaders it follows
+  (``peer_restarted``). A follower's node
   silent for an election timeout wakes the quiet leaders it follows once, so check-quorum
   runs (a leader cut off from its quorum steps down as when ticking), and again when it
   is heard after that silence (it may lag).
@@ -457,7 +458,7 @@ class ReplicaManager:
                 p.wake()   # (a quiet leader: it must probe the restarted follower)
                 p.peer_restarted(src, store, new_store=store != last[0])
         for pid in sorted(self._quiet_followers.get(src, ())):
-            self._parts[pid].wake(self.cfg.election_ticks)   # it restarted: it leads nothing now
+            self._parts[pid].wake()   # it restarted, so it leads nothing now: the lease runs out
         return True
 
     # -- identity and damage -------------------------------------------------------------

@@ -73,8 +73,10 @@ Rules, in the order ``step`` applies them:
    leader's lease holds for as long as the leader's node is heard (the manager wakes it
    otherwise). A quiet leader wakes on anything that needs it (a write, a config change, a
    transfer, any row but a heartbeat answer that needs nothing); a quiet follower on any
-   row from its leader but a quiesce heartbeat (an append or heartbeat keeps the lease;
-   anything else means the leader stopped leading and ends it). Followers never speak
+   row from its leader but a quiesce heartbeat; its election timer then stands where it
+   would had it kept ticking (since the leader's last append or heartbeat), so quiescence
+   never ends a lease sooner than ticking would (a replica whose disk rolled back can vote
+   in a term it forgot: see "Known gap" in the manager). Followers never speak
    first otherwise, so two replicas do on every beat (``follower_beat``): a leader that
    stepped down within its term (check-quorum, a corrupt batch) tells its peers for an
    election timeout, and a recovering replica whose leader has been silent for a beat
@@ -243,9 +245,12 @@ class Partition(Leading, Configuring):
             self.host.quiesced(self)
 
     def _unquiesce(self, elapsed_ticks: int | None = None) -> None:
-        """Tick again. A follower's election timer restarts at ``elapsed_ticks`` (None: at
-        0, as when its leader is heard); a leader counts its followers as last heard when
-        their nodes were (so a write right after waking is not refused for lack of answers)."""
+        """Tick again. A follower's election timer stands where it would had it kept
+        ticking: ``elapsed_ticks``, or (None) the ticks since its leader's last append or
+        heartbeat reached it, so waking never ends a lease sooner than ticking would have
+        (an append or heartbeat that wakes it restarts the timer anyway). A leader counts
+        its followers as last heard when their nodes were (so a write right after waking
+        is not refused for lack of answers)."""
         if not self.quiesced:
             return
         self.quiesced = False
@@ -253,8 +258,12 @@ class Partition(Leading, Configuring):
         self.host.unquiesced(self)
         if self.role is Role.LEADER:
             self._refresh_heard()
-        elif elapsed_ticks is not None:
-            self.election_elapsed_ticks = elapsed_ticks
+        else:
+            if elapsed_ticks is None and self.leader_tick >= 0:
+                elapsed_ticks = self.host.now_tick - self.leader_tick
+            if elapsed_ticks is not None:
+                self.election_elapsed_ticks = min(max(elapsed_ticks, self.election_elapsed_ticks),
+                                                  2 * self.cfg.election_ticks)
 
     def _refresh_heard(self) -> None:
         heard = self.host.heard_tick
@@ -424,9 +433,10 @@ class Partition(Leading, Configuring):
                 if kind is not HeartbeatRespRow:   # (an answer to our quiesce heartbeat wakes us only if it needs something)
                     self._unquiesce()
             elif src == self.leader and not (kind is HeartbeatRow and row.quiesce):
-                # an append or heartbeat: it leads; anything else (a vote request, an answer):
-                # it stopped leading (a restart, check-quorum, a corrupt batch): no lease
-                self._unquiesce(None if kind is AppendRow or kind is HeartbeatRow else self.cfg.election_ticks)
+                # anything else from our leader: an append or heartbeat (it leads on), or a vote
+                # request or an answer (it stopped leading: a restart, check-quorum, a corrupt
+                # batch): tick again, the lease ending when ticking would have ended it
+                self._unquiesce()
         if row.term > self.term:
             if kind is VoteRow:
                 transfer = row.transfer and row.term == self.term + 1
@@ -514,10 +524,6 @@ class Partition(Leading, Configuring):
                 self._quiesce()   # rule 10
         elif kind is TimeoutNowRow and self.may_campaign():  # from our leader (rule 8)
             self._campaign(pre=False, transfer=True)
-        elif kind is HeartbeatRespRow and src == self.leader:
-            # an answer from our leader in its own term: it stepped down (rule 10's notice)
-            self._set_leader(None)
-            self.election_elapsed_ticks = max(self.election_elapsed_ticks, self.cfg.election_ticks)
 
     def _step_candidate(self, src: str, row: PeerRow, payload: bytes) -> None:
         kind = type(row)
