@@ -190,8 +190,7 @@ class Node:
                                     ReplicationConfig(election_ticks=config.election_ticks,
                                                       learner_bytes_per_tick=config.move_rate_bytes * config.tick_ms // 1000),
                                     tick_ms=config.tick_ms, now_ms=clock.now_ms,
-                                    store_id=self.store_id, confirmed=self._identity == "confirmed",
-                                    max_ticks_per_turn=int(os.environ.get("MESH_TICKS_PER_TURN", "10")))
+                                    store_id=self.store_id, confirmed=self._identity == "confirmed")
         self.replicas.reply = self._reply
         self.publish.replicas = self.replicas
         if self._identity == "lost":

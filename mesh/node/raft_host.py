@@ -99,8 +99,7 @@ class ReplicaHost:
                  publish: Callable[[int, str | None, int], None],
                  config: ReplicationConfig | None = None, tick_ms: int = 50,
                  now_ms: Callable[[], int] = _monotonic_ms, store_id: str = "",
-                 confirmed: bool = True, early_appends: bool = True, early_acks: bool = True,
-                 max_ticks_per_turn: int = 10) -> None:
+                 confirmed: bool = True, early_appends: bool = True, early_acks: bool = True) -> None:
         """``send(dest node id, msg, payload)`` delivers to a peer; ``publish(pid, leader,
         epoch)`` is told about leadership changes (the node gossips them); ``now_ms``: the
         node's monotonic clock (ticks, ack deadlines, lazy state writes); ``store_id`` and
@@ -108,11 +107,8 @@ class ReplicaHost:
         tells it whether it lost state); ``early_appends``: the leader's appends leave
         before the turn's sync (see the module doc); ``early_acks``: acks=all answers (and
         fetch wake-ups) a commit advance of the drain allows leave before the turn's sync
-        (``answer_committed``), not after it. ``max_ticks_per_turn``: after a long turn,
-        at most this many ticks run (Raft's clock falls behind a stalled loop, so a busy
-        broker does not time its own elections and leases out)."""
+        (``answer_committed``), not after it."""
         self.now_ms = now_ms
-        self.max_ticks_per_turn = max_ticks_per_turn
         self.early_appends = early_appends
         self.early_acks = early_acks
         self.node_id = node_id
@@ -433,7 +429,7 @@ class ReplicaHost:
         if n <= 0:
             return
         self._last_tick_ms += n * self.tick_ms
-        for _ in range(min(n, self.max_ticks_per_turn)):  # after a stall, a few ticks, not a storm
+        for _ in range(min(n, 10)):  # after a stall, a few ticks, not a storm
             self.apply(self.core.tick())
 
     def append_position(self, pid: int) -> tuple[int, int]:
