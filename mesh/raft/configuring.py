@@ -124,7 +124,7 @@ class Configuring:
         """Record the next config (one single-server step) at our log end."""
         if self.role.value != "leader":
             raise MeshError(ErrorCode.NOT_LEADER, f"partition {self.pid}: not the leader", leader=self.leader)
-        self._unquiesce()
+        self.wake()
         latest = self.history.latest()
         why = None
         if not self.config_committed():

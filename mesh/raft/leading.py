@@ -95,7 +95,7 @@ class Leading:
             pr.become_probe(pr.match)  # lost in flight: resend from what it acknowledged
         else:
             return
-        self._unquiesce()   # (it needs something: a quiet leader wakes)
+        self.wake()   # (it needs something: a quiet leader wakes)
         self.host.want_flush(self)
 
     def _note_recovering(self: Partition, pr: Progress, flag: int) -> None:
@@ -256,7 +256,7 @@ class Leading:
         if (self.role.value != "leader" or target == self.node or target not in self.voters
                 or self.progress[target].recovering):
             return
-        self._unquiesce()
+        self.wake()
         self.transfer_to = target
         self.transfer_elapsed_ticks = 0
         self._maybe_send_timeout_now()
@@ -269,7 +269,7 @@ class Leading:
         lead, or while a handover is in progress."""
         if self.role.value != "leader" or self.transfer_to is not None:
             return
-        self._unquiesce()
+        self.wake()
         target = self._best_successor(2 * self.cfg.heartbeat_ticks + 1, exclude, new)
         if target is not None:
             self.transfer_leadership(target)
@@ -296,7 +296,7 @@ class Leading:
             # target that has not won yet would answer NOT_LEADER again, and back them off)
             hint = None if self.role == "leader" else self.leader
             raise MeshError(ErrorCode.NOT_LEADER, f"partition {self.pid}: not the leader", leader=hint)
-        self._unquiesce()   # a write is coming
+        self.wake()   # a write is coming
         now, window = self.host.now_tick, 3 * self.cfg.heartbeat_ticks + 1
         voters = [self.progress[v] for v in self.voters if v != self.node]
         if 1 + sum(1 for pr in voters if pr.counted() and pr.active(now, window)) < self.quorum:
@@ -314,8 +314,7 @@ class Leading:
         if end_offset <= self.end:
             raise MeshError(ErrorCode.INVALID_REQUEST,
                             f"partition {self.pid}: append ends at {end_offset}, log end is {self.end}")
-        self._unquiesce()
-        self.end = end_offset
+        self.end = end_offset   # (append_position, asked first in the same turn, woke a quiet leader)
         self.host.want_flush(self)
 
     def mark_synced(self: Partition, end_offset: int) -> None:

@@ -74,14 +74,13 @@ public API, the ``Ready``). The package exports the public API: ``from mesh.raft
   while the leader's node is heard; once it has been silent for an election timeout the
   manager wakes the follower with its election timer where it would stand had it been
   ticking, so a dead leader's quiet partitions elect a successor in the usual time. A peer
-  heard from a new life (restart) wakes the quiet followers it led (it leads nothing now:
-  their leases run out as if they had kept ticking) and the quiet leaders it follows
-  (``peer_restarted``). A follower's node
-  silent for an election timeout wakes the quiet leaders it follows once, so check-quorum
-  runs (a leader cut off from its quorum steps down as when ticking), and again when it
-  is heard after that silence (it may lag).
-  A woken leader counts each follower as last heard when its node was. Quiet replicas
-  are ``wake``-able only; safety never depends on quiescence.
+  heard for the first time or from a new life (restart) wakes the quiet followers it led
+  (it leads nothing now: their leases run out as if they had kept ticking) and the quiet
+  leaders it follows (it may lag). A follower's node silent for an election timeout wakes
+  the quiet leaders it follows once, so check-quorum runs (a leader cut off from its
+  quorum steps down as when ticking), and again when it is heard after that silence. A
+  woken leader counts each follower as last heard when its node was. Safety never depends
+  on quiescence: quiet replicas only skip timers.
 - **Preferred leader.** A leader that is not its partition's preferred replica hands over
   (TimeoutNow) once it has led for ``rebalance_delay_ticks`` and the preferred replica is
   answering and holds its whole log. The preferred replica also draws its election timeout
@@ -390,8 +389,8 @@ class ReplicaManager:
         return self._members
 
     def _check_silences(self) -> None:
-        """A peer silent for an election timeout: the quiet followers it leads wake, their
-        election timers where they would stand (they campaign as usual); the quiet leaders
+        """A peer silent for an election timeout: the quiet followers it leads wake (their
+        election timers where they would stand: they campaign as usual); the quiet leaders
         it follows wake once (check-quorum runs; they go quiet again without it if a quorum
         is left, and wake when it is heard again)."""
         now, e = self.now_tick, self.cfg.election_ticks
@@ -400,7 +399,7 @@ class ReplicaManager:
             if silent < e:
                 continue
             for pid in sorted(self._quiet_followers.get(peer, ())):
-                self._parts[pid].wake(min(silent, 2 * e))
+                self._parts[pid].wake()
             if peer not in self._silent:
                 self._silent.add(peer)
                 for pid in sorted(self._quiet_leaders.get(peer, ())):
@@ -454,8 +453,7 @@ class ReplicaManager:
         del retired[:-16]
         for pid in self._pids:
             p = self._parts[pid]
-            if src in p.progress:
-                p.wake()   # (a quiet leader: it must probe the restarted follower)
+            if src in p.progress:   # (a quiet one was woken above: it must probe the restarted follower)
                 p.peer_restarted(src, store, new_store=store != last[0])
         for pid in sorted(self._quiet_followers.get(src, ())):
             self._parts[pid].wake()   # it restarted, so it leads nothing now: the lease runs out

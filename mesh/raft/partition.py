@@ -244,13 +244,14 @@ class Partition(Leading, Configuring):
             self.quiesced = True
             self.host.quiesced(self)
 
-    def _unquiesce(self, elapsed_ticks: int | None = None) -> None:
-        """Tick again. A follower's election timer stands where it would had it kept
-        ticking: ``elapsed_ticks``, or (None) the ticks since its leader's last append or
-        heartbeat reached it, so waking never ends a lease sooner than ticking would have
-        (an append or heartbeat that wakes it restarts the timer anyway). A leader counts
-        its followers as last heard when their nodes were (so a write right after waking
-        is not refused for lack of answers)."""
+    def wake(self) -> None:
+        """Tick again (rule 10; also the manager's way in: a node went silent, restarted or
+        came back). A follower's election timer stands where it would had it kept ticking
+        (the ticks since its leader's last append or heartbeat reached it, which a quiesce
+        heartbeat set), so waking never ends a lease sooner than ticking would have; an
+        append or heartbeat that wakes it restarts the timer anyway. A leader counts its
+        followers as last heard when their nodes were (so a write right after waking is not
+        refused for lack of answers)."""
         if not self.quiesced:
             return
         self.quiesced = False
@@ -259,11 +260,8 @@ class Partition(Leading, Configuring):
         if self.role is Role.LEADER:
             self._refresh_heard()
         else:
-            if elapsed_ticks is None and self.leader_tick >= 0:
-                elapsed_ticks = self.host.now_tick - self.leader_tick
-            if elapsed_ticks is not None:
-                self.election_elapsed_ticks = min(max(elapsed_ticks, self.election_elapsed_ticks),
-                                                  2 * self.cfg.election_ticks)
+            self.election_elapsed_ticks = min(max(self.host.now_tick - self.leader_tick, self.election_elapsed_ticks),
+                                              2 * self.cfg.election_ticks)
 
     def _refresh_heard(self) -> None:
         heard = self.host.heard_tick
@@ -287,10 +285,6 @@ class Partition(Leading, Configuring):
         elif (self.recovering and self.leader is not None
               and self.host.now_tick - self.leader_tick > self.cfg.heartbeat_ticks):
             self._send(self.leader, row)
-
-    def wake(self, elapsed_ticks: int | None = None) -> None:
-        """The manager's way in (rule 10): its node went silent, restarted, or came back."""
-        self._unquiesce(elapsed_ticks)
 
     def _tick_election(self) -> None:
         self.election_elapsed_ticks += 1
@@ -333,7 +327,7 @@ class Partition(Leading, Configuring):
         # a leader handing over steps down when its target campaigns (a higher term); not
         # when it loses its quorum or its state (the same term)
         handed_to = self.transfer_to if self.role is Role.LEADER and term > self.term else None
-        self._unquiesce()
+        self.wake()
         # stepping down within our term (check-quorum, a corrupt batch): quiet followers keep
         # our lease until told; a newer term's rows tell them anyway
         self.stepdown_beats = (self.cfg.election_ticks // self.cfg.heartbeat_ticks + 1
@@ -356,7 +350,7 @@ class Partition(Leading, Configuring):
         self._set_leader(leader)
 
     def _campaign(self, pre: bool, transfer: bool = False) -> None:
-        self._unquiesce()
+        self.wake()
         self.stepdown_beats = 0
         self._reset_timeout()
         if pre:
@@ -431,12 +425,12 @@ class Partition(Leading, Configuring):
         if self.quiesced:
             if self.role is Role.LEADER:
                 if kind is not HeartbeatRespRow:   # (an answer to our quiesce heartbeat wakes us only if it needs something)
-                    self._unquiesce()
+                    self.wake()
             elif src == self.leader and not (kind is HeartbeatRow and row.quiesce):
                 # anything else from our leader: an append or heartbeat (it leads on), or a vote
                 # request or an answer (it stopped leading: a restart, check-quorum, a corrupt
                 # batch): tick again, the lease ending when ticking would have ended it
-                self._unquiesce()
+                self.wake()
         if row.term > self.term:
             if kind is VoteRow:
                 transfer = row.transfer and row.term == self.term + 1
@@ -642,7 +636,7 @@ class Partition(Leading, Configuring):
         commit it sees). RF 1 has no one to refill from: no change."""
         if self.voters == (self.node,):
             return
-        self._unquiesce()
+        self.wake()
         if self.role is not Role.FOLLOWER:
             self._become_follower(self.term, None)
         if recover_to is not None:
@@ -666,7 +660,7 @@ class Partition(Leading, Configuring):
         self.corrupt_at = offset
         if self.voters == (self.node,) or offset >= self.end or offset < 0:
             return
-        self._unquiesce()
+        self.wake()
         if self.role is Role.LEADER:
             successor = self._best_successor()
             if successor is not None:
