@@ -127,7 +127,11 @@ be counted for it, nor vote as if it remembered. The rules (issue 17):
    nor as a transfer target (``append_position`` does not count it either), and answers
    its heartbeat responses with a probe, so it finishes even in an idle partition. It
    leaves once an append of the current leader shows its log equal to the leader's up to
-   ``recover_to``: the first leader commit offset it saw while recovering. On leaving it
+   ``recover_to``: where that leader's epoch starts in its log (``epoch_start``), which
+   holds every entry committed before its term. (Not the leader's commit offset: a new
+   leader learns that entries of older terms were committed only by committing one of its
+   own, so its commit can lag what the replica acknowledged before it forgot. Disk-fault
+   simulator seed 40325 lost three acknowledged batches that way.) On leaving it
    records a vote for that leader in that term (unless it already voted in it), so it
    can never vote twice in a term it forgot. The flag is persisted (``PersistState``), so
    a restart in the middle of a refill stays recovering.

@@ -45,9 +45,10 @@ Rules, in the order ``step`` applies them:
    not know yet whether its disk forgot) or while it is ``recovering``; it still follows
    and acks. Recovering (lost state, or a corrupt batch cut from its log): it says so in
    every append and heartbeat response; it leaves once its log agrees with the leader's
-   up to ``recover_to`` (the first leader commit it saw while recovering, or its own old
-   commit after a corruption) and records its vote for that leader in that term, so it
-   never votes twice in a term it forgot. The flag is persisted with the state.
+   up to ``recover_to`` (where the current leader's epoch starts in its log, which holds
+   everything committed before that term; at least its own old commit after a
+   corruption) and records its vote for that leader in that term, so it never votes
+   twice in a term it forgot. The flag is persisted with the state.
 7. Heartbeat commit. A follower takes a heartbeat's commit offset only up to ``agreed``:
    where an append of this term showed its log equal to the leader's (its own persisted
    commit before that); a rolled-back log never gets a commit over data it does not hold.
@@ -179,7 +180,9 @@ class Partition(Leading, Configuring):
         self.commit = min(commit, end_offset)
         self.agreed = self.commit      # our log equals this term's leader's below here (rule 7)
         self.recovering = recovering and self.voters != (self.node,)
-        self.recover_to: int | None = None
+        self.recover_to: int | None = None   # refilled once our log agrees with the leader's up to here
+        self.recover_term = -1                # the term recover_to was set in
+        self.recover_floor = 0                # our own commit before a corrupt range was cut
         self.corrupt_at: int | None = None  # last corrupt batch reported (status)
         self.leader: str | None = None
         self.election_elapsed_ticks = 0
@@ -568,8 +571,13 @@ class Partition(Leading, Configuring):
         self._set_commit(min(row.commit, match))
         self._note_cfg_commit(row.cfg_commit, row.cfg_commit_term)
         if self.recovering:
-            if self.recover_to is None:
-                self.recover_to = row.commit  # the first leader commit seen while recovering
+            if self.recover_term != self.term:
+                # Where this leader's epoch starts in its log: it held every entry committed
+                # before its term there. Its commit offset alone can be older than entries
+                # we acknowledged before we forgot (a new leader learns of them only by
+                # committing in its own term).
+                self.recover_term = self.term
+                self.recover_to = max(self.recover_floor, row.commit, row.epoch_start)
             if match >= self.recover_to:
                 self._recovered(src)
         self._send(src, AppendRespRow(self.pid, self.term, _NONE, 1, match, row.end_offset, 0,
@@ -632,14 +640,15 @@ class Partition(Leading, Configuring):
     # -- lost state and corruption (rule 6) --------------------------------------------------
     def become_recovering(self, recover_to: int | None = None) -> None:
         """This replica forgot acknowledged state (or cut a corrupt range): stop leading,
-        voting and counting until refilled up to ``recover_to`` (None: the first leader
-        commit it sees). RF 1 has no one to refill from: no change."""
+        voting and counting until refilled up to ``recover_to`` (None: where the current
+        leader's epoch starts). RF 1 has no one to refill from: no change."""
         if self.voters == (self.node,):
             return
         self.wake()
         if self.role is not Role.FOLLOWER:
             self._become_follower(self.term, None)
         if recover_to is not None:
+            self.recover_floor = max(recover_to, self.recover_floor)
             self.recover_to = max(recover_to, self.recover_to or 0)
         if not self.recovering:
             self.recovering = True
@@ -647,7 +656,7 @@ class Partition(Leading, Configuring):
 
     def _recovered(self, leader: str) -> None:
         self.recovering = False
-        self.recover_to = None
+        self.recover_to, self.recover_term, self.recover_floor = None, -1, 0
         if self.vote is None:
             self.vote = leader  # we may have voted in this term before we forgot: only for it
         self._state_changed()

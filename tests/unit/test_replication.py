@@ -847,3 +847,46 @@ def test_a_leader_with_a_corrupt_batch_hands_over_and_refills():
     net.apply("n1" if lead != "n1" else "n2", net.cores["n1" if lead != "n1" else "n2"].report_corrupt(1, 0))
     net.tick(3)
     assert all(net.log(n) == net.log(lead) for n in net.ids)
+
+
+def test_a_replica_that_forgot_refills_to_where_the_new_leaders_epoch_starts_not_to_its_commit():
+    """Disk-fault simulator seed 40325: a new leader's commit offset can lag entries that a
+    quorum (with the replica that forgot) had acknowledged; it learns of their commit only by
+    committing in its own term. Refilled only up to that commit, the forgetful replica could
+    vote, and a leader without those entries could be elected."""
+    cfg = dataclasses.replace(CFG, max_append_bytes=1, max_inflight_msgs=1)  # one batch per message
+    net = Net(cfg=cfg)
+    net.elect("n0")                                   # epoch 1
+    net.produce("n0", data=b"a")
+    net.tick(1)                                       # [0,1) committed everywhere
+    net.isolate("n2")                                 # n2 stays behind at 1
+    for i in range(4):
+        net.produce("n0", data=b"b%d" % i)
+        net.deliver(drop=lambda src, dest, msg: type(msg) is ReplHeartbeat)
+    assert net.cores["n0"].commit_offset(1) == 5      # [1,5) acknowledged: on n0 and n1
+    assert net.cores["n1"].commit_offset(1) < 5       # n1 has not heard that it committed
+    wipe(net, "n0", "wiped-n0")                       # the old leader forgets it all
+    net.heal()
+    net.apply("n0", net.cores["n0"].declare_lost_state())
+    net.age(["n1", "n2"], CFG.election_ticks)
+    no_data = lambda src, dest, msg: type(msg) is ReplAppend  # noqa: E731
+    for _ in range(2):                                # pre-vote, vote: n1 wins with n2's vote
+        net.apply("n1", net.cores["n1"].campaign(1))
+        net.deliver(drop=no_data)
+    assert net.cores["n1"].leader(1) == ("n1", 2)
+    net.cut = {("n1", "n2"), ("n2", "n1")}            # n2 gets nothing of [1,5) from it
+    stale = net.cores["n1"].commit_offset(1)
+    assert stale < 5
+    for _ in range(200):                              # refill n0, one message at a time
+        if not net.cores["n0"].recovering(1):
+            break
+        if not net.queue:
+            net.apply("n1", net.cores["n1"].tick())
+        net.deliver(limit=1)
+    assert not net.cores["n0"].recovering(1)
+    assert net.cores["n0"].end_offset(1) >= 5, "left recovering before holding what it had acknowledged"
+    net.isolate("n1")                                 # the only other holder goes away
+    net.age(["n0", "n2"], CFG.election_ticks)
+    net.tick(6 * CFG.election_ticks, nids=["n0", "n2"])
+    lead = next(n for n in ("n0", "n2") if net.cores[n].role(1) is Role.LEADER)
+    assert [b[2] for b in net.log(lead)][:5] == [b[2] for b in net.log("n1")][:5]
