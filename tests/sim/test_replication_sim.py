@@ -64,6 +64,13 @@ def test_disk_faults_lose_no_acknowledged_batch(brokers, partitions, rf, seeds):
         assert all(totals[k] > 0 for k in ("wipe", "rollback", "corrupt")), totals
 
 
+def test_disk_fault_regression_seeds():
+    """Seed 40325: a rolled-back replica refilled only up to its new leader's commit offset,
+    which lagged entries it had acknowledged; it then voted in a leader without them."""
+    for seed in (40325,):
+        run(SimConfig(seed=seed, steps=2000, disk_faults=True))
+
+
 def test_faults_are_really_injected():
     totals: dict[str, int] = {}
     for seed in range(12):
