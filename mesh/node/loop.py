@@ -386,7 +386,7 @@ class Node:
 
     # -- loop ---------------------------------------------------------------------------
     def _poll_timeout_ms(self) -> int:
-        t = self.cfg.tick_ms
+        t = self.replicas.next_tick_in_ms()
         d = self.data.next_deadline_ms()
         if d is not None:
             t = min(t, max(0, d - self.clock.now_ms() + 1))

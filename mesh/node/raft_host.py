@@ -83,6 +83,9 @@ _STATE_KEY = struct.Struct(">Q")
 REPLICATION_MESSAGES: tuple[type, ...] = PEER_MESSAGES  # what the node loop routes to ``step``
 
 
+TICK_DEBT = 2   # ticks a slow turn may still owe (tick_due)
+
+
 @dataclass
 class _AckWaiter:
     ident: bytes
@@ -425,12 +428,22 @@ class ReplicaHost:
                 log.warning("replication rows from %s refused: %s", peer, why)
 
     def tick_due(self) -> None:
-        n = (self.now_ms() - self._last_tick_ms) // self.tick_ms
-        if n <= 0:
+        """At most one replication tick per loop turn. A broker whose turns take longer than
+        a tick (thousands of partitions electing at once, a starved CPU) lets its timers
+        slow down with it: firing election timeouts faster than it can carry the votes
+        turns every election into a failed one (10,000 new partitions on three brokers
+        never got their leaders that way). A debt of up to ``TICK_DEBT`` ticks is kept and
+        paid by the next turns, which then poll without waiting (``next_tick_in_ms``), so
+        a late wake-up costs no tick; a stall beyond that is forgotten, not replayed."""
+        now = self.now_ms()
+        if now - self._last_tick_ms < self.tick_ms:
             return
-        self._last_tick_ms += n * self.tick_ms
-        for _ in range(min(n, 10)):  # after a stall, a few ticks, not a storm
-            self.apply(self.core.tick())
+        self._last_tick_ms = max(self._last_tick_ms + self.tick_ms, now - TICK_DEBT * self.tick_ms)
+        self.apply(self.core.tick())
+
+    def next_tick_in_ms(self) -> int:
+        """Milliseconds until a tick is due (0: one is due now)."""
+        return max(0, self._last_tick_ms + self.tick_ms - self.now_ms())
 
     def append_position(self, pid: int) -> tuple[int, int]:
         return self.core.append_position(pid)

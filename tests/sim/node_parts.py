@@ -48,6 +48,7 @@ class NodeSimConfig:
     early_acks: bool = True        # acks=all answers a drained commit advance allows, before the sync
     follow_hints: bool = True      # producers retry at a NOT_LEADER's named leader at once (first time)
     stops: bool = False            # a third of the crashes are graceful stops (hand leaderships over first)
+    catch_up_ticks: bool = False   # the shell's cadence before one tick per turn: every tick due, at most 10
     loss: float = 0.03
     dup: float = 0.03
     delay_ms: tuple[int, int] = (1, 12)
@@ -64,7 +65,8 @@ class NodeSimConfig:
                 + ("" if self.faults else " --no-faults") + (" --wipes" if self.wipes else "")
                 + ("" if self.early_appends else " --no-early-appends")
                 + ("" if self.early_acks else " --no-early-acks")
-                + ("" if self.follow_hints else " --no-follow-hints") + (" --stops" if self.stops else ""))
+                + ("" if self.follow_hints else " --no-follow-hints") + (" --stops" if self.stops else "")
+                + (" --catch-up-ticks" if self.catch_up_ticks else ""))
 
 
 # -- the store: MemoryStore whose group commit can fail ---------------------------------------

@@ -93,6 +93,16 @@ from tests.sim.replication_store import SimFailure
 __all__ = ["NodeSimConfig", "NodeSim", "SimStore", "SimFailure", "run", "main"]
 
 
+def _catch_up_ticks(host) -> None:
+    """The shell's tick cadence before ``ReplicaHost.tick_due`` ran one tick per turn:
+    every tick due at once, at most 10 (regression seeds found with it replay with it)."""
+    n = (host.now_ms() - host._last_tick_ms) // host.tick_ms
+    if n > 0:
+        host._last_tick_ms += n * host.tick_ms
+        for _ in range(min(n, 10)):
+            host.apply(host.core.tick())
+
+
 def _address_of(node_id: str) -> str:
     return node_id   # in the simulation a broker's address is its node id
 
@@ -270,7 +280,10 @@ class NodeSim(NodeClients, NodeChecks):
                 self._client_in(b, src, frames)
         b.data.answer_committed()   # what the drain's commit advances allow (mesh.node.loop, step 2)
         b.host.send_early_appends()   # the drain's leader appends leave before the turn's steps
-        b.host.tick_due()
+        if self.cfg.catch_up_ticks:
+            _catch_up_ticks(b.host)
+        else:
+            b.host.tick_due()
         b.data.release_held()   # produce requests held through a handover that ended
         stopped = b.stop_until is not None and self._hand_over(b)
         if b.crash_in_turn:
@@ -505,6 +518,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="acks=all answers only after the turn's sync (the shell before issue 15, part 2)")
     p.add_argument("--no-follow-hints", action="store_true",
                    help="producers back off after every NOT_LEADER (the client before issue 15, round 5)")
+    p.add_argument("--catch-up-ticks", action="store_true",
+                   help="the old shell cadence: every tick due in one turn (up to 10)")
     p.add_argument("--stops", action="store_true",
                    help="a third of the crashes are graceful stops: leaderships handed over first")
     p.add_argument("-q", "--quiet", action="store_true")
@@ -515,7 +530,7 @@ def main(argv: list[str] | None = None) -> int:
         seed=seed, steps=args.steps, brokers=args.brokers, partitions=args.partitions, rf=args.rf,
         producers=args.producers, faults=not args.no_faults, wipes=args.wipes,
         early_appends=not args.no_early_appends, early_acks=not args.no_early_acks,
-        follow_hints=not args.no_follow_hints, stops=args.stops)),
+        follow_hints=not args.no_follow_hints, stops=args.stops, catch_up_ticks=args.catch_up_ticks)),
         failure=SimFailure, quiet=args.quiet)
 
 

@@ -60,10 +60,11 @@ def test_wiped_disks_never_stall_a_partition(seed):
     """Seed 40: a late message from a life never heard retired a peer's live identity for
     good. Seed 164: a rebuild after refilling declared lost state again, so two replicas of
     a partition were recovering at once and no leader could be elected. Both replay the
-    schedule they were found with: appends and acks only after the leader's sync, and
-    producers that back off after every NOT_LEADER, and no quiescence (it came later)."""
+    schedule they were found with: appends and acks only after the leader's sync,
+    producers that back off after every NOT_LEADER, no quiescence and every tick due run in
+    one turn (both came later)."""
     sim = run(NodeSimConfig(seed=seed, steps=1500, wipes=True, early_appends=False, early_acks=False,
-                            follow_hints=False, replication=ALWAYS_TICKING))
+                            follow_hints=False, replication=ALWAYS_TICKING, catch_up_ticks=True))
     assert sim.counts["wipe"] > 0, sim.summary()
 
 
