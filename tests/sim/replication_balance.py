@@ -21,8 +21,9 @@ one leader per epoch, no committed entry lost, targets reached after the heal):
   (1) per run. Known: the balancer keeps no memory of why a move started, so when loads
   shift while moves are in flight (a recommission or a death landing mid-move), the surplus
   replica it drops may not be the one the move meant to replace, and a later rebalance can
-  move it back once: 1 of 30 seeds with deaths only, 3 of 30 with a decommission too, never
-  more than once per run (``python -m tests.sim.replication_balance --seeds 30``);
+  move it back: 1 of 30 seeds with deaths only, 3 of 30 with a decommission too, once per
+  run (``python -m tests.sim.replication_balance --seeds 30``); in 2 of 450 seeds
+  (``--seed 14149``, ``--seed 14277``) twice, which fails the check;
 - the leaders repair the registry as ``mesh.node.elastic`` does (a register that
   disagrees with the leader's own log is rewritten), or a deposed leader's uncommitted
   learner would block admission to its broker forever (the simulator found it);
