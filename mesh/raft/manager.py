@@ -139,8 +139,13 @@ be counted for it, nor vote as if it remembered. The rules (issue 17):
    (a ``Truncate`` that may go below its commit offset, which drops with it: the only
    case) and is recovering until refilled past its old commit. A leader first sends
    TimeoutNow to its most caught-up, answering, non-recovering follower, steps down, then
-   cuts and refills the same way. Damage at or past the log end changes nothing, so
-   repeated reports are harmless. RF 1: recorded in ``status`` only (nothing to refill from).
+   cuts and refills the same way. If that follower held everything the leader counted
+   committed (``match >= max(commit, epoch_start)``), the leader, recovering, still grants
+   it its vote in the next term (``Partition.vouch``): a follower refilling from the leader
+   after a wipe is what reads old batches, and so finds old damage, and with it and the
+   leader both recovering the successor could never win. Damage at or past the log end
+   changes nothing, so repeated reports are harmless. RF 1: recorded in ``status`` only
+   (nothing to refill from).
 6. Hence: never two leaders in one epoch; the cluster's commit offset never decreases;
    no committed entry is lost while at most one replica's disk is faulted at a time and it
    is back in the in-sync set before the next (the simulator's disk faults check this).

@@ -184,6 +184,7 @@ class Partition(Leading, Configuring):
         self.recover_term = -1                # the term recover_to was set in
         self.recover_floor = 0                # our own commit before a corrupt range was cut
         self.corrupt_at: int | None = None  # last corrupt batch reported (status)
+        self.vouch: tuple[str, int] | None = None  # (successor, term): our vote while recovering (report_corrupt)
         self.leader: str | None = None
         self.election_elapsed_ticks = 0
         self.leader_tick = -1          # when a leader's append or heartbeat last reached us (status)
@@ -494,8 +495,11 @@ class Partition(Leading, Configuring):
                     or (row.pre_vote and row.term > self.term))
         if not self.eligible():
             # RF 2: the candidate is the only other replica and holds every committed entry (a
-            # commit needs both), and any term we forgot it knows: safe, whatever our log says
-            up_to_date = len(self.voters) == 2 and src in self.voters
+            # commit needs both), and any term we forgot it knows: safe, whatever our log says.
+            # Or the successor a corrupt leader handed over to, in the term after ours: it
+            # held everything committed, by our own count (report_corrupt).
+            up_to_date = ((len(self.voters) == 2 and src in self.voters)
+                          or (self.vouch == (src, row.term) and self.host.confirmed))
         if can_vote and up_to_date:
             if not row.pre_vote:
                 self.vote = src
@@ -674,6 +678,12 @@ class Partition(Leading, Configuring):
             successor = self._best_successor()
             if successor is not None:
                 self._send(successor, TimeoutNowRow(self.pid, self.term))
+                if self.progress[successor].match >= max(self.commit, self.epoch_start):
+                    # It holds every committed entry (ours, and all committed before our
+                    # term, which lie below our epoch start), so we may still vote for it,
+                    # recovering: with another replica recovering too (a follower refilling
+                    # from us is what reads, and finds, old damage) its election needs us.
+                    self.vouch = (successor, self.term + 1)
         old_commit = self.commit
         self.become_recovering(old_commit)
         self.host.log_op(Truncate(self.pid, offset))

@@ -97,7 +97,7 @@ class Node:
 
 class _Turn:
     """What a turn collected from the core's Readies, acted on after the sync."""
-    __slots__ = ("messages", "committed", "leadership", "touched", "busy", "configs")
+    __slots__ = ("messages", "committed", "leadership", "touched", "busy", "configs", "declared_lost")
 
     def __init__(self) -> None:
         self.busy = False   # any input or output beyond empty ticks
@@ -106,6 +106,7 @@ class _Turn:
         self.leadership: dict[int, tuple] = {}
         self.touched: set[int] = set()
         self.configs: dict[int, tuple] = {}
+        self.declared_lost = False
 
 
 class Sim(Checkers):
@@ -285,7 +286,7 @@ class Sim(Checkers):
         if node.identity_due:  # gossip: our identity is the newest, or the cluster remembers more
             node.identity_due = False
             self._apply(node, turn, core.declare_lost_state() if node.lost_state else core.confirm_identity())
-            node.lost_state = False  # a later plain restart finds its own generation the newest
+            turn.declared_lost = node.lost_state
             turn.busy = True
         self.shell_turn(node, turn)
         for src, op, body, payload in inbox:
@@ -301,6 +302,11 @@ class Sim(Checkers):
             self._crash(node, mid_turn=True)
             return
         node.store.sync()
+        if turn.declared_lost:
+            # durable now (the shell writes its identity file, recovering, before it speaks):
+            # a later plain restart finds its own generation the newest. A crash before this
+            # sync leaves it lost: the next life declares it again (storage.datadir).
+            node.lost_state = False
         if self.cfg.disk_faults and self.rng.random() < 0.03:
             node.snaps = node.snaps[-3:] + [node.store.snapshot()]
         for pid in sorted(staged):

@@ -890,3 +890,55 @@ def test_a_replica_that_forgot_refills_to_where_the_new_leaders_epoch_starts_not
     net.tick(6 * CFG.election_ticks, nids=["n0", "n2"])
     lead = next(n for n in ("n0", "n2") if net.cores[n].role(1) is Role.LEADER)
     assert [b[2] for b in net.log(lead)][:5] == [b[2] for b in net.log("n1")][:5]
+
+
+def test_a_corrupt_leader_still_votes_for_its_caught_up_successor_while_another_replica_refills():
+    """bench diskfaults seed 810: a wiped follower refilling from its leader read an old
+    batch that a bit flip had damaged there; the leader handed over and cut its log, so two
+    of three replicas were recovering and the successor could never win an election."""
+    net = Net()
+    net.elect("n0")
+    for i in range(5):
+        net.produce("n0", data=b"c%d" % i)
+    net.tick(2)
+    wipe(net, "n1", "wiped-n1")
+    net.apply("n1", net.cores["n1"].declare_lost_state())
+    assert net.cores["n1"].recovering(1)
+    net.apply("n0", net.cores["n0"].report_corrupt(1, 2))   # found while reading for n1
+    assert net.cores["n0"].recovering(1)
+    net.tick(6 * CFG.election_ticks)
+    assert net.cores["n2"].role(1) is Role.LEADER           # n0's vote: n2 held all it committed
+    assert net.cores["n2"].commit_offset(1) == 5
+    assert not net.cores["n0"].recovering(1) and not net.cores["n1"].recovering(1)
+    assert net.log("n0") == net.log("n1") == net.log("n2")
+    assert net.cores["n0"].state(1).vote == "n2"
+
+
+def test_a_corrupt_leader_vouches_only_for_a_successor_holding_its_commit():
+    """The vote above is safe only for a successor holding everything committed: one that
+    answers but lags (its appends lost) gets the TimeoutNow, not the vote, and cannot win."""
+    net = Net()
+    net.elect("n0")
+    net.produce("n0", data=b"a")
+    net.tick(2)
+    no_data_to_n2 = lambda src, dest, msg: dest == "n2" and type(msg) is ReplAppend  # noqa: E731
+
+    def tick(n: int, nids=None, drop=no_data_to_n2) -> None:
+        for _ in range(n):
+            for nid in nids or sorted(net.cores):
+                net.apply(nid, net.cores[nid].tick())
+            net.deliver(drop=drop)
+
+    net.produce("n0", data=b"b")
+    net.produce("n0", data=b"c")
+    tick(3)
+    assert net.cores["n0"].commit_offset(1) == 3 and net.cores["n2"].end_offset(1) == 1
+    wipe(net, "n1", "wiped-n1")
+    net.apply("n1", net.cores["n1"].declare_lost_state())
+    no_data = lambda src, dest, msg: type(msg) is ReplAppend and dest != "n0"  # noqa: E731
+    tick(2, drop=no_data)                                    # n1 does not refill either
+    assert net.cores["n1"].recovering(1)
+    net.apply("n0", net.cores["n0"].report_corrupt(1, 2))
+    assert net.cores["n0"]._parts[1].vouch is None           # n2 answers, but lacks [1,3)
+    tick(6 * CFG.election_ticks, drop=no_data)
+    assert all(net.cores[n].role(1) is not Role.LEADER for n in net.ids)
