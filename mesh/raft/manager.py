@@ -131,7 +131,16 @@ be counted for it, nor vote as if it remembered. The rules (issue 17):
    holds every entry committed before its term. (Not the leader's commit offset: a new
    leader learns that entries of older terms were committed only by committing one of its
    own, so its commit can lag what the replica acknowledged before it forgot. Disk-fault
-   simulator seed 40325 lost three acknowledged batches that way.) On leaving it
+   simulator seed 40325 lost three acknowledged batches that way.) And not before the
+   other voters confirm that term is still the newest (``Partition._confirm_term``): it
+   may have voted for or led a newer term before it forgot, and a leader of an older term
+   that never heard of it (paused, cut off) would otherwise refill it and then win its
+   vote for a term it already voted in (disk-fault seed 71204: two leaders in one
+   term). It sends a pre-vote at its own term to the other voters (the answer carries the
+   voter's term) and leaves once ``n - q + 1`` of the ``n - 1`` others, its leader
+   included, are at its term: any quorum of a newer term would include one of them. One at
+   a newer term moves it there, still recovering. So a replica that forgot refills, and
+   votes again, only while that many others answer. On leaving it
    records a vote for that leader in that term (unless it already voted in it), so it
    can never vote twice in a term it forgot. The flag is persisted (``PersistState``), so
    a restart in the middle of a refill stays recovering.
@@ -150,10 +159,9 @@ be counted for it, nor vote as if it remembered. The rules (issue 17):
    no committed entry is lost while at most one replica's disk is faulted at a time and it
    is back in the in-sync set before the next (the simulator's disk faults check this).
 
-Known gap: a replica that forgot can only learn from the replicas that answer. If the
-only other holder of entries it had acknowledged (say as a leader of a newer term that
-nobody else heard of) is down while it refills from an older leader, it may be counted
-for that leader's log; Kafka closes this with a controller-held eligible-replica set.
+A replica that forgot can only learn from the replicas that answer: rule 4's
+confirmation is why it waits for enough of them (Kafka asks its controller's
+eligible-replica set instead). A learner skips it: it has no vote to give twice.
 
 Shell contract
 ==============

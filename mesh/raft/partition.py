@@ -47,8 +47,9 @@ Rules, in the order ``step`` applies them:
    every append and heartbeat response; it leaves once its log agrees with the leader's
    up to ``recover_to`` (where the current leader's epoch starts in its log, which holds
    everything committed before that term; at least its own old commit after a
-   corruption) and records its vote for that leader in that term, so it never votes
-   twice in a term it forgot. The flag is persisted with the state.
+   corruption), and once enough other voters confirm that term is the newest
+   (``_confirm_term``), and records its vote for that leader in that term, so it never
+   votes twice in a term it forgot. The flag is persisted with the state.
 7. Heartbeat commit. A follower takes a heartbeat's commit offset only up to ``agreed``:
    where an append of this term showed its log equal to the leader's (its own persisted
    commit before that); a rolled-back log never gets a commit over data it does not hold.
@@ -185,6 +186,7 @@ class Partition(Leading, Configuring):
         self.recover_floor = 0                # our own commit before a corrupt range was cut
         self.corrupt_at: int | None = None  # last corrupt batch reported (status)
         self.vouch: tuple[str, int] | None = None  # (successor, term): our vote while recovering (report_corrupt)
+        self.confirming: tuple[int, str, set[str], int] | None = None  # (term, leader, answered, sent tick)
         self.leader: str | None = None
         self.election_elapsed_ticks = 0
         self.leader_tick = -1          # when a leader's append or heartbeat last reached us (status)
@@ -525,6 +527,8 @@ class Partition(Leading, Configuring):
                 self._quiesce()   # rule 10
         elif kind is TimeoutNowRow and self.may_campaign():  # from our leader (rule 8)
             self._campaign(pre=False, transfer=True)
+        elif kind is VoteRespRow and self.recovering:
+            self._confirm_answer(src, row)
 
     def _step_candidate(self, src: str, row: PeerRow, payload: bytes) -> None:
         kind = type(row)
@@ -583,7 +587,7 @@ class Partition(Leading, Configuring):
                 self.recover_term = self.term
                 self.recover_to = max(self.recover_floor, row.commit, row.epoch_start)
             if match >= self.recover_to:
-                self._recovered(src)
+                self._confirm_term(src)
         self._send(src, AppendRespRow(self.pid, self.term, _NONE, 1, match, row.end_offset, 0,
                                       int(self.recovering), *self.history.latest().ident))
 
@@ -658,9 +662,42 @@ class Partition(Leading, Configuring):
             self.recovering = True
             self._state_changed()
 
+    def _confirm_term(self, leader: str) -> None:
+        """Refilled from ``leader``: before we count and vote again, make sure its term is
+        still the newest. We may have voted for (or led) a newer term before we forgot, and
+        a leader of an older term that has not heard of it (paused, cut off) would refill us
+        and then win our vote for a term we already voted in. So we ask the other voters
+        (a pre-vote at our own term: the answer carries the voter's term, or grants one not
+        above ours) and leave only when enough of them, with the leader, are at or below our
+        term that any quorum of the newer term would include one: ``n - q + 1`` of the
+        ``n - 1`` others. One of them at a newer term moves us there (still recovering)."""
+        if self.node not in self.voters:   # a learner has no vote to give twice
+            self._recovered(leader)
+            return
+        now = self.host.now_tick
+        c = self.confirming
+        if c is None or c[0] != self.term or c[1] != leader:
+            c = self.confirming = (self.term, leader, {leader}, now - self.cfg.heartbeat_ticks)
+        if len(c[2]) >= len(self.voters) - self.quorum + 1:
+            self.confirming = None
+            self._recovered(leader)
+        elif now - c[3] >= self.cfg.heartbeat_ticks:
+            self.confirming = (c[0], c[1], c[2], now)
+            row = VoteRow(self.pid, self.term, self.cache.last_epoch(), self.end, 1, 0, self.history.latest().version)
+            for peer in self.voters:
+                if peer != self.node and peer not in c[2]:
+                    self._send(peer, row)
+
+    def _confirm_answer(self, src: str, row: VoteRespRow) -> None:
+        c = self.confirming
+        if c is not None and row.pre_vote and row.term == c[0] == self.term and src in self.voters:
+            c[2].add(src)
+            self._confirm_term(c[1])
+
     def _recovered(self, leader: str) -> None:
         self.recovering = False
         self.recover_to, self.recover_term, self.recover_floor = None, -1, 0
+        self.confirming = None
         if self.vote is None:
             self.vote = leader  # we may have voted in this term before we forgot: only for it
         self._state_changed()

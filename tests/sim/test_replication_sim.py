@@ -66,8 +66,11 @@ def test_disk_faults_lose_no_acknowledged_batch(brokers, partitions, rf, seeds):
 
 def test_disk_fault_regression_seeds():
     """Seed 40325: a rolled-back replica refilled only up to its new leader's commit offset,
-    which lagged entries it had acknowledged; it then voted in a leader without them."""
-    for seed in (40325,):
+    which lagged entries it had acknowledged; it then voted in a leader without them. Seed
+    71204: a rolled-back replica that had led term 2 refilled from a paused leader of term 1
+    and voted it into term 2: two leaders in one term. Seed 70565: the simulator confirmed
+    a wiped broker's next life when the turn that declared its lost state crashed."""
+    for seed in (40325, 70565, 71204):
         run(SimConfig(seed=seed, steps=2000, disk_faults=True))
 
 

@@ -399,7 +399,7 @@ def test_commit_after_an_election_waits_for_a_quorum_holding_the_new_epoch():
     assert net.cores["n0"].commit_offset(1) == 3  # the marker is on a quorum: all of it commits
     # and n1, back with its epoch-2 batch, can no longer win n2's vote
     rd = net.cores["n2"].step("n1", ReplVote([VoteRow(1, 4, 2, 2, 0, 1)]))
-    assert rd.messages[0].msg.rows[0].granted == 0
+    assert not any(r.granted for s in rd.messages for r in s.msg.rows)
 
 
 def test_a_follower_behind_the_leader_log_start_is_reset():
@@ -765,7 +765,7 @@ def test_unconfirmed_replicas_neither_vote_nor_campaign_but_follow():
         net.start(nid, confirmed=False)
     core = net.cores["n1"]
     rd = core.step("n2", ReplVote([VoteRow(1, 5, 1, 1, 0, 1)], "store-n2", 1))
-    assert rd.messages[0].msg.rows[0].granted == 0
+    assert not any(r.granted for s in rd.messages for r in s.msg.rows)
     net.crash("n0")
     net.tick(5 * CFG.election_ticks)
     assert all(net.cores[n].role(1) is Role.FOLLOWER for n in ("n1", "n2"))
@@ -942,3 +942,37 @@ def test_a_corrupt_leader_vouches_only_for_a_successor_holding_its_commit():
     assert net.cores["n0"]._parts[1].vouch is None           # n2 answers, but lacks [1,3)
     tick(6 * CFG.election_ticks, drop=no_data)
     assert all(net.cores[n].role(1) is not Role.LEADER for n in net.ids)
+
+
+def test_a_replica_that_forgot_does_not_trust_a_stale_leader_until_the_other_voters_confirm_its_term():
+    """Disk-fault simulator seed 71204: a replica that forgot it voted in term 2 refilled
+    from a leader of term 1 that had been paused (it knew nothing of term 2), left
+    recovering and then gave that leader its vote for term 2 again: two leaders in term 2."""
+    net = Net()
+    net.elect("n0")                                   # term 1
+    net.produce("n0", data=b"a")
+    net.tick(2)
+    net.isolate("n0")                                 # n0 is paused: it still leads term 1
+    net.age(["n1", "n2"], CFG.election_ticks)
+    net.tick(6 * CFG.election_ticks, nids=["n1", "n2"])
+    lead = next(n for n in ("n1", "n2") if net.cores[n].role(1) is Role.LEADER)
+    other = "n2" if lead == "n1" else "n1"
+    net.produce(lead, data=b"b")
+    net.tick(2, nids=["n1", "n2"])
+    assert net.cores[lead].commit_offset(1) == 2 and net.cores[lead].leader(1)[1] == 2
+    wipe(net, other, f"wiped-{other}")                # it forgets term 2, its vote and "b"
+    net.apply(other, net.cores[other].declare_lost_state())
+    net.cut = ({(lead, o) for o in net.ids if o != lead} | {(o, lead) for o in net.ids if o != lead})
+    for _ in range(4 * CFG.election_ticks):           # n0 resumes and refills it, cut off from `lead`
+        for nid in ("n0", other):
+            net.apply(nid, net.cores[nid].tick())
+        net.deliver()
+    assert net.cores[other].recovering(1), "trusted a leader of term 1 without asking the other voter"
+    rd = net.cores[other].step("n0", ReplVote([VoteRow(1, 2, 1, 1, 0, 0)]))   # n0 asks for term 2
+    assert not any(r.granted for s in rd.messages for r in s.msg.rows)
+    net.heal()
+    net.tick(10 * CFG.election_ticks)
+    winner = next(n for n in net.ids if net.cores[n].role(1) is Role.LEADER)
+    assert [b[2] for b in net.log(winner)][:2] == [b"a", b"b"] or len(net.log(winner)) >= 2
+    assert all(net.log(n) == net.log(winner) for n in net.ids)
+    assert not any(net.cores[n].recovering(1) for n in net.ids)
