@@ -257,10 +257,9 @@ class ReplicaHost:
 
     def leader_silence_ms(self, pid: int) -> int:
         """How long no leader's append or heartbeat reached this replica (0 while it leads)."""
-        if pid not in self._replicas or self.is_leader(pid):
+        if pid not in self._replicas:
             return 0
-        heard = self.core.status(pid).get("leader_tick", -1)
-        return (self.core.now_tick - max(heard, 0)) * self.tick_ms
+        return self.core.leader_silence_ticks(pid) * self.tick_ms
 
     def take_config_changes(self) -> dict[int, tuple[Config, bool]]:
         """``{pid: (latest config, committed)}`` changed since the last call, durable."""

@@ -503,6 +503,12 @@ class ReplicaManager:
     def recovering(self, pid: int) -> bool:
         return self._part(pid).recovering
 
+    def leader_silence_ticks(self, pid: int) -> int:
+        """Ticks since a leader's append or heartbeat last reached this replica (0 while it
+        leads; since start if none ever did)."""
+        p = self._part(pid)
+        return 0 if p.role is Role.LEADER else self.now_tick - max(p.leader_tick, 0)
+
     def peer_identity(self, peer: str) -> tuple[str, int] | None:
         """``(store, life)`` of ``peer`` as last heard (None before its first message)."""
         return self._peer_life.get(peer)

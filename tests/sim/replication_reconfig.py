@@ -183,8 +183,7 @@ class ReconfigSim(Sim):
         c, committed = reg
         core = node.core
         mine = core.config(pid)
-        silence_ms = 0 if core.role(pid) is Role.LEADER else \
-            (core.now_tick - max(core.status(pid)["leader_tick"], 0)) * node.tick_us // 1000
+        silence_ms = core.leader_silence_ticks(pid) * node.tick_us // 1000
         return not keep_local(node.id, PartitionConfig(c.version, c.term, tuple(c.voters), tuple(c.learners),
                                                        committed),
                               (mine.version, tuple(mine.voters), tuple(mine.learners)), silence_ms,
