@@ -173,6 +173,23 @@ def test_a_broker_receiving_a_replica_gives_none_away_meanwhile():
     assert sum("a" not in tg[p.pid] for p in parts[:6]) >= 2
 
 
+def test_a_move_drops_its_loaded_source_not_a_voter_only_briefly_down():
+    """A move in progress (d a learner) with a voter down for less than
+    ``replace_dead_after_ms``: the surplus is the most loaded member, as with no broker
+    down. Dropping the briefly-down one instead left it a replica short when it came back,
+    and the next rebalance moved one back to it (a flap)."""
+    layout = [("a", "b", "c")] + [("a", "c")] * 3 + [("b", "c")]
+    parts = [PartitionInfo(i, "t", i, len(r), r, ("d",) if i == 0 else ()) for i, r in enumerate(layout)]
+
+    def view(b_dead_ms):
+        return [BrokerInfo("a"), BrokerInfo("b", alive=False, dead_ms=b_dead_ms), BrokerInfo("c"),
+                BrokerInfo("d")]
+    tg = target(view(1_000), parts)
+    assert set(tg[0]) == {"a", "b", "d"}             # c, the most loaded, is the move's source
+    tg = target(view(S.replace_dead_after_ms), parts)
+    assert "b" not in tg[0] and "d" in tg[0]         # gone for good: its replica is the one replaced
+
+
 def test_lowered_rf_drops_from_the_most_loaded():
     brokers, parts = cluster(3, 3, 3)
     parts = [PartitionInfo(p.pid, "t", p.pid, 2, p.voters) for p in parts]
