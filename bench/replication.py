@@ -10,7 +10,8 @@
    leader and time the first acknowledgement of a send made right after the fault (it
    must come from a new leader), then restart (SIGCONT) the old one and wait until it
    leads again; --kills times per fault; p50 and max;
-3. latency: 10,000 records/s (acks=all, RF 3) for 10 s; end-to-end = consumer receive time
+3. latency: 10,000 records/s (acks=all, RF 3, the producer's default settings, as
+   ``bench run --scenario peer-nats`` uses) for 10 s; end-to-end = consumer receive time
    minus the time of the ``send`` call, per record (carried in the value's first 8 bytes:
    the record timestamp has whole milliseconds, which would add 0.5 ms on average);
    produce ack latency per send;
@@ -124,7 +125,7 @@ def _consume_latency(addr, topic, n, out):
     out.put(lat)
 
 
-def latency(c, rate=10_000, seconds=10, settle_s=0, linger_ms=1):
+def latency(c, rate=10_000, seconds=10, settle_s=0, linger_ms=5):
     with Admin(c.bootstrap) as a:
         a.create_topic("lat", partitions=3, replication_factor=3)
         print("leaders:", [(p["leader"], p["epoch"]) for p in a.describe_topic("lat")["partitions"]])
@@ -213,7 +214,9 @@ def main() -> None:
     ap.add_argument("--fault", default="kill,pause", help="failover faults: kill, pause or both")
     ap.add_argument("--skip", default="")
     ap.add_argument("--settle", type=float, default=0, help="seconds to wait after creating a topic")
-    ap.add_argument("--linger-ms", type=int, default=1, help="the latency producer's linger_ms")
+    ap.add_argument("--linger-ms", type=int, default=5,
+                    help="the latency producer's linger_ms (5, the producer's default: an upper bound, "
+                         "a batch leaves at once when its partition has nothing in flight)")
     ap.add_argument("--metrics", action="store_true", help="brokers with --metrics-port (cost of metrics)")
     ap.add_argument("--secured", action="store_true", help="a secured cluster (CurveZMQ, admin creds)")
     ap.add_argument("--roundtrips", type=int, default=300, help="records sent one at a time per roundtrip line")
