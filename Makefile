@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml
 
 run: $(STAMP)
 	@mkdir -p data
-	$(BIN)/honcho start
+	$(BIN)/honcho start || [ $$? -eq 130 ]   # Ctrl-C (130) is how a local cluster ends
 
 test: $(STAMP) java-check
 	PYSPARK_PYTHON=$(abspath $(BIN)/python) $(BIN)/python -m pytest -q

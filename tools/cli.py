@@ -215,7 +215,7 @@ def produce(topic_name, key_separator, partition, acks, headers, linger_ms, boot
                    f"{unknown} with outcome unknown (they may have been written), "
                    f"{len(failed) - unknown} not written", err=True)
         sys.exit(1)
-    click.echo(f"produced {n} records to {topic_name}", err=True)
+    click.echo(f"produced {n} record{'' if n == 1 else 's'} to {topic_name}", err=True)
 
 
 def _outcome(exc: BaseException) -> str:

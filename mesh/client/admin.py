@@ -12,6 +12,9 @@ from mesh.wire.messages import CreateTopicRequest, DeleteTopicRequest, MetadataR
 
 __all__ = ["Admin", "ClientBase", "Moves"]
 
+_LEADER_ASK_MS = 1000
+_FIRST_HAND = ("log_start", "log_end", "high_watermark", "isr")   # what only a leader knows first hand
+
 
 class ClientBase:
     """A synchronous client: a transport, a cluster view, a context manager."""
@@ -92,9 +95,31 @@ class Admin(ElasticAdmin, SecurityAdmin, ClientBase):
         return sorted(t["name"] for t in self.metadata().topics if not t.get("error"))
 
     def describe_topic(self, name: str) -> dict:
-        (t,) = self.metadata([name]).topics
+        """The topic as one broker sees it, with each partition's offsets and in-sync
+        replicas first hand: a broker knows them for the partitions it leads, and for the
+        others only from their leaders' gossiped stats (up to about a second old), so each
+        other leader is asked too (one metadata call per leader, at most
+        ``_LEADER_ASK_MS`` each; one that does not answer leaves the gossiped figures)."""
+        resp = self.metadata([name])
+        (t,) = resp.topics
         if t.get("error"):
             raise MeshError(t["error"], f"unknown topic {name!r}")
+        elsewhere: dict[str, list[dict]] = {}
+        for p in t["partitions"]:
+            if p.get("leader") and p["leader"] != resp.node_id and p.get("leader_address"):
+                elsewhere.setdefault(p["leader_address"], []).append(p)
+        for addr, parts in sorted(elsewhere.items()):
+            try:
+                r, _ = self.transport.call(addr, MetadataRequest([name]), timeout_ms=_LEADER_ASK_MS)
+            except MeshError:
+                continue
+            first_hand = {q["partition"]: q for q in (r.topics[0]["partitions"] if r.topics and not
+                                                      r.topics[0].get("error") else ())
+                          if q.get("leader") == r.node_id}
+            for p in parts:
+                q = first_hand.get(p["partition"])
+                if q is not None and q["leader"] == p["leader"]:
+                    p.update({k: q[k] for k in _FIRST_HAND})
         return t
 
     def brokers(self) -> list[dict]:

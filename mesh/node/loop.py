@@ -122,6 +122,7 @@ log = logging.getLogger("mesh.node.loop")
 _RELEARN_QUIET_MS = 2_000      # --reset-gossip: gossip unchanged this long after a peer was heard
 _PRODUCER_EXPIRY_CHECK_MS = 60_000
 _LAME_DUCK_MS = 500            # stopping, leaderships handed over: clients redirected this long
+_ISOLATED_WARN_MS = 5_000      # no live peer this long (seeds set): say so (a start takes a round or two)
 
 
 def _seeded_rng() -> random.Random:
@@ -227,6 +228,7 @@ class Node:
         self._seen_version = -1
         self._next_stats_ms = 0
         self._isolated_logged = False
+        self._isolated_since_ms: int | None = None
         self.groups = GroupHost(
             config.node_id, store=self.store, commit_turn=self.data.commit_turn, gossip=self.gossip,
             reply=self._reply, address_of=self.directory.address_of,
@@ -426,10 +428,15 @@ class Node:
         if now_ms >= self._next_stats_ms:
             self._next_stats_ms = now_ms + self.cfg.stats_every_ms
             self._step("stats", self.publish.stats)
-        isolated = self.gossip.isolated
-        if isolated and not self._isolated_logged and self.cfg.seeds:
-            log.warning("no live peer known: retrying seeds %s with backoff", ",".join(self.cfg.seeds))
-        self._isolated_logged = isolated
+        if not self.gossip.isolated:
+            self._isolated_since_ms, self._isolated_logged = None, False
+        elif self._isolated_since_ms is None:
+            self._isolated_since_ms = now_ms
+        elif (not self._isolated_logged and self.cfg.seeds
+              and now_ms - self._isolated_since_ms >= _ISOLATED_WARN_MS):
+            self._isolated_logged = True
+            log.warning("no live peer known for %d s: retrying seeds %s with backoff",
+                        (now_ms - self._isolated_since_ms) // 1000, ",".join(self.cfg.seeds))
         self._step("groups", self.groups.tick, now_ms)
         mono_ms = self.clock.now_ms()
         if mono_ms >= self._next_retention_ms:

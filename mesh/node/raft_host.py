@@ -65,6 +65,7 @@ from mesh.raft import (
     PEER_MESSAGES, Append, PersistState, Ready, ReplAppend, ReplicaManager, ReplicationConfig, ResetLog, Truncate,
 )
 from mesh.raft.log import NO_READY
+from mesh.raft.manager import NOT_HOSTED
 from mesh.raft.membership import Config
 from mesh.raft.messages import parse_rows
 from mesh.raft.outbox import split_payload
@@ -424,7 +425,8 @@ class ReplicaHost:
             key = (peer, re.sub(r"\d+", "#", why)[:80])
             if key not in self._logged and len(self._logged) < 10_000:
                 self._logged.add(key)
-                log.warning("replication rows from %s refused: %s", peer, why)
+                log.log(logging.INFO if NOT_HOSTED in why else logging.WARNING,
+                        "replication rows from %s refused: %s", peer, why)
 
     def tick_due(self) -> None:
         """At most one replication tick per loop turn. A broker whose turns take longer than

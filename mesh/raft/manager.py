@@ -249,7 +249,9 @@ from mesh.raft.outbox import Outbox, split_payload
 from mesh.raft.partition import Partition, Role
 from mesh.raft.messages import MAX_STORE_ID, PeerRow, ReplAppend, parse_rows
 
-__all__ = ["ReplicaManager", "Ready"]
+__all__ = ["ReplicaManager", "Ready", "NOT_HOSTED"]
+
+NOT_HOSTED = "is not hosted here (usual for a moment while it is created, moved here or deleted)"
 
 
 class ReplicaManager:
@@ -437,7 +439,7 @@ class ReplicaManager:
             p = self._parts.get(row.pid)
             if p is None:
                 self.unknown_rows += 1
-                self.refuse(src, f"partition {row.pid} is not hosted here")
+                self.refuse(src, f"partition {row.pid} {NOT_HOSTED}")
                 continue
             p.step(src, row, chunks[i] if chunks is not None else b"")
         return self._ready()

@@ -54,6 +54,10 @@ def test_topics_are_described_identically_everywhere_and_deletes_stick(cluster):
     with Producer(n3.address) as p:
         for i in range(600):
             p.send("everywhere", b"m%d" % i, key=b"k%d" % i)
+    for b in cluster.brokers:   # at once, from any broker: each leader is asked its offsets first hand
+        with Admin(b.address) as a:
+            parts = a.describe_topic("everywhere")["partitions"]
+        assert sum(p["high_watermark"] for p in parts) == sum(p["log_end"] for p in parts) == 600, (b.node_id, parts)
     with Consumer("everywhere", bootstrap=n1.address, auto_offset_reset="earliest") as c:
         got = []
         wait_until(lambda: got.extend(r for rs in c.poll_batches(200) for r in rs) or len(got) >= 600, 20, "600 records")
