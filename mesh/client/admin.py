@@ -12,7 +12,7 @@ from mesh.wire.messages import CreateTopicRequest, DeleteTopicRequest, MetadataR
 
 __all__ = ["Admin", "ClientBase", "Moves"]
 
-_LEADER_ASK_MS = 1000
+_LEADER_ASK_MS = 500    # a leader that is up answers a metadata call in milliseconds
 _FIRST_HAND = ("log_start", "log_end", "high_watermark", "isr")   # what only a leader knows first hand
 
 
@@ -112,6 +112,7 @@ class Admin(ElasticAdmin, SecurityAdmin, ClientBase):
             try:
                 r, _ = self.transport.call(addr, MetadataRequest([name]), timeout_ms=_LEADER_ASK_MS)
             except MeshError:
+                self.transport.forget(addr)
                 continue
             first_hand = {q["partition"]: q for q in (r.topics[0]["partitions"] if r.topics and not
                                                       r.topics[0].get("error") else ())
