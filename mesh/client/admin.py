@@ -114,13 +114,16 @@ class Admin(ElasticAdmin, SecurityAdmin, ClientBase):
             except MeshError:
                 self.transport.forget(addr)
                 continue
-            first_hand = {q["partition"]: q for q in (r.topics[0]["partitions"] if r.topics and not
-                                                      r.topics[0].get("error") else ())
-                          if q.get("leader") == r.node_id}
-            for p in parts:
-                q = first_hand.get(p["partition"])
-                if q is not None and q["leader"] == p["leader"]:
-                    p.update({k: q[k] for k in _FIRST_HAND})
+            try:
+                first_hand = {q["partition"]: q for q in (r.topics[0]["partitions"] if r.topics and not
+                                                          r.topics[0].get("error") else ())
+                              if q.get("leader") == r.node_id}
+                for p in parts:
+                    q = first_hand.get(p["partition"])
+                    if q is not None and q["leader"] == p["leader"]:
+                        p.update({k: q[k] for k in _FIRST_HAND})
+            except (KeyError, TypeError, AttributeError, IndexError):
+                continue   # not the answer we asked for: the gossiped figures stay
         return t
 
     def brokers(self) -> list[dict]:
