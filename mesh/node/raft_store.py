@@ -57,9 +57,13 @@ def check_append_payload(msg: ReplAppend, payload: bytes | None, max_replicas: i
 
 def pack_state(st: PersistState) -> bytes:
     """The ``repl`` row of a partition: [term, vote, commit, epoch cache, recovering,
-    config history [[offset, version, term, voters, learners], ...]]."""
-    return msgpack.packb([st.term, st.vote, st.commit, [list(e) for e in st.epoch_cache], int(st.recovering),
-                          [config_to_wire(o, c) for o, c in st.configs]])
+    config history [[offset, version, term, voters, learners], ...], and, only while a
+    corrupt leader's promise stands, its vouch [successor, term]]."""
+    row = [st.term, st.vote, st.commit, [list(e) for e in st.epoch_cache], int(st.recovering),
+           [config_to_wire(o, c) for o, c in st.configs]]
+    if st.vouch is not None:
+        row.append(list(st.vouch))
+    return msgpack.packb(row)
 
 
 def unpack_state(pid: int, raw: bytes) -> PersistState:
@@ -68,7 +72,13 @@ def unpack_state(pid: int, raw: bytes) -> PersistState:
     recovering = bool(fields[4]) if len(fields) > 4 else False  # rows written before issue 17
     # rows written before issue 14 have no history: the partition's initial config (add's replicas)
     configs = tuple(config_from_wire(m, 1 << 10) for m in fields[5]) if len(fields) > 5 else ()
-    return PersistState(pid, term, vote, commit, tuple(tuple(e) for e in cache), recovering, configs)
+    vouch = None
+    if len(fields) > 6:   # rows written before it have none
+        v = fields[6]
+        if not (isinstance(v, list) and len(v) == 2 and isinstance(v[0], str) and type(v[1]) is int and v[1] > 0):
+            raise ValueError(f"partition {pid}: replication state has a malformed vouch {v!r}")
+        vouch = (v[0], v[1])
+    return PersistState(pid, term, vote, commit, tuple(tuple(e) for e in cache), recovering, configs, vouch)
 
 
 class StoreReader:

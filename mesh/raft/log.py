@@ -176,6 +176,7 @@ class PersistState(NamedTuple):
     epoch_cache: tuple[tuple[int, int], ...]  # ((epoch, start_offset), ...)
     recovering: bool = False  # lost state, refilling: no votes, not counted (kept across restarts)
     configs: tuple = ()       # ((offset, membership.Config), ...): the config history; () = the initial one
+    vouch: tuple[str, int] | None = None  # (successor, term): a corrupt leader's promised vote (Partition.vouch)
 
 
 @dataclass(slots=True)

@@ -152,7 +152,8 @@ be counted for it, nor vote as if it remembered. The rules (issue 17):
    committed (``match >= max(commit, epoch_start)``), the leader, recovering, still grants
    it its vote in the next term (``Partition.vouch``): a follower refilling from the leader
    after a wipe is what reads old batches, and so finds old damage, and with it and the
-   leader both recovering the successor could never win. Damage at or past the log end
+   leader both recovering the successor could never win. The promise is persisted with
+   the partition's state (a restart keeps it) and dropped once recovered. Damage at or past the log end
    changes nothing, so repeated reports are harmless. RF 1: recorded in ``status`` only
    (nothing to refill from).
 6. Hence: never two leaders in one epoch; the cluster's commit offset never decreases;
@@ -334,6 +335,8 @@ class ReplicaManager:
             cache.truncate_from(end_offset + 1)  # the log lost a tail the state still named
         joining = state is None and history.latest().version > 0  # see "Known limits"
         p = Partition(self, pid, history, term, vote, commit, cache, end_offset, recovering or self.lost or joining)
+        if state is not None and state.vouch is not None and recovering:
+            p.vouch = state.vouch   # promised before a restart: still ours to give (report_corrupt)
         self._parts[pid] = p
         self._cfg_dirty.add(pid)
         if p.recovering and not recovering:
@@ -611,7 +614,8 @@ class ReplicaManager:
     def state(self, pid: int) -> PersistState:
         """The replication state as it stands (what the last ``persist`` of it said)."""
         p = self._part(pid)
-        return PersistState(pid, p.term, p.vote, p.commit, p.cache.entries(), p.recovering, p.history.markers())
+        return PersistState(pid, p.term, p.vote, p.commit, p.cache.entries(), p.recovering, p.history.markers(),
+                            p.vouch)
 
     def isr(self, pid: int) -> list[str]:
         """Replicas caught up within ``isr_lag_ticks`` (the leader's view; [] elsewhere)."""

@@ -698,6 +698,7 @@ class Partition(Leading, Configuring):
         self.recovering = False
         self.recover_to, self.recover_term, self.recover_floor = None, -1, 0
         self.confirming = None
+        self.vouch = None   # recovered: the ordinary rules decide our votes again
         if self.vote is None:
             self.vote = leader  # we may have voted in this term before we forgot: only for it
         self._state_changed()

@@ -212,6 +212,10 @@ def test_config_survives_a_restart():
     assert unpack_state(1, pack_state(st)) == st
     old = msgpack.packb([3, "n0", 5, [[1, 0]], 0])     # a row written before membership changes
     assert unpack_state(1, old) == PersistState(1, 3, "n0", 5, ((1, 0),), False, ())
+    vouched = st._replace(recovering=True, vouch=("n2", st.term + 1))   # a corrupt leader's promise
+    assert unpack_state(1, pack_state(vouched)) == vouched
+    with pytest.raises(ValueError, match="vouch"):
+        unpack_state(1, msgpack.packb([3, "n0", 5, [[1, 0]], 1, [], ["n2"]]))
 
 
 def test_refused_steps():

@@ -914,6 +914,29 @@ def test_a_corrupt_leader_still_votes_for_its_caught_up_successor_while_another_
     assert net.cores["n0"].state(1).vote == "n2"
 
 
+def test_a_corrupt_leaders_vouch_survives_its_restart():
+    """The vote promised above is part of the persisted state: restarted before its
+    successor asked, the corrupt leader still gives it (without it, two recovering replicas
+    of three could never elect anyone). Recovered, the promise is gone."""
+    net = Net()
+    net.elect("n0")
+    for i in range(5):
+        net.produce("n0", data=b"c%d" % i)
+    net.tick(2)
+    wipe(net, "n1", "wiped-n1")
+    net.apply("n1", net.cores["n1"].declare_lost_state())
+    net.apply("n0", net.cores["n0"].report_corrupt(1, 2))
+    assert net.cores["n0"].state(1).vouch == ("n2", 2)
+    net.crash("n0")
+    net.queue = [q for q in net.queue if "n0" not in q[:2]]   # its TimeoutNow to n2 is lost too
+    net.start("n0")
+    assert net.cores["n0"].recovering(1) and net.cores["n0"].state(1).vouch == ("n2", 2)
+    net.tick(8 * CFG.election_ticks)
+    assert net.cores["n2"].role(1) is Role.LEADER and net.cores["n2"].commit_offset(1) == 5
+    assert not net.cores["n0"].recovering(1) and net.cores["n0"].state(1).vouch is None
+    assert net.log("n0") == net.log("n1") == net.log("n2")
+
+
 def test_a_corrupt_leader_vouches_only_for_a_successor_holding_its_commit():
     """The vote above is safe only for a successor holding everything committed: one that
     answers but lags (its appends lost) gets the TimeoutNow, not the vote, and cannot win."""
