@@ -6,7 +6,7 @@ import time
 from mesh.client.cluster import ClusterView
 from mesh.client.elastic_admin import ElasticAdmin, Moves
 from mesh.client.security_admin import SecurityAdmin
-from mesh.client.transport import Transport
+from mesh.client.transport import Transport, parse_address
 from mesh.wire.errors import ErrorCode, MeshError
 from mesh.wire.messages import CreateTopicRequest, DeleteTopicRequest, MetadataRequest
 
@@ -104,27 +104,41 @@ class Admin(ElasticAdmin, SecurityAdmin, ClientBase):
         (t,) = resp.topics
         if t.get("error"):
             raise MeshError(t["error"], f"unknown topic {name!r}")
+        try:
+            self._ask_leaders(name, t, resp.node_id)
+        except (KeyError, TypeError, AttributeError, IndexError, ValueError):
+            pass   # an answer not shaped as asked: the figures stay as the first broker gave them
+        return t
+
+    def _ask_leaders(self, name: str, t: dict, answered_by: str) -> None:
+        """Replace the gossiped offsets and ISR of ``t``'s partitions led elsewhere by what
+        their leaders say of themselves (``describe_topic``)."""
         elsewhere: dict[str, list[dict]] = {}
         for p in t["partitions"]:
-            if p.get("leader") and p["leader"] != resp.node_id and p.get("leader_address"):
-                elsewhere.setdefault(p["leader_address"], []).append(p)
+            addr = p.get("leader_address")
+            if p.get("leader") and p["leader"] != answered_by and isinstance(addr, str):
+                parse_address(addr)   # ValueError: not an address (before any socket is made)
+                elsewhere.setdefault(addr, []).append(p)
         for addr, parts in sorted(elsewhere.items()):
             try:
                 r, _ = self.transport.call(addr, MetadataRequest([name]), timeout_ms=_LEADER_ASK_MS)
-            except MeshError:
-                self.transport.forget(addr)
+            except MeshError as exc:
+                if exc.code in (ErrorCode.TIMEOUT, ErrorCode.BROKER_UNAVAILABLE):
+                    self.transport.forget(addr)
                 continue
-            try:
-                first_hand = {q["partition"]: q for q in (r.topics[0]["partitions"] if r.topics and not
-                                                          r.topics[0].get("error") else ())
-                              if q.get("leader") == r.node_id}
-                for p in parts:
-                    q = first_hand.get(p["partition"])
-                    if q is not None and q["leader"] == p["leader"]:
-                        p.update({k: q[k] for k in _FIRST_HAND})
-            except (KeyError, TypeError, AttributeError, IndexError):
-                continue   # not the answer we asked for: the gossiped figures stay
-        return t
+            theirs = next((x for x in getattr(r, "topics", None) or () if isinstance(x, dict)
+                           and x.get("name") == name and not x.get("error")), None)
+            if theirs is None:
+                continue
+            node = getattr(r, "node_id", None)
+            led = {q.get("partition"): q for q in theirs.get("partitions") or ()
+                   if isinstance(q, dict) and q.get("leader") == node and type(q.get("partition")) is int}
+            for p in parts:
+                q = led.get(p["partition"])
+                if (q is not None and q["leader"] == p["leader"]
+                        and all(type(q.get(k)) is int for k in ("log_start", "log_end", "high_watermark"))
+                        and isinstance(q.get("isr"), list) and all(isinstance(x, str) for x in q["isr"])):
+                    p.update({k: q[k] for k in _FIRST_HAND})
 
     def brokers(self) -> list[dict]:
         return self.metadata([]).brokers

@@ -19,12 +19,14 @@ Theory of operation (one pass, partitions in pid order, brokers in id order):
 - Keep: a partition's members are its keepable voters (in order) then its eligible
   learners, so a move in progress counts as done (no second move is started for it).
 - Surplus (a move in progress, or a lowered RF): drop the member on the most loaded
-  broker (members that may not keep a replica first: draining, dead longer than
-  ``replace_dead_after_ms``; then load; then, at equal load, one only away (down for
-  less) before an eligible one; then voter before learner; then highest id: the same
-  choice the rebalance below makes, so a half-done move keeps its source). A broker only
-  away is not dropped ahead of load: it comes back with the load it had, and dropping it
-  for another move's surplus made the next rebalance move a replica back to it.
+  broker (ineligible members first, except one only *away*: down or stopped for at most
+  ``leader_grace_ms``, as in a restart; then load; then, at equal load, the away one
+  before an eligible one; then voter before learner; then highest id: the same choice the
+  rebalance below makes, so a half-done move keeps its source). An away broker is not
+  dropped ahead of load: it comes back within seconds with the load it had, and dropping
+  it for another move's surplus made the next rebalance move a replica back to it. One
+  down longer is dropped first, as before: keeping it would leave the partition a live
+  replica short until it is replaced (``replace_dead_after_ms``, 10 minutes by default).
 - Fill: up to RF with the least loaded eligible brokers (ties by stable rank).
 - Rebalance replica counts: move one replica from the most loaded eligible broker A to the
   least loaded B while ``load(A) - load(B) >= 2``; the partition moved is the first of A's
@@ -170,8 +172,8 @@ class _Pass:
                 continue
             while len(m) > max(p.rf, 0):
                 voters = set(p.voters)
-                victim = max(m, key=lambda n: (not self.keepable(n), self.load.get(n, 0), n not in self.is_eligible,
-                                               n in voters, n))
+                victim = max(m, key=lambda n: (n not in self.is_eligible and not self.away(n),
+                                               self.load.get(n, 0), n not in self.is_eligible, n in voters, n))
                 m.remove(victim)
                 self.add_load(victim, -1)
                 self.giving.add(victim)

@@ -153,7 +153,8 @@ be counted for it, nor vote as if it remembered. The rules (issue 17):
    it its vote in the next term (``Partition.vouch``): a follower refilling from the leader
    after a wipe is what reads old batches, and so finds old damage, and with it and the
    leader both recovering the successor could never win. The promise is persisted with
-   the partition's state (a restart keeps it) and dropped once recovered. Damage at or past the log end
+   the partition's state (a restart keeps it) and dropped once recovered, or when the
+   node finds it lost state (``declare_lost_state``: rule 4 then holds without exception). Damage at or past the log end
    changes nothing, so repeated reports are harmless. RF 1: recorded in ``status`` only
    (nothing to refill from).
 6. Hence: never two leaders in one epoch; the cluster's commit offset never decreases;
@@ -494,7 +495,9 @@ class ReplicaManager:
         self.confirmed = True
         self.lost = True
         for pid in self._pids:
-            self._parts[pid].become_recovering()
+            p = self._parts[pid]
+            p.drop_vouch()   # made by a state we may since have lost part of: no exception to rule 4
+            p.become_recovering()
         return self._ready()
 
     def report_corrupt(self, pid: int, offset: int) -> Ready:

@@ -694,6 +694,11 @@ class Partition(Leading, Configuring):
             c[2].add(src)
             self._confirm_term(c[1])
 
+    def drop_vouch(self) -> None:
+        if self.vouch is not None:
+            self.vouch = None
+            self._state_changed()
+
     def _recovered(self, leader: str) -> None:
         self.recovering = False
         self.recover_to, self.recover_term, self.recover_floor = None, -1, 0

@@ -174,20 +174,23 @@ def test_a_broker_receiving_a_replica_gives_none_away_meanwhile():
 
 
 def test_a_move_drops_its_loaded_source_not_a_voter_only_briefly_down():
-    """A move in progress (d a learner) with a voter down for less than
-    ``replace_dead_after_ms``: the surplus is the most loaded member, as with no broker
-    down. Dropping the briefly-down one instead left it a replica short when it came back,
-    and the next rebalance moved one back to it (a flap)."""
+    """A move in progress (d a learner) with a voter down for at most ``leader_grace_ms``
+    (a restart): the surplus is the most loaded member, as with no broker down. Dropping
+    the briefly-down one instead left it a replica short when it came back, and the next
+    rebalance moved one back to it (a flap). Down longer, it is the one dropped: keeping it
+    would leave the partition a live replica short until it is replaced."""
     layout = [("a", "b", "c")] + [("a", "c")] * 3 + [("b", "c")]
     parts = [PartitionInfo(i, "t", i, len(r), r, ("d",) if i == 0 else ()) for i, r in enumerate(layout)]
 
     def view(b_dead_ms):
         return [BrokerInfo("a"), BrokerInfo("b", alive=False, dead_ms=b_dead_ms), BrokerInfo("c"),
                 BrokerInfo("d")]
-    tg = target(view(1_000), parts)
-    assert set(tg[0]) == {"a", "b", "d"}             # c, the most loaded, is the move's source
-    tg = target(view(S.replace_dead_after_ms), parts)
-    assert "b" not in tg[0] and "d" in tg[0]         # gone for good: its replica is the one replaced
+    for away_ms in (1_000, S.leader_grace_ms):
+        tg = target(view(away_ms), parts)
+        assert set(tg[0]) == {"a", "b", "d"}, away_ms    # c, the most loaded, is the move's source
+    for gone_ms in (S.leader_grace_ms + 1, S.replace_dead_after_ms):
+        tg = target(view(gone_ms), parts)
+        assert set(tg[0]) == {"a", "c", "d"}, gone_ms    # down longer: its replica is the one dropped
 
 
 def test_lowered_rf_drops_from_the_most_loaded():

@@ -937,6 +937,19 @@ def test_a_corrupt_leaders_vouch_survives_its_restart():
     assert net.log("n0") == net.log("n1") == net.log("n2")
 
 
+def test_a_vouch_is_dropped_when_the_node_finds_it_lost_state():
+    """A promise made by a state the node may since have lost part of (a rolled-back disk
+    still holding the row) is no exception to "recovering replicas give no votes"."""
+    net = Net()
+    net.elect("n0")
+    net.produce("n0", data=b"a")
+    net.tick(2)
+    net.apply("n0", net.cores["n0"].report_corrupt(1, 0))
+    assert net.cores["n0"].state(1).vouch is not None
+    rd = net.cores["n0"].declare_lost_state()
+    assert net.cores["n0"].state(1).vouch is None and [st.vouch for st in rd.persist] == [None]
+
+
 def test_a_corrupt_leader_vouches_only_for_a_successor_holding_its_commit():
     """The vote above is safe only for a successor holding everything committed: one that
     answers but lags (its appends lost) gets the TimeoutNow, not the vote, and cannot win."""
