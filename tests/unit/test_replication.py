@@ -892,10 +892,9 @@ def test_a_replica_that_forgot_refills_to_where_the_new_leaders_epoch_starts_not
     assert [b[2] for b in net.log(lead)][:5] == [b[2] for b in net.log("n1")][:5]
 
 
-def test_a_corrupt_leader_still_votes_for_its_caught_up_successor_while_another_replica_refills():
-    """bench diskfaults seed 810: a wiped follower refilling from its leader read an old
-    batch that a bit flip had damaged there; the leader handed over and cut its log, so two
-    of three replicas were recovering and the successor could never win an election."""
+def corrupt_leader_and_wiped_follower() -> Net:
+    """n0 leads [0, 5) on all three; n1 rejoins wiped (recovering); n0 finds a damaged batch
+    at 2 (while reading for n1), hands over to n2 and is recovering too."""
     net = Net()
     net.elect("n0")
     for i in range(5):
@@ -903,9 +902,16 @@ def test_a_corrupt_leader_still_votes_for_its_caught_up_successor_while_another_
     net.tick(2)
     wipe(net, "n1", "wiped-n1")
     net.apply("n1", net.cores["n1"].declare_lost_state())
-    assert net.cores["n1"].recovering(1)
-    net.apply("n0", net.cores["n0"].report_corrupt(1, 2))   # found while reading for n1
-    assert net.cores["n0"].recovering(1)
+    net.apply("n0", net.cores["n0"].report_corrupt(1, 2))
+    return net
+
+
+def test_a_corrupt_leader_still_votes_for_its_caught_up_successor_while_another_replica_refills():
+    """bench diskfaults seed 810: a wiped follower refilling from its leader read an old
+    batch that a bit flip had damaged there; the leader handed over and cut its log, so two
+    of three replicas were recovering and the successor could never win an election."""
+    net = corrupt_leader_and_wiped_follower()
+    assert net.cores["n0"].recovering(1) and net.cores["n1"].recovering(1)
     net.tick(6 * CFG.election_ticks)
     assert net.cores["n2"].role(1) is Role.LEADER           # n0's vote: n2 held all it committed
     assert net.cores["n2"].commit_offset(1) == 5
@@ -918,14 +924,7 @@ def test_a_corrupt_leaders_vouch_survives_its_restart():
     """The vote promised above is part of the persisted state: restarted before its
     successor asked, the corrupt leader still gives it (without it, two recovering replicas
     of three could never elect anyone). Recovered, the promise is gone."""
-    net = Net()
-    net.elect("n0")
-    for i in range(5):
-        net.produce("n0", data=b"c%d" % i)
-    net.tick(2)
-    wipe(net, "n1", "wiped-n1")
-    net.apply("n1", net.cores["n1"].declare_lost_state())
-    net.apply("n0", net.cores["n0"].report_corrupt(1, 2))
+    net = corrupt_leader_and_wiped_follower()
     assert net.cores["n0"].state(1).vouch == ("n2", 2)
     net.crash("n0")
     net.queue = [q for q in net.queue if "n0" not in q[:2]]   # its TimeoutNow to n2 is lost too
