@@ -22,8 +22,9 @@ one leader per epoch, no committed entry lost, targets reached after the heal):
   shift while moves are in flight (a recommission landing mid-move), a later rebalance
   can move back the surplus replica it dropped: 2 of 150 seeds once per run
   (``python -m tests.sim.replication_balance --seed 13000 --seeds 150``: 13040, 13136),
-  1 of 300 from 14000. Dropping a broker that was only briefly down ahead of a loaded one
-  at surplus made 16 move-backs in 14 of those 300 seeds, twice in 14149 and 14277;
+  1 of 300 from 14000. Dropping a broker only away (down for at most ``leader_grace_ms``)
+  ahead of a loaded one at surplus made 16 move-backs in 14 of those 300 seeds, twice in
+  14149 and 14277;
 - the leaders repair the registry as ``mesh.node.elastic`` does (a register that
   disagrees with the leader's own log is rewritten), or a deposed leader's uncommitted
   learner would block admission to its broker forever (the simulator found it);
