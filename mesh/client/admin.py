@@ -106,7 +106,7 @@ class Admin(ElasticAdmin, SecurityAdmin, ClientBase):
             raise MeshError(t["error"], f"unknown topic {name!r}")
         try:
             self._ask_leaders(name, t, resp.node_id)
-        except (KeyError, TypeError, AttributeError, IndexError, ValueError):
+        except (KeyError, TypeError, AttributeError):
             pass   # an answer not shaped as asked: the figures stay as the first broker gave them
         return t
 
@@ -117,7 +117,10 @@ class Admin(ElasticAdmin, SecurityAdmin, ClientBase):
         for p in t["partitions"]:
             addr = p.get("leader_address")
             if p.get("leader") and p["leader"] != answered_by and isinstance(addr, str):
-                parse_address(addr)   # ValueError: not an address (before any socket is made)
+                try:
+                    parse_address(addr)   # before any socket is made for it
+                except ValueError:
+                    continue              # that partition keeps the gossiped figures; the others are asked
                 elsewhere.setdefault(addr, []).append(p)
         for addr, parts in sorted(elsewhere.items()):
             try:

@@ -75,7 +75,8 @@ def unpack_state(pid: int, raw: bytes) -> PersistState:
     vouch = None
     if len(fields) > 6:   # rows written before it have none
         v = fields[6]
-        if not (isinstance(v, list) and len(v) == 2 and isinstance(v[0], str) and v[0] and type(v[1]) is int and v[1] > 0):
+        if not (isinstance(v, list) and len(v) == 2 and isinstance(v[0], str) and v[0]
+                and type(v[1]) is int and v[1] > 0):
             raise ValueError(f"partition {pid}: replication state has a malformed vouch {v!r}")
         vouch = (v[0], v[1])
     return PersistState(pid, term, vote, commit, tuple(tuple(e) for e in cache), recovering, configs, vouch)

@@ -73,3 +73,15 @@ def test_a_bad_leader_address_asks_no_one(addr):
         t = a.describe_topic("t")
         a.close()
     assert seen["calls"] == [] and t == first.topics[0]
+
+
+def test_a_bad_address_for_one_leader_does_not_stop_the_others():
+    first = copy.deepcopy(FIRST)
+    first.topics[0]["partitions"].append(part(2, "n3", "n3", 4))
+    good = NS(node_id="n2", topics=[{"name": "t", "partitions": [part(1, "n2", "", 7)]}])
+    with pytest.MonkeyPatch.context() as mp:
+        a, seen = admin(mp, first, good)
+        t = a.describe_topic("t")
+        a.close()
+    assert seen["calls"] == ["127.0.0.1:7102"]
+    assert [p["log_end"] for p in t["partitions"]] == [10, 7, 4]
