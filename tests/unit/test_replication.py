@@ -456,6 +456,42 @@ def test_leadership_moves_to_the_caught_up_preferred_replica():
     assert net.cores["n0"].role(1) is Role.FOLLOWER and net.cores["n1"].commit_offset(1) == 1
 
 
+def test_successors_time_out_in_placement_order_so_a_dead_leaders_partitions_need_one_election():
+    # 100 partitions led by their preferred replica n0; n0 dies. Its successors draw their
+    # timeouts from the upper half of [E, 2E) split in placement order (n1 first), so n1
+    # wins each partition in the first election. With one shared window they fired in the
+    # same tick for about one partition in five and split the vote (a second election).
+    pids = tuple(range(1, 101))
+    net = Net(pids=pids)
+    net.tick(2 * CFG.election_ticks)
+    before = {pid: net.cores["n0"].leader(pid) for pid in pids}
+    assert all(lead == "n0" for lead, _ in before.values())
+    net.crash("n0")
+    net.tick(2 * CFG.election_ticks, nids=["n1", "n2"])
+    after = {pid: net.cores["n2"].leader(pid) for pid in pids}
+    assert after == {pid: ("n1", before[pid][1] + 1) for pid in pids}
+
+
+def test_a_successors_timeout_window_follows_its_rank_until_it_campaigns():
+    e, half = CFG.election_ticks, CFG.election_ticks // 2
+    net = Net(n=4, replicas=["n0", "n1", "n2", "n3"])
+    width = (e - half) // 3
+    for rank, nid in enumerate(["n1", "n2", "n3"]):
+        part = net.cores[nid]._part(1)
+        for _ in range(50):
+            part._reset_timeout()
+            assert e + half + rank * width <= part.timeout_ticks < e + half + (rank + 1) * width
+    part = net.cores["n3"]._part(1)
+    drawn = set()
+    for _ in range(200):
+        part._reset_timeout(ranked=False)   # as after a campaign: the whole upper half
+        drawn.add(part.timeout_ticks)
+    assert drawn == set(range(e + half, 2 * e))
+    preferred = net.cores["n0"]._part(1)
+    preferred._reset_timeout()
+    assert e <= preferred.timeout_ticks < e + half
+
+
 def test_hand_over_picks_the_most_caught_up_answering_voter_and_it_wins():
     net = Net()
     net.elect("n0")
