@@ -7,8 +7,10 @@ cluster metadata in the gossip simulator.
 (a) Real brokers (3, on this machine): idle gossip bytes per broker per second (each
     broker's ``peer_bytes_sent`` over a few seconds), then the time of one create call
     for a topic of ``--partitions`` partitions at replication factor 3 (target < 5 s),
-    the time until every broker lists it with a leader for every partition, and the idle
-    bytes again with the topic in place.
+    the time until every broker lists it with a leader for every partition, the idle
+    bytes again with the topic in place, then failover: kill -9 one broker and time until
+    another lists every partition it led with a new leader (and how many of them needed
+    more than one election).
 (b) The gossip simulator (``mesh.testing.gossip_sim``: the real gossip core, msgpack on
     the wire, simulated time), for each ``--brokers`` count: ``--topics`` topics of 100
     partitions at RF 3 written as the brokers write them (``topic/`` headers and
@@ -95,9 +97,50 @@ def real_brokers(partitions: int, rf: int = 3, window_s: float = 4.0, list_timeo
         for b in c.brokers:
             b.check_running()
         out["idle bytes/broker/s after"] = round(_idle_rate(c.brokers, window_s))
+        out.update(_failover(c, partitions, list_timeout_s))
     finally:
         c.kill()
     return out
+
+
+def _failover(c, partitions: int, timeout_s: float) -> dict:
+    """Kill -9 the last broker; the seconds until the first one lists every partition with
+    a leader other than it (leaders as gossiped), and how many elections that took."""
+    from mesh.client import Admin
+    from mesh.testing.launcher import wait_until
+    from mesh.wire.messages import MetadataRequest
+
+    victim, survivor = c.brokers[-1], c.brokers[0]
+    with Admin(c.bootstrap, request_timeout_ms=60_000) as a:
+        def parts() -> list[dict]:
+            r, _ = a.transport.call(survivor.address, MetadataRequest(["wide"]), timeout_ms=30_000)
+            t = r.topics[0]
+            return [] if t.get("error") else t["partitions"]
+
+        gone = (victim.node_id, victim.address)
+        # settled first: every partition led by its preferred replica (creation's handovers done)
+        try:
+            wait_until(lambda: (ps := parts()) and all(p["leader"] == p["replicas"][0] for p in ps),
+                       timeout_s, "every partition to be led by its preferred replica", interval_s=0.5)
+        except AssertionError:
+            pass   # measured anyway: the count below says how many the victim led
+        before = {p["partition"]: p for p in parts()}
+        moved = sum(1 for p in before.values() if p["leader"] in gone)
+        victim.kill()
+        t0 = time.monotonic()
+        try:
+            after = wait_until(lambda: (ps := parts()) and len(ps) == partitions
+                               and all(p["leader"] and p["leader"] not in gone for p in ps) and ps,
+                               timeout_s, "every partition to have a live leader", interval_s=0.1)
+            took: object = round(time.monotonic() - t0, 2)
+        except AssertionError:
+            return {"failover: partitions the killed broker led": moved,
+                    "failover: all led elsewhere s": f"> {timeout_s:.0f}"}
+    extra = [after_p["epoch"] - before[after_p["partition"]]["epoch"] for after_p in after
+             if before.get(after_p["partition"], {}).get("leader") in gone]
+    return {"failover: partitions the killed broker led": moved, "failover: all led elsewhere s": took,
+            "failover: elections per partition (max)": max(extra, default=0),
+            "failover: partitions needing more than one election": sum(1 for e in extra if e > 1)}
 
 
 # ------------------------------------------------------------------ simulator -------------
