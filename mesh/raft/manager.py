@@ -85,8 +85,9 @@ public API, the ``Ready``). The package exports the public API: ``from mesh.raft
   (TimeoutNow) once it has led for ``rebalance_delay_ticks`` and the preferred replica is
   answering and holds its whole log. The preferred replica also draws its election timeout
   from the lower half of the range, so it usually wins elections in the first place; the
-  other voters split the upper half in placement order, so the successors of a dead
-  preferred leader do not campaign together and split the vote.
+  other voters, once they know a leader, split the upper half in placement order, so the
+  successors of a dead preferred leader do not campaign together and split the vote
+  (``Partition._rank_timeout``).
 
 Lost state (disks forget)
 =========================

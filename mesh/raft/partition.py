@@ -191,6 +191,7 @@ class Partition(Leading, Configuring):
         self.election_elapsed_ticks = 0
         self.leader_tick = -1          # when a leader's append or heartbeat last reached us (status)
         self.timeout_ticks = 0
+        self._drawn = 0                     # the last timeout draw (_rank_timeout moves it into a rank)
         self.votes: dict[str, bool] = {}
         self.progress: dict[str, Progress] = {}
         self.epoch_start = 0
@@ -227,31 +228,40 @@ class Partition(Leading, Configuring):
             self.handed_to = None
         if leader != self.leader:
             self.leader = leader
+            if leader is not None and leader != self.node:
+                self._rank_timeout()
             self.host.leader_changed(self)
 
     # -- timers ------------------------------------------------------------------------
-    def _reset_timeout(self, ranked: bool = True) -> None:
+    def _reset_timeout(self) -> None:
         """Randomized in [E, 2E); the preferred replica draws from the lower half, so after
-        a failure it usually campaigns first and no transfer is needed later. The other
-        voters split the upper half in their placement order (``ranked``): when the
-        preferred replica is the one that died, its successors do not time out together
-        and split the vote (with two survivors of three, a shared window made a third of
-        10,000 partitions need a second election). A replica that campaigned draws from
-        the whole upper half (``ranked=False``), so a successor that cannot win does not
-        keep the next one from trying."""
+        a failure it usually campaigns first and no transfer is needed later. The others
+        draw from the upper half, and once they know a leader they take their draw into
+        their own share of it, in placement order (``_rank_timeout``)."""
         e = self.cfg.election_ticks
         half = max(1, e // 2)
-        voters = self.voters
-        if voters[0] == self.node:
-            self.timeout_ticks = self.host.rng.randrange(e, e + half)
+        if self.voters[0] == self.node:
+            self._drawn = self.timeout_ticks = self.host.rng.randrange(e, e + half)
         else:
-            lo, hi = e + half, 2 * e
-            t = self.host.rng.randrange(lo, hi)   # one draw either way: the seeded stream stays aligned
-            if ranked and len(voters) > 2 and self.node in voters:
-                width = max(1, (hi - lo) // (len(voters) - 1))
-                t = min(hi - 1, lo + (voters.index(self.node) - 1) * width + (t - lo) % width)
-            self.timeout_ticks = t
+            self._drawn = self.timeout_ticks = self.host.rng.randrange(e + half, 2 * e)
         self.election_elapsed_ticks = 0
+
+    def _rank_timeout(self) -> None:
+        """A follower that knows its leader: the upper half of [E, 2E) is split among the
+        voters after the preferred one in placement order, and this replica's draw moves
+        into its share (no new draw). So when the leader that dies is the preferred replica,
+        its successors do not time out together and split the vote (with two survivors of
+        three sharing one window, up to 64 of 3,333 partitions needed another election).
+        Without a known leader (after a lost or split election, a vote for a newer term,
+        our own campaign) the draw stays over the whole upper half, so a successor that
+        cannot win does not keep the next one from trying."""
+        voters = self.voters
+        if len(voters) < 3 or voters[0] == self.node or self.node not in voters:
+            return
+        e = self.cfg.election_ticks
+        lo, hi = e + max(1, e // 2), 2 * e
+        width = max(1, (hi - lo) // (len(voters) - 1))
+        self.timeout_ticks = min(hi - 1, lo + (voters.index(self.node) - 1) * width + (self._drawn - lo) % width)
 
     def tick(self) -> None:
         self._tick()
@@ -267,7 +277,8 @@ class Partition(Leading, Configuring):
         came back). A follower's election timer stands where it would had it kept ticking
         (the ticks since its leader's last append or heartbeat reached it, which a quiesce
         heartbeat set), so waking never ends a lease sooner than ticking would have; an
-        append or heartbeat that wakes it restarts the timer anyway. A leader counts its
+        append or heartbeat that wakes it restarts the timer anyway. It stands at most at
+        1.5E: the successors of a dead leader then still campaign in their rank order. A leader counts its
         followers as last heard when their nodes were (so a write right after waking is not
         refused for lack of answers)."""
         if not self.quiesced:
@@ -278,8 +289,10 @@ class Partition(Leading, Configuring):
         if self.role is Role.LEADER:
             self._refresh_heard()
         else:
+            # ... but no further than the start of the upper half of [E, 2E): past it, every
+            # successor would campaign on its first tick, whatever its rank (_rank_timeout)
             self.election_elapsed_ticks = min(max(self.host.now_tick - self.leader_tick, self.election_elapsed_ticks),
-                                              2 * self.cfg.election_ticks)
+                                              self.cfg.election_ticks + max(1, self.cfg.election_ticks // 2))
 
     def _refresh_heard(self) -> None:
         heard = self.host.heard_tick
@@ -360,6 +373,8 @@ class Partition(Leading, Configuring):
         self._step = self._step_follower
         self._tick = self._tick_election
         self._reset_timeout()
+        if leader is not None:
+            self._rank_timeout()   # (also when the leader is the one we knew, in a newer term)
         self.progress = {}
         self.votes = {}
         self.transfer_to = None
@@ -370,7 +385,7 @@ class Partition(Leading, Configuring):
     def _campaign(self, pre: bool, transfer: bool = False) -> None:
         self.wake()
         self.stepdown_beats = 0
-        self._reset_timeout(ranked=False)
+        self._reset_timeout()
         if pre:
             self.role = Role.PRE_CANDIDATE
             vote_term = self.term + 1
