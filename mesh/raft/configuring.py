@@ -147,4 +147,7 @@ class Configuring:
             if pr.state == REPLICATE and not pr.inflight:
                 pr.become_probe(min(pr.match, self.end))  # carries the new marker now, even when idle
         self.host.want_flush(self)
-        self._check_config_commit()
+        # the quorum may have shrunk with nothing left to ack (a voter removed from two, the
+        # marker at a log end we synced already): count again now, or the config stays
+        # uncommitted until the next write
+        self._maybe_commit()

@@ -19,7 +19,10 @@ Rules, in the order ``step`` applies them:
 2. Votes. Grant if we have not voted for someone else this term (or it is a pre-vote for a
    later term) and the candidate's log is at least as up to date: (last epoch, end offset)
    compared as a pair. A vote is persisted (PersistState) in the same Ready as the grant,
-   and the shell persists before it sends.
+   and the shell persists before it sends. A pre-candidate that grants a pre-vote to a
+   voter placed before it in the replica list stops its own campaign (a follower again,
+   same term), so two successors that time out close together do not both go on to a
+   real election and split it (liveness only: a pre-vote changes no persisted state).
 3. Appends (follower). Accept if ``prev_offset <= commit`` (committed entries agree with
    every current leader) or our epoch at ``prev_offset - 1`` equals ``prev_epoch``.
    Otherwise reject with a hint (Kafka's OffsetsForLeaderEpoch idea): the leader then
@@ -534,9 +537,15 @@ class Partition(Leading, Configuring):
                 self.vote = src
                 self._state_changed()
                 self.election_elapsed_ticks = 0
+            elif self.role is Role.PRE_CANDIDATE and self._placed_before(src):
+                self._become_follower(self.term, None)   # rule 2: yield to the voter placed first
             self._send(src, VoteRespRow(self.pid, row.term, _NONE, 1, row.pre_vote))
         else:
             self._send(src, VoteRespRow(self.pid, self.term, _NONE, 0, row.pre_vote))
+
+    def _placed_before(self, peer: str) -> bool:
+        voters = self.voters
+        return peer in voters and self.node in voters and voters.index(peer) < voters.index(self.node)
 
     def _step_follower(self, src: str, row: PeerRow, payload: bytes) -> None:
         kind = type(row)

@@ -149,6 +149,23 @@ def test_a_learner_never_campaigns_and_is_never_a_transfer_target():
     assert not any(type(s.msg).__name__ == "ReplVote" for _, s in net.sent if _ == "n3")
 
 
+def test_removing_the_last_other_voter_commits_at_once_without_another_write():
+    # n0 leads (n0, n1) and has synced a record n1 has not acked. Removing n1 leaves n0
+    # the whole quorum: the record and the new config commit in the same call. Before,
+    # nothing counted again (no ack or sync was left to come), and on an idle partition
+    # the config stayed uncommitted until the next write, blocking the next move.
+    net = MNet(hosted=("n0", "n1"))
+    net.elect("n0")
+    net.settle()
+    lead = net.cores["n0"]
+    net.produce("n0")
+    net.queue.clear()   # n1 never sees it
+    assert lead.commit_offset(1) == 0 and lead.end_offset(1) == 1
+    net.propose("n0", ("n0",))
+    assert lead.commit_offset(1) == 1
+    assert lead.committed_config(1).voters == ("n0",) and not lead.config_pending(1)
+
+
 def test_an_uncommitted_config_of_a_deposed_leader_disappears():
     net = MNet()
     net.elect("n0")

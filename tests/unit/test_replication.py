@@ -490,6 +490,23 @@ def test_quiet_partitions_whose_leader_died_also_need_one_election_each():
     assert _one_election_each(net, pids, ["n1", "n2"], 3 * cfg.election_ticks) == {pid: ("n1", 1) for pid in pids}
 
 
+def test_a_pre_candidate_yields_to_a_voter_placed_before_it_so_the_vote_does_not_split():
+    # n0 leads and dies; n1 and n2 campaign in the same tick (a slow turn can put both
+    # ranks there). n2 grants n1's pre-vote and stops its own campaign, so n1 wins the
+    # first real election. Before, each granted the other's pre-vote, both went on to
+    # term + 1 voting for themselves, and nobody won.
+    net = Net()
+    net.elect("n0")
+    term = net.cores["n0"].leader(1)[1]
+    net.crash("n0")
+    net.age(["n1", "n2"], CFG.election_ticks)   # their lease ends (timeouts are later)
+    assert all(net.cores[nid].role(1) is Role.FOLLOWER for nid in ("n1", "n2"))
+    for nid in ("n1", "n2"):
+        net.apply(nid, net.cores[nid].campaign(1))
+    net.deliver()
+    assert net.cores["n1"].role(1) is Role.LEADER and net.cores["n2"].leader(1) == ("n1", term + 1)
+
+
 def test_a_successor_whose_log_is_behind_does_not_keep_the_next_one_from_winning():
     # Without pre-vote, rank 1 (n1, behind) campaigns first and loses: a lost election
     # leaves its draw over the whole upper half, not in its rank (which would have it
