@@ -304,9 +304,7 @@ class ReplicaHost:
                                 "not voting or counted until caught up", st.pid)
                 else:
                     log.info("partition %d: refilled to the leader's commit offset: voting and counted again", st.pid)
-            if last is not None and (last.term, last.vote, last.epoch_cache, last.recovering, last.configs,
-                                     last.vouch) == (st.term, st.vote, st.epoch_cache, st.recovering, st.configs,
-                                                     st.vouch) and st.commit >= last.commit:
+            if last is not None and st.commit >= last.commit and st._replace(commit=last.commit) == last:
                 # only the commit offset moved: Raft's commit index is volatile state, a stale
                 # one on disk is safe, so it is written at most once a second (before_commit)
                 self._lazy[st.pid] = st

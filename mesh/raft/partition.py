@@ -241,13 +241,16 @@ class Partition(Leading, Configuring):
         a failure it usually campaigns first and no transfer is needed later. The others
         draw from the upper half, and once they know a leader they take their draw into
         their own share of it, in placement order (``_rank_timeout``)."""
-        e = self.cfg.election_ticks
-        half = max(1, e // 2)
+        e, upper = self.cfg.election_ticks, self._upper_half()
         if self.voters[0] == self.node:
-            self._drawn = self.timeout_ticks = self.host.rng.randrange(e, e + half)
+            self._drawn = self.timeout_ticks = self.host.rng.randrange(e, upper)
         else:
-            self._drawn = self.timeout_ticks = self.host.rng.randrange(e + half, 2 * e)
+            self._drawn = self.timeout_ticks = self.host.rng.randrange(upper, 2 * e)
         self.election_elapsed_ticks = 0
+
+    def _upper_half(self) -> int:
+        """Where the upper half of [E, 2E) starts (the non-preferred voters' timeouts)."""
+        return self.cfg.election_ticks + max(1, self.cfg.election_ticks // 2)
 
     def _rank_timeout(self) -> None:
         """A follower that knows its leader: the upper half of [E, 2E) is split among the
@@ -261,8 +264,7 @@ class Partition(Leading, Configuring):
         voters = self.voters
         if len(voters) < 3 or voters[0] == self.node or self.node not in voters:
             return
-        e = self.cfg.election_ticks
-        lo, hi = e + max(1, e // 2), 2 * e
+        lo, hi = self._upper_half(), 2 * self.cfg.election_ticks
         width = max(1, (hi - lo) // (len(voters) - 1))
         self.timeout_ticks = min(hi - 1, lo + (voters.index(self.node) - 1) * width + (self._drawn - lo) % width)
 
@@ -295,7 +297,7 @@ class Partition(Leading, Configuring):
             # ... but no further than the start of the upper half of [E, 2E): past it, every
             # successor would campaign on its first tick, whatever its rank (_rank_timeout)
             self.election_elapsed_ticks = min(max(self.host.now_tick - self.leader_tick, self.election_elapsed_ticks),
-                                              self.cfg.election_ticks + max(1, self.cfg.election_ticks // 2))
+                                              self._upper_half())
 
     def _refresh_heard(self) -> None:
         heard = self.host.heard_tick
