@@ -139,13 +139,6 @@ class BalanceSim(ReconfigSim):
             self._membership_event()
         return out
 
-    def _leader_of(self, pid: int) -> str | None:
-        for nid in self.node_ids:
-            node = self.nodes[nid]
-            if node.up and pid in node.pids and node.core.role(pid) is Role.LEADER:
-                return nid
-        return None
-
     def _partitions(self) -> list[PartitionInfo]:
         out = []
         for pid in self.pids:
@@ -157,22 +150,8 @@ class BalanceSim(ReconfigSim):
                                      version=c.version if c else 0))
         return out
 
-    def _repair_registry(self) -> None:
-        """``mesh.node.elastic._repair_registers``: a leader rewrites a register that disagrees
-        with its own log (a deposed leader's uncommitted config, say)."""
-        for pid in self.pids:
-            lead = self._leader_of(pid)
-            if lead is None:
-                continue
-            core = self.nodes[lead].core
-            c, committed = core.config(pid), not core.config_pending(pid)
-            reg = self.reg_latest.get(pid)
-            if (reg is None and c.version > 0) or (reg is not None and reg != (c, committed)):
-                self.reg_latest[pid] = (c, committed)
-                self._gossip(pid)
-
     def _move(self) -> None:
-        self._repair_registry()
+        self._repair_registry()   # before the view (the base's _move repeats it: a no-op)
         self.balancer = Balancer(self._brokers(), self._partitions(), self.settings)
         for pid, tgt in self.balancer.targets.items():
             self.target[pid] = list(tgt)

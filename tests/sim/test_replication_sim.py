@@ -12,7 +12,7 @@ from mesh.raft.messages import VoteRespRow
 from mesh.raft.progress import Progress
 from mesh.raft.configuring import Configuring
 from mesh.raft.membership import Config, History, check_step
-from tests.sim.replication_reconfig import ReconfigConfig, next_step
+from tests.sim.replication_reconfig import ReconfigConfig, ReconfigSim, next_step
 from tests.sim.replication_reconfig import run as run_reconfig
 from mesh.raft import ReplicationConfig
 from tests.sim.replication_sim import (
@@ -192,6 +192,18 @@ def test_partitions_move_between_brokers_under_faults(brokers, partitions, rf, s
     assert all(totals[k] > 0 for k in ("steps", "joins", "drops", "retargets")), totals
     if rf > 1:
         assert totals["transfers"] > 0 and totals["crash"] + totals["mid_turn_crash"] > 0, totals
+
+
+def test_a_leader_repairs_a_register_a_deposed_leader_left_so_its_orphan_learner_goes(monkeypatch):
+    """Seed 8497: a deposed leader's uncommitted config (v2, learner n4) stayed the newest
+    register while the new leader held v1; n4 hosted the partition, never caught up and was
+    never dropped. The leader rewrites such a register (``mesh.node.elastic._repair_registers``)."""
+    cfg = ReconfigConfig(seed=8497, steps=2500)
+    sim = run_reconfig(cfg)
+    assert sim.counts["drops"] > 0, sim.summary()
+    monkeypatch.setattr(ReconfigSim, "_repair_registry", lambda self: None)
+    with pytest.raises(SimFailure, match="every partition on its target voters"):
+        run_reconfig(cfg)
 
 
 def test_next_step_walks_one_server_at_a_time_to_the_target():
