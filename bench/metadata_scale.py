@@ -7,7 +7,9 @@ cluster metadata in the gossip simulator.
 (a) Real brokers (3, on this machine): idle gossip bytes per broker per second (each
     broker's ``peer_bytes_sent`` over a few seconds), then the time of one create call
     for a topic of ``--partitions`` partitions at replication factor 3 (target < 5 s),
-    the time until every broker lists it with a leader for every partition, the idle
+    the time until every broker lists it with a leader for every partition, the time
+    until every partition is led by its preferred replica and how many were elected more
+    than once on the way (a successor that won hands leadership back), the idle
     bytes again with the topic in place, then failover: kill -9 one broker and time until
     another lists every partition it led with a new leader (and how many of them needed
     more than one election).
@@ -94,6 +96,7 @@ def real_brokers(partitions: int, rf: int = 3, window_s: float = 4.0, list_timeo
             except AssertionError:
                 out["listed everywhere with leaders s"] = f"> {list_timeout_s:.0f}"
                 out["with a leader at the end"] = [led(b) for b in c.brokers]
+            out.update(_settled(a, c.brokers[0].address, partitions, t0, list_timeout_s))
         for b in c.brokers:
             b.check_running()
         out["idle bytes/broker/s after"] = round(_idle_rate(c.brokers, window_s))
@@ -101,6 +104,29 @@ def real_brokers(partitions: int, rf: int = 3, window_s: float = 4.0, list_timeo
     finally:
         c.kill()
     return out
+
+
+def _settled(a, address: str, partitions: int, t0: float, timeout_s: float) -> dict:
+    """After a create: the seconds until every partition is led by its preferred replica,
+    and how many elections that took (epoch 1: the first election was the last one)."""
+    from mesh.testing.launcher import wait_until
+    from mesh.wire.messages import MetadataRequest
+
+    def parts() -> list[dict]:
+        r, _ = a.transport.call(address, MetadataRequest(["wide"]), timeout_ms=30_000)
+        t = r.topics[0]
+        return [] if t.get("error") else t["partitions"]
+    try:
+        ps = wait_until(lambda: (ps := parts()) and len(ps) == partitions
+                        and all(p["leader"] == p["replicas"][0] for p in ps) and ps,
+                        max(1.0, t0 + timeout_s - time.monotonic()), "every partition on its preferred leader",
+                        interval_s=0.2)
+    except AssertionError:
+        return {"create: all on their preferred leader s": f"> {timeout_s:.0f}"}
+    epochs = [p["epoch"] for p in ps]
+    return {"create: all on their preferred leader s": round(time.monotonic() - t0, 2),
+            "create: elections per partition (max)": max(epochs),
+            "create: partitions elected more than once": sum(1 for e in epochs if e > 1)}
 
 
 def _failover(c, partitions: int, timeout_s: float) -> dict:

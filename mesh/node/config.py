@@ -14,6 +14,9 @@ class NodeConfig:
     data_dir: str = "data"
     seeds: list[str] = field(default_factory=list)
     max_requests_per_turn: int = 512
+    max_drain_ms: int = 100          # and no longer than this (plus one message), so a busy turn
+                                     # still ticks and pings its peers: a peer silent for an
+                                     # election timeout wakes the quiet partitions it leads
     tick_ms: int = 50
     # election timeouts are drawn from [election_ticks, 2 * election_ticks) ticks: 0.7-1.4 s,
     # at least 7 heartbeats (every 2 ticks) without a word from the leader

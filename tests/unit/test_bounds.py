@@ -405,3 +405,31 @@ def test_an_exception_in_a_handler_dooms_the_turn_answers_and_logs_once(caplog):
     assert len(caplog.records) <= 2
     d.handle([PEER_PREFIX + b"127.0.0.1:1"] + pack(PROTOCOL_PEER, 0, GossipSyn("n2", [], [], 0)))
     assert d.gossip_suspect and len(dooms) == 51
+
+
+def test_a_turn_drains_for_at_most_max_drain_ms_then_goes_on():
+    """A flood of costly messages (a large topic's elections: 4,096-row replication messages
+    of 25-140 ms each) must not keep a turn draining for a second: its ticks and pings wait."""
+    from types import SimpleNamespace
+    from mesh.node.loop import Node, NodeConfig
+
+    clock_ms = [0]
+    handled = []
+
+    def recv(flags):
+        return [b"peer", b"msg"]                 # never empty: the socket always has more
+
+    def handle(frames):
+        handled.append(frames)
+        clock_ms[0] += 30                        # each message costs 30 ms
+
+    cfg = NodeConfig(node_id="n1")
+    fake = SimpleNamespace(cfg=cfg, dispatch=SimpleNamespace(recv=recv, handle=handle),
+                           clock=SimpleNamespace(now_ms=lambda: clock_ms[0]))
+    Node._drain(fake)
+    assert len(handled) == 4 and clock_ms[0] == 120     # 100 ms budget: stopped after the message that crossed it
+    handled.clear()
+    clock_ms[0] = 0
+    fake.dispatch.handle = handled.append            # cheap messages: the count bound applies
+    Node._drain(fake)
+    assert len(handled) == cfg.max_requests_per_turn

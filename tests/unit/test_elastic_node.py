@@ -93,3 +93,31 @@ def test_the_leader_publishes_its_config_and_metadata_shows_state_and_learners(n
     assert move["partition"] == 0 and move["adding"] == ["n2"] and move["leader"] == "n1"
     assert call(node, m.ListMovesRequest(["t"] + [f"x{i}" for i in range(50_000)])).moves == [move]
     assert call(node, m.ListMovesRequest(["other"])).moves == []
+
+
+def test_a_costly_balancing_round_spaces_out_the_next_ones(node, monkeypatch):
+    """At 10,000 partitions a round took 150-430 ms of a busy broker, once a second: the next
+    round waits ten times the last one's cost (and at least the interval)."""
+    e = node.elastic
+    clock = [1_000_000]
+    e.wall_ms = lambda: clock[0]
+    cost = [300]
+    rounds = []
+
+    def costly(now_ms):
+        rounds.append(now_ms)
+        clock[0] += cost[0]
+
+    monkeypatch.setattr(e, "_balance", costly)
+    e._next_ms = 0
+    start = clock[0]
+    e.tick(start)
+    for now in range(start + 1_000, start + 3_000, 250):
+        e.tick(now)
+    assert rounds == [start]                     # not after the interval (1 s): after 10 x 300 ms
+    cost[0] = 5                                  # cheap again: back to the interval
+    e.tick(start + 3_000)
+    assert rounds == [start, start + 3_000]
+    e.tick(start + 3_999)
+    e.tick(start + 4_000)
+    assert rounds == [start, start + 3_000, start + 4_000]
