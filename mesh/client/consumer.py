@@ -2,7 +2,12 @@
 
 I/O happens in the caller's thread, inside ``poll()`` (as kafka-python does). One fetch is
 kept in flight per leader broker, covering every assigned partition that broker leads, so
-the next data is usually already on its way while the caller processes the last.
+the next data is usually already on its way while the caller processes the last. The
+read-ahead is bounded: no fetch is sent while the records fetched and not yet returned
+come to ``fetch_max_bytes`` or more (raw batch bytes), so a caller that takes fewer records
+per poll than a fetch brings holds at most about two fetches' worth, however long the
+topic (before, a consumer in a group pulled the whole topic into memory that way; the
+text gateway runs such consumers inside the broker).
 Records come back in offset order per partition; batches are checked (length, CRC) once,
 when a fetch answer is walked (``mesh.wire.records.iter_batches``), and decoded in bulk
 later from the header that walk parsed (``records_from``).
@@ -49,6 +54,7 @@ class Consumer:
         self._busy_addrs: set[str] = set()
         # fetched, not yet returned: raw (topic, partition, batch, min offset, header) or decoded lists
         self._buffer: collections.deque = collections.deque()
+        self._buffered_bytes = 0   # raw batch bytes of the buffer's undecoded items (read-ahead bound)
         self._high_watermarks: dict[TopicPartition, int] = {}
         self._next_refresh = 0.0
         self._closed = False
@@ -131,6 +137,7 @@ class Consumer:
 
     def _drop_buffered(self, pred) -> None:
         self._buffer = collections.deque(r for r in self._buffer if r and not pred(self._tp_of(r)))
+        self._buffered_bytes = sum(len(r[2]) for r in self._buffer if not isinstance(r, list))
         for rid, (addr, sent, offs) in list(self._inflight.items()):
             if any(pred(tp) for tp in offs):
                 self._inflight.pop(rid)
@@ -204,6 +211,7 @@ class Consumer:
         pos = 0
         refresh = False
         positions, append = self._positions, self._buffer.append
+        added = 0
         for topic, partition, err, hw, log_start, nbytes, leader in resp.parts:
             tp = _tuple_new(TopicPartition, (topic, partition))   # (without the NamedTuple's Python __new__)
             chunk = mv[pos:pos + nbytes]
@@ -234,9 +242,11 @@ class Consumer:
                 nxt = h.base_offset + h.record_count   # (h.next_offset without a property call)
                 if nxt > start:
                     append((topic, partition, batch, start, h))   # (records_from's arguments)
+                    added += len(batch)
                     end = nxt
             if end > start:
                 positions[tp] = end
+        self._buffered_bytes += added
         if refresh:
             self.cluster.refresh()
 
@@ -261,14 +271,16 @@ class Consumer:
             if self._buffer:
                 if self._group is not None:
                     self._receive(0)  # group answers must not wait for the buffer to drain
-                self._send_fetches()  # prefetch the next while the caller works
+                if self._buffered_bytes < self.max_bytes:
+                    self._send_fetches()  # prefetch the next while the caller works (bounded)
                 return self._take(limit)
             self._send_fetches()
             left = deadline - time.monotonic()
             self._receive(max(0, int(left * 1000)))
             self._expire_fetches()
             if self._buffer:
-                self._send_fetches()  # prefetch the next while the caller works
+                if self._buffered_bytes < self.max_bytes:
+                    self._send_fetches()  # prefetch the next while the caller works (bounded)
                 return self._take(limit)
             if time.monotonic() >= deadline:
                 return []
@@ -286,7 +298,11 @@ class Consumer:
         out, n = [], 0
         while self._buffer and n < limit:
             item = self._buffer.popleft()
-            recs = item if isinstance(item, list) else records_from(*item)
+            if isinstance(item, list):
+                recs = item
+            else:
+                self._buffered_bytes -= len(item[2])
+                recs = records_from(*item)
             if n + len(recs) > limit:
                 cut = limit - n
                 self._buffer.appendleft(recs[cut:])

@@ -60,6 +60,30 @@ def test_produce_100k_and_consume_in_order(broker):
         assert [v for _, v in sent[part]] == [r.value for r in recs]
 
 
+def test_a_group_consumer_that_takes_little_per_poll_reads_ahead_a_bounded_amount(broker):
+    """A group consumer received every fetch answer and sent the next at each poll: taking
+    10 records per poll from a 4 MB topic, its buffer grew to the whole topic (the text
+    gateway runs such consumers inside the broker). Now it reads ahead at most about
+    fetch_max_bytes plus one fetch in flight."""
+    with Admin(broker.address) as a:
+        a.create_topic("readahead", partitions=2)
+    value = b"x" * 1000
+    with Producer(broker.address, acks=1) as p:
+        for part in (0, 1):
+            for _ in range(20):
+                p.send_batch("readahead", [value] * 100, partition=part).result(10)   # 2 MB a partition
+    cap = 64 << 10
+    with Consumer("readahead", bootstrap=broker.address, group_id="readahead-g", auto_offset_reset="earliest",
+                  fetch_max_bytes=cap, max_partition_fetch_bytes=cap) as c:
+        got, most = 0, 0
+        for _ in range(100):
+            got += sum(len(recs) for recs in c.poll_batches(2000, max_records=10))
+            c._receive(20)   # a caller busy between polls: what is in flight lands meanwhile
+            buffered = sum(len(item[2]) for item in c._buffer if not isinstance(item, list))
+            most = max(most, buffered)
+        assert got == 1_000 and most <= 3 * cap, f"{most} bytes read ahead of the caller"
+
+
 def test_keys_land_where_kafka_puts_them(broker):
     from mesh.wire.partitioner import partition_for_key
     with Admin(broker.address) as a:
