@@ -12,7 +12,9 @@ The gateway is a *client* of its own node: it serves TCP on ``<node host>:<text 
 with the public client library (``Producer``, ``Consumer`` with a group) pointed at the
 node's own address, so the node loop never blocks on it and the text protocol gets
 exactly the semantics of the Python client (partitioning, leader redirects, groups,
-commits). The node polls nothing for it. Parsing lines and formatting replies is
+commits). The node polls nothing for it; it runs it in a process of its own
+(``mesh.gateway.process``), so the gateway's per-record Python work never holds the GIL
+the node loop needs. Parsing lines and formatting replies is
 ``mesh.gateway.protocol`` (pure); one connection's commands are ``mesh.gateway.session``;
 this module holds the listening socket and the limits.
 

@@ -275,18 +275,26 @@ class Node:
         self.security_sync.refresh()
         if self.security.secured:
             self.handlers.security.registry = self.security.registry
-        self.text = None   # the telnet text gateway: a client of this node on its own thread
+        self.text = None   # the telnet text gateway: a client of this node, in a process of its own
         if config.text_port is not None:
-            from mesh.gateway.text import TextGateway
-            self.text = TextGateway(self.address, config.text_port,
-                                    max_session_timeout_ms=config.group_max_session_timeout_ms,
-                                    now_ms=clock.now_ms, max_connections=config.text_max_connections,
-                                    idle_timeout_ms=config.text_idle_timeout_ms,
-                                    evict_idle_ms=config.text_evict_idle_ms,
-                                    max_subscriptions=config.text_max_subscriptions, creds=text_creds)
+            from mesh.gateway.process import GatewayError, GatewayProcess
+            try:
+                self.text = GatewayProcess.start(self.address, config.text_port, node_id=config.node_id,
+                                                 max_session_timeout_ms=config.group_max_session_timeout_ms,
+                                                 max_connections=config.text_max_connections,
+                                                 idle_timeout_ms=config.text_idle_timeout_ms,
+                                                 evict_idle_ms=config.text_evict_idle_ms,
+                                                 max_subscriptions=config.text_max_subscriptions,
+                                                 creds_path=config.text_creds if text_creds is not None else None)
+            except GatewayError as exc:
+                self.router.close(linger=0)
+                self.disk.data_dir.unlock()
+                raise StartupError(f"text gateway: {exc}") from exc
         try:
             self._reconcile()
         except Exception as exc:
+            if self.text is not None:
+                self.text.close()
             self.router.close(linger=0)
             self.disk.data_dir.unlock()
             raise StartupError(
