@@ -61,6 +61,8 @@ __all__ = ["Producer", "RecordMetadata", "RecordFuture", "BatchFuture", "lingere
 
 log = logging.getLogger("mesh.producer")
 _ACKS = {"0": 0, "1": 1, "all": -1, "-1": -1, 0: 0, 1: 1, -1: -1}
+_VALUE_TYPES = frozenset((bytes, bytearray))       # send_batch's values (a str would be stored as one)
+_KEY_TYPES = frozenset((bytes, bytearray, type(None)))
 _REFRESH_EVERY_S = 0.1  # at most this often a metadata refresh from the I/O thread
 _LINGER_SLACK_S = 0.0005  # ZeroMQ's poll waits whole milliseconds: lingers round to the nearest
 _new_object = object.__new__
@@ -268,6 +270,11 @@ class Producer:
             raise MeshError(ErrorCode.UNKNOWN_PARTITION, f"topic {topic!r} has partitions 0..{n - 1}")
         if not values:
             raise ValueError("send_batch needs at least one value")
+        if not set(map(type, values)) <= _VALUE_TYPES:   # (~12 ns a record, in C)
+            raise TypeError(f"values must be bytes, not {sorted({type(v).__name__ for v in values} - {'bytes', 'bytearray'})}")
+        if keys is not None and not set(map(type, keys)) <= _KEY_TYPES:
+            raise TypeError(f"keys must be bytes or None, not "
+                            f"{sorted({type(k).__name__ for k in keys} - {'bytes', 'bytearray', 'NoneType'})}")
         nbytes = sum(map(len, values)) + 8 * len(values)
         if nbytes > self.max_record_bytes:
             raise MeshError(ErrorCode.MESSAGE_TOO_LARGE,

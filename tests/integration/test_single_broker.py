@@ -84,6 +84,19 @@ def test_a_group_consumer_that_takes_little_per_poll_reads_ahead_a_bounded_amoun
         assert got == 1_000 and most <= 3 * cap, f"{most} bytes read ahead of the caller"
 
 
+def test_send_batch_refuses_values_and_keys_that_are_not_bytes(broker):
+    """A str value was stored as a str (the broker never decodes records), and a text
+    client's CONS failed on it; send() always refused it."""
+    with Admin(broker.address) as a:
+        a.create_topic("typed", partitions=1)
+    with Producer(broker.address, acks=1) as p:
+        with pytest.raises(TypeError, match="values must be bytes, not .'str'."):
+            p.send_batch("typed", [b"ok", "text"])
+        with pytest.raises(TypeError, match="keys must be bytes or None, not .'int'."):
+            p.send_batch("typed", [b"a", b"b"], keys=[b"k", 7])
+        assert p.send_batch("typed", [b"a", bytearray(b"b")], keys=[None, b"k"]).result(10) == 0
+
+
 def test_keys_land_where_kafka_puts_them(broker):
     from mesh.wire.partitioner import partition_for_key
     with Admin(broker.address) as a:
