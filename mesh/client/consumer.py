@@ -10,7 +10,11 @@ topic (before, a consumer in a group pulled the whole topic into memory that way
 text gateway runs such consumers inside the broker).
 Records come back in offset order per partition; batches are checked (length, CRC) once,
 when a fetch answer is walked (``mesh.wire.records.iter_batches``), and decoded in bulk
-later from the header that walk parsed (``records_from``).
+later from the header that walk parsed (``records_from``). A batch that cannot be decoded
+(a client wrote bad columns; the broker never decodes records) stops its partition where
+it is, as Kafka's consumer does: ``poll`` first returns what came before it, then raises
+``CORRUPT_MESSAGE`` naming the batch until the caller seeks past it; nothing before it is
+skipped.
 """
 from __future__ import annotations
 
@@ -297,12 +301,21 @@ class Consumer:
     def _take(self, limit: int) -> list[list[Record]]:
         out, n = [], 0
         while self._buffer and n < limit:
-            item = self._buffer.popleft()
+            item = self._buffer[0]
             if isinstance(item, list):
                 recs = item
             else:
+                try:
+                    recs = records_from(*item)
+                except Exception as exc:   # stored by a client that wrote bad columns (the CRC holds)
+                    if out:
+                        break   # what came before it first; the next poll stops at this batch
+                    raise MeshError(ErrorCode.CORRUPT_MESSAGE,
+                                    f"{item[0]}/{item[1]}: the batch at offset {item[4].base_offset} cannot be "
+                                    f"decoded ({type(exc).__name__}: {exc}); seek past offset "
+                                    f"{item[4].base_offset + item[4].record_count - 1} to go on") from exc
                 self._buffered_bytes -= len(item[2])
-                recs = records_from(*item)
+            self._buffer.popleft()
             if n + len(recs) > limit:
                 cut = limit - n
                 self._buffer.appendleft(recs[cut:])

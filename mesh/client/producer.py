@@ -258,6 +258,11 @@ class Producer:
         f._batch, f._index = b, idx
         return f
 
+    @property
+    def failed(self) -> BaseException | None:
+        """Why the producer's I/O thread stopped (every send fails from then on), or None."""
+        return self._io_error
+
     def send_batch(self, topic: str, values: list[bytes], partition: int | None = None,
                    keys: list | None = None, timestamp_ms: int | None = None) -> BatchFuture:
         """Bulk path: queue many records for one partition as one batch, with no per-record

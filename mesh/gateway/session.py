@@ -10,13 +10,25 @@ for records or for a group assignment, a PUBS waiting for a leader, a client tha
 read) blocks this connection only (see ``mesh.gateway.text`` for the commands).
 
 The thread reads with a short timeout (``READ_POLL_S``) so it notices the gateway
-stopping and its own idle time: after ``idle_timeout_ms`` without a byte from the client
-it answers ``ERR idle ...`` and closes. Complete lines are served in order; consecutive
+stopping and its own idle time, which counts from the end of the last complete command
+(or from the connection's start): blank lines, and the bytes of a line not finished yet,
+are no command. After ``idle_timeout_ms`` without one it answers ``ERR idle for <ms> ms:
+closing`` and closes, so a line that was started must be finished within
+``idle_timeout_ms`` of the previous command (else ``ERR idle for <ms> ms (a line was
+started and not finished): closing``): a client that trickles bytes (one a second, never a
+newline) holds its slot no longer than a silent one, and the gateway's eviction of idle
+connections counts the same way (``idle_ms``). Complete lines are served in order; consecutive
 PUBS lines already received are sent together (at most ``MAX_PIPELINED_PUBS``) and
 answered in order. Answers are written with ``WRITE_TIMEOUT_S``: a client that does not
 take them is disconnected. When the session ends its subscriptions close (leaving their
 groups; abandoned, without commit or leave, when the node is going away), its producer
-is flushed for at most a second and closed, and the gateway forgets it.
+is flushed for at most a second and closed, and the gateway forgets it. A producer whose
+I/O thread failed is dropped (closed) at the next PUBS, which makes a new one.
+
+CONS is at-least-once: the records a CONS takes from its consumer count as consumed (the
+next CONS commits them), so if the CONS fails after taking them (anything raised before
+its answer is built), each partition it took from is sought back to the first record it
+took, and the next CONS delivers them again.
 """
 from __future__ import annotations
 
@@ -30,7 +42,7 @@ import zmq
 from mesh.gateway.protocol import (
     BYE, END, MAX_LINE_BYTES, NOT_UTF8, BadCommand, Cons, Help, Invalid, Pubs, Quit, Subs,
     error_line, help_lines, line_too_long, mesh_error_line, ok_published, ok_subscribed,
-    parse_command, parse_message, parse_offset, parse_partitions, record_line, timeout_line,
+    parse_command, parse_message, parse_offset, parse_partitions, pubs_error_line, record_line,
 )
 from mesh.wire.errors import MeshError
 
@@ -44,6 +56,7 @@ WRITE_TIMEOUT_S = 10.0
 MAX_PIPELINED_PUBS = 1000
 CONS_MAX_RECORDS = 1000
 CONS_MAX_BYTES = 1 << 20
+SUBSCRIPTION_FETCH_BYTES = 1 << 20   # a subscription's fetches (its read-ahead is about two of them)
 CONS_WAIT_MS = 500
 JOIN_WAIT_MS = 5_000          # a CONS of a member with no partitions yet waits for them this long
 CONS_SLICE_MS = 100
@@ -92,7 +105,7 @@ class Session(threading.Thread):
         self.producer = None
         self._stop_event = threading.Event()
         self._logged_bug = False
-        self.last_ms = gateway.now_ms()   # the last byte received, or the end of the last command
+        self.last_ms = gateway.now_ms()   # the end of the last complete command (or the start)
         self.busy = False                 # serving a command (never idle then)
         self.evicted = False
 
@@ -100,7 +113,8 @@ class Session(threading.Thread):
         self._stop_event.set()
 
     def idle_ms(self, now_ms: int) -> int:
-        """How long the client has been silent with nothing in progress (0 while serving)."""
+        """How long since the client's last complete command, with nothing in progress (0
+        while serving one); bytes of an unfinished line and blank lines do not count."""
         return 0 if self.busy else now_ms - self.last_ms
 
     def evict(self) -> None:
@@ -131,21 +145,26 @@ class Session(threading.Thread):
             try:
                 data = self.sock.recv(READ_CHUNK_BYTES)
             except socket.timeout:
-                if self.gw.now_ms() - self.last_ms >= idle_ms:
-                    self._write([error_line(f"idle for {idle_ms} ms: closing")])
-                    return
-                continue
+                data = None
             except OSError:
                 return
-            if not data:
-                return
-            self.busy = True
-            try:
-                if not self._feed(data):
+            if data is not None:
+                if not data:
                     return
-            finally:
-                self.busy = False
-                self.last_ms = self.gw.now_ms()
+                self.busy = True
+                try:
+                    commands, more = self._feed(data)
+                finally:
+                    self.busy = False
+                if commands:
+                    self.last_ms = self.gw.now_ms()
+                if not more:
+                    return
+            # checked after every read, not only a silent one: bytes that trickle in are no command
+            if self.gw.now_ms() - self.last_ms >= idle_ms:
+                unfinished = " (a line was started and not finished)" if self.buf or self.discarding else ""
+                self._write([error_line(f"idle for {idle_ms} ms{unfinished}: closing")])
+                return
         if self.evicted:
             self._write([error_line("idle while the gateway is full: closing to make room")])
 
@@ -177,13 +196,16 @@ class Session(threading.Thread):
             raise _Gone() from exc
 
     # -- lines ----------------------------------------------------------------------------
-    def _feed(self, data: bytes) -> bool:
-        """Serve the complete lines received so far; False after QUIT."""
+    def _feed(self, data: bytes) -> tuple[int, bool]:
+        """Serve the complete lines received so far: (how many commands, i.e. lines not
+        blank, were answered; False after QUIT)."""
+        commands = 0
         if self.discarding:
             nl = data.find(b"\n")
             if nl < 0:
-                return True
+                return commands, True
             self.discarding = False
+            commands += 1   # the over-long line, answered when it began
             data = data[nl + 1:]
         self.buf += data
         out: list[bytes] = []
@@ -200,12 +222,14 @@ class Session(threading.Thread):
             raw = bytes(self.buf[:nl])
             del self.buf[:nl + 1]
             if len(raw) > MAX_LINE_BYTES:
+                commands += 1
                 self._flush_pubs(pubs, out)
                 out.append(line_too_long())
                 continue
             line = raw.rstrip(b"\r")
             if not line.strip():
-                continue
+                continue   # no command: the idle clock goes on
+            commands += 1
             try:
                 text = line.decode()
             except UnicodeDecodeError:
@@ -222,7 +246,7 @@ class Session(threading.Thread):
             if isinstance(cmd, Quit):
                 out.append(BYE)
                 self._write(out)
-                return False
+                return commands, False
             result = self._guard(text, self._command, cmd)
             if isinstance(result, Exception):
                 out.append(self._error(result))
@@ -232,7 +256,7 @@ class Session(threading.Thread):
             out = []
         self._flush_pubs(pubs, out)
         self._write(out)
-        return True
+        return commands, True
 
     def _guard(self, text: str, fn, cmd):
         """``fn(cmd)``, or the exception to answer in its place (a bug is logged once per session)."""
@@ -273,19 +297,29 @@ class Session(threading.Thread):
 
     def _flush_pubs(self, pubs: list, out: list[bytes]) -> None:
         for item in pubs:
+            if isinstance(item, MeshError):   # send() refused it: nothing was queued
+                out.append(pubs_error_line(item))
+                continue
             if isinstance(item, Exception):
                 out.append(self._error(item))
                 continue
             try:
                 md = item.get(timeout=PUBS_TIMEOUT_S)
                 out.append(ok_published(md.partition, md.offset))
-            except MeshError as exc:
-                out.append(mesh_error_line(exc))
-            except Exception as exc:   # a timeout of the future
-                out.append(timeout_line(exc))
+            except Exception as exc:   # a MeshError (maybe written or not), or a timeout of the future
+                out.append(pubs_error_line(exc))
         pubs.clear()
 
     def _producer(self):
+        if self.producer is not None and self.producer.failed is not None:
+            # its I/O thread failed: every send would fail from now on (its futures have
+            # failed already, each with its maybe_written): make a new one
+            dead, self.producer = self.producer, None
+            log.warning("text session %s: its producer failed (%s); making a new one", self.peer, dead.failed)
+            try:
+                dead.close(timeout=1)
+            except Exception as exc:
+                log.warning("text session %s: closing its failed producer: %s", self.peer, exc)
         if self.producer is None:
             from mesh.client import Producer
             # the same producer as every client (idempotent, acks=all), with a delivery
@@ -310,7 +344,8 @@ class Session(threading.Thread):
             consumer = Consumer(bootstrap=self.gw.address, auto_offset_reset="earliest", group_id=cmd.group,
                                 enable_auto_commit=True, auto_commit_interval_ms=0, commit_on_close=False,
                                 session_timeout_ms=limits.session_timeout_ms, context=self.gw.ctx,
-                                creds=self.gw.creds)
+                                creds=self.gw.creds, fetch_max_bytes=SUBSCRIPTION_FETCH_BYTES,
+                                max_partition_fetch_bytes=SUBSCRIPTION_FETCH_BYTES)
             try:
                 count = consumer.cluster.partitions(cmd.topic)
                 if cmd.partitions is not None:
@@ -341,6 +376,25 @@ class Session(threading.Thread):
             for tp in held:
                 consumer.seek(tp, offset)
         out: list[bytes] = []
+        taken: dict = {}   # partition -> the first offset this CONS took from the consumer
+        try:
+            self._take_records(sub, out, taken)
+        except BaseException:
+            # the records taken count as consumed (the next CONS would commit them), but none
+            # is answered: give them back so they are delivered again (at-least-once)
+            for tp, offset in taken.items():
+                try:
+                    consumer.seek(tp, offset)
+                except Exception as exc:   # e.g. no longer assigned: its new owner reads from the commit
+                    log.warning("text session %s: giving back %s from %d: %s", self.peer, tp, offset, exc)
+            raise
+        out.append(END)
+        return out
+
+    def _take_records(self, sub: _Subscription, out: list[bytes], taken: dict) -> None:
+        """Poll ``sub`` into ``out`` (record lines); ``taken`` gets the first offset taken
+        of each partition, as soon as it is taken."""
+        consumer = sub.consumer
         size = 0
         cut: set = set()   # partitions sought back to their first record not sent
         joining = not consumer.assignment()   # a new member: wait for partitions, then for records
@@ -350,6 +404,8 @@ class Session(threading.Thread):
             if left_ms <= 0:
                 break
             batches = consumer.poll_batches(timeout_ms=min(left_ms, CONS_SLICE_MS), max_records=CONS_MAX_RECORDS)
+            for recs in batches:
+                taken.setdefault((recs[0].topic, recs[0].partition), recs[0].offset)
             if joining and consumer.assignment():
                 joining = False
                 deadline_ms = self.gw.now_ms() + CONS_WAIT_MS
@@ -357,6 +413,7 @@ class Session(threading.Thread):
                     for tp in consumer.assignment():   # held nothing before: every batch is of these
                         consumer.seek(tp, sub.pending_offset)
                     sub.pending_offset = None
+                    taken.clear()   # given back by the seeks: nothing of them is taken now
                     continue
             for recs in batches:
                 tp = (recs[0].topic, recs[0].partition)
@@ -370,5 +427,3 @@ class Session(threading.Thread):
                     line = record_line(r)
                     out.append(line)
                     size += len(line) + 1
-        out.append(END)
-        return out

@@ -33,7 +33,9 @@ taken, a new one closes the connection idle longest if it has been idle (no comm
 progress) for ``evict_idle_ms`` (``ERR idle while the gateway is full ...``), so idle
 clients cannot lock everyone out; else the new one gets ``ERR too many connections ...``
 and is closed. Each is closed after ``idle_timeout_ms`` without a command
-(``ERR idle ...``) or when it does not take its answers within
+(``ERR idle ...``; blank lines and the bytes of an unfinished line are no command, so a line
+that was started must be finished within ``idle_timeout_ms`` of the previous command) or
+when it does not take its answers within
 ``WRITE_TIMEOUT_S``; at most ``max_subscriptions_per_connection`` subscriptions per
 connection and ``max_subscriptions`` in all (beyond: ``ERR``, the connection stays open).
 
@@ -56,7 +58,10 @@ at the group's committed offsets, else at the earliest offset.
 0.5 s for the first (and, while a new group member has no partitions yet, up to 5 s for
 its assignment); none is just ``END``. A record line is ``<partition> <offset> <json>``
 with ``Key``, ``Header`` (when present), ``Body`` and ``Timestamp``; a value that is not
-UTF-8 comes as ``BodyBase64``. ``<offset>`` moves every partition the subscription holds
+UTF-8 comes as ``BodyBase64``, and a field that is not bytes at all (only a low-level client
+can store one) as ``KeyRepr``/``HeaderRepr``/``BodyRepr`` (``mesh.gateway.protocol``). A
+batch that cannot be decoded stops its partition: ``ERR CORRUPT_MESSAGE: ...`` names it
+until a ``CONS`` with an offset past it. ``<offset>`` moves every partition the subscription holds
 to that offset; one that holds none yet (``SUBS`` then ``CONS t <id> 0`` at once) moves
 the partitions it is given first. Commits: the records a ``CONS`` returned are committed
 when the subscription's next ``CONS`` arrives (the client asking for more is done with

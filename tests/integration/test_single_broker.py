@@ -97,6 +97,49 @@ def test_send_batch_refuses_values_and_keys_that_are_not_bytes(broker):
         assert p.send_batch("typed", [b"a", bytearray(b"b")], keys=[None, b"k"]).result(10) == 0
 
 
+def test_a_batch_that_cannot_be_decoded_stops_its_partition_and_loses_nothing_before_it(broker):
+    """A client can store columns that do not decode (the broker never decodes records; the
+    CRC holds). The consumer dropped the good records it had taken from its buffer before
+    such a batch. Now poll returns them, then raises naming the batch until a seek past it."""
+    import zlib
+    from mesh.wire.records import _PREFIX_CRC, _TAIL, MAGIC
+
+    def raw_batch(payload: bytes, n: int) -> bytes:
+        tail = _TAIL.pack(MAGIC, 0, 0, n, 0, 0, -1, -1, len(payload))
+        return b"".join((_PREFIX_CRC.pack(0, 0, zlib.crc32(payload, zlib.crc32(tail))), tail, payload))
+
+    with Admin(broker.address) as a:
+        a.create_topic("undecodable", partitions=1)
+    t = Transport()
+    try:
+        def produce(batch):
+            resp, _ = t.call(broker.address, m.ProduceRequest("undecodable", 0, -1), batch)
+            return resp.error == 0
+        wait_until(lambda: produce(encode_batch([b"r0", b"r1", b"r2"])), 10, "a leader")
+        assert produce(raw_batch(b"\x94\x91\xa1\xff\xc0\xc0\xc0", 1))   # values: [a str that is not UTF-8]
+        assert produce(encode_batch([b"r4", b"r5"]))
+    finally:
+        t.close()
+    with Consumer(bootstrap=broker.address, auto_offset_reset="earliest") as c:
+        c.assign([("undecodable", 0)])
+        got = []
+        deadline = time.monotonic() + 20
+        with pytest.raises(MeshError) as exc:
+            while True:
+                assert time.monotonic() < deadline, got
+                got += [r.value for recs in c.poll_batches(500) for r in recs]
+        assert got == [b"r0", b"r1", b"r2"]
+        assert exc.value.code == ErrorCode.CORRUPT_MESSAGE and "offset 3" in exc.value.message
+        with pytest.raises(MeshError):   # still there: nothing is skipped silently
+            c.poll_batches(500)
+        c.seek(("undecodable", 0), 4)
+        rest = []
+        while len(rest) < 2:
+            assert time.monotonic() < deadline, rest
+            rest += [r.value for recs in c.poll_batches(500) for r in recs]
+        assert rest == [b"r4", b"r5"]
+
+
 def test_keys_land_where_kafka_puts_them(broker):
     from mesh.wire.partitioner import partition_for_key
     with Admin(broker.address) as a:

@@ -432,3 +432,197 @@ def test_an_idle_connection_is_closed(pair):
     finally:
         c.close()
     serves(n1.address, "here")
+
+
+# -- the review of the gateway (items 3-7): odd records, trickling clients, bad numbers ------
+
+def test_a_record_whose_value_is_not_bytes_loses_nothing(broker):
+    """A low-level client can store values that are not bytes (the broker checks a batch's
+    shape, not its fields): CONS shows them (BodyRepr) with the records around them, and
+    the group loses none."""
+    from mesh.client.transport import Transport
+    from mesh.wire import messages as m
+    from mesh.wire.records import encode_batch
+    with Admin(broker.address) as a:
+        a.create_topic("odd", 1)
+    t = Transport()
+    try:
+        produce = lambda values: t.call(broker.address, m.ProduceRequest("odd", 0, -1), encode_batch(values))
+        wait_until(lambda: produce([b"r0", b"r1", b"r2"]), 10, "the topic's leader")
+        produce(["a str, not bytes", 5, None])
+        produce([b"r6", b"r7"])
+    finally:
+        t.close()
+    shown = ["r0", "r1", "r2", "'a str, not bytes'", "5", "None", "r6", "r7"]
+    c = Client(broker.text_port)
+    try:
+        sub = c.cmd("SUBS odd odd-readers 0").split()[1]
+        got: list = []
+        deadline = time.monotonic() + 15
+        while len(got) < len(shown) and time.monotonic() < deadline:
+            lines = c.cons(f"CONS odd {sub}")
+            assert not any(line.startswith("ERR") for line in lines), lines
+            got.extend(records(lines))
+        assert [r[1] for r in got] == list(range(len(shown)))
+        assert [r[2].get("Body", r[2].get("BodyRepr")) for r in got] == shown
+        assert c.cons(f"CONS odd {sub}") == []     # commits them all
+        assert c.cmd("QUIT") == "BYE"
+    finally:
+        c.close()
+    c = Client(broker.text_port)   # the group's next reader: everything was read, nothing skipped
+    try:
+        sub = c.cmd("SUBS odd odd-readers 0").split()[1]
+        assert c.cons(f"CONS odd {sub}") == []
+        assert [r[1] for r in records(c.cons(f"CONS odd {sub} 2"))] == list(range(2, len(shown)))
+    finally:
+        c.close()
+
+
+@pytest.fixture
+def own_gateway(broker):
+    """A TextGateway in this process (a client of ``broker``), so a test can break its insides."""
+    from mesh.gateway.text import TextGateway
+    gw = TextGateway(broker.address, free_port())
+    yield gw
+    gw.close()
+
+
+def test_a_cons_that_fails_after_taking_records_gives_them_back(own_gateway, monkeypatch):
+    import mesh.gateway.session as session_mod
+    real, calls = session_mod.record_line, []
+
+    def fails_once(r):
+        calls.append(r.offset)
+        if len(calls) == 2:
+            raise RuntimeError("injected failure")
+        return real(r)
+    with Admin(own_gateway.address) as a:
+        a.create_topic("odd2", 1)
+    c = Client(own_gateway.port)
+    try:
+        for i in range(3):
+            assert c.cmd(f"PUBS odd2 m{i}").startswith("OK ")
+        sub = c.cmd("SUBS odd2 give-back 0").split()[1]
+        monkeypatch.setattr(session_mod, "record_line", fails_once)
+        first = c.cons(f"CONS odd2 {sub}")
+        assert first == ["ERR internal error: injected failure"]
+        got = cons_until(c, f"CONS odd2 {sub}", 3)     # all three again: none committed unseen
+        assert [r[2]["Body"] for r in got] == ["m0", "m1", "m2"]
+    finally:
+        c.close()
+
+
+def test_a_session_replaces_a_producer_whose_io_thread_failed(own_gateway, monkeypatch):
+    import mesh.client.producer as producer_mod
+    real, calls = producer_mod.encode_batch, []
+
+    def fails_once(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("injected encode failure")
+        return real(*args, **kwargs)
+    c = Client(own_gateway.port)
+    try:
+        monkeypatch.setattr(producer_mod, "encode_batch", fails_once)
+        answer = c.cmd("PUBS news first")       # its I/O thread fails before sending: not written
+        assert answer.startswith("ERR UNKNOWN not written: producer I/O failed"), answer
+        for i in range(3):                       # a new producer: PUBS works again
+            assert c.cmd(f"PUBS news again{i}").startswith("OK ")
+    finally:
+        c.close()
+
+
+def test_a_string_that_is_not_utf8_or_json_too_deep_is_refused_and_pubs_goes_on(broker):
+    c = Client(broker.text_port)
+    try:
+        answer = c.cmd('PUBS news {"Key": "k", "Body": "b", "Header": {"\\ud800": "x"}}')
+        assert answer.startswith("ERR a header name is not valid UTF-8"), answer
+        assert c.cmd("PUBS news after-surrogate-header").startswith("OK ")
+        assert c.cmd('PUBS news {"Key": "\\udfff"}').startswith("ERR the key is not valid UTF-8")
+        assert c.cmd('PUBS news {"Header": {"h": "\\ud800"}}').startswith("ERR a header value is not valid UTF-8")
+        assert c.cmd('PUBS news {"Body": ' + "[" * 50_000 + "]" * 50_000 + "}") == \
+            "ERR the message's JSON is nested too deeply"
+        # pipelined: the bad one is answered in its place, its neighbours are sent
+        c.send(b'PUBS news one\nPUBS news {"Header": {"\\ud800": "x"}}\nPUBS news three\n')
+        answers = [c.line() for _ in range(3)]
+        assert answers[0].startswith("OK ") and answers[2].startswith("OK "), answers
+        assert answers[1].startswith("ERR a header name is not valid UTF-8"), answers
+    finally:
+        c.close()
+
+
+def test_numbers_are_ascii_digits_and_offsets_at_most_2_63_minus_1(broker):
+    c = Client(broker.text_port)
+    try:
+        for i in range(3):
+            assert c.cmd(f'PUBS solo {{"Key": "b{i}", "Body": "bound{i}"}}').startswith("OK ")
+        sub = c.cmd("SUBS solo bounds 0-1").split()[1]
+        for offset in (str(2 ** 63), str(2 ** 64), "9" * 5000):
+            assert c.cmd(f"CONS solo {sub} {offset}").startswith(
+                "ERR offset must be at most 9223372036854775807, not "), offset
+        for offset in ("²", "٣", "０"):   # digits to str.isdigit, not ASCII
+            assert c.cmd(f"CONS solo {sub} {offset}").startswith("ERR offset must be a non-negative integer")
+        assert c.cmd("SUBS solo bounds2 ²").startswith("ERR partitions must look like 0,3,5-7")
+        assert c.cmd("SUBS solo bounds2 " + "1" * 5000).startswith("ERR partitions '")
+        # the subscription was not moved by any of them: it reads from its start
+        got = cons_until(c, f"CONS solo {sub}", 3)
+        assert {f"bound{i}" for i in range(3)} <= {r[2]["Body"] for r in got}
+    finally:
+        c.close()
+
+
+def test_bytes_that_are_no_command_do_not_keep_a_connection(pair):
+    """Idle time counts from the last complete command: a client that sends a byte of a
+    line it never finishes (or a blank line) every 50-150 ms is closed after the idle
+    timeout (3 s), and is the one closed to make room for a new client (idle 1.5 s)."""
+    n1, _ = pair
+    hogs = [Client(n1.text_port) for _ in range(3)]
+    drip = [b"P", b"U", b"\n"]     # two never finish their line; one sends blank lines only
+    ended: dict[int, tuple[str, float]] = {}
+    late: list[Client] = []
+    admitted: list[float] = []
+    t0 = time.monotonic()
+
+    def step():
+        for i, h in enumerate(hogs):
+            if i in ended:
+                continue
+            h.sock.settimeout(0.05)
+            try:
+                ended[i] = (h.line(), time.monotonic() - t0)   # the gateway's last word
+                continue
+            except socket.timeout:
+                pass
+            except OSError as exc:
+                ended[i] = (f"<{exc}>", time.monotonic() - t0)
+                continue
+            try:
+                h.send(drip[i])
+            except OSError:
+                pass   # closed: its last line is read next time
+        if not admitted and time.monotonic() - t0 > 1.6:
+            c = Client(n1.text_port)
+            late.append(c)
+            if c.cmd("PUBS here room").startswith("OK "):
+                admitted.append(time.monotonic() - t0)
+        return len(ended) == 3
+    try:
+        wait_until(step, 10, "the three connections to be closed")
+        assert admitted and admitted[0] < 3.0       # room made before any idle timeout
+        evicted = [i for i, (line, _) in ended.items() if line.startswith("ERR idle while the gateway is full")]
+        assert len(evicted) == 1, ended
+        for i, (line, after_s) in ended.items():
+            if i in evicted:
+                continue
+            unfinished = " (a line was started and not finished)" if drip[i] != b"\n" else ""
+            assert line == f"ERR idle for 3000 ms{unfinished}: closing", ended
+            assert 2.5 < after_s < 6, ended
+        for h in hogs:
+            h.sock.settimeout(5)
+            with pytest.raises(ConnectionError):
+                h.line()
+        assert late[-1].cmd("PUBS here still-open").startswith("OK ")
+    finally:
+        for c in hogs + late:
+            c.close()
+    serves(n1.address, "here")

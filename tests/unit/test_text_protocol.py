@@ -6,9 +6,9 @@ import json
 import pytest
 
 from mesh.gateway.protocol import (
-    BYE, END, HELP, MAX_LINE_BYTES, BadCommand, Cons, Help, Invalid, Pubs, Quit, Subs,
+    BYE, END, HELP, MAX_LINE_BYTES, MAX_OFFSET, BadCommand, Cons, Help, Invalid, Pubs, Quit, Subs,
     error_line, help_lines, line_too_long, mesh_error_line, ok_published, ok_subscribed,
-    parse_command, parse_message, parse_offset, parse_partitions, record_line, timeout_line,
+    parse_command, parse_message, parse_offset, parse_partitions, pubs_error_line, record_line,
 )
 from mesh.wire.errors import ErrorCode, MeshError
 from mesh.wire.records import Record
@@ -66,6 +66,29 @@ def test_partition_lists():
         parse_partitions("4", 4)
 
 
+@pytest.mark.parametrize("text", ["²", "٣", "1²", "０", "3\u0663"])
+def test_numbers_are_ascii_digits_only(text):
+    # str.isdigit takes these; int() refuses some ("²") and reads others ("٣" as 3)
+    with pytest.raises(BadCommand, match="non-negative integer"):
+        parse_offset(text)
+    with pytest.raises(BadCommand, match="partitions must look like"):
+        parse_partitions(text, 8)
+    with pytest.raises(BadCommand, match="partitions must look like"):
+        parse_partitions(f"0-{text}", 8)
+
+
+def test_offsets_are_at_most_2_63_minus_1():
+    assert parse_offset(str(MAX_OFFSET)) == MAX_OFFSET == 2 ** 63 - 1
+    assert parse_offset("0" * 5000 + "7") == 7       # leading zeros are no size
+    for big in (str(2 ** 63), str(2 ** 64), "9" * 5000):   # 5000 digits: beyond int()'s limit
+        with pytest.raises(BadCommand, match=f"offset must be at most {MAX_OFFSET}"):
+            parse_offset(big)
+    with pytest.raises(BadCommand, match=r"partitions 0\.\.7"):
+        parse_partitions("1" * 5000, 8)               # refused, not an internal error
+    with pytest.raises(BadCommand, match=r"partitions 0\.\.7"):
+        parse_partitions("0-" + "1" * 5000, 8)
+
+
 # -- messages --------------------------------------------------------------------------
 def test_plain_text_is_a_value_without_key():
     assert parse_message("hello world") == (None, b"hello world", [])
@@ -81,6 +104,35 @@ def test_json_fields_make_key_value_and_headers():
     assert parse_message('{"Header": {"x": "1", "y": 2}}') == (None, b"", [("x", b"1"), ("y", b"2")])
 
 
+@pytest.mark.parametrize("message, what", [
+    ('{"Key": "k", "Body": "b", "Header": {"\\ud800": "x"}}', "a header name"),
+    ('{"Key": "k", "Body": "b", "Header": {"h": "\\udfff"}}', "a header value"),
+    ('{"Header": "\\ud800x"}', "the header"),
+    ('{"Key": "\\ud800"}', "the key"),
+    ('{"Body": "a\\udc00"}', "the body"),
+])
+def test_a_string_that_is_not_utf8_is_refused(message, what):
+    # a JSON escape can make a lone surrogate, which no UTF-8 encoder takes: refused here,
+    # before the producer (whose I/O thread would fail on a header name)
+    with pytest.raises(BadCommand, match=f"{what} is not valid UTF-8"):
+        parse_message(message)
+
+
+def test_header_names_are_kept_as_str_and_checked():
+    assert parse_message('{"Header": {"\\u00e9t\\u00e9": "x"}, "Body": "b"}') == (None, b"b", [("été", b"x")])
+    # a surrogate pair escaped in JSON is one character, valid in UTF-8
+    assert parse_message('{"Header": {"\\ud83d\\ude00": "x"}}')[2] == [("\U0001f600", b"x")]
+
+
+def test_json_nested_too_deeply_is_refused():
+    deep = '{"Body": ' + "[" * 100_000 + "]" * 100_000 + "}"
+    with pytest.raises(BadCommand, match="nested too deeply"):
+        parse_message(deep)
+    with pytest.raises(BadCommand, match="nested too deeply"):
+        parse_message('{"a":' + "[" * 100_000)      # not even valid JSON: refused all the same
+    assert parse_message("[" * 100_000) == (None, b"[" * 100_000, [])   # not an object: the value, as is
+
+
 # -- replies ---------------------------------------------------------------------------
 def test_reply_lines():
     assert ok_published(3, 41) == b"OK 3 41"
@@ -88,12 +140,22 @@ def test_reply_lines():
     assert error_line(BadCommand("bad thing")) == b"ERR bad thing"
     assert mesh_error_line(MeshError(ErrorCode.UNKNOWN_TOPIC, "unknown topic 'x'")) == \
         b"ERR UNKNOWN_TOPIC: unknown topic 'x'"
-    assert timeout_line("") == b"ERR TIMEOUT: no acknowledgement"
-    assert timeout_line(TimeoutError("5 s")) == b"ERR TIMEOUT: 5 s"
-    assert timeout_line("slow") == b"ERR TIMEOUT: slow"
     assert line_too_long() == f"ERR line longer than {MAX_LINE_BYTES} bytes".encode()
     assert help_lines() == [h.encode() for h in HELP] + [END]
     assert (END, BYE) == (b"END", b"BYE")
+
+
+def test_pubs_errors_say_whether_the_record_may_be_written():
+    assert pubs_error_line(MeshError(ErrorCode.TIMEOUT, "no answer", maybe_written=True)) == \
+        b"ERR TIMEOUT maybe written: no answer"
+    assert pubs_error_line(MeshError(ErrorCode.UNKNOWN, "producer I/O failed: x", maybe_written=True)) == \
+        b"ERR UNKNOWN maybe written: producer I/O failed: x"
+    assert pubs_error_line(MeshError(ErrorCode.MESSAGE_TOO_LARGE, "big")) == b"ERR MESSAGE_TOO_LARGE not written: big"
+    assert pubs_error_line(MeshError(ErrorCode.UNKNOWN_TOPIC, "unknown topic 'x'", maybe_written=False)) == \
+        b"ERR UNKNOWN_TOPIC not written: unknown topic 'x'"
+    # the wait for the acknowledgement ran out: the outcome is unknown
+    assert pubs_error_line(TimeoutError()) == b"ERR TIMEOUT maybe written: no acknowledgement"
+    assert pubs_error_line(TimeoutError("15 s")) == b"ERR TIMEOUT maybe written: 15 s"
 
 
 def _record(value: bytes, key=None, headers=None) -> Record:
@@ -109,6 +171,61 @@ def test_record_lines():
     assert obj == {"Header": {"a": "1", "b": "2"}, "BodyBase64": "/wA=", "Timestamp": 1234}
     assert "Key" not in json.loads(record_line(_record(b"x")).split(b" ", 2)[2])
     assert "é" in record_line(_record("é".encode())).decode()     # not escaped
+
+
+def _obj(line: bytes) -> dict:
+    p, o, obj = line.split(b" ", 2)
+    assert (p, o) == (b"2", b"17")
+    obj.decode()        # valid UTF-8
+    return json.loads(obj)
+
+
+class _Deep:
+    def __repr__(self):
+        raise RecursionError("maximum recursion depth exceeded")
+
+
+@pytest.mark.parametrize("value, shown", [
+    ("a str, not bytes", {"BodyRepr": "'a str, not bytes'"}),
+    (5, {"BodyRepr": "5"}),
+    (None, {"BodyRepr": "None"}),
+    (1.5, {"BodyRepr": "1.5"}),
+    ([b"x", {"k": 1}], {"BodyRepr": "[b'x', {'k': 1}]"}),
+    ("\ud800", {"BodyRepr": "'\\ud800'"}),     # repr escapes it: the line is valid UTF-8
+    (_Deep(), {"BodyRepr": "<_Deep>"}),
+    (memoryview(b"\xff"), {"BodyBase64": "/w=="}),
+])
+def test_a_value_that_is_not_bytes_still_makes_a_line(value, shown):
+    # a low-level client can store any msgpack value in a batch's values column
+    assert _obj(record_line(_record(value))) == {**shown, "Timestamp": 1234}
+
+
+def test_keys_and_headers_that_are_not_bytes_still_make_a_line():
+    assert _obj(record_line(_record(b"v", key=7))) == {"KeyRepr": "7", "Body": "v", "Timestamp": 1234}
+    assert _obj(record_line(_record(b"v", key="k"))) == {"KeyRepr": "'k'", "Body": "v", "Timestamp": 1234}
+    for headers in ([("h", "str")], [("h", None)], [(1, b"x")], [("a", b"1", b"extra")], [("only",)],
+                    [["h", 5], ("g", b"ok")]):
+        obj = _obj(record_line(_record(b"v", headers=headers)))
+        assert obj == {"HeaderRepr": repr(headers), "Body": "v", "Timestamp": 1234}
+    # well-formed ones as before, lists or tuples
+    assert _obj(record_line(_record(b"v", headers=[["a", b"1"], ("b", bytearray(b"2"))]))) == \
+        {"Header": {"a": "1", "b": "2"}, "Body": "v", "Timestamp": 1234}
+    # a str field with a lone surrogate (not from msgpack, whose strings are valid UTF-8): escaped
+    line = record_line(_record(b"v", headers=[("\ud800", b"x")]))
+    assert _obj(line) == {"Header": {"\ud800": "x"}, "Body": "v", "Timestamp": 1234}
+
+
+def test_record_line_never_raises():
+    class Odd:   # a record of an unexpected shape: still one line, saying so
+        partition, offset = 2, 17
+
+        @property
+        def key(self):
+            raise RuntimeError("no key")
+    obj = _obj(record_line(Odd()))
+    assert list(obj) == ["BodyRepr"] and "no key" in obj["BodyRepr"]
+    p, o, obj = record_line(object()).split(b" ", 2)
+    assert (p, o) == (b"-1", b"-1") and list(json.loads(obj)) == ["BodyRepr"]
 
 
 def test_a_pubs_round_trip_matches_the_record_line():
