@@ -50,6 +50,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
 from mesh.cluster.keys import OFFSETS_CHUNK_PARTITIONS, offsets_key
+from mesh.groups.messages import check_partitions
 from mesh.groups.rendezvous import coordinator_for
 
 __all__ = [
@@ -66,6 +67,7 @@ StampedEntry = tuple[str, int, int, str, int]    # ... and the commit's wall_ms
 
 COORDINATING_STATUSES = ("alive", "suspect")
 _NO_STAMP: Stamp = (-1, -1)
+_MAX_FETCH_PARTITIONS = 100_000   # a fetch of offsets answered from the merged view (as the coordinator's bound)
 
 
 class MalformedOffsets(ValueError):
@@ -173,9 +175,8 @@ class OffsetBook:
         merged = self._merged.get(group_id, {})
         if partitions is None:
             wanted = sorted(merged)
-        else:
-            wanted = sorted({(tp[0], tp[1]) for tp in partitions[:100_000]
-                             if isinstance(tp, (list, tuple)) and len(tp) == 2})
+        else:   # checked as the coordinator checks them: a bad entry is INVALID_REQUEST, never a TypeError
+            wanted = sorted(check_partitions(partitions, _MAX_FETCH_PARTITIONS, "partitions"))
         out = []
         for tp in wanted:
             offset, metadata, _ = merged.get(tp, (-1, "", 0))

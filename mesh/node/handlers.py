@@ -29,6 +29,8 @@ __all__ = ["ClientHandlers"]
 
 log = logging.getLogger("mesh.node.handlers")
 
+MAX_METADATA_TOPICS = 10_000   # names in one metadata request (after duplicates are dropped)
+
 
 class ClientHandlers:
     def __init__(self, *, node_id: str, gossip, catalog: Catalog, directory: Directory, store,
@@ -129,7 +131,13 @@ class ClientHandlers:
             stats[mem.node_id] = self.gossip.node_items(mem.node_id, keys.STATS_PREFIX)
         addresses = {mem.node_id: mem.address for mem in members}
         addresses[self.node_id] = self.directory.address
-        names = sorted(self.catalog.topics) if req.topics is None else list(req.topics)
+        if req.topics is None:
+            names = sorted(self.catalog.topics)
+        else:   # each name once: a name repeated 100,000 times was 100,000 copies of its partitions
+            names = list(dict.fromkeys(req.topics))
+            if len(names) > MAX_METADATA_TOPICS:
+                raise MeshError(ErrorCode.INVALID_REQUEST, f"at most {MAX_METADATA_TOPICS} topics per metadata "
+                                                           f"request (all topics: ask for none)")
         topics = []
         for name in names:
             t = self.catalog.topics.get(name)

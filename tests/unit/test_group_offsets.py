@@ -40,7 +40,7 @@ def test_merge_entry_reports_the_groups_that_moved():
     assert book.merge_entry(value) == {"g/with/slashes"}
     assert book.merge_entry(value) == set()
     assert book.knows("g/with/slashes") and book.groups() == ["g/with/slashes"]
-    assert book.offsets_for("g/with/slashes", [["t", 1], ["t", 2], "junk"]) == \
+    assert book.offsets_for("g/with/slashes", [["t", 1], ["t", 2]]) == \
         [["t", 1, 7, ""], ["t", 2, -1, ""]]
     assert book.offsets_for("g/with/slashes", None) == [["t", 0, 5, "m"], ["t", 1, 7, ""]]
 
@@ -176,3 +176,15 @@ def test_the_coordination_set_and_a_lone_start():
     assert starts_alone(False, ["a"], "a")
     assert not starts_alone(True, ["a"], "a")
     assert not starts_alone(False, ["a", "b"], "a")
+
+
+@pytest.mark.parametrize("partitions", [[[1, 2], ["a", 3]], [[["x"], 1]], [["t", -1]], "tt", [["t"]]])
+def test_offsets_from_the_merged_view_check_what_they_are_asked_for(partitions):
+    """A broker that does not coordinate the group answers a fetch of offsets from the merged
+    view; a bad list raised TypeError there, which rolled back the whole turn (every produce
+    of it refused): sent in a loop, it stopped every producer on that broker."""
+    from mesh.wire.errors import ErrorCode, MeshError
+    with pytest.raises(MeshError) as exc:
+        OffsetBook("a").offsets_for("g", partitions)
+    assert exc.value.code == ErrorCode.INVALID_REQUEST
+    assert OffsetBook("a").offsets_for("g", [["t", 0]]) == [["t", 0, -1, ""]]
