@@ -194,7 +194,7 @@ class GroupCoordinator:
         coordinates the group its own commits are the newest, and gossip may lag behind
         them. ``replace``: the shell knows these are newer (a later commit made through
         another broker, e.g. the previous coordinator's last ones arriving late)."""
-        group = self._group(group_id, create=True)
+        group = self._group(group_id, create=True, capped=False)   # acknowledged commits: never refused
         for topic, partition, offset, metadata in offsets:
             if replace:
                 group.offsets[(topic, partition)] = (offset, metadata)
@@ -373,6 +373,7 @@ class GroupCoordinator:
                 raise MeshError(ErrorCode.UNKNOWN_MEMBER,
                                 f"group {group_id!r} has {len(group.members)} members; "
                                 "a simple consumer may commit only to a group without members")
+            self._check_exist(offsets)   # (a member commits only what it was assigned)
         else:
             member = group.members.get(req.member_id) if group else None
             if member is None:
@@ -398,6 +399,7 @@ class GroupCoordinator:
         if group is not None and group.members:
             raise invalid(f"group {group_id!r} has {len(group.members)} members: offsets can be "
                            "reset only when it has none (stop its consumers first)")
+        self._check_exist(offsets)
         response, effects = self._write_offsets(group_id, offsets)
         return GroupResetOffsetsResponse(error=response.error, message=response.message), effects
 
@@ -428,10 +430,24 @@ class GroupCoordinator:
 
     # -- group table ----------------------------------------------------------------------
 
-    def _group(self, group_id: str, create: bool) -> GroupRecord:
+    def _check_exist(self, offsets) -> None:
+        """Offsets name partitions of topics this coordinator knows (made-up topics were
+        stored, and gossiped to every broker, without bound). UNKNOWN_TOPIC is retriable: a
+        topic just created may not have reached this broker yet."""
+        known = self._topic_partitions
+        for topic, partition, *_ in offsets:
+            count = known.get(topic, 0)
+            if not count:
+                raise MeshError(ErrorCode.UNKNOWN_TOPIC, f"no topic {topic!r:.80}")
+            if partition >= count:
+                raise MeshError(ErrorCode.UNKNOWN_PARTITION, f"{topic} has partitions 0..{count - 1}")
+
+    def _group(self, group_id: str, create: bool, capped: bool = True) -> GroupRecord:
+        """``capped``: a new group counts against ``max_groups`` (a client's join or commit);
+        a group that moves here with its committed offsets is never refused."""
         group = self._groups.get(group_id)
         if group is None and create:
-            if len(self._groups) >= self.config.max_groups:
+            if capped and len(self._groups) >= self.config.max_groups:
                 raise invalid(f"this coordinator already holds {self.config.max_groups} groups")
             group = self._groups[group_id] = GroupRecord(group_id)
         return group

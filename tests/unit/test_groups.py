@@ -290,6 +290,33 @@ def test_simple_consumer_commit_fetch_and_reset():
     assert resp.error == ErrorCode.NONE
 
 
+def test_simple_commits_and_resets_name_partitions_that_exist():
+    """Made-up topics were stored, and gossiped to every broker, without bound (2.7 MB of
+    commits took a broker from 81 to 308 MB and each later commit from 0.6 to 67 ms)."""
+    coord = new_coordinator()
+    for offsets, code in (([("nope", 0, 1, "")], ErrorCode.UNKNOWN_TOPIC),
+                          ([("t", 4, 1, "")], ErrorCode.UNKNOWN_PARTITION)):
+        resp, effects = commit(coord, "", -1, offsets)
+        assert resp.error == code and effects == [], resp
+        resp, effects = coord.handle(GroupResetOffsets(G, [list(o[:3]) for o in offsets]), 0)
+        assert resp.error == code and effects == [], resp
+    assert coord.handle(GroupList(), 0)[0].groups == []
+
+
+def test_groups_that_move_here_are_never_refused_for_the_group_cap():
+    """A broker whose peer died takes over the peer's groups with their committed offsets;
+    the cap refused them (offset -1 for every group past it: consumers reset, commits lost)."""
+    coord = new_coordinator(max_groups=2)
+    for g in ("a", "b"):
+        resp, _ = coord.handle(GroupCommit(g, "", -1, [["t", 0, 5, ""]]), 0)
+        assert resp.error == ErrorCode.NONE
+    resp, _ = coord.handle(GroupCommit("c", "", -1, [["t", 0, 5, ""]]), 0)
+    assert resp.error == ErrorCode.INVALID_REQUEST and "already holds 2 groups" in resp.message
+    coord.load_offsets("moved", [("t", 1, 9, "m")])      # taken over: kept, over the cap
+    resp, _ = coord.handle(GroupFetchOffsets("moved"), 0)
+    assert resp.offsets == [["t", 1, 9, "m"]]
+
+
 def test_describe_and_list():
     coord = new_coordinator()
     assert coord.handle(GroupList(), 0)[0].groups == []
