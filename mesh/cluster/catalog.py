@@ -49,6 +49,11 @@ __all__ = ["Catalog", "Topic", "TOPIC_PREFIX", "MAX_REPLICATION_FACTOR", "cluste
 log = logging.getLogger("mesh.cluster.catalog")
 
 MAX_REPLICATION_FACTOR = 16   # a chunk of the replica table stays bounded with long node ids
+# Partitions of all topics together: every broker holds the whole table in gossip, and a
+# broker may host a replica of each (``ReplicationConfig.max_partitions``). Each broker
+# checks it against the topics it knows, so two creates racing on two brokers may pass it
+# by the smaller of them (there is no controller to ask).
+MAX_CLUSTER_PARTITIONS = 100_000
 
 
 def cluster_pid(topic_uuid: str, partition: int) -> int:
@@ -361,6 +366,7 @@ class Catalog:
             raise MeshError(ErrorCode.INVALID_CONFIG, f"partitions must be 1..{MAX_PARTITIONS}")
         if type(replication_factor) is not int or not 1 <= replication_factor <= MAX_REPLICATION_FACTOR:
             raise MeshError(ErrorCode.INVALID_CONFIG, f"replication factor must be 1..{MAX_REPLICATION_FACTOR}")
+        self._check_room(partitions)
         cfg = normalize_config(config)
         try:
             replicas = place_replicas(partitions, replication_factor, live_nodes, self.leader_load())
@@ -372,6 +378,13 @@ class Catalog:
         for key, value in topic_registers(t).items():   # chunks first, the header last
             self.gossip.put_cluster(key, value)
         return t
+
+    def _check_room(self, more: int) -> None:
+        held = sum(t.partitions for t in self.topics.values())
+        if held + more > MAX_CLUSTER_PARTITIONS:
+            raise MeshError(ErrorCode.INVALID_CONFIG,
+                            f"the cluster holds {held} partitions; at most {MAX_CLUSTER_PARTITIONS} in all "
+                            f"(asked for {more} more): delete a topic first")
 
     def alter(self, name: str, partitions: int, replication_factor: int, live_nodes: list[str]) -> Topic:
         """Grow topic ``name`` to ``partitions`` (0: unchanged; only growth, as Kafka's
@@ -393,6 +406,8 @@ class Catalog:
                             f"asked for {partitions}")
         if partitions > MAX_PARTITIONS:
             raise MeshError(ErrorCode.INVALID_CONFIG, f"partitions must be 1..{MAX_PARTITIONS}")
+        if partitions:
+            self._check_room(partitions - t.partitions)
         rf = replication_factor or t.replication_factor
         if not 1 <= rf <= MAX_REPLICATION_FACTOR:
             raise MeshError(ErrorCode.INVALID_CONFIG, f"replication factor must be 1..{MAX_REPLICATION_FACTOR}")

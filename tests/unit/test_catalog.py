@@ -411,3 +411,20 @@ def test_key_schema():
     with pytest.raises(ValueError):
         keys.topic_of_key("member")
     assert keys.offsets_key("g/1", "t", 2) == "off/g/1/t/2"
+
+
+def test_the_partitions_of_all_topics_together_are_bounded(monkeypatch):
+    """Only partitions per topic were bounded: topic after topic, every broker holds the whole
+    table and may host a replica of each (its replication core takes at most 100,000)."""
+    import mesh.cluster.catalog as catalog_module
+    monkeypatch.setattr(catalog_module, "MAX_CLUSTER_PARTITIONS", 10)
+    cat, _, _ = make("n1")
+    cat.create("a", 6, 1, {}, ["n1"])
+    cat.reconcile()
+    with pytest.raises(MeshError, match="holds 6 partitions; at most 10 in all") as info:
+        cat.create("b", 5, 1, {}, ["n1"])
+    assert info.value.code == ErrorCode.INVALID_CONFIG
+    cat.create("b", 4, 1, {}, ["n1"])
+    cat.reconcile()
+    with pytest.raises(MeshError, match="asked for 1 more"):
+        cat.alter("a", 7, 0, ["n1"])
