@@ -222,6 +222,11 @@ class DataPath:
                 end = dup + h.record_count
                 if req.acks == -1 and end > replicas.commit_offset(pid):
                     replicas.park_ack(pid, ident, rid, dup, end, req.timeout_ms)
+                elif req.acks == 1:
+                    # after the turn's sync, as the batch it repeats: that one may be staged in
+                    # this very turn, and a commit that fails takes it back (an acknowledged
+                    # record lost: the client took the early answer and never retried)
+                    self._staged.append(_tuple_new(_Staged, (ident, rid, 1, pid, dup, end, 0)))
                 elif req.acks != 0:
                     self.reply(ident, rid, m.ProduceResponse(0, base_offset=dup))
                 return

@@ -154,6 +154,9 @@ def validate_batch(buf: bytes, max_bytes: int) -> BatchHeader:
     count = h.record_count
     if count < 1:
         raise MeshError(ErrorCode.INVALID_REQUEST, "batch has no records")
+    if count > h.payload_length:   # every record takes a byte at least (its value): offsets are not free
+        raise MeshError(ErrorCode.INVALID_REQUEST,
+                        f"batch claims {count} records in {h.payload_length} payload bytes")
     # a small batch is cheaper to copy than to view (a memoryview and its slice are two objects)
     if zlib.crc32(buf[16:] if n <= _COPY_CRC_MAX else memoryview(buf)[16:]) != h.crc:
         raise MeshError(ErrorCode.CORRUPT_MESSAGE, "batch CRC32 mismatch")

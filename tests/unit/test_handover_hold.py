@@ -216,3 +216,48 @@ def test_a_node_that_stepped_down_and_then_wins_appends_what_it_held_in_order():
     replicas.moving, replicas.leader_id = False, "n1"  # it campaigned again and won
     dp.release_held()
     assert replies == [] and len(replicas.appended) == 2 and b"value-one" in replicas.appended[0]
+
+
+def test_a_retry_of_a_batch_staged_this_turn_is_answered_only_after_the_turn_commits():
+    """A retry that arrives in the turn that staged its batch was answered OK at once (acks=1);
+    the turn's commit then failed (a full disk) and took the batch back: acknowledged, lost."""
+    from storage.base import LogError
+
+    class FailingStore(Store):
+        def has_writes(self):
+            return True
+
+        def commit(self):
+            raise LogError("no space left on device")
+
+        def rollback(self):
+            self.replicas.appended.clear()
+
+    class Retries(Producers):
+        def __init__(self):
+            super().__init__()
+            self.staged = {}
+
+        def check(self, pid, h):
+            if h.base_sequence in self.staged:
+                return self.staged[h.base_sequence]   # a duplicate: where it went
+            return super().check(pid, h)
+
+        def stage(self, pid, h, base):
+            self.staged[h.base_sequence] = base
+            super().stage(pid, h, base)
+
+        def rollback(self):
+            self.staged.clear()
+
+    replicas, replies = Replicas(), []
+    replicas.before_commit = lambda writes: set()
+    replicas.after_commit = lambda ok: set()
+    dp = DataPath(FailingStore(replicas), Catalog(), replicas, Retries(),
+                  lambda ident, rid, msg, payload=None: replies.append((rid, msg)),
+                  leader_of=lambda t, p: None, now_ms=lambda: 0, address_of=lambda n: None)
+    produce(dp, 1, b"v", seq=0)
+    produce(dp, 2, b"v", seq=0)              # the producer's retry, in the same turn
+    assert replies == []                      # nothing is durable yet
+    assert dp.commit_turn() is False
+    assert [(rid, msg.error) for rid, msg in replies] == [(1, ErrorCode.STORAGE_ERROR), (2, ErrorCode.STORAGE_ERROR)]

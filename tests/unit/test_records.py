@@ -83,3 +83,14 @@ def test_murmur2_matches_kafka_java_client():
 def test_partition_for_key_is_positive_modulo():
     assert partition_for_key(b"21", 7) == (-973932308 & 0x7FFFFFFF) % 7
     assert all(0 <= partition_for_key(bytes([i]), 6) < 6 for i in range(256))
+
+
+def test_a_batch_cannot_claim_more_records_than_its_payload_has_bytes():
+    """A 65-byte batch claiming 4,294,967,295 records was stored, and took that many offsets."""
+    from mesh.wire.records import _PREFIX_CRC, _TAIL, MAGIC
+    payload = b"\x94\xdd\xff\xff\xff\xff\xc0\xc0\xc0"   # [values: an array32 of 2**32-1, nil, nil, nil]
+    tail = _TAIL.pack(MAGIC, 0, 0, 0xFFFFFFFF, 0, 0, -1, -1, len(payload))
+    batch = _PREFIX_CRC.pack(0, 0, zlib.crc32(payload, zlib.crc32(tail))) + tail + payload
+    with pytest.raises(MeshError, match="claims 4294967295 records in 9 payload bytes") as e:
+        validate_batch(batch, 1 << 20)
+    assert e.value.code == ErrorCode.INVALID_REQUEST
