@@ -70,6 +70,7 @@ from typing import Callable, NamedTuple
 
 from mesh.cluster.catalog import Topic
 from mesh.node.clock import now_ms as _monotonic_ms
+from mesh.node.clock import wall_ms as _wall_ms
 from mesh.wire import messages as m
 from mesh.wire import records
 from mesh.wire.errors import ErrorCode, MeshError
@@ -95,6 +96,11 @@ class DataLimits:
 
 _tuple_new = tuple.__new__
 _HOLD_MS = 2_000        # a handover ends within an election timeout (then it is abandoned)
+# A batch stamped further ahead of this broker's clock is refused (Kafka 4's default for
+# log.message.timestamp.after.max.ms): time retention deletes from the head while the head's
+# newest timestamp is old enough, so one batch stamped in the far future kept a partition
+# from ever expiring.
+MAX_TIMESTAMP_AHEAD_MS = 3_600_000
 _HOLD_MAX = 1_024       # produce requests held per partition during a handover
 _HOLD_BYTES = 64 << 20  # bytes of produce requests held in all
 _HOLD_ALL = 16_384      # produce requests held in all
@@ -132,12 +138,13 @@ class DataPath:
                  leader_of: Callable[[Topic, int], str | None],
                  now_ms: Callable[[], int] = _monotonic_ms,
                  address_of: Callable[[str], str | None] | None = None,
-                 limits: DataLimits | None = None):
+                 limits: DataLimits | None = None, wall_ms: Callable[[], int] = _wall_ms):
         """``leader_of(topic, partition) -> address or None`` names the leader of a
         partition this node does not lead; ``now_ms``: the node's monotonic clock;
         ``address_of(node id) -> address or None`` turns the replication core's hints (a
         leadership transfer's target) into addresses for clients."""
         self.now_ms = now_ms
+        self.wall_ms = wall_ms
         self.address_of = address_of
         self.store = store
         self.catalog = catalog
@@ -206,6 +213,10 @@ class DataPath:
         if payload is None:
             raise MeshError(ErrorCode.INVALID_REQUEST, "produce request has no record batch frame")
         h = records.validate_batch(payload, t.config["max.message.bytes"])
+        if h.max_timestamp_ms > self.wall_ms() + MAX_TIMESTAMP_AHEAD_MS or h.first_timestamp_ms > h.max_timestamp_ms:
+            raise MeshError(ErrorCode.INVALID_REQUEST,
+                            f"batch timestamps {h.first_timestamp_ms}..{h.max_timestamp_ms} ms: more than an hour "
+                            f"ahead of this broker's clock, or out of order")
         if not leading:   # stepped down for a handover, the winner not known here yet: wait for it
             if not self._hold(pid, ident, rid, req, payload):
                 self.local_partition(req.topic, req.partition)   # a bound is reached: refused as before

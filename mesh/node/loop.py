@@ -219,7 +219,7 @@ class Node:
         self.directory = Directory(config.node_id, self.address, self.gossip, clock.wall_ms,
                                    self._local_leader)
         self.data = DataPath(self.store, self.catalog, self.replicas, self.producers, self._reply,
-                             self.directory.leader_address, now_ms=clock.now_ms,
+                             self.directory.leader_address, now_ms=clock.now_ms, wall_ms=clock.wall_ms,
                              address_of=self.directory.address_of,
                              limits=DataLimits(fetch_max_bytes=config.fetch_max_bytes,
                                                partition_fetch_max_bytes=config.partition_fetch_max_bytes,

@@ -261,3 +261,21 @@ def test_a_retry_of_a_batch_staged_this_turn_is_answered_only_after_the_turn_com
     assert replies == []                      # nothing is durable yet
     assert dp.commit_turn() is False
     assert [(rid, msg.error) for rid, msg in replies] == [(1, ErrorCode.STORAGE_ERROR), (2, ErrorCode.STORAGE_ERROR)]
+
+
+def test_a_batch_stamped_more_than_an_hour_ahead_is_refused():
+    """Time retention deletes from the head while its newest timestamp is old enough: one
+    batch stamped in the far future kept its partition from ever expiring."""
+    replicas, replies = Replicas(), []
+    wall = [1_800_000_000_000]
+    dp = DataPath(Store(replicas), Catalog(), replicas, Producers(),
+                  lambda ident, rid, msg, payload=None: replies.append((rid, msg)),
+                  leader_of=lambda t, p: None, now_ms=lambda: 0, address_of=lambda n: None,
+                  wall_ms=lambda: wall[0])
+    ahead = encode_batch([b"v"], timestamps_ms=wall[0] + dp_mod.MAX_TIMESTAMP_AHEAD_MS + 1)
+    with pytest.raises(MeshError, match="more than an hour ahead") as exc:
+        dp.on_produce(b"c", 1, m.ProduceRequest("t", 0, 1, 5_000), ahead)
+    assert exc.value.code == ErrorCode.INVALID_REQUEST and replicas.appended == []
+    fine = encode_batch([b"v"], timestamps_ms=wall[0] + dp_mod.MAX_TIMESTAMP_AHEAD_MS)
+    dp.on_produce(b"c", 2, m.ProduceRequest("t", 0, 1, 5_000), fine)
+    assert len(replicas.appended) == 1
