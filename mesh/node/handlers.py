@@ -192,6 +192,12 @@ class ClientHandlers:
     # -- offsets ------------------------------------------------------------------------
     def on_list_offsets(self, ident, rid, req: m.ListOffsetsRequest, payload) -> None:
         out = []
+        if not isinstance(req.parts, (list, tuple)) or len(req.parts) > MAX_METADATA_TOPICS * 10:
+            raise MeshError(ErrorCode.INVALID_REQUEST, f"parts must be a list of at most {MAX_METADATA_TOPICS * 10}")
+        for part in req.parts:
+            if not isinstance(part, (list, tuple)) or len(part) != 3 or part[2] not in (m.EARLIEST, m.LATEST):
+                raise MeshError(ErrorCode.INVALID_REQUEST, f"each part must be [topic, partition, {m.EARLIEST} "
+                                                           f"(earliest) or {m.LATEST} (latest)], not {part!r:.80}")
         for topic, partition, which in req.parts:
             try:
                 _, pid = self.data.local_partition(topic, partition)

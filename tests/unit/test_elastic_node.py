@@ -156,3 +156,14 @@ def test_the_gossip_snapshot_is_staged_at_most_once_per_ten_times_its_cost(node,
     node._after_turn()                           # gossip still; the change waiting is staged now
     node._after_turn()
     assert staged == [1_000, 1_500]
+
+
+def test_list_offsets_names_earliest_or_latest_and_well_formed_parts(node):
+    """Any mode but earliest meant latest, and a malformed part was logged as a bug."""
+    call(node, m.CreateTopicRequest("t", 1, 1))
+    for parts in ([["t", 0, 7]], [["t", 0]], [["t", 0, -1, "x"]], "t"):
+        with pytest.raises(MeshError, match="must be") as exc:
+            call(node, m.ListOffsetsRequest(parts))
+        assert exc.value.code == ErrorCode.INVALID_REQUEST, parts
+    (row,) = call(node, m.ListOffsetsRequest([["t", 0, m.EARLIEST]])).parts
+    assert row[:2] == ["t", 0]
