@@ -85,6 +85,11 @@ REPLICATION_MESSAGES: tuple[type, ...] = PEER_MESSAGES  # what the node loop rou
 
 
 TICK_DEBT = 2   # ticks a slow turn may still owe (tick_due)
+# acks=all requests waiting for one partition's commit; beyond, answered TIMEOUT at once (the
+# write may be made all the same: the client's retry is deduplicated). Each waits at most its
+# timeout, but a client resending an uncommitted batch (a partition without a quorum) added
+# one on every resend, and every turn scans them.
+MAX_ACK_WAITERS_PER_PARTITION = 10_000
 
 
 @dataclass
@@ -472,8 +477,14 @@ class ReplicaHost:
 
     def park_ack(self, pid: int, ident: bytes, rid: int, base: int, end: int, timeout_ms: int) -> None:
         """An acks=all produce request staged this turn: answer when committed."""
-        self._waiters.setdefault(pid, []).append(
-            _AckWaiter(ident, rid, base, end, self.now_ms() + max(0, timeout_ms)))
+        ws = self._waiters.setdefault(pid, [])
+        if len(ws) >= MAX_ACK_WAITERS_PER_PARTITION:
+            if self.reply is not None:
+                self.reply(ident, rid, m.ProduceResponse(int(ErrorCode.TIMEOUT),
+                                                         f"{len(ws)} acks=all requests already wait for this "
+                                                         f"partition's commit; not acknowledged yet"))
+            return
+        ws.append(_AckWaiter(ident, rid, base, end, self.now_ms() + max(0, timeout_ms)))
 
     # -- after the turn's sync ----------------------------------------------------------
     def after_commit(self, ok: bool) -> set[int]:

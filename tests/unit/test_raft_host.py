@@ -347,3 +347,16 @@ def test_membership_through_the_shell_config_changes_are_taken_after_the_sync():
     assert c.hosts["n3"].config(PID) == c1
     c.turn("n1", ok=False)                              # a failed commit rebuilds the core from disk
     assert c.hosts["n1"].config(PID) == c1
+
+
+def test_acks_all_requests_waiting_for_one_partition_are_bounded(monkeypatch):
+    """A client resending an uncommitted batch (no quorum) added a waiter on every resend;
+    every turn scans them. Past the bound, TIMEOUT at once (the write may still be made)."""
+    import mesh.node.raft_host as raft_host
+    monkeypatch.setattr(raft_host, "MAX_ACK_WAITERS_PER_PARTITION", 3)
+    c = Cluster()
+    h = c.hosts["n0"]
+    for rid in range(5):
+        h.park_ack(PID, b"c", rid, 0, 1, 60_000)
+    assert len(h._waiters[PID]) == 3
+    assert [(rid, msg.error) for _, rid, msg in c.replies["n0"]] == [(3, ErrorCode.TIMEOUT), (4, ErrorCode.TIMEOUT)]
