@@ -106,18 +106,20 @@ def real_brokers(partitions: int, rf: int = 3, window_s: float = 4.0, list_timeo
     return out
 
 
+def _wide(a, address: str) -> list[dict]:
+    """The ``wide`` topic's partitions as the broker at ``address`` lists them ([] if none)."""
+    from mesh.wire.messages import MetadataRequest
+    r, _ = a.transport.call(address, MetadataRequest(["wide"]), timeout_ms=30_000)
+    t = r.topics[0]
+    return [] if t.get("error") else t["partitions"]
+
+
 def _settled(a, address: str, partitions: int, t0: float, timeout_s: float) -> dict:
     """After a create: the seconds until every partition is led by its preferred replica,
     and how many elections that took (epoch 1: the first election was the last one)."""
     from mesh.testing.launcher import wait_until
-    from mesh.wire.messages import MetadataRequest
-
-    def parts() -> list[dict]:
-        r, _ = a.transport.call(address, MetadataRequest(["wide"]), timeout_ms=30_000)
-        t = r.topics[0]
-        return [] if t.get("error") else t["partitions"]
     try:
-        ps = wait_until(lambda: (ps := parts()) and len(ps) == partitions
+        ps = wait_until(lambda: (ps := _wide(a, address)) and len(ps) == partitions
                         and all(p["leader"] == p["replicas"][0] for p in ps) and ps,
                         max(1.0, t0 + timeout_s - time.monotonic()), "every partition on its preferred leader",
                         interval_s=0.2)
@@ -130,26 +132,18 @@ def _settled(a, address: str, partitions: int, t0: float, timeout_s: float) -> d
 
 
 def _failover(c, partitions: int, timeout_s: float) -> dict:
-    """Kill -9 the last broker; the seconds until the first one lists every partition with
-    a leader other than it (leaders as gossiped), and how many elections that took."""
+    """Kill -9 the last broker (after ``_settled``: creation's handovers done); the seconds
+    until the first one lists every partition with a leader other than it (leaders as
+    gossiped), and how many elections that took."""
     from mesh.client import Admin
     from mesh.testing.launcher import wait_until
-    from mesh.wire.messages import MetadataRequest
 
     victim, survivor = c.brokers[-1], c.brokers[0]
     with Admin(c.bootstrap, request_timeout_ms=60_000) as a:
         def parts() -> list[dict]:
-            r, _ = a.transport.call(survivor.address, MetadataRequest(["wide"]), timeout_ms=30_000)
-            t = r.topics[0]
-            return [] if t.get("error") else t["partitions"]
+            return _wide(a, survivor.address)
 
         gone = (victim.node_id, victim.address)
-        # settled first: every partition led by its preferred replica (creation's handovers done)
-        try:
-            wait_until(lambda: (ps := parts()) and all(p["leader"] == p["replicas"][0] for p in ps),
-                       timeout_s, "every partition to be led by its preferred replica", interval_s=0.5)
-        except AssertionError:
-            pass   # measured anyway: the count below says how many the victim led
         before = {p["partition"]: p for p in parts()}
         moved = sum(1 for p in before.values() if p["leader"] in gone)
         victim.kill()

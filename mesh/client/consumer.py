@@ -275,21 +275,25 @@ class Consumer:
             if self._buffer:
                 if self._group is not None:
                     self._receive(0)  # group answers must not wait for the buffer to drain
-                if self._buffered_bytes < self.max_bytes:
-                    self._send_fetches()  # prefetch the next while the caller works (bounded)
+                self._prefetch()
                 return self._take(limit)
             self._send_fetches()
             left = deadline - time.monotonic()
             self._receive(max(0, int(left * 1000)))
             self._expire_fetches()
             if self._buffer:
-                if self._buffered_bytes < self.max_bytes:
-                    self._send_fetches()  # prefetch the next while the caller works (bounded)
+                self._prefetch()
                 return self._take(limit)
             if time.monotonic() >= deadline:
                 return []
             if self._group is not None:
                 self._group.maybe_heartbeat()
+
+    def _prefetch(self) -> None:
+        """Fetch the next while the caller works, unless ``fetch_max_bytes`` of records
+        already wait to be returned (the read-ahead bound)."""
+        if self._buffered_bytes < self.max_bytes:
+            self._send_fetches()
 
     def _receive(self, timeout_ms: int) -> None:
         for _addr, rid, resp, payload in self.transport.poll(timeout_ms):

@@ -90,9 +90,6 @@ class GatewayProcess:
             if ready:
                 return fd.readline().strip()
 
-    def alive(self) -> bool:
-        return self.proc.poll() is None
-
     def close(self) -> None:
         if self.proc.poll() is None:
             try:

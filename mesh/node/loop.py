@@ -132,9 +132,8 @@ _ISOLATED_WARN_MS = 5_000      # no live peer this long (seeds set): say so (a s
 # many short-lived ones (a metadata answer, a 4,096-row replication message) pushed some of
 # them into the old generation, so a full collection ran about once a second even on a
 # settled cluster asked for metadata: 70-240 ms of the loop each (finding nothing), 10-20%
-# of the CPU. Young
-# collections every 50,000 objects instead of 700: what dies young is freed by reference
-# counting before it is ever scanned.
+# of the CPU. Young collections every 50,000 objects instead of 700: what dies young is
+# freed by reference counting before it is ever scanned.
 _GC_THRESHOLDS = (50_000, 20, 10)
 # The gossip snapshot is staged on the turn after gossip moved, but no sooner after the last
 # one than ten times what that one cost: it is the whole state, packed and written again

@@ -283,9 +283,9 @@ class Partition(Leading, Configuring):
         (the ticks since its leader's last append or heartbeat reached it, which a quiesce
         heartbeat set), so waking never ends a lease sooner than ticking would have; an
         append or heartbeat that wakes it restarts the timer anyway. It stands at most at
-        1.5E: the successors of a dead leader then still campaign in their rank order. A leader counts its
-        followers as last heard when their nodes were (so a write right after waking is not
-        refused for lack of answers)."""
+        1.5E: the successors of a dead leader then still campaign in their rank order. A
+        leader counts its followers as last heard when their nodes were (so a write right
+        after waking is not refused for lack of answers)."""
         if not self.quiesced:
             return
         self.quiesced = False
