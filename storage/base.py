@@ -161,6 +161,11 @@ class StoreBase:
         return st[2] if st else 0
 
     # -- staging ------------------------------------------------------------------------
+    def room_for(self, nbytes: int) -> bool:
+        """Would ``nbytes`` more fit in this turn, with room left for its other writes? (A
+        write that does not fit fails the whole turn.) The memory twin has no limit."""
+        return True
+
     def _save_undo(self, pid: int) -> None:
         if self._undo is None:
             self._undo = {}

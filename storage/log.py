@@ -43,6 +43,8 @@ _log = logging.getLogger("storage")
 
 _DBS = (b"log", b"meta", b"repl", b"offsets", b"producers", b"gossip")
 DEFAULT_MAP_SIZE = 64 << 30  # address space, not disk: the file grows as written
+_HEADROOM_BYTES = 8 << 20      # what a turn's other writes may take (at most 1/8 of the map)
+_PROBE_CHUNK_BYTES = 1 << 20   # the headroom is probed in pieces (a fragmented free list)
 
 
 class Store(StoreBase):
@@ -59,6 +61,10 @@ class Store(StoreBase):
         self._log = self.dbs["log"]
         self._wtxn: lmdb.Transaction | None = None
         self._failed: LogError | None = None
+        self._psize = self.env.stat()["psize"]
+        self._headroom = min(_HEADROOM_BYTES, map_size // 8)
+        self._turn_bytes = 0   # bytes this turn put (``room_for`` counts each twice: pages, B-tree)
+        self._note_room()
         super().__init__()
         self._recover()
 
@@ -159,12 +165,47 @@ class Store(StoreBase):
     def _put_batch(self, pid: int, base: int, batch: bytes) -> None:
         self._put(key_of(pid, base), batch, self._log)
 
+    def _note_room(self) -> None:
+        """Bytes never yet used at the map's end, as of the last commit (the free list may
+        hold more: LMDB does not say how much)."""
+        info = self.env.info()
+        self._room = info["map_size"] - (info["last_pgno"] + 1) * self._psize
+
+    def room_for(self, nbytes: int) -> bool:
+        """Would ``nbytes`` more fit in this turn, with headroom left for the turn's other
+        writes (replication state, offsets, the gossip snapshot)? A write that does not fit
+        dooms the whole turn (LMDB requires the transaction to be aborted), so a client's
+        batch is checked first and refused alone. Far from the map's end this is
+        arithmetic; near it, the batch and the headroom are put in a nested transaction
+        that is then aborted (the free list counts there; about 1 us plus a copy)."""
+        if self._failed is not None:
+            return False
+        if 2 * (self._turn_bytes + nbytes) + self._headroom < self._room:
+            return True
+        fresh = self._wtxn is None   # then this probe must not leave the turn a sync to do
+        child = self.env.begin(write=True, parent=self._txn())
+        try:
+            meta = self.dbs["meta"]
+            child.put(b"\0room:batch", bytes(nbytes), db=meta)
+            chunk = min(self._headroom, _PROBE_CHUNK_BYTES)
+            for i in range(-(-self._headroom // chunk)):
+                child.put(b"\0room:%d" % i, bytes(chunk), db=meta)
+            return True
+        except lmdb.MapFullError:
+            return False
+        finally:
+            child.abort()
+            if fresh:
+                self._wtxn.abort()
+                self._wtxn = None
+
     def _put(self, key: bytes, value: bytes, db) -> None:
         """A put. Any LMDB error dooms the whole turn (LMDB requires the txn to be aborted):
         it is remembered, every later write of the turn is refused with it, and ``commit``
         raises it after rolling the turn back."""
         if self._failed is not None:
             raise self._failed
+        self._turn_bytes += len(value)
         try:
             txn = self._wtxn
             (txn if txn is not None else self._txn()).put(key, value, db=db)
@@ -227,6 +268,7 @@ class Store(StoreBase):
         txn, self._wtxn = self._wtxn, None
         if txn is None:
             return
+        self._turn_bytes = 0
         if self._failed is not None:
             failed, self._failed = self._failed, None
             txn.abort()
@@ -237,9 +279,11 @@ class Store(StoreBase):
             raise StorageFull(f"log store full ({self.env.info()['map_size']} bytes): {exc}") from exc
         except lmdb.Error as exc:
             raise LogError(f"commit failed: {exc}") from exc
+        self._note_room()
 
     def _abort_txn(self) -> None:
         self._failed = None
+        self._turn_bytes = 0
         txn, self._wtxn = self._wtxn, None
         if txn is not None:
             txn.abort()

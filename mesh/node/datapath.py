@@ -104,6 +104,7 @@ MAX_TIMESTAMP_AHEAD_MS = 3_600_000
 _HOLD_MAX = 1_024       # produce requests held per partition during a handover
 _HOLD_BYTES = 64 << 20  # bytes of produce requests held in all
 _HOLD_ALL = 16_384      # produce requests held in all
+_FULL_HANDOVER_MS = 30_000   # a full store hands a partition's leadership over at most this often
 
 
 class _Staged(NamedTuple):   # a tuple: built once per produce request
@@ -165,6 +166,7 @@ class DataPath:
         self._held_count = 0
         self.held_total = 0   # produce requests ever held through a handover
         self._doomed: str | None = None
+        self._full_handover_ms: dict[int, int] = {}   # pid -> when a full store last handed it over
         self.on_commit: list[Callable[[bool], None]] = []   # told after every commit_turn: ok or not
         self.metrics = None   # mesh.node.metrics.NodeMetrics (--metrics-port)
 
@@ -248,6 +250,10 @@ class DataPath:
                 return   # a handover is in progress: answered when it ends (release_held)
             hint = self.address_of(exc.leader) if exc.leader and self.address_of else None
             raise MeshError(exc.code, exc.message, leader=hint or self.leader_of(t, req.partition))
+        if not self.store.room_for(len(payload)):   # refused alone: a put that fails dooms the turn
+            self._full(pid)
+            raise MeshError(ErrorCode.STORAGE_ERROR, f"not written: the store is full "
+                                                     f"(a {len(payload)}-byte batch does not fit)")
         try:
             staged_base, end, stored = self.store.stage_batch(pid, payload, epoch, h.record_count)
         except LogError as exc:  # nothing staged; the turn is doomed, commit_turn fails its other requests
@@ -260,6 +266,17 @@ class DataPath:
         # staged: from here on the answer is a ProduceResponse (the outcome may be "written")
         self._staged.append(_tuple_new(_Staged, (ident, rid, req.acks, pid, base, end,
                                                  min(req.timeout_ms, self.limits.max_produce_timeout_ms))))
+
+    def _full(self, pid: int) -> None:
+        """A batch for ``pid`` did not fit this store: hand the leadership to a caught-up
+        replica, whose store may have room (Kafka moves leaders off a failed log directory),
+        at most once per ``_FULL_HANDOVER_MS`` per partition (every store may be full)."""
+        now = self.now_ms()
+        if now - self._full_handover_ms.get(pid, -_FULL_HANDOVER_MS) >= _FULL_HANDOVER_MS:
+            if len(self._full_handover_ms) >= _HOLD_ALL:
+                self._full_handover_ms.clear()
+            self._full_handover_ms[pid] = now
+            self.replicas.hand_over(pid)
 
     def _hold(self, pid: int, ident, rid, req: m.ProduceRequest, payload: bytes, behind: bool = False) -> bool:
         """Hold a produce request while this node hands ``pid``'s leadership over or has

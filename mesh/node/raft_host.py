@@ -148,6 +148,7 @@ class ReplicaHost:
         self._next_lazy_flush_ms = 0
         self._logged: set[tuple[str, str]] = set()  # (peer, reason shape) refusals logged once
         self._refused_seen = 0   # the core's refused_rows when its refusals were last taken
+        self.full_drops = 0      # appends dropped because the store had no room for them
         self._walked: dict | None = None   # within step: id(chunk) -> (chunk, its checked batches)
         self.reply: Callable[[bytes, int, object], None] | None = None  # set by the node: reply(ident, rid, msg)
         self.address_of: Callable[[str], str | None] = lambda node_id: None  # set by the node: leader hints
@@ -228,6 +229,12 @@ class ReplicaHost:
     def transfer_leadership(self, pid: int, target: str) -> None:
         """Hand leadership of ``pid`` to ``target`` (a voter; a no-op when not leading)."""
         self.apply(self.core.transfer_leadership(pid, target))
+
+    def hand_over(self, pid: int) -> None:
+        """Start handing ``pid``'s leadership to a caught-up voter, if it is led here and
+        one answers (``ReplicaManager.hand_over``)."""
+        if self.is_leader(pid) and not self.core.transferring(pid):
+            self.apply(self.core.hand_over(pid))
 
     def hand_over_all(self, exclude: frozenset[str] | set[str], started: dict[int, int], tries: int = 3) -> bool:
         """Controlled shutdown, once per turn: start handing over every partition led here to
@@ -415,6 +422,14 @@ class ReplicaHost:
         rows = parse_rows(msg, self.cfg.max_replicas)   # once: the core takes them as they are
         chunks = None
         if type(msg) is ReplAppend:
+            if payload and not self.store.room_for(len(payload)):
+                # a put that does not fit fails the whole turn, and its rollback rebuilds the
+                # core (every leadership here dropped); unanswered, the leader sends it again
+                self.full_drops += 1
+                if self.full_drops & (self.full_drops - 1) == 0:   # the 1st, 2nd, 4th, 8th...
+                    log.warning("the store is full: %d appends from leaders dropped so far (this one "
+                                "%d bytes from %s)", self.full_drops, len(payload), src_node)
+                return
             walked = check_append_payload(msg, payload, self.cfg.max_replicas, rows) if payload else ()
             chunks = split_payload(rows, payload or b"")
             self._walked = {id(c): (c, w) for c, w in zip(chunks, walked) if w}

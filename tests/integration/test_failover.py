@@ -106,3 +106,37 @@ def test_a_broker_restarted_after_a_graceful_stop_leads_its_partitions_again(clu
         wait_until(lambda: parts()[0]["leader"] == victim.node_id, 30,
                    f"{victim.node_id} to lead partition 0 again")
         p.send("back", b"after", partition=0).get(10)
+
+
+def test_a_broker_whose_store_fills_up_moves_its_leaderships_and_the_cluster_goes_on(tmp_path):
+    """n3's store is small. Once full it drops the appends it has no room for (a put that
+    does not fit would fail its whole turn, and the rollback drop every leadership it
+    holds), refuses client batches for the partitions it leads and hands those over; with
+    n1 and n2 a quorum, every send is acknowledged and every acknowledged record is read
+    back."""
+    from mesh.testing.launcher import Cluster
+    c = Cluster(tmp_path, 3)
+    c.brokers[2].extra = c.brokers[2].extra + ["--max-storage-bytes", str(4 << 20)]
+    c.start()
+    try:
+        with Admin(c.bootstrap) as a:
+            a.create_topic("fill", partitions=3, replication_factor=3)
+        value = b"v" * 1000
+        acked = []
+        with Producer(c.bootstrap, acks="all", delivery_timeout_ms=30_000) as p:
+            def burst(n):
+                futs = [(i, p.send_batch("fill", [value] * 20, partition=i % 3)) for i in range(n)]
+                for i, f in futs:
+                    acked.append((i % 3, f.result(40)))
+            deadline = time.monotonic() + 90
+            while not re.search(r"store (is )?full", c.brokers[2].log(tail_chars=1 << 20)):
+                assert time.monotonic() < deadline, "n3's store never filled"
+                burst(30)
+            burst(60)   # with n3 full: all of it acknowledged
+        got = read_all(c.bootstrap, "fill", 3)
+        for part, base in acked:
+            assert [r.value for r in got[part][base:base + 20]] == [value] * 20
+        assert all(b.alive() for b in c.brokers)
+        assert "rebuilding the replication core" not in c.brokers[2].log(tail_chars=1 << 20)
+    finally:
+        c.kill()

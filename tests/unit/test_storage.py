@@ -581,3 +581,20 @@ def test_a_replica_append_checks_crcs_unless_the_caller_did(store):
         store.stage_replica_append(2, bad)
     store.rollback()
     assert store.stage_replica_append(2, good, verified=True) == 1
+
+
+def test_a_write_that_would_not_fit_is_refused_alone_and_the_turn_goes_on(tmp_path):
+    s = Store(str(tmp_path / "small"), map_size=2 << 20)
+    pid = s.partition_id("t", 0)
+    assert s.room_for(10_000)   # far from the end: arithmetic only
+    while s.room_for(50_000):
+        append(s, pid, [b"x" * 50_000])
+        s.commit()
+    end = s.log_end(pid)
+    assert end > 10
+    append(s, pid, [b"small"])   # the turn has other writes; the refusal must not spoil them
+    assert not s.room_for(50_000)
+    s.commit()
+    assert s.log_end(pid) == end + 1
+    assert offsets(s.read(pid, end, 1 << 20, end + 1)) == [end]
+    s.close()
