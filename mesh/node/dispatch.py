@@ -41,6 +41,7 @@ __all__ = ["Dispatcher", "open_router"]
 log = logging.getLogger("mesh.node.dispatch")
 
 _GOSSIP_MESSAGES = (GossipSyn, GossipAck, GossipAck2)
+_THROTTLE_REFUSE_MS = 10_000   # a producer whose answers would wait longer has its batches refused
 _READ_ONLY = frozenset({m.FetchRequest, m.MetadataRequest, m.ListOffsetsRequest})   # change no state
 
 
@@ -166,9 +167,14 @@ class Dispatcher:
             self.metrics.handled()
 
     def _charge_produce(self, ident: bytes, rid: int, msg, payload) -> None:
-        if msg.acks == 0:
-            return   # no answer to delay
         delay = self.outbox.charge("produce", ident, len(payload))
+        if delay and (msg.acks == 0 or delay > _THROTTLE_REFUSE_MS):
+            # no answer to hold back (acks=0), or the client does not wait for its held
+            # answers: delaying them would not slow its writes down, so refuse the batch
+            self.outbox.refund("produce", ident, len(payload))
+            raise MeshError(ErrorCode.THROTTLED, f"not written: over the produce quota "
+                                                 f"({self.outbox.quotas['produce'].rate_per_ms * 1000:.0f} "
+                                                 f"bytes/s); send again in {delay} ms")
         if delay:
             if len(self._due) >= 100_000:
                 self._due.clear()   # answers that never came (the client left): forget them

@@ -23,6 +23,10 @@ the same without its checks, while nothing is held or backlogged: ``busy``):
   per client (but always at least one answer): a throttled client that keeps pipelining
   requests gets the excess answers dropped (counted in ``dropped``; its requests time out
   and are retried), so throttling can never make the broker hold unbounded memory.
+  Delaying answers slows a client that waits for them; one that does not (acks=0, or a
+  pipeline that ignores its held answers) would write at any rate, so the dispatcher
+  refuses its batches (THROTTLED, not written, the charge refunded) once it is over its
+  rate and burst (acks=0) or its answers would wait more than 10 s.
 """
 from __future__ import annotations
 
@@ -60,6 +64,11 @@ class ByteRateQuota:
         self._ready[ident] = ready
         return max(0, int(ready - now_ms - _BURST_MS))
 
+    def refund(self, ident: bytes, nbytes: int) -> None:
+        """Take back a charge: the bytes were refused, not taken."""
+        if ident in self._ready:
+            self._ready[ident] -= nbytes / self.rate_per_ms
+
 
 class Outbox:
     def __init__(self, router: zmq.Socket, now_ms: Callable[[], int], max_backlog_bytes: int = 4 << 20,
@@ -90,6 +99,9 @@ class Outbox:
         if delay:
             self.throttled += 1
         return delay
+
+    def refund(self, kind: str, ident: bytes, nbytes: int) -> None:
+        self.quotas[kind].refund(bytes(ident), nbytes)
 
     # -- sending ------------------------------------------------------------------------
     def send(self, ident: bytes, frames: list, delay_ms: int = 0) -> None:

@@ -38,6 +38,7 @@ class ErrorCode(enum.IntEnum):
     STORAGE_ERROR = 23
     BROKER_UNAVAILABLE = 24
     INVALID_CONFIG = 25
+    THROTTLED = 26   # over a byte-rate quota: not done, send again later
 
 
 _RETRIABLE = frozenset({
@@ -53,6 +54,7 @@ _RETRIABLE = frozenset({
     ErrorCode.STORAGE_ERROR,  # e.g. a full disk: may clear
     ErrorCode.BROKER_UNAVAILABLE,
     ErrorCode.OUT_OF_ORDER_SEQUENCE,  # an earlier batch of the producer is still in flight
+    ErrorCode.THROTTLED,
 })
 
 

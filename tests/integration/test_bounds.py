@@ -274,6 +274,35 @@ def test_produce_quota_delays_answers_but_never_drops_them(tmp_path):
         b.stop()
 
 
+def test_a_producer_that_does_not_wait_for_its_answers_is_held_to_its_quota(tmp_path):
+    """Delaying answers slows only a client that waits for them: acks=0 batches over the
+    rate (after a second's burst), and batches whose answers would wait over 10 s, are
+    refused (THROTTLED, not written)."""
+    b = BrokerProcess("q2", str(tmp_path / "q2"), extra=["--produce-quota-bytes-per-s", str(MiB)]).start()
+    try:
+        with Admin(b.address) as a:
+            a.create_topic("ok", partitions=1)
+        s = dealer(b)
+        batch = encode_batch([b"q" * 1000] * 1000)   # ~1 MiB
+        zero = {request(s, m.ProduceRequest("ok", 0, 0), batch) for _ in range(20)}   # answers unread
+        one = {request(s, m.ProduceRequest("ok", 0, 1), batch) for _ in range(20)}    # pipelined
+        codes = {}
+        while not one <= set(codes):   # an acks=0 batch is answered only when refused
+            assert s.poll(30_000), "no answer"
+            _, rid, msg, _ = unpack(s.recv_multipart())
+            codes[rid] = msg.error
+        refused = [rid for rid, code in codes.items() if code == ErrorCode.THROTTLED]
+        assert set(codes) - one <= zero and all(codes[rid] in (0, ErrorCode.THROTTLED) for rid in one), codes
+        with Consumer(bootstrap=b.address) as c:
+            end = c.end_offsets([("ok", 0)])[("ok", 0)]
+        # acks=0: the burst (a batch or two); acks=1: answers held up to 10 s (~10 batches)
+        assert end == (40 - len(refused)) * 1000 and end <= 15 * 1000, (end, codes)
+        healthy(b)
+        s.close()
+    finally:
+        b.stop()
+
+
 def test_open_files_soft_limit_is_raised_to_the_hard_limit(broker):
     with open(f"/proc/{broker.proc.pid}/limits") as f:
         line = next(x for x in f if x.startswith("Max open files"))

@@ -433,3 +433,10 @@ def test_a_turn_drains_for_at_most_max_drain_ms_then_goes_on():
     fake.dispatch.handle = handled.append            # cheap messages: the count bound applies
     Node._drain(fake)
     assert len(handled) == cfg.max_requests_per_turn
+
+
+def test_a_refused_charge_is_taken_back():
+    q = ByteRateQuota(1000)
+    assert q.charge(b"c", 3000, 0) == 2000
+    q.refund(b"c", 3000)          # refused, not taken: the client owes nothing for it
+    assert q.charge(b"c", 1000, 0) == 0
