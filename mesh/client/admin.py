@@ -40,18 +40,38 @@ class Admin(ElasticAdmin, SecurityAdmin, ClientBase):
     growth, decommission, reassignment and moves (``mesh.client.elastic_admin``)."""
 
     def _call(self, msg):
-        """Send to the first broker that answers (any broker can serve admin requests)."""
+        """Send to the first broker that answers (any broker serves admin requests; a topic
+        change goes on to the topic's owner, ``_call_owner``)."""
         last = None
         for addr in self.cluster.addresses():
             try:
-                resp, _ = self.transport.call(addr, msg, timeout_ms=self.timeout_ms)
-                return resp
+                return self._call_owner(addr, msg)
             except MeshError as exc:
                 if exc.code not in (ErrorCode.TIMEOUT, ErrorCode.BROKER_UNAVAILABLE):
                     raise
                 self.transport.forget(addr)
                 last = exc
         raise MeshError(ErrorCode.BROKER_UNAVAILABLE, f"no broker answered: {last}")
+
+    def _call_owner(self, addr: str, msg):
+        """A topic is created, altered and deleted by its owner (``mesh.node.handlers``):
+        another broker answers COORDINATOR_MOVED naming it, and the request goes there, at
+        most twice (views of who owns a name agree again within seconds of a broker
+        joining or dying)."""
+        for _ in range(3):
+            try:
+                return self.transport.call(addr, msg, timeout_ms=self.timeout_ms)[0]
+            except MeshError as exc:
+                if exc.code != ErrorCode.COORDINATOR_MOVED or not exc.leader or exc.leader == addr:
+                    raise
+                moved = exc
+            try:
+                parse_address(moved.leader)   # before any socket is made for it
+            except ValueError:
+                raise MeshError(ErrorCode.INVALID_REQUEST, f"a broker named an owner that is not an "
+                                                           f"address: {moved.leader!r}") from None
+            addr = moved.leader
+        raise MeshError(ErrorCode.COORDINATOR_NOT_AVAILABLE, f"brokers disagree on who owns it: {moved.message}")
 
     def create_topic(self, name: str, partitions: int = 1, replication_factor: int = 1,
                      config: dict | None = None, wait_s: float = 10.0) -> None:

@@ -14,9 +14,14 @@ this order of precedence:
 3. ``Transfer``: the leader itself is not in the target: hand leadership to the target's
    first current voter that is caught up and not dead (a leader never removes itself).
 4. ``RemoveVoter``: more voters than the target has: a voter not in the target, never the
-   leader; dead ones first, then the least caught up. So a replacement is always added
-   (learner, promoted) before the replica it replaces is removed, and no step leaves fewer
-   than min(rf, len(target)) voters.
+   leader; dead ones first, then the least caught up. Only once every target member is a
+   voter, so a replacement is always added (learner, promoted) before the replica it
+   replaces is removed, also when the target is shorter (a reassignment to fewer brokers,
+   or to a dead one that can never be added); no step leaves fewer than min(rf,
+   len(target)) voters; and only if a majority of the voters left is the leader or alive
+   and caught up: a config without a live quorum has no leader to change it again (a
+   shrink of the replication factor that kept a dead preferred replica and removed a live
+   one left its partition leaderless for good).
 5. ``RemoveLearner``: a learner not in the target.
 6. ``AddLearner``: the first target member that is neither voter nor learner, at most
    ``max_learners_per_partition`` learners at a time, never on a broker known dead, and
@@ -157,11 +162,13 @@ def next_step(p: PartitionInfo, tgt: tuple[str, ...], leader: str, match: Mappin
         for v in tgt:
             if v in voters and v != leader and v not in moves.dead and caught_up(v):
                 return Transfer(v)
-    if len(voters) > len(tgt):
+    if len(voters) > len(tgt) and tset <= set(voters):
         out = [v for v in voters if v not in tset and v != leader]
         if out and len(voters) - 1 >= min(p.rf, len(tgt)):
             out.sort(key=lambda v: (v not in moves.dead, match.get(v, -1), v))
-            return RemoveVoter(out[0])
+            left = [v for v in voters if v != out[0]]
+            if 2 * sum(1 for v in left if v not in moves.dead and caught_up(v)) > len(left):
+                return RemoveVoter(out[0])
     for n in learners:
         if n not in tset:
             return RemoveLearner(n)

@@ -414,7 +414,7 @@ class Catalog:
         live = sorted(set(live_nodes))
         if rf > len(live) and (rf != t.replication_factor or partitions):
             raise MeshError(ErrorCode.INVALID_CONFIG,
-                            f"replication factor {rf} is larger than the {len(live)} live broker(s)")
+                            f"replication factor {rf} is larger than the {len(live)} live broker(s) that are not draining")
         if rf == t.replication_factor and not partitions:
             return t                                    # nothing changes: an idempotent no-op
         replicas = self._table(t)

@@ -84,6 +84,9 @@ class ElasticHandlers:
         unknown = sorted(set(reps) - self._known())
         if unknown:
             raise _invalid(f"no broker {', '.join(unknown)} in this cluster")
+        down = sorted(set(reps) - set(self.gossip.live_members(self.wall_ms())))
+        if down:   # as Kafka: a replica could not be added there, and the move would wait forever
+            raise _invalid(f"broker {', '.join(down)} is not alive")
         draining = [x for x in reps if (self.gossip.cluster_items(keys.broker_key(x)).get(keys.broker_key(x))
                                         or {}).get("state") == m.BROKER_DRAINING]
         if draining:

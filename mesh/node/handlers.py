@@ -10,6 +10,17 @@ response. Handlers decide nothing a peer could disagree about: topic placement i
 Admin requests never share a transaction with the turn's staged appends: they commit the
 turn first, then apply the change to gossip, reconcile and persist it with their own
 commit, and answer only once the change is on this node's disk.
+
+A topic is created, altered and deleted by one broker, its *owner*: the rendezvous hash of
+its name over the brokers that may coordinate (``mesh.groups.offsets.coordination_set``),
+as a group's coordinator is chosen. Another broker answers COORDINATOR_MOVED naming the
+owner, and the admin client asks there. A topic's shape is several last-writer-wins
+registers written from the writer's own view, so two brokers changing one topic at once
+could each win a part: two creates of one name both succeeded (the loser's partitions,
+acknowledged records and all, were dropped when gossip settled), and two alters left a
+header and a partition table that never agreed again. The owner sees its own writes at
+once, so it serializes them; only while the brokers' views of who is alive disagree (a
+few seconds after a death or a join) can two brokers each believe they own a name.
 """
 from __future__ import annotations
 
@@ -18,6 +29,7 @@ from typing import Any, Callable
 
 from mesh.cluster import keys
 from mesh.cluster.catalog import Catalog, Topic
+from mesh.groups.offsets import coordination_set, coordinator_among
 from mesh.node.clock import Clock
 from mesh.node.datapath import DataPath
 from mesh.node.directory import Directory
@@ -73,16 +85,33 @@ class ClientHandlers:
         return self._table.get(type(msg))
 
     # -- admin --------------------------------------------------------------------------
+    def _owned_here(self, name: Any) -> None:
+        """COORDINATOR_MOVED naming the broker that owns topic ``name`` (module doc), unless
+        it is this one."""
+        owner = coordinator_among("topic:" + str(name), coordination_set(self.gossip.members(self.clock.wall_ms())))
+        if owner is not None and owner != self.node_id:
+            addr = self.directory.address_of(owner)
+            raise MeshError(ErrorCode.COORDINATOR_MOVED, f"topic {name!r} is created, altered and deleted "
+                                                         f"by broker {owner} ({addr}): ask there", leader=addr)
+
+    def _active(self) -> list[str]:
+        """Live brokers that are not draining: where new replicas may go."""
+        draining = {key[len(keys.BROKER_PREFIX):]
+                    for key, v in self.gossip.cluster_items(keys.BROKER_PREFIX).items()
+                    if isinstance(v, dict) and v.get("state") == m.BROKER_DRAINING}
+        return [n for n in self.directory.live() if n not in draining]
+
     def on_create_topic(self, ident, rid, req: m.CreateTopicRequest, payload) -> None:
+        self._owned_here(req.name)
         self.data.commit_turn()  # admin changes never share a transaction with staged appends
-        self.catalog.create(req.name, req.partitions, req.replication_factor, req.config,
-                            self.directory.live())
+        self.catalog.create(req.name, req.partitions, req.replication_factor, req.config, self._active())
         if not self.apply_cluster_change():
             raise MeshError(ErrorCode.STORAGE_ERROR, "topic created but not persisted here (storage error)")
         log.info("created topic %s with %d partitions", req.name, req.partitions)
         self.reply(ident, rid, m.CreateTopicResponse(0))
 
     def on_delete_topic(self, ident, rid, req: m.DeleteTopicRequest, payload) -> None:
+        self._owned_here(req.name)
         self.data.commit_turn()
         self.catalog.delete(req.name)
         if not self.apply_cluster_change():
@@ -93,12 +122,9 @@ class ClientHandlers:
     def on_alter_topic(self, ident, rid, req: m.AlterTopicRequest, payload) -> None:
         """More partitions and/or another replication factor (``Catalog.alter``); new
         partitions go to live brokers that are not draining."""
+        self._owned_here(req.name)
         self.data.commit_turn()
-        draining = {key[len(keys.BROKER_PREFIX):]
-                    for key, v in self.gossip.cluster_items(keys.BROKER_PREFIX).items()
-                    if isinstance(v, dict) and v.get("state") == m.BROKER_DRAINING}
-        t = self.catalog.alter(req.name, req.partitions, req.replication_factor,
-                               [n for n in self.directory.live() if n not in draining])
+        t = self.catalog.alter(req.name, req.partitions, req.replication_factor, self._active())
         if not self.apply_cluster_change():
             raise MeshError(ErrorCode.STORAGE_ERROR, "topic altered but not persisted here (storage error)")
         log.info("altered topic %s: %d partitions, replication factor %d", req.name, t.partitions,
@@ -144,7 +170,7 @@ class ClientHandlers:
             if t is None:
                 topics.append({"name": name, "error": int(ErrorCode.UNKNOWN_TOPIC)})
                 continue
-            topics.append({"name": name, "error": 0, "config": t.config,
+            topics.append({"name": name, "error": 0, "topic_id": t.uuid, "config": t.config,
                            "replication_factor": t.replication_factor,
                            "partitions": [self._partition_entry(t, p, live, stats, recovering, addresses)
                                           for p in range(len(t.replicas))]})

@@ -8,6 +8,7 @@ import pytest
 from click.testing import CliRunner
 
 from mesh.client import Admin, Consumer, ErrorCode, MeshError, Producer, TopicPartition
+from mesh.testing.launcher import wait_until
 from tools.cli import main as cli
 
 pytestmark = pytest.mark.integration
@@ -60,3 +61,47 @@ def test_a_topic_grows_and_keeps_its_records(cluster3):
     out = CliRunner().invoke(cli, ["topic", "alter", "grow", "--partitions", "2", "--bootstrap", boot])
     assert out.exit_code == 1
     assert "error: INVALID_REQUEST: topic 'grow' has 4 partitions: partitions can only be added" in out.output
+
+
+def _shape(b, name):
+    """(uuid, partitions, replication factor) of ``name`` as broker ``b`` lists it; None if unknown."""
+    with Admin(b.address) as a:
+        (t,) = a.metadata([name]).topics
+    return None if t.get("error") else (t["topic_id"], len(t["partitions"]), t["replication_factor"])
+
+
+def test_topic_changes_through_different_brokers_at_once_are_made_by_one_owner(cluster3):
+    """Two creates of one name through two brokers both succeeded (the loser's partitions,
+    acknowledged records and all, were dropped once gossip settled), and two alters through
+    two brokers left a header and a partition table that never agreed again. A topic's
+    owner makes every change to it, one after another."""
+    import threading
+    brokers = cluster3.brokers
+    results = {}
+
+    def run(i, fn):
+        try:
+            with Admin(brokers[i].address) as a:   # each client knows one broker only
+                results[i] = fn(a)
+        except MeshError as exc:
+            results[i] = exc.code
+
+    def at_once(*fns):
+        results.clear()
+        threads = [threading.Thread(target=run, args=(i, fn)) for i, fn in enumerate(fns)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        return [results[i] for i in range(len(fns))]
+
+    got = at_once(*[lambda a: a.create_topic("x", 3, 1, wait_s=0)] * 3)
+    assert sorted(got, key=str) == sorted([None, ErrorCode.TOPIC_EXISTS, ErrorCode.TOPIC_EXISTS], key=str), got
+    got = at_once(lambda a: a.alter_topic("x", partitions=6, wait_s=0),
+                  lambda a: a.alter_topic("x", replication_factor=2, wait_s=0))
+    assert got == [None, None], got
+    wait_until(lambda: len({_shape(b, "x") for b in brokers}) == 1 and _shape(brokers[0], "x")[1:] == (6, 2),
+               30, "every broker to list x with 6 partitions at replication factor 2")
+    brokers[0].stop()
+    brokers[0].start()
+    wait_until(lambda: _shape(brokers[0], "x") == _shape(brokers[1], "x"), 30, "the restarted broker to list x")

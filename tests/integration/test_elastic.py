@@ -85,6 +85,7 @@ def test_dead_broker_replaced_and_leader_killed_mid_move(tmp_path):
             for _ in range(30):
                 p.send_batch("d", [b"x" * 100] * 1000, partition=0).result(30)
         victim.start()                      # back: added again only as balancing needs it
+        c.wait_converged()                  # a reassignment names live brokers only
         parts, _ = view(live, "d")
         p0 = parts[0]
         target = [x for x in p0["replicas"] if x != p0["leader"]] + ["n4"]

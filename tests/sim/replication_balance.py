@@ -20,9 +20,8 @@ one leader per epoch, no committed entry lost, targets reached after the heal):
   ``replace_after_ms`` dead or coming back) is a *move-back*; at most ``max_move_backs``
   (1) per run. Known: the balancer keeps no memory of why a move started, so when loads
   shift while moves are in flight (a recommission landing mid-move), a later rebalance
-  can move back the surplus replica it dropped: 2 of 150 seeds once per run
-  (``python -m tests.sim.replication_balance --seed 13000 --seeds 150``: 13040, 13136),
-  1 of 300 from 14000. Dropping a broker only away (down for at most ``leader_grace_ms``)
+  can move back the surplus replica it dropped: 1 of 300 seeds once per run from 14000
+  (14031), 3 of 300 from 15000 (15026, 15153, 15254), none of 150 from 13000. Dropping a broker only away (down for at most ``leader_grace_ms``)
   ahead of a loaded one at surplus made 16 move-backs in 14 of those 300 seeds, twice in
   14149 and 14277;
 - the leaders repair the registry as ``mesh.node.elastic`` does (a register that

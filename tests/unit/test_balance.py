@@ -300,8 +300,24 @@ def test_remove_prefers_dead_voters_and_never_the_leader():
 
 def test_never_below_min_rf_or_target():
     # target shorter than rf (nowhere to go): a voter is removed only down to len(target)
-    assert next_step(part("abc"), ("a", "b"), "a", {}, 0, NO_MOVES) == RemoveVoter("c")
-    assert next_step(part("ab"), ("a", "b"), "a", {}, 0, NO_MOVES) is None
+    assert next_step(part("abc"), ("a", "b"), "a", {"b": 0, "c": 0}, 0, NO_MOVES) == RemoveVoter("c")
+    assert next_step(part("ab"), ("a", "b"), "a", {"b": 0}, 0, NO_MOVES) is None
+
+
+def test_a_voter_is_removed_only_with_every_target_member_a_voter_and_a_live_quorum_left():
+    caught = {"b": 9, "c": 9, "d": 9}
+    # a shrink that keeps a dead preferred replica: removing the live b would leave
+    # [a, c] with c dead, no quorum, and nobody to change it again
+    dead_c = MovesInProgress(dead=frozenset({"c"}))
+    assert next_step(part("cab", rf=1), ("c",), "a", caught, 9, dead_c) is None
+    assert next_step(part("cab", rf=1), ("c",), "a", caught, 9, NO_MOVES) == Transfer("c")
+    # a reassignment to fewer brokers: the new one is added (and promoted) first
+    assert next_step(part("abc"), ("d",), "a", caught, 9, NO_MOVES) == AddLearner("d")
+    assert next_step(part("abc"), ("d",), "a", caught, 9, MovesInProgress(dead=frozenset({"d"}))) is None
+    assert next_step(part("dabc"), ("d",), "a", caught, 9, NO_MOVES) == Transfer("d")
+    assert next_step(part("dabc"), ("d",), "d", dict(caught, a=9), 9, NO_MOVES) == RemoveVoter("a")
+    # a lagging voter does not count toward the quorum left behind
+    assert next_step(part("abc"), ("a", "b"), "a", {"b": 0, "c": 9}, 9, NO_MOVES) is None
 
 
 def test_stray_learner_is_removed():
