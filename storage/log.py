@@ -43,8 +43,9 @@ _log = logging.getLogger("storage")
 
 _DBS = (b"log", b"meta", b"repl", b"offsets", b"producers", b"gossip")
 DEFAULT_MAP_SIZE = 64 << 30  # address space, not disk: the file grows as written
-_HEADROOM_BYTES = 8 << 20      # what a turn's other writes may take (at most 1/8 of the map)
-_PROBE_CHUNK_BYTES = 1 << 20   # the headroom is probed in pieces (a fragmented free list)
+_HEADROOM_BYTES = 8 << 20      # nearer the map's end than this (or 1/8 of it), batches are probed
+_PROBE_PIECES = 64             # the probe also puts this many small values: room for the turn's
+_PROBE_PIECE_BYTES = 1000      # small writes, on leaf pages (not contiguous: a free list fragments)
 
 
 class Store(StoreBase):
@@ -172,12 +173,13 @@ class Store(StoreBase):
         self._room = info["map_size"] - (info["last_pgno"] + 1) * self._psize
 
     def room_for(self, nbytes: int) -> bool:
-        """Would ``nbytes`` more fit in this turn, with headroom left for the turn's other
-        writes (replication state, offsets, the gossip snapshot)? A write that does not fit
-        dooms the whole turn (LMDB requires the transaction to be aborted), so a client's
-        batch is checked first and refused alone. Far from the map's end this is
-        arithmetic; near it, the batch and the headroom are put in a nested transaction
-        that is then aborted (the free list counts there; about 1 us plus a copy)."""
+        """Would ``nbytes`` more fit in this turn, with some room left for the turn's small
+        writes (replication state, offsets)? A write that does not fit dooms the whole turn
+        (LMDB requires the transaction to be aborted), so a client's batch is checked first
+        and refused alone. Far from the map's end this is arithmetic; near it, the batch
+        (one value: contiguous pages, as the real put needs) and ``_PROBE_PIECES`` small
+        values are put in a nested transaction that is then aborted, so the free list
+        counts (about 20 us plus a copy of the batch)."""
         if self._failed is not None:
             return False
         if 2 * (self._turn_bytes + nbytes) + self._headroom < self._room:
@@ -187,9 +189,9 @@ class Store(StoreBase):
         try:
             meta = self.dbs["meta"]
             child.put(b"\0room:batch", bytes(nbytes), db=meta)
-            chunk = min(self._headroom, _PROBE_CHUNK_BYTES)
-            for i in range(-(-self._headroom // chunk)):
-                child.put(b"\0room:%d" % i, bytes(chunk), db=meta)
+            piece = bytes(_PROBE_PIECE_BYTES)
+            for i in range(_PROBE_PIECES):
+                child.put(b"\0room:%d" % i, piece, db=meta)
             return True
         except lmdb.MapFullError:
             return False
