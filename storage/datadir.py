@@ -357,12 +357,18 @@ class DataDir:
     def __init__(self, path: str) -> None:
         self.path = path
         self._lock_fd: int | None = None
+        self._dir_fd: int | None = None
 
     def lock(self) -> None:
-        """Take the exclusive lock, or raise ``DataDirLocked``."""
+        """Take the exclusive lock, or raise ``DataDirLocked``. The lock is held on the
+        directory itself, which cannot be removed while it holds files: a lock on the lock
+        file alone was lost when someone deleted that file (a clean-up of ``*.lock``), and a
+        second broker then wrote the same store. The lock file names the holder's pid."""
         os.makedirs(self.path, exist_ok=True)
+        dir_fd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY)
         fd = os.open(os.path.join(self.path, LOCK_FILE), os.O_RDWR | os.O_CREAT, 0o644)
         try:
+            fcntl.flock(dir_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             holder = ""
@@ -371,17 +377,19 @@ class DataDir:
             except OSError:
                 pass
             os.close(fd)
+            os.close(dir_fd)
             raise DataDirLocked(f"data directory {self.path} is in use by another broker"
                                 f"{f' (pid {holder})' if holder else ''}: two brokers on one directory would "
                                 f"overwrite each other's records; stop the other one or use another --data")
         os.ftruncate(fd, 0)
         os.pwrite(fd, str(os.getpid()).encode(), 0)
-        self._lock_fd = fd
+        self._lock_fd, self._dir_fd = fd, dir_fd
 
     def unlock(self) -> None:
-        if self._lock_fd is not None:
-            os.close(self._lock_fd)   # closing the descriptor drops the flock
-            self._lock_fd = None
+        for fd in (self._lock_fd, self._dir_fd):
+            if fd is not None:
+                os.close(fd)   # closing the descriptor drops the flock
+        self._lock_fd = self._dir_fd = None
 
     def check(self, node_id: str) -> Identity | None:
         """Structural checks before LMDB is opened; the identity file (None if absent)."""
@@ -394,12 +402,13 @@ class DataDir:
 
     def move_aside(self, reason: str = "refused") -> str:
         """Rename the directory aside and start a new, empty, locked one in its place."""
-        old_fd = self._lock_fd
+        old = (self._lock_fd, self._dir_fd)
         dest = move_aside(self.path, reason)
-        self._lock_fd = None
+        self._lock_fd = self._dir_fd = None
         self.lock()
-        if old_fd is not None:
-            os.close(old_fd)
+        for fd in old:
+            if fd is not None:
+                os.close(fd)
         return dest
 
 

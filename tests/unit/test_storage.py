@@ -1,4 +1,6 @@
 """The LMDB store and its in-memory twin behave the same (parametrized over both)."""
+import os
+
 import pytest
 
 from mesh.wire.records import encode_batch, records_from
@@ -269,6 +271,14 @@ def test_a_second_broker_on_the_directory_is_refused(tmp_path):
         _store_dir(tmp_path)
     _close(o)
     _close(_store_dir(tmp_path))   # the lock went with the first
+
+
+def test_a_second_broker_is_refused_even_after_the_lock_file_is_deleted(tmp_path):
+    o = _store_dir(tmp_path)
+    os.remove(tmp_path / "d" / datadir.LOCK_FILE)   # a clean-up of *.lock, say
+    with pytest.raises(datadir.DataDirLocked, match="in use by another broker"):
+        _store_dir(tmp_path)
+    _close(o)
 
 
 def test_another_nodes_directory_is_refused(tmp_path):
