@@ -413,12 +413,15 @@ class DataDir:
 
 
 def reconcile(ident: Identity | None, lmdb_store_id: str | None, lmdb_generation: int,
-              node_id: str) -> tuple[Identity, str | None]:
+              node_id: str, lmdb_recovering: bool = False) -> tuple[Identity, str | None]:
     """Compare the identity file with what LMDB says. Returns (the identity of this life,
     with the generation bumped and a new store id if state was lost; the reason state was
-    lost, or None). The caller persists LMDB first, then the identity file."""
+    lost, or None). Both copies hold the recovering mark, and either one saying so counts
+    (a crash between the two writes of ``update_identity`` leaves one of them old). The
+    caller persists LMDB first, then the identity file."""
     lost = None
     store_id = lmdb_store_id
+    refilling = lmdb_recovering or (ident is not None and ident.recovering)
     if ident is not None:
         if lmdb_generation == 0:
             lost = (f"the store is empty but {IDENTITY_FILE} says generation {ident.generation} "
@@ -426,14 +429,24 @@ def reconcile(ident: Identity | None, lmdb_store_id: str | None, lmdb_generation
         elif lmdb_generation < ident.generation:
             lost = (f"the store is older than {IDENTITY_FILE} says: generation {lmdb_generation}, "
                     f"identity generation {ident.generation} (a rolled-back copy?)")
-        elif lmdb_generation == ident.generation and lmdb_store_id not in (None, ident.store_id):
+        elif lmdb_store_id not in (None, ident.store_id):
             lost = (f"the store {lmdb_store_id} is not the one {IDENTITY_FILE} names ({ident.store_id})")
-        elif ident.recovering:
-            lost = "the previous life had not finished refilling its lost state"
-    if store_id is None or (lost is not None and not ident.recovering):
+    if lost is None and refilling:
+        lost = "the previous life had not finished refilling its lost state"
+    if store_id is None or (lost is not None and not refilling):
         store_id = new_store_id()   # what LMDB holds is not the store the identity described
     last = max(lmdb_generation, ident.generation if ident is not None else 0)
     return Identity(node_id, store_id, last + 1, recovering=lost is not None), lost
+
+
+def _write_meta(store, ident: Identity) -> None:
+    """This life's identity in LMDB (synced), before the identity file."""
+    store.put("meta", b"generation", str(ident.generation).encode())
+    store.put("meta", b"store_id", ident.store_id.encode())
+    store.put("meta", b"node_id", ident.node_id.encode())
+    store.put("meta", b"recovering", b"1" if ident.recovering else b"0")
+    store.commit()
+    store.sync_now()
 
 
 @dataclass
@@ -476,16 +489,20 @@ def open_data_dir(path: str, node_id: str, rejoin_empty: bool = False, **store_k
             store = Store(path, **store_kwargs)
         lmdb_store = store.get("meta", b"store_id")
         lmdb_gen = int(store.get("meta", b"generation") or 0)
+        lmdb_node = store.get("meta", b"node_id")
+        if moved is None and lmdb_node is not None and lmdb_node.decode(errors="replace") != node_id:
+            store.close()
+            raise DataDirDamaged(f"the store in {path} belongs to node {lmdb_node.decode(errors='replace')!r} "
+                                 f"(its LMDB says so), not {node_id!r}: check --id and --data (another "
+                                 f"broker's data, say, copied in); a store never votes under another name")
         if moved is not None:
             prev = Identity(node_id, "moved-aside", old.generation if old else 0, False)
             ident, lost = reconcile(prev, None, 0, node_id)
             lost = f"the previous store was moved aside to {moved}"
         else:
-            ident, lost = reconcile(old, lmdb_store.decode() if lmdb_store else None, lmdb_gen, node_id)
-        store.put("meta", b"generation", str(ident.generation).encode())
-        store.put("meta", b"store_id", ident.store_id.encode())
-        store.commit()
-        store.sync_now()
+            ident, lost = reconcile(old, lmdb_store.decode() if lmdb_store else None, lmdb_gen, node_id,
+                                    lmdb_recovering=store.get("meta", b"recovering") == b"1")
+        _write_meta(store, ident)
         write_identity(path, ident)
     except BaseException:
         dd.unlock()
@@ -497,10 +514,6 @@ def update_identity(opened: Opened, **changes) -> None:
     """Change this life's identity (a generation bump, the recovering flag): LMDB first,
     synced, then the identity file. The caller's store must have no open turn."""
     ident = dataclasses.replace(opened.identity, **changes)
-    store = opened.store
-    store.put("meta", b"generation", str(ident.generation).encode())
-    store.put("meta", b"store_id", ident.store_id.encode())
-    store.commit()
-    store.sync_now()
+    _write_meta(opened.store, ident)
     write_identity(opened.data_dir.path, ident)
     opened.identity = ident   # only once durable

@@ -184,10 +184,30 @@ class Node:
         snapshot = None
         try:
             raw = None if config.reset_gossip else self.store.get("gossip", b"snapshot")
+            if raw is None and not config.reset_gossip and self.store.items("meta", b"pid:"):
+                # partitions on disk and no snapshot (deleted, or damage that hid it): an empty
+                # view would drop every one of them at the first reconcile, and the replicas
+                # would then vote with raft state for logs they deleted. Relearn, as --reset-gossip
+                if not seeds:
+                    raise StartupError(
+                        f"the store in {config.data_dir} holds partitions but no gossip snapshot: restart "
+                        f"with --seed of a live broker to relearn the cluster (raft state and logs are kept), "
+                        f"or with --rejoin-empty")
+                log.warning("the store holds partitions but no gossip snapshot: relearning the cluster from "
+                            "peers %s before anything is dropped (as --reset-gossip)", ",".join(seeds))
+                self._relearning = True
             snapshot = msgpack.unpackb(raw, raw=False, strict_map_key=False) if raw else None
             self.gossip = self._make_gossip(gen, seeds, snapshot)
+        except StartupError:
+            self.disk.data_dir.unlock()
+            raise
         except Exception as exc:
             self.disk.data_dir.unlock()
+            if "another node" in str(exc):   # another broker's store under this name
+                raise StartupError(
+                    f"the gossip snapshot in {config.data_dir} belongs to another node: this store is not "
+                    f"{config.node_id}'s. Check --id and --data, or restart with --rejoin-empty (the "
+                    f"directory is moved aside); never --reset-gossip, which would keep its raft state") from exc
             raise StartupError(
                 f"the gossip snapshot in {config.data_dir} cannot be loaded ({type(exc).__name__}: {exc}). "
                 "Restart with --reset-gossip (and --seed of a live broker) to start without it and relearn "

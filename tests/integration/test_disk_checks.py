@@ -121,3 +121,40 @@ def test_an_old_copy_of_the_main_root_is_refused_with_a_clear_message(tmp_path):
     assert all(got[v][1] == off for v, off in acked.items())
     serves(b.address)
     b.stop()
+
+
+def test_a_store_without_its_gossip_snapshot_relearns_and_drops_nothing(cluster3, tmp_path):
+    """Partitions on disk but no gossip snapshot (deleted, or damage that hid it): an empty
+    view dropped every partition at the first reconcile, and the replicas kept raft state
+    for logs they had deleted. The broker relearns the cluster first, as --reset-gossip."""
+    c = cluster3
+    with Admin(c.bootstrap) as a:
+        a.create_topic("t", 1, 3)
+        a.create_topic("t2", 1, 3)
+    acked = produce(c.bootstrap, 200)
+    wait_in_sync(c.brokers, "t", 200)
+    b = c.brokers[1]
+    assert b.stop() == 0
+    env = lmdb.open(b.data_dir, max_dbs=16, subdir=True)
+    with env.begin(write=True) as txn:
+        assert txn.delete(b"snapshot", db=env.open_db(b"gossip", txn=txn))
+    env.close()
+    b.start()
+    wait_in_sync(c.brokers, "t", 200)
+    log = b.log(1 << 20)
+    assert "relearning the cluster" in log and "dropping local partition" not in log, log[-3000:]
+    got = read_back(c.bootstrap, "t", 1, len(acked), timeout_s=60)
+    assert all(got.get(v, (None, None))[1] == off for v, off in acked.items()), "a record lost or moved"
+    serves(c.bootstrap)
+    # alone (no --seed), it cannot relearn: a clear refusal, exit code 1
+    solo = BrokerProcess("s1", str(tmp_path / "s1")).start()
+    with Admin(solo.address) as a:
+        a.create_topic("solo", 1, 1)
+    assert solo.stop() == 0
+    env = lmdb.open(solo.data_dir, max_dbs=16, subdir=True)
+    with env.begin(write=True) as txn:
+        txn.delete(b"snapshot", db=env.open_db(b"gossip", txn=txn))
+    env.close()
+    solo.start(wait=False)
+    assert solo.proc.wait(20) == 1
+    assert "holds partitions but no gossip snapshot" in solo.log()

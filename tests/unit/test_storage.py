@@ -608,3 +608,24 @@ def test_a_write_that_would_not_fit_is_refused_alone_and_the_turn_goes_on(tmp_pa
     assert s.log_end(pid) == end + 1
     assert offsets(s.read(pid, end, 1 << 20, end + 1)) == [end]
     s.close()
+
+
+def test_another_nodes_store_is_refused_without_its_identity_file(tmp_path):
+    _close(_store_dir(tmp_path, "n2"))
+    os.remove(tmp_path / "d" / datadir.IDENTITY_FILE)   # n2's store copied in as n1's, the file left out
+    with pytest.raises(datadir.DataDirDamaged, match="belongs to node 'n2' \\(its LMDB says so\\)"):
+        _store_dir(tmp_path, "n1")
+
+
+def test_the_lost_state_mark_is_kept_in_lmdb_too():
+    old = datadir.Identity("n1", "aaaa", 1, recovering=False)
+    # a crash inside update_identity(recovering=True) after the LMDB write: the file is old
+    ident, lost = datadir.reconcile(old, "bbbb", 2, "n1", lmdb_recovering=True)
+    assert lost and ident.recovering and ident.generation == 3
+    # another store under the file's name, at a higher generation, is not this store
+    ident, lost = datadir.reconcile(old, "bbbb", 5, "n1")
+    assert lost and ident.recovering and ident.store_id not in ("aaaa", "bbbb")
+    # the file lost (deleted) while refilling: LMDB still says so
+    ident, lost = datadir.reconcile(None, "aaaa", 1, "n1", lmdb_recovering=True)
+    assert lost and ident.recovering and ident.store_id == "aaaa"
+    assert datadir.reconcile(None, "aaaa", 1, "n1") == (datadir.Identity("n1", "aaaa", 2, False), None)
