@@ -2,16 +2,18 @@
 
 Peers never answer on the connection a message came in on: every peer message is a
 one-way send from the sender's DEALER to the receiver's ROUTER, and an answer is another
-one-way send back. The DEALER's routing id is ``b"peer:" + own address``, so the receiving
-ROUTER knows the sender's address from the identity frame (``sender_address``). The ROUTER
-sets ROUTER_HANDOVER so a restarted peer takes its identity back at once (open mode only).
+one-way send back. The DEALER's routing id is ``b"peer:" + own address + b"#" + a random
+nonce`` (new for every link), so the receiving ROUTER knows the sender's address from the
+identity frame (``sender_address``), and no other connection can hold that routing id
+ahead of the link: without ROUTER_HANDOVER (secured mode), libzmq keeps a second
+connection claiming a routing id in use open but never delivers its messages, even after
+the first one left, so a client (any user) that took ``peer:<address>`` while that broker
+was down cut it off from this broker for good. A restarted broker's new links have new
+routing ids, so nothing waits for the receiver to drop the old connection either.
 
 Secured mode (``creds``: the cluster keypair): every link is a CURVE client of the peer's
 ROUTER and authenticates as ``broker`` (``mesh.security.zap``); the receiver trusts a peer
-message only for that, never for the routing id. Without ROUTER_HANDOVER there, a
-restarted peer gets its routing id back once the receiver has dropped the old connection
-(at once on a closed TCP connection; for a silent one, after the TTL its PINGs announced): the DEALER
-reconnects every 100 to 300 ms until then.
+message only for that, never for the routing id.
 
 Reconnects back off from 100 ms to at most ``RECONNECT_MAX_MS`` (300 ms): a broker that
 was down for seconds gets its peers' answers (gossip ACKs, appends) within 300 ms of
@@ -26,6 +28,7 @@ never a loss of anything acknowledged.
 from __future__ import annotations
 
 import logging
+import os
 
 import zmq
 
@@ -41,7 +44,7 @@ RECONNECT_MAX_MS = 300
 
 def sender_address(identity: bytes) -> str | None:
     if identity.startswith(PEER_PREFIX):
-        return identity[len(PEER_PREFIX):].decode(errors="replace")
+        return identity[len(PEER_PREFIX):].split(b"#", 1)[0].decode(errors="replace")
     return None
 
 
@@ -67,7 +70,7 @@ class PeerLinks:
         s = self._socks.get(addr)
         if s is None:
             s = self.ctx.socket(zmq.DEALER)
-            s.setsockopt(zmq.ROUTING_ID, self.identity)
+            s.setsockopt(zmq.ROUTING_ID, self.identity + b"#" + os.urandom(8).hex().encode())   # module doc
             s.setsockopt(zmq.LINGER, 0)
             s.setsockopt(zmq.SNDHWM, self.hwm)
             s.setsockopt(zmq.RCVHWM, 1)  # peers never answer on this socket

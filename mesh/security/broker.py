@@ -29,7 +29,7 @@ import zmq
 from mesh.security.authorizer import Authorizer
 from mesh.security.creds import BROKER_PRINCIPAL, Creds, CredsError, Secrets
 from mesh.security.registry import Registry
-from mesh.security.zap import DEFAULT_MAX_CONNECTIONS, ZAP_DOMAIN, ZapHandler
+from mesh.security.zap import DEFAULT_MAX_CONNECTIONS, HANDSHAKE_IVL_MS, ZAP_DOMAIN, ZapHandler
 
 __all__ = ["BrokerSecurity", "is_loopback", "check_open_bind", "check_text_gateway"]
 
@@ -108,8 +108,9 @@ class BrokerSecurity:
         """Before the ROUTER binds: ZAP (and CURVE when secured), the connection monitor."""
         self.zap.watch(router, str(id(router)))
         router.setsockopt(zmq.ZAP_DOMAIN, ZAP_DOMAIN)
+        router.setsockopt(zmq.HANDSHAKE_IVL, HANDSHAKE_IVL_MS)   # raw connections hold a slot 5 s at most
         if self.secured:
-            router.setsockopt(zmq.ROUTER_HANDOVER, 0)   # nobody can take a connected peer's routing id
+            router.setsockopt(zmq.ROUTER_HANDOVER, 0)   # nobody can take over a connected peer's routing id
             router.setsockopt(zmq.CURVE_SERVER, 1)
             router.setsockopt(zmq.CURVE_SECRETKEY, self.secrets.cluster.secret_key.encode("ascii"))
 

@@ -13,7 +13,9 @@ ROUTER (no thread, no lock); libzmq holds the handshake until the answer comes.
 
 - the connection cap first: beyond ``max_connections`` open connections a handshake is
   refused with 300 (temporary: the client's ZeroMQ retries it later, as a connection Kafka's
-  ``max.connections`` holds back);
+  ``max.connections`` holds back), except a broker's (the cluster key): raw connections
+  that never authenticate count as well (a handshake must finish within
+  ``HANDSHAKE_IVL_MS``), and they must not keep a broker out of its cluster;
 - secured (CURVE) mode: the client key is the cluster's public key (a broker), or a key the
   registry knows (a superuser from the secrets directory, or a user added by an admin):
   200, and the ZAP User-Id is that key, in Z85. Anything else: 400. The dispatcher reads
@@ -25,9 +27,10 @@ ROUTER (no thread, no lock); libzmq holds the handshake until the answer comes.
 The ZAP request's identity frame is the *server* socket's own routing id, not the one the
 client chose (checked against libzmq 4.3.5): ZAP cannot refuse a client that claims a
 ``peer:`` routing id. The ROUTER therefore runs without ROUTER_HANDOVER in secured mode (a
-second connection claiming a routing id in use is refused by libzmq, so nobody can cut a
-broker's link by posing as it), and the dispatcher accepts peer messages only from the
-cluster key.
+second connection claiming a routing id in use is kept by libzmq but never delivered, so
+nobody can take over a broker's link by posing as it), a broker's links carry a new random
+routing id each (``mesh.node.peers``: nobody can hold one ahead of it), and the
+dispatcher accepts peer messages only from the cluster key.
 
 Connections are counted with a monitor on the ROUTER (ACCEPTED minus DISCONNECTED, which
 libzmq also reports for a refused handshake). The monitor is drained before each decision.
@@ -41,13 +44,14 @@ import zmq
 from zmq.utils import z85
 from zmq.utils.monitor import parse_monitor_message
 
-__all__ = ["decide", "ZapHandler", "ZAP_ENDPOINT", "ZAP_DOMAIN", "DEFAULT_MAX_CONNECTIONS"]
+__all__ = ["decide", "ZapHandler", "ZAP_ENDPOINT", "ZAP_DOMAIN", "DEFAULT_MAX_CONNECTIONS", "HANDSHAKE_IVL_MS"]
 
 log = logging.getLogger("mesh.security.zap")
 
 ZAP_ENDPOINT = "inproc://zeromq.zap.01"
 ZAP_DOMAIN = b"mesh"
 DEFAULT_MAX_CONNECTIONS = 4096
+HANDSHAKE_IVL_MS = 5_000   # a connection that has not finished its handshake by then is closed
 
 
 def decide(mechanism: bytes, client_key: str | None, *, cluster_key: str | None,
@@ -55,7 +59,11 @@ def decide(mechanism: bytes, client_key: str | None, *, cluster_key: str | None,
            max_connections: int) -> tuple[bytes, bytes, bytes]:
     """(status code, status text, user id) for one handshake. ``connections`` counts the
     open connections, this one included; ``cluster_key`` is None in open mode."""
-    if connections > max_connections:
+    broker = cluster_key is not None and mechanism == b"CURVE" and client_key == cluster_key
+    if connections > max_connections and not broker:
+        # brokers are not held back: connections that never authenticate count toward the
+        # cap (they are counted when accepted), and a restarted broker kept out by them was
+        # cut off from the cluster
         return b"300", b"too many connections", b""
     if cluster_key is None:
         if mechanism == b"NULL":

@@ -440,3 +440,24 @@ def test_a_refused_charge_is_taken_back():
     assert q.charge(b"c", 3000, 0) == 2000
     q.refund(b"c", 3000)          # refused, not taken: the client owes nothing for it
     assert q.charge(b"c", 1000, 0) == 0
+
+
+def test_each_peer_link_has_a_routing_id_nobody_could_hold_ahead_of_it():
+    """Without ROUTER_HANDOVER (secured mode), libzmq keeps a second connection that claims
+    a routing id in use but never delivers its messages, even after the first one left: a
+    user that took ``peer:<address>`` while that broker was down cut it off for good. Each
+    link carries the address and a fresh random nonce."""
+    import zmq
+    from mesh.node.peers import PeerLinks, sender_address
+    ctx = zmq.Context()
+    try:
+        ids = set()
+        for _ in range(2):   # two lives of the broker at 127.0.0.1:7101
+            links = PeerLinks(ctx, "127.0.0.1:7101")
+            ident = links._sock("127.0.0.1:7102").getsockopt(zmq.ROUTING_ID)
+            assert sender_address(ident) == "127.0.0.1:7101"
+            ids.add(ident)
+            links.flush_and_close()
+        assert len(ids) == 2 and b"peer:127.0.0.1:7101" not in ids
+    finally:
+        ctx.term()
