@@ -46,7 +46,8 @@ __all__ = ["Gossip"]
 _STATS = ("rounds", "syn_received", "ack_received", "ack2_received", "malformed", "unknown_messages",
           "deltas_applied", "deltas_skipped", "resets_sent", "resets_applied", "truncated",
           "stalls", "identity_conflicts", "seed_probes", "stale_cluster_killed", "stale_cluster_dropped",
-          "nodes_refused", "other_lives", "identity_conflicts_refused", "kills_refused", "snapshot_dropped",
+          "nodes_refused", "other_lives", "identity_conflicts_refused", "generation_jumps_refused", "kills_refused",
+          "snapshot_dropped",
           *(f"malformed_{k}" for k in MALFORMED_KINDS))
 
 

@@ -58,7 +58,7 @@ from typing import TYPE_CHECKING
 
 from mesh.gossip.config import GossipConfig
 from mesh.gossip.detector import FailureDetector
-from mesh.gossip.rows import ALIVE, DEAD, LEFT, MAX_GENERATION, ROW_FIELDS, SUSPECT, Grave, Row, Verdict
+from mesh.gossip.rows import ALIVE, DEAD, LEFT, MAX_GENERATION, MAX_GENERATION_JUMP, ROW_FIELDS, SUSPECT, Grave, Row, Verdict
 
 if TYPE_CHECKING:
     from mesh.gossip.namespaces import Namespace
@@ -233,7 +233,9 @@ class Membership:
 
     def _conflict(self, r: Row) -> None:
         self.stats["identity_conflicts"] += 1
-        if r.generation >= MAX_GENERATION:   # no node restarts 2**48 times: forged, never adopted
+        if r.generation >= MAX_GENERATION or r.generation - self.generation > MAX_GENERATION_JUMP:
+            # forged, never adopted: a node that took it would move to a generation its
+            # peers refuse (2**48) and be cut off for good
             self.stats["identity_conflicts_refused"] += 1
             return
         self.identity_conflict = max(self.identity_conflict, r.generation)
@@ -268,6 +270,9 @@ class Membership:
             self._adopt(r, now_ms, "unknown", from_itself)
             return
         if r.generation > mine.generation:
+            if r.generation - mine.generation > MAX_GENERATION_JUMP:   # forged: it would shadow the
+                self.stats["generation_jumps_refused"] += 1             # node's real rows for good
+                return
             self._adopt(r, now_ms, self.status_of(o), from_itself)   # R2: a newer generation replaces
             return
         if r.generation < mine.generation:

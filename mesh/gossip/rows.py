@@ -31,7 +31,7 @@ __all__ = [
     "ALIVE", "SUSPECT", "DEAD", "LEFT",
     "Row", "Delta", "Entry", "Register", "Grave", "Verdict",
     "ROW_FIELDS", "DELTA_FIELDS", "ENTRY_FIELDS", "REGISTER_FIELDS", "BUCKETS",
-    "DELTA_OVERHEAD", "ENTRY_OVERHEAD", "MAX_KEY_CHARS", "MAX_NAME_CHARS", "MAX_COUNTER", "MAX_GENERATION",
+    "DELTA_OVERHEAD", "ENTRY_OVERHEAD", "MAX_KEY_CHARS", "MAX_NAME_CHARS", "MAX_COUNTER", "MAX_GENERATION", "MAX_GENERATION_JUMP",
     "MAX_LIFE",
     "Budget", "size_of", "check_key", "entry_size", "register_size",
 ]
@@ -113,6 +113,7 @@ MAX_KEY_CHARS = 1024
 MAX_NAME_CHARS = 255        # a node id, an address, a register's writer
 MAX_COUNTER = 2 ** 53 - 1   # heartbeats, versions, stamps: exact in every msgpack reader (R8)
 MAX_GENERATION = 2 ** 48    # a generation this high is forged: refused in rows, deltas, snapshots (R2)
+MAX_GENERATION_JUMP = 2 ** 20   # a row this far ahead of the generation known for its node is forged
 MAX_LIFE = 2 ** 32         # a life nonce is drawn below this (0 means unknown)
 MAX_HEARTBEAT = 2 ** 48     # no life beats this often (5 a second: 1.8 million years): forged, refused in rows
 _MAX_DEPTH = 32

@@ -507,6 +507,22 @@ def test_a_forged_huge_generation_for_us_is_refused_not_adopted():
     assert a.identity_conflict == 0 and a.stats["identity_conflicts_refused"] == 1
 
 
+def test_a_generation_far_ahead_of_what_is_known_is_refused():
+    """Inside the parsing bound but 2**48-1: a node that took it as its own would move to
+    2**48, which every peer refuses (cut off for good), and peers that took it for the node
+    would ignore its real rows for good. A generation moves by one per start."""
+    a, b, net = pair()
+    net.run(1_000)
+    gen_a, gen_b = a.digest_entry("a")[0], a.digest_entry("b")[0]
+    far = [["a", 2 ** 48 - 1, 1, 0, 0, "addr-a", False, 12345], ["b", 2 ** 48 - 1, 1, 0, 0, "addr-b", False, 1]]
+    a.receive("addr-b", GossipAck("b", far, [], [], [], 0), net.now)
+    assert a.identity_conflict == 0 and a.stats["identity_conflicts_refused"] == 1
+    assert a.digest_entry("b")[0] == gen_b and a.stats["generation_jumps_refused"] == 1
+    near = [["a", gen_a + 3, 1, 0, 0, "addr-a", False, 12345]]   # a store rolled back a few lives: a conflict
+    a.receive("addr-b", GossipAck("b", near, [], [], [], 0), net.now)
+    assert a.identity_conflict == gen_a + 3
+
+
 def test_reincarnate_moves_to_a_new_generation_and_peers_follow():
     a, b, net = pair()
     a.set_local("k", 1)
