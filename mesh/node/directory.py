@@ -25,6 +25,7 @@ class Directory:
         self.wall_ms = wall_ms
         self.leaders = LeaderView(node_id, gossip, local_leader)
         self._node_of_address: dict[str, str] = {}
+        self._node_at_version = -1
         self._address_of: dict[str, str] = {}   # node id -> address, for gossip version ``_address_version``
         self._address_version = -1
 
@@ -45,15 +46,21 @@ class Directory:
         return self._address_of.get(node_id)
 
     def node_at(self, address: str) -> str | None:
-        """The node id of the peer at ``address`` (None if gossip does not know it yet)."""
-        node = self._node_of_address.get(address)
+        """The node id of the peer at ``address`` (None if gossip does not know it yet).
+        Rebuilt when the gossip state moved (as ``address_of``), or on a miss: a map kept
+        until the next miss gave a live broker's address to a forged row for good. Where
+        rows share an address, live ones win, and among them the one mapped before (a
+        newcomer claiming a live broker's address does not take it over)."""
+        version = self.gossip.version
+        node = self._node_of_address.get(address) if version == self._node_at_version else None
         if node is None:
-            # live members last, so they win an address that a dead or departed row also names
-            # (a forged or stale row must not take a live broker's address over)
             now = self.wall_ms()
             live = set(self.gossip.live_members(now))
-            members = sorted(self.gossip.members(now), key=lambda mem: (mem.node_id in live, mem.node_id))
-            self._node_of_address = {mem.address: mem.node_id for mem in members}
+            before = self._node_of_address
+            members = sorted(self.gossip.members(now), key=lambda mem: (
+                mem.node_id in live, before.get(mem.address) == mem.node_id, mem.node_id))
+            self._node_of_address = {mem.address: mem.node_id for mem in members}   # the last wins
+            self._node_at_version = version
             node = self._node_of_address.get(address)
         return node
 

@@ -177,7 +177,8 @@ class Elastic:
             t, p = where
             if not keep_local(self.node_id, t.config_of(p), self.replicas.local_config(pid),
                               self.replicas.leader_silence_ms(pid), self.settings.stray_quiet_ms):
-                self.drop(pid)
+                if not self.replicas.wake_quiet_follower(pid):   # a quiet follower's silence is no evidence
+                    self.drop(pid)
 
     def _publish_load(self) -> None:
         leaders = len(self.replicas.leaders())

@@ -274,6 +274,10 @@ class ReplicaHost:
             return 0
         return self.core.leader_silence_ticks(pid) * self.tick_ms
 
+    def wake_quiet_follower(self, pid: int) -> bool:
+        """``ReplicaManager.wake_quiet_follower`` (False if not hosted)."""
+        return pid in self._replicas and self.core.wake_quiet_follower(pid)
+
     def take_config_changes(self) -> dict[int, tuple[Config, bool]]:
         """``{pid: (latest config, committed)}`` changed since the last call, durable."""
         if not self._cfg_done:

@@ -520,6 +520,21 @@ class ReplicaManager:
         p = self._part(pid)
         return 0 if p.role is Role.LEADER else self.now_tick - max(p.leader_tick, 0)
 
+    def wake_quiet_follower(self, pid: int) -> bool:
+        """Wake ``pid``'s replica if it is a quiet follower (True then). A quiet follower
+        hears no heartbeat rows by design, so its ``leader_silence_ticks`` grows while its
+        leader's node is heard (it would have been woken otherwise): that silence is no
+        evidence of anything, and a forged config register made every replica of an idle
+        partition drop its data on it. Woken, with its leader taken as heard now, it hears
+        its leader again if it is still a member (its election timer leads to a pre-vote,
+        which wakes the leader), and goes silent if it was really removed."""
+        p = self._part(pid)
+        if not p.quiesced or p.role is Role.LEADER:
+            return False
+        p.leader_tick = self.now_tick
+        p.wake()
+        return True
+
     def peer_identity(self, peer: str) -> tuple[str, int] | None:
         """``(store, life)`` of ``peer`` as last heard (None before its first message)."""
         return self._peer_life.get(peer)

@@ -60,7 +60,11 @@ Rules, in the order ``step`` applies them:
    happens). Rows are bounded and consistent in themselves (``messages.parse_rows``); here,
    against our state: a row from a node that is not a replica; a row more than
    ``max_term_jump`` terms ahead (a term moves once per election), except a vote answer
-   while we campaign, which is how a replica that was away long catches up; an append or
+   while we campaign, which is how a replica that was away long catches up, below
+   ``_CATCH_UP_TERM_CEILING`` (MAX_TERM / 2: one forged answer at MAX_TERM - 1 made a
+   replica campaign at a term every peer refuses, and its answers took the others there:
+   a partition without a leader for good; from below the ceiling, terms move by at most
+   ``max_term_jump`` at a time, so 2**39 elections stay possible); an append or
    heartbeat of our term from another node than the leader we follow; a TimeoutNow that
    is not from our leader in our term; an append whose leader epoch starts below our
    commit while we do not hold its marker (a leader holds every committed entry), or
@@ -101,10 +105,13 @@ from mesh.raft.leading import Leading
 from mesh.raft.log import Append, EpochCache, LogOp, LogReader, ResetLog, Truncate
 from mesh.raft.membership import History
 from mesh.raft.messages import (
-    AppendRespRow, AppendRow, HeartbeatRespRow, HeartbeatRow, PeerRow, TimeoutNowRow, VoteRespRow, VoteRow,
+    MAX_TERM, AppendRespRow, AppendRow, HeartbeatRespRow, HeartbeatRow, PeerRow, TimeoutNowRow, VoteRespRow,
+    VoteRow,
 )
 from mesh.raft.progress import Progress, count_active
 from mesh.raft.quorum import VoteResult, vote_result
+
+_CATCH_UP_TERM_CEILING = MAX_TERM // 2   # a vote answer's term above this is never caught up to (rule 8)
 
 __all__ = ["Role", "Partition", "PartitionHost"]
 
@@ -502,7 +509,8 @@ class Partition(Leading, Configuring):
     def _refusal(self, src: str, row: PeerRow, kind: type) -> str | None:
         """Why ``row`` must be refused against our state (rule 8); None to step it."""
         if row.term > self.term + self.cfg.max_term_jump and not (
-                kind is VoteRespRow and self.role in (Role.PRE_CANDIDATE, Role.CANDIDATE)):
+                kind is VoteRespRow and self.role in (Role.PRE_CANDIDATE, Role.CANDIDATE)
+                and row.term < _CATCH_UP_TERM_CEILING):
             return f"term {row.term} is more than {self.cfg.max_term_jump} ahead of ours ({self.term})"
         if kind is TimeoutNowRow:
             if row.term != self.term or src != self.leader:

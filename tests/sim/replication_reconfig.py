@@ -149,7 +149,7 @@ class ReconfigSim(Sim):
                   if pid in self.reg_latest and node.id not in self.reg_latest[pid][0].members}
         for pid in sorted(heard | strays):  # the hosting rule, against what gossip says now
             if pid in node.pids:
-                if self._may_drop(node, pid):
+                if self._may_drop(node, pid) and not core.wake_quiet_follower(pid):   # as mesh.node.elastic
                     self._drop(node, pid)
             elif pid in self.reg_latest and node.id in self.reg_latest[pid][0].members:
                 self._join(node, pid, self.reg_latest[pid][0])

@@ -39,3 +39,22 @@ def test_address_of_follows_a_new_life_at_a_new_address():
     now = _pump({"127.0.0.1:1": a, "127.0.0.1:3": b2}, now)
     assert d.address_of("b") == "127.0.0.1:3"
     assert d.node_at("127.0.0.1:3") == "b"
+
+
+def test_node_at_follows_gossip_and_a_newcomer_never_takes_a_mapped_live_address():
+    """A map rebuilt only on a miss gave a live broker's address to a forged row (which
+    then died) for good: that broker's replication messages were taken for the forged
+    node's. Rebuilt when gossip moves; a live broker mapped before keeps its address."""
+    from mesh.gossip import GossipAck
+    now = 1_000
+    a = _gossip("a", "127.0.0.1:1", 1, [], now)
+    b = _gossip("b", "127.0.0.1:2", 1, ["127.0.0.1:1"], now)
+    d = Directory("a", "127.0.0.1:1", a, lambda: now, lambda pid: None)
+    now = _pump({"127.0.0.1:1": a, "127.0.0.1:2": b}, now)
+    assert d.node_at("127.0.0.1:2") == "b"
+    # "zz" claims b's address, from itself (so it is taken for alive)
+    a.receive("127.0.0.1:2", GossipAck("zz", [["zz", 1, 1, 0, 0, "127.0.0.1:2", False, 77]], [], [], [], 0), now)
+    assert d.node_at("127.0.0.1:9") is None          # a miss rebuilds the map...
+    assert d.node_at("127.0.0.1:2") == "b"           # ...and b, mapped before and alive, keeps it
+    now = _pump({"127.0.0.1:1": a, "127.0.0.1:2": b}, now, rounds=200)   # zz goes silent, judged dead
+    assert d.node_at("127.0.0.1:2") == "b"

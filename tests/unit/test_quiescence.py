@@ -291,3 +291,22 @@ def test_a_leader_that_hears_nobody_steps_down_and_is_replaced():
     net.cut |= {("n1", "n0"), ("n2", "n0")}
     net.tick(8 * E)
     assert leader_of(net) in ("n1", "n2")
+
+
+def test_a_quiet_follower_is_woken_before_its_silence_counts_and_hears_its_leader_again():
+    """Rule 3 of mesh.cluster.configs drops a replica that a committed config no longer
+    names once its leader has been silent: a quiet follower hears no heartbeat rows by
+    design, and a forged config register made every replica of an idle partition drop its
+    data. The shell first wakes a quiet follower (``wake_quiet_follower``): still a member,
+    it hears its leader again within an election timeout or two; its silence stays short."""
+    net = quiet_net()
+    net.tick(5 * E)
+    n1 = net.cores["n1"]
+    assert n1.status(1)["quiesced"] and n1.leader_silence_ticks(1) > 4 * E   # silent, by design
+    assert n1.wake_quiet_follower(1) and not n1.wake_quiet_follower(1)
+    assert n1.leader_silence_ticks(1) == 0
+    peak = 0
+    for _ in range(4 * E):
+        net.tick()
+        peak = max(peak, n1.leader_silence_ticks(1) if not n1.status(1)["quiesced"] else 0)
+    assert peak < 2 * E and leader_of(net) == "n0", peak

@@ -200,6 +200,25 @@ def test_a_vote_answer_far_ahead_is_taken_only_while_campaigning():
     assert core.state(1).term == 1 and core.refused_rows == 1
 
 
+def test_a_vote_answer_at_a_term_near_the_bound_is_never_caught_up_to():
+    """One forged answer at MAX_TERM - 1 made a campaigning replica ask for MAX_TERM, which
+    every peer refuses, and its own answers took the others there: no leader, for good."""
+    from mesh.raft.messages import MAX_TERM
+    net = Net()
+    net.elect("n0")
+    net.isolate("n1")
+    net.tick(4 * CFG.election_ticks, nids=["n1"])   # n1, cut off, campaigns
+    core = net.cores["n1"]
+    assert core.role(1) in (Role.PRE_CANDIDATE, Role.CANDIDATE)
+    refused = core.refused_rows
+    core.step("n2", as_peer(net, "n1", "n2", ReplVoteResp, [VoteRespRow(1, MAX_TERM - 1, 0, 0, 0)]))
+    assert core.state(1).term < 100 and core.refused_rows == refused + 1
+    net.heal()
+    net.tick(8 * CFG.election_ticks)
+    leader, _ = net.cores["n0"].leader(1)
+    assert leader is not None and net.cores["n1"].leader(1)[0] == leader
+
+
 # -- the shell's check of an append's batches ----------------------------------------------------
 
 def _append(rows, payload):
