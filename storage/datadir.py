@@ -62,6 +62,8 @@ import struct
 import time
 from dataclasses import dataclass
 
+import lmdb
+
 __all__ = ["DataDirError", "DataDirLocked", "DataDirDamaged", "Identity", "DataDir", "check_lmdb_file", "probe_in_child",
            "read_identity", "write_identity", "move_aside", "new_store_id", "reconcile", "open_data_dir",
            "update_identity", "Opened", "IDENTITY_FILE", "LOCK_FILE"]
@@ -475,9 +477,11 @@ def open_data_dir(path: str, node_id: str, rejoin_empty: bool = False, **store_k
             old = dd.check(node_id)
             probe_in_child(path, **store_kwargs)
             store = Store(path, **store_kwargs)
-        except (DataDirDamaged, LogError) as exc:
+        except (DataDirDamaged, LogError, lmdb.Error, struct.error, ValueError) as exc:
             if not rejoin_empty:
-                raise DataDirDamaged(f"{exc}. The way out: restart with --rejoin-empty, which moves "
+                said = (str(exc) if isinstance(exc, (DataDirDamaged, LogError))
+                        else f"{path}: the store is damaged ({type(exc).__name__}: {exc})")
+                raise DataDirDamaged(f"{said}. The way out: restart with --rejoin-empty, which moves "
                                      f"{path} aside (renamed, not deleted) and rejoins as an empty "
                                      f"replica that refills from its peers") from exc
             try:

@@ -73,20 +73,21 @@ class Store(StoreBase):
     def probe(path: str, map_size: int = DEFAULT_MAP_SIZE, sync: bool = True) -> None:
         """What opening the store does to the file, and no more: open the environment and
         the named databases, stage a write to ``meta`` (as the start-up's generation bump
-        does; aborted, so nothing is written), and walk to each database's first and last
-        key. ``storage.datadir`` runs this in a child process first: a page LMDB trips
-        over (an assertion, a bus error) kills the child, not the broker."""
+        does; aborted, so nothing is written), and walk every key of every database,
+        touching each value (as the start-up scan, ``_recover``, does: a walk of the first
+        and last keys only let a damaged page in the middle abort the broker itself with
+        an LMDB assertion). ``storage.datadir`` runs this in a child process first: a page
+        LMDB trips over (an assertion, a bus error) kills the child, not the broker."""
         env = lmdb.open(path, map_size=map_size, max_dbs=len(_DBS) + 2, subdir=True, sync=False,
                         metasync=False, readahead=False, lock=True, max_readers=64)
         try:
-            txn = env.begin(write=True)
+            txn = env.begin(write=True, buffers=True)
             try:
                 dbs = {name: env.open_db(name, txn=txn) for name in _DBS}   # created only in txn
                 txn.put(b"probe", b"x", db=dbs[b"meta"])
                 for db in dbs.values():
-                    cur = txn.cursor(db=db)
-                    if cur.first():
-                        cur.last()
+                    for _, v in txn.cursor(db=db):
+                        v[:1].tobytes()
             finally:
                 txn.abort()
         finally:

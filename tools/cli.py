@@ -98,6 +98,9 @@ def node(ctx, node_id, data_dir, bind, seeds, text_port, text_max_connections, t
         sys.exit(1)
     n.install_signal_handlers()
     n.run()
+    if n.fatal:
+        click.echo(f"error: node {node_id} stopped: {n.fatal}", err=True)
+        sys.exit(1)
 
 
 # -- topics ----------------------------------------------------------------------------

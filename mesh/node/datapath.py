@@ -71,6 +71,7 @@ from typing import Callable, NamedTuple
 from mesh.cluster.catalog import Topic
 from mesh.node.clock import now_ms as _monotonic_ms
 from mesh.node.clock import wall_ms as _wall_ms
+from mesh.node.ratelog import RateLimitedLog
 from mesh.wire import messages as m
 from mesh.wire import records
 from mesh.wire.errors import ErrorCode, MeshError
@@ -167,6 +168,9 @@ class DataPath:
         self.held_total = 0   # produce requests ever held through a handover
         self._doomed: str | None = None
         self._full_handover_ms: dict[int, int] = {}   # pid -> when a full store last handed it over
+        self.commit_failures = 0          # turns in a row whose commit failed
+        self.last_commit_error = ""
+        self._commit_log = RateLimitedLog(log, window_ms=1_000)   # a failing store fails every turn
         self.on_commit: list[Callable[[bool], None]] = []   # told after every commit_turn: ok or not
         self.metrics = None   # mesh.node.metrics.NodeMetrics (--metrics-port)
 
@@ -384,7 +388,11 @@ class DataPath:
         except (StorageFull, LogError) as exc:
             self.producers.rollback()
             self.replicas.after_commit(False)
-            log.error("group commit failed, %d produce requests refused: %s", len(staged), exc)
+            self.commit_failures += 1
+            self.last_commit_error = str(exc)
+            if self._commit_log.once(type(exc)):
+                log.error("group commit failed, %d produce requests refused: %s (%d in a row)", len(staged), exc,
+                          self.commit_failures)
             for s in staged:
                 if s.acks != 0:
                     self.reply(s.ident, s.rid, m.ProduceResponse(int(ErrorCode.STORAGE_ERROR), str(exc)))
@@ -392,6 +400,7 @@ class DataPath:
                 listener(False)
             return False
         self.producers.committed()
+        self.commit_failures = 0
         reply, store = self.reply, self.store
         for s in staged:
             if s.acks == 1:

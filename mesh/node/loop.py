@@ -135,6 +135,8 @@ _ISOLATED_WARN_MS = 5_000      # no live peer this long (seeds set): say so (a s
 # of the CPU. Young collections every 50,000 objects instead of 700: what dies young is
 # freed by reference counting before it is ever scanned.
 _GC_THRESHOLDS = (50_000, 20, 10)
+_DAMAGED_COMMITS = 50          # commits in a row failing on a damaged page: the store is given up
+_DAMAGE_MARKS = ("MDB_CORRUPTED", "MDB_PAGE_NOTFOUND")
 # The gossip snapshot is staged on the turn after gossip moved, but no sooner after the last
 # one than ten times what that one cost: it is the whole state, packed and written again
 # (8.7 MB and ~65 ms with 100,000 committed offsets in gossip, on every commit anywhere in
@@ -257,6 +259,7 @@ class Node:
                                        apply_cluster_change=self._apply_cluster_change,
                                        identity=lambda: self._identity)
         self._running = False
+        self.fatal: str | None = None     # why the node stopped by itself (a damaged store), if it did
         self._stop_asked = 0              # signals seen: the first hands leaderships over, the second stops
         self._stop_since_ms: int | None = None
         self._handovers: dict[int, int] = {}   # pid -> handovers started while stopping
@@ -511,12 +514,26 @@ class Node:
         if not self.data.commit_turn():  # the turn's one sync; then acks, replication sends, wake-ups
             self._seen_version = -1      # reconcile and persist the snapshot again on a good turn
             self._next_snapshot_ms = 0
+            self._check_damaged()
         self._step("publish", self.publish.flush)     # leadership changes of the turn, to gossip
         self.outbox.flush()
         self._step("wake fetches", self.data.after_turn)
         self._step("identity", self._check_identity)
         if self.metrics is not None:
             self.metrics.maybe_refresh(mono_ms)   # the snapshot /metrics serves (guarded, read-only)
+
+    def _check_damaged(self) -> None:
+        """A store whose every commit fails on a damaged page (one the start-up checks did
+        not reach: only a write touches it) serves nothing and never recovers: after
+        ``_DAMAGED_COMMITS`` in a row, stop with a clear error and the way out (``fatal``;
+        ``mesh node`` exits 1), as a store refused at start."""
+        err = self.data.last_commit_error
+        if self.data.commit_failures >= _DAMAGED_COMMITS and any(m in err for m in _DAMAGE_MARKS):
+            self.fatal = (f"the store in {self.cfg.data_dir} is damaged: {self.data.commit_failures} commits in "
+                          f"a row failed ({err}). The way out: restart with --rejoin-empty, which moves it aside "
+                          f"(renamed, not deleted) and rejoins as an empty replica that refills from its peers")
+            log.critical("%s", self.fatal)
+            self._running = False
 
     def _step(self, name: str, fn, *args) -> None:
         """Run one step of the turn; an exception dooms the turn (rolled back at its commit,

@@ -75,6 +75,8 @@ def test_the_launcher_and_procfile_invocations_parse(monkeypatch, tmp_path):
     seen = {}
 
     class FakeNode:
+        fatal = None
+
         def __init__(self, cfg):
             seen["cfg"] = cfg
 

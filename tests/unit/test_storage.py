@@ -629,3 +629,33 @@ def test_the_lost_state_mark_is_kept_in_lmdb_too():
     ident, lost = datadir.reconcile(None, "aaaa", 1, "n1", lmdb_recovering=True)
     assert lost and ident.recovering and ident.store_id == "aaaa"
     assert datadir.reconcile(None, "aaaa", 1, "n1") == (datadir.Identity("n1", "aaaa", 2, False), None)
+
+
+def test_a_damaged_page_in_the_middle_of_the_log_is_found_by_the_probe_not_the_broker(tmp_path):
+    """The probe walked each database's first and last key only: a leaf in the middle of
+    the log with a wrong page type aborted the broker itself (an LMDB assertion in its
+    start-up scan), with no message and no way out. The probe walks every key now."""
+    import struct
+    o = _store_dir(tmp_path)
+    pid = o.store.partition_id("t", 0)
+    for i in range(1500):
+        append(o.store, pid, [b"v-%05d" % i])
+        if i % 100 == 99:
+            o.store.commit()
+    o.store.commit()
+    _close(o)
+    f = tmp_path / "d" / "data.mdb"
+    data = bytearray(f.read_bytes())
+    meta = max((datadir._parse_meta(bytes(data[p:p + 200]), "m") for p in (0, 4096)), key=lambda m: m["txnid"])
+    main = bytes(data[meta["main_root"] * 4096:(meta["main_root"] + 1) * 4096])
+    root = next(struct.unpack_from("<Q", main, at + ks + 40)[0] for _, ks, _, at, _ in datadir._nodes(main)
+                if main[at:at + ks] == b"log")
+    page = bytes(data[root * 4096:(root + 1) * 4096])
+    assert struct.unpack_from("<H", page, 10)[0] & datadir._P_BRANCH, "the log fits one leaf: more records"
+    leaves = [child for *_, child in datadir._nodes(page)]
+    victim = leaves[len(leaves) // 2]
+    flags = struct.unpack_from("<H", data, victim * 4096 + 10)[0]
+    struct.pack_into("<H", data, victim * 4096 + 10, flags ^ 0x03)   # leaf <-> branch
+    f.write_bytes(bytes(data))
+    with pytest.raises(datadir.DataDirDamaged, match="damaged"):
+        datadir.probe_in_child(str(tmp_path / "d"), map_size=64 << 20)
