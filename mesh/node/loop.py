@@ -84,6 +84,7 @@ store (on read, at recovery) go to the core once each (``report_corrupt``).
 """
 from __future__ import annotations
 
+import collections
 import gc
 import logging
 import os
@@ -135,6 +136,7 @@ _ISOLATED_WARN_MS = 5_000      # no live peer this long (seeds set): say so (a s
 # of the CPU. Young collections every 50,000 objects instead of 700: what dies young is
 # freed by reference counting before it is ever scanned.
 _GC_THRESHOLDS = (50_000, 20, 10)
+_MAX_BUMPS, _BUMP_WINDOW_MS = 3, 60_000   # generation bumps for lost state, at most this many a minute
 _DAMAGED_COMMITS = 50          # commits in a row failing on a damaged page: the store is given up
 _DAMAGE_MARKS = ("MDB_CORRUPTED", "MDB_PAGE_NOTFOUND")
 # The gossip snapshot is staged on the turn after gossip moved, but no sooner after the last
@@ -260,6 +262,7 @@ class Node:
                                        identity=lambda: self._identity)
         self._running = False
         self.fatal: str | None = None     # why the node stopped by itself (a damaged store), if it did
+        self._bumps: collections.deque[int] = collections.deque()   # when lost state raised the generation
         self._stop_asked = 0              # signals seen: the first hands leaderships over, the second stops
         self._stop_since_ms: int | None = None
         self._handovers: dict[int, int] = {}   # pid -> handovers started while stopping
@@ -601,6 +604,18 @@ class Node:
         """A peer remembers generation ``conflict`` (>= ours) of this node: this store lost
         state. Persist a generation above it (LMDB, then the identity file, synced) before
         speaking as it, then tell the replication core."""
+        now = self.clock.now_ms()
+        while self._bumps and now - self._bumps[0] >= _BUMP_WINDOW_MS:
+            self._bumps.popleft()
+        if len(self._bumps) >= _MAX_BUMPS:
+            # two live processes with one --id push each other's generation up without end
+            # (each takes the other's newer row for proof that its own store went back)
+            self._rlog.warning("bumps", "peers keep showing newer lives of node %s (%d new generations within "
+                               "%d s): another live broker may be running with --id %s; this one waits before "
+                               "taking another (its replicas stay out of votes meanwhile)", self.node_id,
+                               len(self._bumps), _BUMP_WINDOW_MS // 1000, self.node_id)
+            return
+        self._bumps.append(now)
         old = self.generation
         gen = max(conflict, old) + 1
         if not self._write_identity(generation=gen, recovering=True):
