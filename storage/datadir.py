@@ -393,10 +393,14 @@ class DataDir:
                 os.close(fd)   # closing the descriptor drops the flock
         self._lock_fd = self._dir_fd = None
 
-    def check(self, node_id: str) -> Identity | None:
-        """Structural checks before LMDB is opened; the identity file (None if absent)."""
+    def check(self, node_id: str) -> Identity | None | DataDirDamaged:
+        """Structural checks before LMDB is opened; the identity file (None if absent, the
+        error if it cannot be read: LMDB's copy may stand in, see ``open_data_dir``)."""
         check_lmdb_file(os.path.join(self.path, DATA_FILE))
-        ident = read_identity(self.path)
+        try:
+            ident = read_identity(self.path)
+        except DataDirDamaged as exc:
+            return exc
         if ident is not None and ident.node_id != node_id:
             raise DataDirDamaged(f"data directory {self.path} belongs to node {ident.node_id!r} "
                                  f"(its {IDENTITY_FILE} says so), not {node_id!r}: check --id and --data")
@@ -494,6 +498,25 @@ def open_data_dir(path: str, node_id: str, rejoin_empty: bool = False, **store_k
         lmdb_store = store.get("meta", b"store_id")
         lmdb_gen = int(store.get("meta", b"generation") or 0)
         lmdb_node = store.get("meta", b"node_id")
+        if isinstance(old, DataDirDamaged):
+            # an unreadable identity file (an empty one, as some file systems leave after a
+            # crash around a rename): LMDB holds the same identity since it names its node,
+            # so the file is written again from it; an older store without that is refused
+            if lmdb_node is not None and lmdb_store is not None:
+                log.warning("%s; its LMDB copy stands in (store %s, generation %d)", old, lmdb_store.decode(),
+                            lmdb_gen)
+                old = Identity(lmdb_node.decode(errors="replace"), lmdb_store.decode(), lmdb_gen,
+                               store.get("meta", b"recovering") == b"1")
+            elif not rejoin_empty:
+                store.close()
+                raise DataDirDamaged(f"{old}. The way out: restart with --rejoin-empty, which moves {path} "
+                                     f"aside (renamed, not deleted) and rejoins as an empty replica")
+            else:
+                store.close()
+                moved = dd.move_aside("refused")
+                log.error("--rejoin-empty: %s; moved %s to %s, starting on an empty store", old, path, moved)
+                store, old = Store(path, **store_kwargs), None
+                lmdb_store, lmdb_gen, lmdb_node = None, 0, None
         if moved is None and lmdb_node is not None and lmdb_node.decode(errors="replace") != node_id:
             store.close()
             raise DataDirDamaged(f"the store in {path} belongs to node {lmdb_node.decode(errors='replace')!r} "

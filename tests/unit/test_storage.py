@@ -659,3 +659,17 @@ def test_a_damaged_page_in_the_middle_of_the_log_is_found_by_the_probe_not_the_b
     f.write_bytes(bytes(data))
     with pytest.raises(datadir.DataDirDamaged, match="damaged"):
         datadir.probe_in_child(str(tmp_path / "d"), map_size=64 << 20)
+
+
+def test_an_unreadable_identity_file_is_written_again_from_lmdb(tmp_path):
+    """An empty identity.json (as some file systems leave after a crash around a rename)
+    was refused with --rejoin-empty as the only way out, which set a healthy store aside.
+    LMDB holds the same identity: the file is written again from it."""
+    o = _store_dir(tmp_path)
+    sid, gen = o.identity.store_id, o.identity.generation
+    _close(o)
+    (tmp_path / "d" / datadir.IDENTITY_FILE).write_bytes(b"")
+    o = _store_dir(tmp_path)
+    assert o.lost is None and o.identity.store_id == sid and o.identity.generation == gen + 1
+    assert datadir.read_identity(str(tmp_path / "d")) == o.identity
+    _close(o)
