@@ -493,6 +493,7 @@ class Node:
         if now_ms >= self._next_stats_ms:
             self._next_stats_ms = now_ms + self.cfg.stats_every_ms
             self._step("stats", self.publish.stats)
+            self._step("peer links", self._prune_links)
         if not self.gossip.isolated:
             self._isolated_since_ms, self._isolated_logged = None, False
         elif self._isolated_since_ms is None:
@@ -524,6 +525,11 @@ class Node:
         self._step("identity", self._check_identity)
         if self.metrics is not None:
             self.metrics.maybe_refresh(mono_ms)   # the snapshot /metrics serves (guarded, read-only)
+
+    def _prune_links(self) -> None:
+        """Links only to seeds and to members not DEAD or LEFT (``PeerLinks.prune``)."""
+        self.peers.prune(set(self.cfg.seeds) | {mem.address for mem in self.gossip.members(self.clock.wall_ms())
+                                                if mem.status in (ALIVE, SUSPECT)})
 
     def _check_damaged(self) -> None:
         """A store whose every commit fails on a damaged page (one the start-up checks did

@@ -116,6 +116,16 @@ class PeerLinks:
         self.bytes_sent += sum(map(len, frames))
         return True
 
+    def prune(self, keep: set[str]) -> int:
+        """Close the links to addresses not in ``keep`` (the members that are not DEAD or
+        LEFT): every address a gossip row ever named kept a socket that reconnected forever.
+        A link is made again the next time something is sent there (a probe of a dead
+        member). Returns how many were closed."""
+        gone = [addr for addr in self._socks if addr not in keep]
+        for addr in gone:
+            self._socks.pop(addr).close(linger=0)
+        return len(gone)
+
     def flush_and_close(self, linger_ms: int = 300) -> None:
         for s in self._socks.values():
             s.close(linger=linger_ms)

@@ -461,3 +461,18 @@ def test_each_peer_link_has_a_routing_id_nobody_could_hold_ahead_of_it():
         assert len(ids) == 2 and b"peer:127.0.0.1:7101" not in ids
     finally:
         ctx.term()
+
+
+def test_links_to_addresses_no_member_has_are_closed():
+    from mesh.gossip import GossipSyn
+    import zmq
+    from mesh.node.peers import PeerLinks
+    ctx = zmq.Context()
+    try:
+        links = PeerLinks(ctx, "127.0.0.1:7101")
+        for port in range(20000, 20010):   # addresses a gossip row named once
+            links.send(f"127.0.0.1:{port}", GossipSyn("n1", [], [], 0))
+        assert links.prune({"127.0.0.1:20003"}) == 9 and list(links._socks) == ["127.0.0.1:20003"]
+        links.flush_and_close()
+    finally:
+        ctx.term()
