@@ -422,26 +422,26 @@ def test_a_batch_too_big_for_a_full_store_is_refused_alone_and_reads_go_on(tmp_p
     replication core: every leadership dropped, reads included. The batch is checked
     against the room first and refused alone."""
     b = BrokerProcess("f2", str(tmp_path / "f2"), extra=["--max-storage-bytes", str(4 << 20)]).start()
-    with Admin(b.address) as a:
-        a.create_topic("full", partitions=1)
-    with Producer(b.address, retries=0, delivery_timeout_ms=5000) as p:
-        with pytest.raises(MeshError) as e:
-            for _ in range(400):
-                p.send_batch("full", [b"z" * 1000] * 10, partition=0).result(10)
-    assert e.value.code == ErrorCode.STORAGE_ERROR
-    big = encode_batch([b"B" * 900_000], timestamps_ms=int(time.time() * 1000))
     t = Transport()
     try:
+        with Admin(b.address) as a:
+            a.create_topic("full", partitions=1)
+        with Producer(b.address, retries=0, delivery_timeout_ms=5000) as p:
+            with pytest.raises(MeshError) as e:
+                for _ in range(400):
+                    p.send_batch("full", [b"z" * 1000] * 10, partition=0).result(10)
+        assert e.value.code == ErrorCode.STORAGE_ERROR
+        big = encode_batch([b"B" * 900_000], timestamps_ms=int(time.time() * 1000))
         for _ in range(3):
             with pytest.raises(MeshError) as e:   # answered after its turn's commit
                 t.call(b.address, m.ProduceRequest("full", 0, 1), big)
             assert e.value.code == ErrorCode.STORAGE_ERROR, e.value
             r, _ = t.call(b.address, m.FetchRequest([["full", 0, 0, 100]], max_wait_ms=0))
             assert r.parts[0][2] == 0, r   # still the leader: served
+        assert "rebuilding the replication core" not in b.log(tail_chars=1 << 20)
     finally:
         t.close()
-    assert "rebuilding the replication core" not in b.log(tail_chars=1 << 20)
-    b.stop()
+        b.kill()
 
 
 def test_cli_tour(broker):
