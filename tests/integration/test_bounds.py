@@ -254,13 +254,17 @@ def test_a_garbage_gossip_snapshot_is_a_clear_error_and_reset_gossip_relearns(tm
         c.kill()
 
 
+def quota_broker(tmp_path, name: str) -> tuple[BrokerProcess, zmq.Socket, bytes]:
+    """A broker with a produce quota of 1 MiB/s and topic ``ok``; a raw client; a ~1 MiB batch."""
+    b = BrokerProcess(name, str(tmp_path / name), extra=["--produce-quota-bytes-per-s", str(MiB)]).start()
+    with Admin(b.address) as a:
+        a.create_topic("ok", partitions=1)
+    return b, dealer(b), encode_batch([b"q" * 1000] * 1000)
+
+
 def test_produce_quota_delays_answers_but_never_drops_them(tmp_path):
-    b = BrokerProcess("q1", str(tmp_path / "q1"), extra=["--produce-quota-bytes-per-s", str(MiB)]).start()
+    b, s, batch = quota_broker(tmp_path, "q1")
     try:
-        with Admin(b.address) as a:
-            a.create_topic("ok", partitions=1)
-        s = dealer(b)
-        batch = encode_batch([b"q" * 1000] * 1000)   # ~1 MiB
         t0 = time.monotonic()
         for _ in range(3):   # a second's burst is free; then 1 MiB/s: the third answer waits ~2 s
             request(s, m.ProduceRequest("ok", 0, 1), batch)
@@ -278,12 +282,8 @@ def test_a_producer_that_does_not_wait_for_its_answers_is_held_to_its_quota(tmp_
     """Delaying answers slows only a client that waits for them: acks=0 batches over the
     rate (after a second's burst), and batches whose answers would wait over 10 s, are
     refused (THROTTLED, not written)."""
-    b = BrokerProcess("q2", str(tmp_path / "q2"), extra=["--produce-quota-bytes-per-s", str(MiB)]).start()
+    b, s, batch = quota_broker(tmp_path, "q2")
     try:
-        with Admin(b.address) as a:
-            a.create_topic("ok", partitions=1)
-        s = dealer(b)
-        batch = encode_batch([b"q" * 1000] * 1000)   # ~1 MiB
         zero = {request(s, m.ProduceRequest("ok", 0, 0), batch) for _ in range(20)}   # answers unread
         one = {request(s, m.ProduceRequest("ok", 0, 1), batch) for _ in range(20)}    # pipelined
         codes = {}
