@@ -161,7 +161,7 @@ class StoreBase:
         return st[2] if st else 0
 
     # -- staging ------------------------------------------------------------------------
-    def room_for(self, nbytes: int) -> bool:
+    def room_for(self, nbytes: int, sizes=None) -> bool:
         """Would ``nbytes`` more fit in this turn, with room left for its other writes? (A
         write that does not fit fails the whole turn.) The memory twin has no limit."""
         return True

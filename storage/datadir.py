@@ -66,12 +66,13 @@ import lmdb
 
 __all__ = ["DataDirError", "DataDirLocked", "DataDirDamaged", "Identity", "DataDir", "check_lmdb_file", "probe_in_child",
            "read_identity", "write_identity", "move_aside", "new_store_id", "reconcile", "open_data_dir",
-           "update_identity", "Opened", "IDENTITY_FILE", "LOCK_FILE"]
+           "update_identity", "Opened", "IDENTITY_FILE", "LOCK_FILE", "REFUSED_FILE", "refuse_from_now_on"]
 
 log = logging.getLogger("storage.datadir")
 
 IDENTITY_FILE = "identity.json"
 LOCK_FILE = "mesh.lock"
+REFUSED_FILE = "refused.txt"   # why a running broker gave the store up: refused at the next start
 DATA_FILE = "data.mdb"
 _FORMAT = 1
 
@@ -396,6 +397,12 @@ class DataDir:
     def check(self, node_id: str) -> Identity | None | DataDirDamaged:
         """Structural checks before LMDB is opened; the identity file (None if absent, the
         error if it cannot be read: LMDB's copy may stand in, see ``open_data_dir``)."""
+        try:
+            with open(os.path.join(self.path, REFUSED_FILE), "rb") as f:
+                why = f.read(4096).decode(errors="replace").strip()
+            raise DataDirDamaged(f"{self.path} was given up by the broker that ran on it: {why}")
+        except FileNotFoundError:
+            pass
         check_lmdb_file(os.path.join(self.path, DATA_FILE))
         try:
             ident = read_identity(self.path)
@@ -535,6 +542,19 @@ def open_data_dir(path: str, node_id: str, rejoin_empty: bool = False, **store_k
         dd.unlock()
         raise
     return Opened(dd, store, ident, lost, moved)
+
+
+def refuse_from_now_on(path: str, why: str) -> None:
+    """Leave ``why`` in the directory: the next start refuses it (and ``--rejoin-empty``
+    moves it aside), as a store found damaged at start is. For what only the running
+    broker finds (a page only a commit touches) or cannot use alone."""
+    tmp = os.path.join(path, REFUSED_FILE + ".tmp")
+    with open(tmp, "wb") as f:
+        f.write(why.encode()[:4000])
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, os.path.join(path, REFUSED_FILE))
+    _fsync_dir(path)
 
 
 def update_identity(opened: Opened, **changes) -> None:

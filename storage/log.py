@@ -31,6 +31,7 @@ from __future__ import annotations
 import logging
 import os
 import struct
+from typing import Callable
 
 import lmdb
 
@@ -44,7 +45,7 @@ _log = logging.getLogger("storage")
 _DBS = (b"log", b"meta", b"repl", b"offsets", b"producers", b"gossip")
 DEFAULT_MAP_SIZE = 64 << 30  # address space, not disk: the file grows as written
 _HEADROOM_BYTES = 8 << 20      # nearer the map's end than this (or 1/8 of it), batches are probed
-_PROBE_PIECES = 64             # the probe also puts this many small values: room for the turn's
+_PROBE_PIECES = 64             # a turn's first probe also puts this many small values: room for its
 _PROBE_PIECE_BYTES = 1000      # small writes, on leaf pages (not contiguous: a free list fragments)
 
 
@@ -65,6 +66,7 @@ class Store(StoreBase):
         self._psize = self.env.stat()["psize"]
         self._headroom = min(_HEADROOM_BYTES, map_size // 8)
         self._turn_bytes = 0   # bytes this turn put (``room_for`` counts each twice: pages, B-tree)
+        self._probed = False   # this turn's room for its small writes was probed (``room_for``)
         self._note_room()
         super().__init__()
         self._recover()
@@ -173,32 +175,49 @@ class Store(StoreBase):
         info = self.env.info()
         self._room = info["map_size"] - (info["last_pgno"] + 1) * self._psize
 
-    def room_for(self, nbytes: int) -> bool:
+    def room_for(self, nbytes: int, sizes: Callable[[], list[int]] | None = None) -> bool:
         """Would ``nbytes`` more fit in this turn, with some room left for the turn's small
         writes (replication state, offsets)? A write that does not fit dooms the whole turn
         (LMDB requires the transaction to be aborted), so a client's batch is checked first
-        and refused alone. Far from the map's end this is arithmetic; near it, the batch
-        (one value: contiguous pages, as the real put needs) and ``_PROBE_PIECES`` small
-        values are put in a nested transaction that is then aborted, so the free list
-        counts (about 20 us plus a copy of the batch)."""
+        and refused alone. ``sizes()``: the values that make up ``nbytes`` (a follower's
+        append is many batches; default: one value), asked only near the map's end.
+
+        Far from the map's end (as of the last commit) this is arithmetic. Near it, in a
+        nested transaction that is then aborted, so the free list counts: the largest value
+        is put as one (contiguous pages, as the real put needs), the rest as small pieces
+        (leaf pages: a free list fragmented by deletes has few long runs), and once per turn
+        ``_PROBE_PIECES`` small values stand for the turn's other writes. A failed turn, or
+        an LMDB error other than a full map, answers True: the real write then fails as it
+        would have."""
         if self._failed is not None:
-            return False
+            return True
         if 2 * (self._turn_bytes + nbytes) + self._headroom < self._room:
             return True
+        values = [nbytes] if sizes is None else sizes()
         fresh = self._wtxn is None   # then this probe must not leave the turn a sync to do
-        child = self.env.begin(write=True, parent=self._txn())
+        child = None
         try:
+            child = self.env.begin(write=True, parent=self._txn())
             meta = self.dbs["meta"]
-            child.put(b"\0room:batch", bytes(nbytes), db=meta)
+            small = 0
+            for i, n in enumerate(values):
+                if n > _PROBE_PIECE_BYTES:
+                    child.put(b"\0room:b%d" % i, bytes(n), db=meta)
+                else:
+                    small += n
             piece = bytes(_PROBE_PIECE_BYTES)
-            for i in range(_PROBE_PIECES):
+            for i in range(-(-small // _PROBE_PIECE_BYTES) + (0 if self._probed else _PROBE_PIECES)):
                 child.put(b"\0room:%d" % i, piece, db=meta)
+            self._probed = True
             return True
         except lmdb.MapFullError:
             return False
+        except lmdb.Error:
+            return True
         finally:
-            child.abort()
-            if fresh:
+            if child is not None:
+                child.abort()
+            if fresh and self._wtxn is not None:
                 self._wtxn.abort()
                 self._wtxn = None
 
@@ -271,7 +290,7 @@ class Store(StoreBase):
         txn, self._wtxn = self._wtxn, None
         if txn is None:
             return
-        self._turn_bytes = 0
+        self._turn_bytes, self._probed = 0, False
         if self._failed is not None:
             failed, self._failed = self._failed, None
             txn.abort()
@@ -286,7 +305,7 @@ class Store(StoreBase):
 
     def _abort_txn(self) -> None:
         self._failed = None
-        self._turn_bytes = 0
+        self._turn_bytes, self._probed = 0, False
         txn, self._wtxn = self._wtxn, None
         if txn is not None:
             txn.abort()

@@ -41,7 +41,20 @@ class Admin(ElasticAdmin, SecurityAdmin, ClientBase):
 
     def _call(self, msg):
         """Send to the first broker that answers (any broker serves admin requests; a topic
-        change goes on to the topic's owner, ``_call_owner``)."""
+        change goes on to the topic's owner, ``_call_owner``). COORDINATOR_NOT_AVAILABLE (the
+        owner still learns the cluster, or brokers disagree on who owns a name for a moment)
+        is retried with a backoff for up to the request timeout."""
+        deadline, pause_s = time.monotonic() + self.timeout_ms / 1000, 0.05
+        while True:
+            try:
+                return self._call_any(msg)
+            except MeshError as exc:
+                if exc.code != ErrorCode.COORDINATOR_NOT_AVAILABLE or time.monotonic() + pause_s > deadline:
+                    raise
+            time.sleep(pause_s)
+            pause_s = min(1.0, 2 * pause_s)
+
+    def _call_any(self, msg):
         last = None
         for addr in self.cluster.addresses():
             try:
@@ -58,10 +71,13 @@ class Admin(ElasticAdmin, SecurityAdmin, ClientBase):
         another broker answers COORDINATOR_MOVED naming it, and the request goes there, at
         most twice (views of who owns a name agree again within seconds of a broker
         joining or dying)."""
+        first = addr
         for _ in range(3):
             try:
                 return self.transport.call(addr, msg, timeout_ms=self.timeout_ms)[0]
             except MeshError as exc:
+                if addr != first and exc.code in (ErrorCode.TIMEOUT, ErrorCode.BROKER_UNAVAILABLE):
+                    self.transport.forget(addr)   # the owner did not answer (the caller forgets ``first``)
                 if exc.code != ErrorCode.COORDINATOR_MOVED or not exc.leader or exc.leader == addr:
                     raise
                 moved = exc

@@ -107,8 +107,10 @@ def restore_snapshot(snap: dict, members: Membership, registers: ClusterRegister
     ValueError only if the snapshot is another node's, another format, or not older."""
     if not isinstance(snap, dict):
         raise ValueError("unusable gossip snapshot: not a map")
-    if snap.get("format") != _FORMAT or snap.get("node_id") != members.node_id:
-        raise ValueError("gossip snapshot belongs to another node or format")
+    if snap.get("format") != _FORMAT:
+        raise ValueError(f"gossip snapshot of another format ({snap.get('format')!r})")
+    if snap.get("node_id") != members.node_id:
+        raise ValueError(f"gossip snapshot belongs to another node ({str(snap.get('node_id'))[:255]!r})")
     if type(snap.get("generation")) is not int or snap["generation"] >= members.generation:
         raise ValueError(f"generation must increase across restarts: snapshot has "
                          f"{snap.get('generation')}, starting with {members.generation}")

@@ -47,7 +47,8 @@ MAX_METADATA_TOPICS = 10_000   # names in one metadata request (after duplicates
 class ClientHandlers:
     def __init__(self, *, node_id: str, gossip, catalog: Catalog, directory: Directory, store,
                  replicas, data: DataPath, peers, reply: Callable, clock: Clock,
-                 apply_cluster_change: Callable[[], bool], identity: Callable[[], str] = lambda: "confirmed"):
+                 apply_cluster_change: Callable[[], bool], identity: Callable[[], str] = lambda: "confirmed",
+                 learning: Callable[[], bool] = lambda: False):
         """``apply_cluster_change()``: reconcile the catalog with gossip, persist the gossip
         snapshot and commit; False if the commit failed. ``identity()``: whether this node's
         store identity is confirmed by peers, unconfirmed yet, or lost state (refilling)."""
@@ -63,6 +64,7 @@ class ClientHandlers:
         self.clock = clock
         self.apply_cluster_change = apply_cluster_change
         self.identity = identity   # "unconfirmed" | "confirmed" | "lost" (see mesh.node.loop)
+        self.learning = learning   # the cluster is still being learned (no peer heard yet, relearning)
         self._table: dict[type, Callable] = {
             m.ProduceRequest: data.on_produce,
             m.FetchRequest: data.on_fetch,
@@ -93,6 +95,9 @@ class ClientHandlers:
             addr = self.directory.address_of(owner)
             raise MeshError(ErrorCode.COORDINATOR_MOVED, f"topic {name!r} is created, altered and deleted "
                                                          f"by broker {owner} ({addr}): ask there", leader=addr)
+        if self.learning():   # its view may lack the topic: a create would replace it
+            raise MeshError(ErrorCode.COORDINATOR_NOT_AVAILABLE, f"broker {self.node_id} is still learning the "
+                                                                 f"cluster from its peers: retry in a moment")
 
     def _active(self) -> list[str]:
         """Live brokers that are not draining: where new replicas may go."""

@@ -118,7 +118,7 @@ from mesh.security.broker import BrokerSecurity, check_text_gateway
 from mesh.raft import ReplicationConfig
 from mesh.wire.codec import DecodeLimits
 from storage.base import LogError
-from storage.datadir import open_data_dir, update_identity
+from storage.datadir import open_data_dir, refuse_from_now_on, update_identity
 
 __all__ = ["NodeConfig", "Node", "StartupError"]
 
@@ -193,10 +193,12 @@ class Node:
                 # view would drop every one of them at the first reconcile, and the replicas
                 # would then vote with raft state for logs they deleted. Relearn, as --reset-gossip
                 if not seeds:
-                    raise StartupError(
-                        f"the store in {config.data_dir} holds partitions but no gossip snapshot: restart "
-                        f"with --seed of a live broker to relearn the cluster (raft state and logs are kept), "
-                        f"or with --rejoin-empty")
+                    why = (f"the store in {config.data_dir} holds partitions but no gossip snapshot, and there "
+                           f"is no peer to relearn the cluster from. The way out: restart with --seed of a live "
+                           f"broker (raft state and logs are kept), or with --rejoin-empty, which moves the "
+                           f"directory aside (renamed, not deleted) and starts empty")
+                    refuse_from_now_on(config.data_dir, why)   # so that --rejoin-empty moves it aside
+                    raise StartupError(why)
                 log.warning("the store holds partitions but no gossip snapshot: relearning the cluster from "
                             "peers %s before anything is dropped (as --reset-gossip)", ",".join(seeds))
                 self._relearning = True
@@ -259,7 +261,8 @@ class Node:
                                        directory=self.directory, store=self.store, replicas=self.replicas,
                                        data=self.data, peers=self.peers, reply=self._reply, clock=clock,
                                        apply_cluster_change=self._apply_cluster_change,
-                                       identity=lambda: self._identity)
+                                       identity=lambda: self._identity,
+                                       learning=lambda: self._relearning or self._identity == "unconfirmed")
         self._running = False
         self.fatal: str | None = None     # why the node stopped by itself (a damaged store), if it did
         self._bumps: collections.deque[int] = collections.deque()   # when lost state raised the generation
@@ -542,6 +545,10 @@ class Node:
                           f"a row failed ({err}). The way out: restart with --rejoin-empty, which moves it aside "
                           f"(renamed, not deleted) and rejoins as an empty replica that refills from its peers")
             log.critical("%s", self.fatal)
+            try:
+                refuse_from_now_on(self.cfg.data_dir, self.fatal)   # the start-up checks cannot see it
+            except OSError as exc:
+                log.error("could not mark %s as given up: %s", self.cfg.data_dir, exc)
             self._running = False
 
     def _step(self, name: str, fn, *args) -> None:

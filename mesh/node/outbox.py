@@ -25,8 +25,10 @@ the same without its checks, while nothing is held or backlogged: ``busy``):
   and are retried), so throttling can never make the broker hold unbounded memory.
   Delaying answers slows a client that waits for them; one that does not (acks=0, or a
   pipeline that ignores its held answers) would write at any rate, so the dispatcher
-  refuses its batches (THROTTLED, not written, the charge refunded) once it is over its
-  rate and burst (acks=0) or its answers would wait more than 10 s.
+  refuses its batches (THROTTLED, not written, not charged) while its answers already
+  wait (acks=0: it is over its rate and burst) or wait more than 10 s. A batch is judged
+  by the debt before it, so one larger than the burst still goes in once the client is
+  back under its rate.
 """
 from __future__ import annotations
 
@@ -64,10 +66,9 @@ class ByteRateQuota:
         self._ready[ident] = ready
         return max(0, int(ready - now_ms - _BURST_MS))
 
-    def refund(self, ident: bytes, nbytes: int) -> None:
-        """Take back a charge: the bytes were refused, not taken."""
-        if ident in self._ready:
-            self._ready[ident] -= nbytes / self.rate_per_ms
+    def debt_ms(self, ident: bytes, now_ms: int) -> int:
+        """How long the client's answers wait now, before anything more is charged."""
+        return max(0, int(self._ready.get(ident, now_ms) - now_ms - _BURST_MS))
 
 
 class Outbox:
@@ -100,8 +101,10 @@ class Outbox:
             self.throttled += 1
         return delay
 
-    def refund(self, kind: str, ident: bytes, nbytes: int) -> None:
-        self.quotas[kind].refund(bytes(ident), nbytes)
+    def debt_ms(self, kind: str, ident: bytes) -> int:
+        """``ByteRateQuota.debt_ms`` (0 when quotas are off)."""
+        q = self.quotas[kind]
+        return 0 if q is None else q.debt_ms(bytes(ident), self.now_ms())
 
     # -- sending ------------------------------------------------------------------------
     def send(self, ident: bytes, frames: list, delay_ms: int = 0) -> None:

@@ -62,6 +62,8 @@ class PeerLinks:
         self.identity = PEER_PREFIX + own_address.encode()
         self.hwm = hwm_messages
         self._socks: dict[str, zmq.Socket] = {}
+        self._used: set[str] = set()          # addresses sent to since the last prune
+        self._idle: dict[str, int] = {}       # address -> prunes in a row it was neither kept nor used
         self.dropped = 0
         self.sent = 0
         self.bytes_sent = 0
@@ -102,6 +104,7 @@ class PeerLinks:
     def send(self, addr: str, msg, payload: bytes | None = None) -> bool:
         frames = pack(PROTOCOL_PEER, 0, msg, payload)
         sock = self._socks.get(addr)
+        self._used.add(addr)
         try:
             send_frames(sock if sock is not None else self._sock(addr), frames,
                         copy=payload is None or len(payload) < ZERO_COPY_MIN_BYTES)
@@ -116,14 +119,24 @@ class PeerLinks:
         self.bytes_sent += sum(map(len, frames))
         return True
 
-    def prune(self, keep: set[str]) -> int:
-        """Close the links to addresses not in ``keep`` (the members that are not DEAD or
-        LEFT): every address a gossip row ever named kept a socket that reconnected forever.
-        A link is made again the next time something is sent there (a probe of a dead
-        member). Returns how many were closed."""
-        gone = [addr for addr in self._socks if addr not in keep]
+    def prune(self, keep: set[str], idle_rounds: int = 60) -> int:
+        """Once a second: close the links to addresses not in ``keep`` (members that are
+        not DEAD or LEFT, seeds) that nothing was sent to for ``idle_rounds`` calls: every
+        address a gossip row ever named kept a socket that reconnected forever. A dead
+        member that gossip still probes keeps its link (a new link drops its first message:
+        IMMEDIATE). Returns how many were closed."""
+        used, self._used = self._used, set()
+        gone = []
+        for addr in self._socks:
+            if addr in keep or addr in used:
+                self._idle.pop(addr, None)
+            elif self._idle.get(addr, 0) + 1 >= idle_rounds:
+                gone.append(addr)
+            else:
+                self._idle[addr] = self._idle.get(addr, 0) + 1
         for addr in gone:
             self._socks.pop(addr).close(linger=0)
+            self._idle.pop(addr, None)
         return len(gone)
 
     def flush_and_close(self, linger_ms: int = 300) -> None:

@@ -426,7 +426,8 @@ class ReplicaHost:
         rows = parse_rows(msg, self.cfg.max_replicas)   # once: the core takes them as they are
         chunks = None
         if type(msg) is ReplAppend:
-            if payload and not self.store.room_for(len(payload)):
+            walked = check_append_payload(msg, payload, self.cfg.max_replicas, rows) if payload else ()
+            if payload and not self.store.room_for(len(payload), lambda: [len(b) for w in walked for _, b in w]):
                 # a put that does not fit fails the whole turn, and its rollback rebuilds the
                 # core (every leadership here dropped); unanswered, the leader sends it again
                 self.full_drops += 1
@@ -434,7 +435,6 @@ class ReplicaHost:
                     log.warning("the store is full: %d appends from leaders dropped so far (this one "
                                 "%d bytes from %s)", self.full_drops, len(payload), src_node)
                 return
-            walked = check_append_payload(msg, payload, self.cfg.max_replicas, rows) if payload else ()
             chunks = split_payload(rows, payload or b"")
             self._walked = {id(c): (c, w) for c, w in zip(chunks, walked) if w}
         try:

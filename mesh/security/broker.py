@@ -108,7 +108,7 @@ class BrokerSecurity:
         """Before the ROUTER binds: ZAP (and CURVE when secured), the connection monitor."""
         self.zap.watch(router, str(id(router)))
         router.setsockopt(zmq.ZAP_DOMAIN, ZAP_DOMAIN)
-        router.setsockopt(zmq.HANDSHAKE_IVL, HANDSHAKE_IVL_MS)   # raw connections hold a slot 5 s at most
+        router.setsockopt(zmq.HANDSHAKE_IVL, HANDSHAKE_IVL_MS)   # raw connections hold a slot 10 s at most
         if self.secured:
             router.setsockopt(zmq.ROUTER_HANDOVER, 0)   # nobody can take over a connected peer's routing id
             router.setsockopt(zmq.CURVE_SERVER, 1)

@@ -51,7 +51,7 @@ log = logging.getLogger("mesh.security.zap")
 ZAP_ENDPOINT = "inproc://zeromq.zap.01"
 ZAP_DOMAIN = b"mesh"
 DEFAULT_MAX_CONNECTIONS = 4096
-HANDSHAKE_IVL_MS = 5_000   # a connection that has not finished its handshake by then is closed
+HANDSHAKE_IVL_MS = 10_000   # a connection that has not finished its handshake by then is closed
 
 
 def decide(mechanism: bytes, client_key: str | None, *, cluster_key: str | None,

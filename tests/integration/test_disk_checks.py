@@ -158,3 +158,7 @@ def test_a_store_without_its_gossip_snapshot_relearns_and_drops_nothing(cluster3
     solo.start(wait=False)
     assert solo.proc.wait(20) == 1
     assert "holds partitions but no gossip snapshot" in solo.log()
+    solo.extra = solo.extra + ["--rejoin-empty"]   # the way out it names: the directory is moved aside
+    solo.start()
+    assert any(name.startswith("s1.refused-") for name in os.listdir(tmp_path))
+    solo.stop()

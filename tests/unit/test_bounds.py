@@ -435,11 +435,12 @@ def test_a_turn_drains_for_at_most_max_drain_ms_then_goes_on():
     assert len(handled) == cfg.max_requests_per_turn
 
 
-def test_a_refused_charge_is_taken_back():
+def test_the_debt_before_a_batch_is_what_its_refusal_is_judged_by():
+    """A batch larger than the burst (an idle client) is not refused for its own size."""
     q = ByteRateQuota(1000)
-    assert q.charge(b"c", 3000, 0) == 2000
-    q.refund(b"c", 3000)          # refused, not taken: the client owes nothing for it
-    assert q.charge(b"c", 1000, 0) == 0
+    assert q.debt_ms(b"c", 0) == 0
+    assert q.charge(b"c", 3000, 0) == 2000    # taken: its answer waits 2 s
+    assert q.debt_ms(b"c", 0) == 2000 and q.debt_ms(b"c", 2000) == 0
 
 
 def test_each_peer_link_has_a_routing_id_nobody_could_hold_ahead_of_it():
@@ -472,7 +473,11 @@ def test_links_to_addresses_no_member_has_are_closed():
         links = PeerLinks(ctx, "127.0.0.1:7101")
         for port in range(20000, 20010):   # addresses a gossip row named once
             links.send(f"127.0.0.1:{port}", GossipSyn("n1", [], [], 0))
-        assert links.prune({"127.0.0.1:20003"}) == 9 and list(links._socks) == ["127.0.0.1:20003"]
-        links.flush_and_close()
+        assert links.prune({"127.0.0.1:20003"}, idle_rounds=2) == 0   # just used
+        for _ in range(2):
+            links.send("127.0.0.1:20005", GossipSyn("n1", [], [], 0))     # a dead member still probed
+            closed = links.prune({"127.0.0.1:20003"}, idle_rounds=2)
+        assert closed == 8 and sorted(links._socks) == ["127.0.0.1:20003", "127.0.0.1:20005"]
     finally:
+        links.flush_and_close()
         ctx.term()

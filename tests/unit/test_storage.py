@@ -673,3 +673,36 @@ def test_an_unreadable_identity_file_is_written_again_from_lmdb(tmp_path):
     assert o.lost is None and o.identity.store_id == sid and o.identity.generation == gen + 1
     assert datadir.read_identity(str(tmp_path / "d")) == o.identity
     _close(o)
+
+
+def test_room_is_probed_value_by_value_where_the_free_list_is_fragmented(tmp_path):
+    """A follower's append is many batches: probed as one value, it needed a contiguous run
+    of free pages that a free list fragmented by deletes does not have, and the follower
+    dropped appends it had room for."""
+    s = Store(str(tmp_path / "small"), map_size=8 << 20)
+    a, b = s.partition_id("t", 0), s.partition_id("t", 1)
+    while s.room_for(40_000):   # interleaved: freeing one partition leaves holes, not runs
+        append(s, a, [b"a" * 8000])
+        append(s, b, [b"b" * 8000])
+        s.commit()
+    s.forget_partition("t", 1)
+    s.commit()
+    for i in range(2):   # LMDB reuses pages freed by a transaction from the one after next
+        s.put("meta", b"k%d" % i, b"v")
+        s.commit()
+    n = 2 << 20
+    assert s.room_for(n, lambda: [8_000] * (n // 8_000))
+    assert not s.room_for(n)   # the same bytes as one value: no run of free pages is that long
+    s.close()
+
+
+def test_a_store_given_up_while_running_is_refused_at_the_next_start_and_rejoin_moves_it(tmp_path):
+    """Damage only a commit touches passes the start-up checks: the broker that found it
+    leaves a note, so the next start refuses the store and --rejoin-empty moves it aside."""
+    _close(_store_dir(tmp_path))
+    datadir.refuse_from_now_on(str(tmp_path / "d"), "commits kept failing: MDB_CORRUPTED")
+    with pytest.raises(datadir.DataDirDamaged, match="given up by the broker that ran on it: commits kept"):
+        _store_dir(tmp_path)
+    o = _store_dir(tmp_path, rejoin_empty=True)
+    assert o.moved_to and o.lost and not os.path.exists(tmp_path / "d" / datadir.REFUSED_FILE)
+    _close(o)
