@@ -252,7 +252,8 @@ def probe_in_child(path: str, **store_kwargs) -> None:
     ``DataDirDamaged`` with LMDB's own words if it fails or the child dies (an LMDB
     assertion aborts the process; a page beyond the file's end is a bus error). The child
     touches nothing but LMDB (already imported) and leaves with ``os._exit``, so the
-    parent's threads (ZeroMQ's) and their locks do not matter; it costs a few ms."""
+    parent's threads (ZeroMQ's) and their locks do not matter. It walks every key, as the
+    start-up scan then does again in the broker."""
     if not os.path.exists(os.path.join(path, DATA_FILE)):
         return
     r, w = os.pipe()
@@ -373,7 +374,7 @@ class DataDir:
         try:
             fcntl.flock(dir_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+        except BaseException as exc:
             holder = ""
             try:
                 holder = os.pread(fd, 64, 0).decode(errors="replace").strip()
@@ -381,6 +382,8 @@ class DataDir:
                 pass
             os.close(fd)
             os.close(dir_fd)
+            if not isinstance(exc, BlockingIOError):
+                raise DataDirLocked(f"cannot lock data directory {self.path}: {exc}") from exc
             raise DataDirLocked(f"data directory {self.path} is in use by another broker"
                                 f"{f' (pid {holder})' if holder else ''}: two brokers on one directory would "
                                 f"overwrite each other's records; stop the other one or use another --data")

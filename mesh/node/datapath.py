@@ -277,7 +277,7 @@ class DataPath:
         at most once per ``_FULL_HANDOVER_MS`` per partition (every store may be full)."""
         now = self.now_ms()
         if now - self._full_handover_ms.get(pid, -_FULL_HANDOVER_MS) >= _FULL_HANDOVER_MS:
-            if len(self._full_handover_ms) >= _HOLD_ALL:
+            if len(self._full_handover_ms) >= MAX_PARTITIONS:   # deleted partitions' entries linger
                 self._full_handover_ms.clear()
             self._full_handover_ms[pid] = now
             self.replicas.hand_over(pid)

@@ -47,6 +47,12 @@ class Client:
         line, _, self.buf = self.buf.partition(b"\n")
         return line.decode()
 
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
     def cmd(self, text: str) -> str:
         self.send(text.encode() + b"\n")
         return self.line()
@@ -80,8 +86,7 @@ def cons_until(c: Client, cmd: str, n: int, timeout_s: float = 15) -> list:
 
 
 def test_pubs_subs_cons_round_trip_with_json_messages(broker):
-    c = Client(broker.text_port)
-    try:
+    with Client(broker.text_port) as c:
         ok, p, off = c.cmd("PUBS news hello world").split()
         assert ok == "OK" and 0 <= int(p) < 4 and int(off) >= 0
         ok, p, off = c.cmd('PUBS news {"Header": "h", "Key": "124", "Body": "Hello World!"}').split()
@@ -107,13 +112,10 @@ def test_pubs_subs_cons_round_trip_with_json_messages(broker):
         # with an offset: every partition the subscription holds starts over there
         again = c.cons(f"CONS news {sub[1]} 0")
         assert {r[2]["Body"] for r in records(again)} == set(by_body)
-    finally:
-        c.close()
 
 
 def test_bad_lines_get_err_and_the_connection_stays_open(broker):
-    c = Client(broker.text_port)
-    try:
+    with Client(broker.text_port) as c:
         bad = ["FROB x", "PUBS news", "PUBS", "PUBS nosuchtopic hi", "SUBS news", "SUBS news g 0-9",
                "SUBS news g x,y", "CONS news 999", "CONS nosuch 1 2 3 4", "SUBS nosuchtopic g"]
         for line in bad:
@@ -129,28 +131,22 @@ def test_bad_lines_get_err_and_the_connection_stays_open(broker):
         c.send(b"PUBS news still here\r\n")                      # CRLF, as telnet sends
         assert c.line().startswith("OK ")
         assert c.cmd("help") == HELP_FIRST
-    finally:
-        c.close()
     # a client that disconnects mid-line does not disturb the next one
     s = socket.create_connection(("127.0.0.1", broker.text_port))
     s.sendall(b"PUBS news half a li")
     s.close()
-    c = Client(broker.text_port)
-    try:
+    with Client(broker.text_port) as c:
         assert c.cmd("PUBS news after").startswith("OK ")
         assert c.cmd("QUIT") == "BYE"
         with pytest.raises(ConnectionError):
             c.line()
-    finally:
-        c.close()
 
 
 HELP_FIRST = "PUBS <topic> <message>                    -> OK <partition> <offset>"
 
 
 def test_pipelined_pubs_are_answered_in_order(broker):
-    c = Client(broker.text_port)
-    try:
+    with Client(broker.text_port) as c:
         c.send(b"".join(b"PUBS batch m%d\n" % i for i in range(300)))
         answers = [c.line().split() for _ in range(300)]
         assert all(a[0] == "OK" for a in answers)
@@ -161,13 +157,10 @@ def test_pipelined_pubs_are_answered_in_order(broker):
         sub = c.cmd("SUBS batch b1").split()[1]
         got = cons_until(c, f"CONS batch {sub}", 300)
         assert sorted(r[2]["Body"] for r in got) == sorted(f"m{i}" for i in range(300))
-    finally:
-        c.close()
 
 
 def test_cons_commits_what_the_previous_cons_returned(broker):
-    c = Client(broker.text_port)
-    try:
+    with Client(broker.text_port) as c:
         for i in range(5):
             assert c.cmd(f"PUBS solo first{i}").startswith("OK")
         sub = c.cmd("SUBS solo ledger").split()[1]
@@ -183,12 +176,9 @@ def test_cons_commits_what_the_previous_cons_returned(broker):
             return len(got) >= 3 and last
         wait_until(read_all, 15, "the three new records")
         assert c.cmd("QUIT") == "BYE"
-    finally:
-        c.close()
     assert {r[2]["Body"] for r in first} == {f"first{i}" for i in range(5)}
     assert {r[2]["Body"] for r in got} == {f"second{i}" for i in range(3)}
-    c = Client(broker.text_port)
-    try:
+    with Client(broker.text_port) as c:
         sub = c.cmd("SUBS solo ledger").split()[1]
         again = cons_until(c, f"CONS solo {sub}", len(last))
         assert {r[2]["Body"] for r in again} == {r[2]["Body"] for r in last}   # at-least-once
@@ -198,8 +188,6 @@ def test_cons_commits_what_the_previous_cons_returned(broker):
         c2 = c.cmd("SUBS solo manual 1").split()[1]
         only = cons_until(c, f"CONS solo {c2}", 1)
         assert {r[0] for r in only} == {1}
-    finally:
-        c.close()
 
 
 def test_two_subscriptions_of_one_group_share_the_partitions(broker):
@@ -245,11 +233,8 @@ def test_the_gateway_survives_many_connections(broker):
     for s in socks:
         s.close()
     t0 = time.monotonic()
-    c = Client(broker.text_port)
-    try:
+    with Client(broker.text_port) as c:
         assert c.cmd("PUBS news ok").startswith("OK ")
-    finally:
-        c.close()
     assert time.monotonic() - t0 < 10
 
 
@@ -269,8 +254,7 @@ def serves(address: str, topic: str) -> None:
 
 
 def test_the_first_cons_may_carry_an_offset(broker):
-    c = Client(broker.text_port)
-    try:
+    with Client(broker.text_port) as c:
         for i in range(4):
             assert c.cmd(f"PUBS solo early{i}").startswith("OK ")
         sub = c.cmd("SUBS solo fresh-group").split()[1]
@@ -279,8 +263,6 @@ def test_the_first_cons_may_carry_an_offset(broker):
         got += cons_until(c, f"CONS solo {sub}", 4 - len(got))
         assert {r[2]["Body"] for r in got} >= {f"early{i}" for i in range(4)}
         assert min(r[1] for r in got) == 0
-    finally:
-        c.close()
     serves(broker.address, "solo")
 
 
@@ -421,16 +403,13 @@ def test_a_full_gateway_closes_the_connection_idle_longest_to_make_room(pair):
 
 def test_an_idle_connection_is_closed(pair):
     n1, _ = pair
-    c = Client(n1.text_port)
-    try:
+    with Client(n1.text_port) as c:
         assert c.cmd("PUBS here hello").startswith("OK ")
         t0 = time.monotonic()
         assert c.line().startswith("ERR idle for 3000 ms")
         assert 2.5 < time.monotonic() - t0 < 10
         with pytest.raises(ConnectionError):
             c.line()
-    finally:
-        c.close()
     serves(n1.address, "here")
 
 
@@ -454,8 +433,7 @@ def test_a_record_whose_value_is_not_bytes_loses_nothing(broker):
     finally:
         t.close()
     shown = ["r0", "r1", "r2", "'a str, not bytes'", "5", "None", "r6", "r7"]
-    c = Client(broker.text_port)
-    try:
+    with Client(broker.text_port) as c:
         sub = c.cmd("SUBS odd odd-readers 0").split()[1]
         got: list = []
         deadline = time.monotonic() + 15
@@ -467,8 +445,6 @@ def test_a_record_whose_value_is_not_bytes_loses_nothing(broker):
         assert [r[2].get("Body", r[2].get("BodyRepr")) for r in got] == shown
         assert c.cons(f"CONS odd {sub}") == []     # commits them all
         assert c.cmd("QUIT") == "BYE"
-    finally:
-        c.close()
     c = Client(broker.text_port)   # the group's next reader: everything was read, nothing skipped
     try:
         sub = c.cmd("SUBS odd odd-readers 0").split()[1]
@@ -498,8 +474,7 @@ def test_a_cons_that_fails_after_taking_records_gives_them_back(own_gateway, mon
         return real(r)
     with Admin(own_gateway.address) as a:
         a.create_topic("odd2", 1)
-    c = Client(own_gateway.port)
-    try:
+    with Client(own_gateway.port) as c:
         for i in range(3):
             assert c.cmd(f"PUBS odd2 m{i}").startswith("OK ")
         sub = c.cmd("SUBS odd2 give-back 0").split()[1]
@@ -508,8 +483,6 @@ def test_a_cons_that_fails_after_taking_records_gives_them_back(own_gateway, mon
         assert first == ["ERR internal error: injected failure"]
         got = cons_until(c, f"CONS odd2 {sub}", 3)     # all three again: none committed unseen
         assert [r[2]["Body"] for r in got] == ["m0", "m1", "m2"]
-    finally:
-        c.close()
 
 
 def test_a_session_replaces_a_producer_whose_io_thread_failed(own_gateway, monkeypatch):
@@ -521,20 +494,16 @@ def test_a_session_replaces_a_producer_whose_io_thread_failed(own_gateway, monke
         if len(calls) == 1:
             raise RuntimeError("injected encode failure")
         return real(*args, **kwargs)
-    c = Client(own_gateway.port)
-    try:
+    with Client(own_gateway.port) as c:
         monkeypatch.setattr(producer_mod, "encode_batch", fails_once)
         answer = c.cmd("PUBS news first")       # its I/O thread fails before sending: not written
         assert answer.startswith("ERR UNKNOWN not written: producer I/O failed"), answer
         for i in range(3):                       # a new producer: PUBS works again
             assert c.cmd(f"PUBS news again{i}").startswith("OK ")
-    finally:
-        c.close()
 
 
 def test_a_string_that_is_not_utf8_or_json_too_deep_is_refused_and_pubs_goes_on(broker):
-    c = Client(broker.text_port)
-    try:
+    with Client(broker.text_port) as c:
         answer = c.cmd('PUBS news {"Key": "k", "Body": "b", "Header": {"\\ud800": "x"}}')
         assert answer.startswith("ERR a header name is not valid UTF-8"), answer
         assert c.cmd("PUBS news after-surrogate-header").startswith("OK ")
@@ -547,13 +516,10 @@ def test_a_string_that_is_not_utf8_or_json_too_deep_is_refused_and_pubs_goes_on(
         answers = [c.line() for _ in range(3)]
         assert answers[0].startswith("OK ") and answers[2].startswith("OK "), answers
         assert answers[1].startswith("ERR a header name is not valid UTF-8"), answers
-    finally:
-        c.close()
 
 
 def test_numbers_are_ascii_digits_and_offsets_at_most_2_63_minus_1(broker):
-    c = Client(broker.text_port)
-    try:
+    with Client(broker.text_port) as c:
         for i in range(3):
             assert c.cmd(f'PUBS solo {{"Key": "b{i}", "Body": "bound{i}"}}').startswith("OK ")
         sub = c.cmd("SUBS solo bounds 0-1").split()[1]
@@ -567,8 +533,6 @@ def test_numbers_are_ascii_digits_and_offsets_at_most_2_63_minus_1(broker):
         # the subscription was not moved by any of them: it reads from its start
         got = cons_until(c, f"CONS solo {sub}", 3)
         assert {f"bound{i}" for i in range(3)} <= {r[2]["Body"] for r in got}
-    finally:
-        c.close()
 
 
 def test_bytes_that_are_no_command_do_not_keep_a_connection(pair):

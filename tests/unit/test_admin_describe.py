@@ -85,3 +85,30 @@ def test_a_bad_address_for_one_leader_does_not_stop_the_others():
         a.close()
     assert seen["calls"] == ["127.0.0.1:7102"]
     assert [p["log_end"] for p in t["partitions"]] == [10, 7, 4]
+
+
+def test_a_topic_change_goes_on_to_the_owner_and_a_busy_owner_is_asked_again(monkeypatch):
+    """A broker that does not own a topic answers COORDINATOR_MOVED naming the owner; an
+    owner still learning the cluster answers COORDINATOR_NOT_AVAILABLE (retriable)."""
+    from mesh.wire.messages import CreateTopicRequest
+    a = Admin("127.0.0.1:7101")
+    calls, answers = [], [MeshError(ErrorCode.COORDINATOR_MOVED, "ask n2", leader="127.0.0.1:7102"),
+                          MeshError(ErrorCode.COORDINATOR_NOT_AVAILABLE, "still learning"),
+                          MeshError(ErrorCode.COORDINATOR_MOVED, "ask n2", leader="127.0.0.1:7102"),
+                          NS(error=0)]
+
+    def call(addr, msg, timeout_ms):
+        calls.append(addr)
+        answer = answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer, None
+    monkeypatch.setattr(a.transport, "call", call)
+    monkeypatch.setattr("mesh.client.admin.time.sleep", lambda s: None)
+    assert a._call(CreateTopicRequest("t", 1, 1)).error == 0
+    assert calls == ["127.0.0.1:7101", "127.0.0.1:7102", "127.0.0.1:7101", "127.0.0.1:7102"]
+    answers[:] = [MeshError(ErrorCode.COORDINATOR_MOVED, "ask there", leader="not an address")]
+    with pytest.raises(MeshError) as info:   # a hostile broker cannot make the client dial anything
+        a._call(CreateTopicRequest("t", 1, 1))
+    assert info.value.code == ErrorCode.INVALID_REQUEST
+    a.close()

@@ -167,3 +167,23 @@ def test_list_offsets_names_earliest_or_latest_and_well_formed_parts(node):
         assert exc.value.code == ErrorCode.INVALID_REQUEST, parts
     (row,) = call(node, m.ListOffsetsRequest([["t", 0, m.EARLIEST]])).parts
     assert row[:2] == ["t", 0]
+
+
+def test_a_topic_owner_still_learning_the_cluster_refuses_topic_changes_with_a_retriable_error(node):
+    """Its view may lack the topic: a create there would replace it (and drop its records)."""
+    node._relearning = True
+    with pytest.raises(MeshError) as info:
+        call(node, m.CreateTopicRequest("t", 1, 1))
+    assert info.value.code == ErrorCode.COORDINATOR_NOT_AVAILABLE and "still learning" in info.value.message
+    node._relearning = False
+    assert call(node, m.CreateTopicRequest("t", 1, 1)).error == 0
+
+
+def test_lost_state_raises_the_generation_at_most_three_times_a_minute(node, caplog):
+    """Two live processes with one --id took each other's rows for proof of lost state and
+    pushed the generation up about three times a second, without end."""
+    start = node.generation
+    for _ in range(6):
+        node._lost_identity(node.generation + 1)
+    assert node.generation == start + 2 * 3   # each bump goes one past the conflict; then it waits
+    assert "another live broker may be running with --id n1" in caplog.text
