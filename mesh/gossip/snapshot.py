@@ -36,7 +36,11 @@ from mesh.gossip.registers import ClusterRegisters
 from mesh.gossip.rows import (ALIVE, DEAD, ENTRY_OVERHEAD, LEFT, MAX_COUNTER, MAX_GENERATION, MAX_KEY_CHARS, MAX_LIFE,
                               MAX_NAME_CHARS, SUSPECT, Grave, Row, Verdict, register_size, size_of)
 
-__all__ = ["take_snapshot", "restore_snapshot"]
+__all__ = ["take_snapshot", "restore_snapshot", "ForeignSnapshot"]
+
+
+class ForeignSnapshot(ValueError):
+    """The snapshot is another node's: the store under it is not this node's."""
 
 _FORMAT = 1
 _CLUSTER_FIELDS = 6          # per register: key, clock, writer, value, deleted, stored_ms
@@ -110,7 +114,7 @@ def restore_snapshot(snap: dict, members: Membership, registers: ClusterRegister
     if snap.get("format") != _FORMAT:
         raise ValueError(f"gossip snapshot of another format ({snap.get('format')!r})")
     if snap.get("node_id") != members.node_id:
-        raise ValueError(f"gossip snapshot belongs to another node ({str(snap.get('node_id'))[:255]!r})")
+        raise ForeignSnapshot(f"gossip snapshot belongs to another node ({str(snap.get('node_id'))[:255]!r})")
     if type(snap.get("generation")) is not int or snap["generation"] >= members.generation:
         raise ValueError(f"generation must increase across restarts: snapshot has "
                          f"{snap.get('generation')}, starting with {members.generation}")

@@ -97,6 +97,7 @@ import zmq
 from mesh.cluster import keys, schema
 from mesh.cluster.catalog import Catalog
 from mesh.gossip import ALIVE, SUSPECT, Gossip, GossipConfig
+from mesh.gossip.snapshot import ForeignSnapshot
 from mesh.node.clock import SYSTEM_CLOCK, Clock
 from mesh.node.config import NodeConfig
 from mesh.node.bounds import StartupError, check_bounds, raise_nofile_limit, router_options
@@ -209,7 +210,7 @@ class Node:
             raise
         except Exception as exc:
             self.disk.data_dir.unlock()
-            if "another node" in str(exc):   # another broker's store under this name
+            if isinstance(exc, ForeignSnapshot):   # another broker's store under this name
                 raise StartupError(
                     f"the gossip snapshot in {config.data_dir} belongs to another node: this store is not "
                     f"{config.node_id}'s. Check --id and --data, or restart with --rejoin-empty (the "
@@ -530,7 +531,8 @@ class Node:
             self.metrics.maybe_refresh(mono_ms)   # the snapshot /metrics serves (guarded, read-only)
 
     def _prune_links(self) -> None:
-        """Links only to seeds and to members not DEAD or LEFT (``PeerLinks.prune``)."""
+        """Links only to seeds, members not DEAD or LEFT, and addresses used within the
+        last minute (``PeerLinks.prune``)."""
         self.peers.prune(set(self.cfg.seeds) | {mem.address for mem in self.gossip.members(self.clock.wall_ms())
                                                 if mem.status in (ALIVE, SUSPECT)})
 

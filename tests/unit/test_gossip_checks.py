@@ -280,7 +280,11 @@ def test_snapshot_rows_keep_their_life_and_older_snapshots_load_with_life_0():
 def test_a_snapshot_of_another_node_or_not_older_is_still_refused():
     a, b, net = pair()
     snap = _snapshot_of(b)
+    from mesh.gossip.snapshot import ForeignSnapshot
     with pytest.raises(ValueError):
         node("b", gen=1, now=net.now, snapshot=snap)
-    with pytest.raises(ValueError):
+    with pytest.raises(ForeignSnapshot):   # its own type: the way out is --rejoin-empty, not --reset-gossip
         node("c", gen=2, now=net.now, snapshot=snap)
+    with pytest.raises(ValueError) as info:
+        node("b", gen=2, now=net.now, snapshot=dict(snap, format=-1))
+    assert not isinstance(info.value, ForeignSnapshot)
