@@ -142,9 +142,24 @@ class BrokerProcess:
             return a.metadata([])
 
     def wait_ready(self, timeout_s: float = 20.0) -> None:
-        """Return once the broker answers a metadata request."""
+        """Return once the broker answers a metadata request. A metrics port taken between
+        ``free_port`` and the broker's bind (an outgoing connection of anything on the host
+        may get it as its ephemeral port) is chosen again, at most 3 times: nothing else
+        names that port."""
+        tries = 3
+
         def ready():
-            self.check_running()
+            nonlocal tries
+            try:
+                self.check_running()
+            except BrokerExited as exc:
+                if not (self.metrics_port and tries and f"metrics on {self.host}:{self.metrics_port}" in str(exc)
+                        and "Address already in use" in str(exc)):
+                    raise
+                tries -= 1
+                self.metrics_port = free_port()
+                self.start(wait=False)
+                return False
             return self.metadata(300) is not None
         wait_until(ready, timeout_s, f"broker {self.node_id} on {self.address} to answer")
 

@@ -51,3 +51,20 @@ def test_pause_resume_and_restart_keep_address_and_data(tmp_path):
         assert not b.alive()
     finally:
         c.stop()
+
+
+def test_a_metrics_port_taken_before_the_broker_binds_it_is_chosen_again(tmp_path):
+    """free_port() and the broker's bind race with every outgoing connection on the host
+    (any may get that port as its ephemeral one): CI once lost a whole module to it."""
+    import socket
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    port = taken.getsockname()[1]
+    b = BrokerProcess("m1", str(tmp_path / "m1"), metrics_port=port)
+    try:
+        b.start()
+        assert b.metrics_port != port and "Address already in use" in b.log()
+    finally:
+        b.kill()
+        taken.close()
