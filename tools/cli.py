@@ -55,6 +55,9 @@ def main(verbose: int) -> None:
               default=lambda: int(os.environ.get("MESH_GROUP_MAX_SESSION_MS", 10_000)),
               show_default="10000 or $MESH_GROUP_MAX_SESSION_MS",
               help="longest consumer session allowed; also how long a new group coordinator waits")
+@click.option("--offsets-retention-ms", type=click.IntRange(min=0), default=7 * 86_400_000, show_default=True,
+              help="a consumer group with no members and no commit for this long is deleted with its "
+                   "offsets (Kafka's offsets.retention.minutes); 0: never")
 @click.option("--rejoin-empty", is_flag=True,
               help="if the data directory is refused (damaged store, another node's identity), move it "
                    "aside (renamed with a timestamp, never deleted) and rejoin as an empty replica that "
@@ -64,7 +67,7 @@ def main(verbose: int) -> None:
 @click.pass_context
 def node(ctx, node_id, data_dir, bind, seeds, text_port, text_max_connections, text_evict_idle_ms,
          text_idle_timeout_ms, text_max_subscriptions, max_storage_bytes, retention_check_ms,
-         group_max_session_ms, rejoin_empty, security, bounds) -> None:
+         group_max_session_ms, offsets_retention_ms, rejoin_empty, security, bounds) -> None:
     """Run a broker node in the foreground (SIGTERM/SIGINT stop it cleanly): `mesh node --id
     n1 --data DIR ...`; or drain a broker (`mesh node decommission ID`) or undo it
     (`mesh node recommission ID`).
@@ -91,7 +94,8 @@ def node(ctx, node_id, data_dir, bind, seeds, text_port, text_max_connections, t
                             text_idle_timeout_ms=text_idle_timeout_ms,
                             text_max_subscriptions=text_max_subscriptions,
                             retention_check_ms=retention_check_ms,
-                            group_max_session_timeout_ms=group_max_session_ms, rejoin_empty=rejoin_empty,
+                            group_max_session_timeout_ms=group_max_session_ms,
+                            offsets_retention_ms=offsets_retention_ms, rejoin_empty=rejoin_empty,
                             **security, **bounds))
     except Exception as exc:
         click.echo(f"error: cannot start node {node_id}: {exc}", err=True)
@@ -304,7 +308,8 @@ def consume(topic_name, from_beginning, offset, partition, count, timeout_ms, fm
 # -- groups ----------------------------------------------------------------------------
 @main.group()
 def group() -> None:
-    """Consumer groups: list, describe (members, assignment, offsets, lag), reset offsets."""
+    """Consumer groups: list, describe (members, assignment, offsets, lag), reset offsets,
+    delete."""
 
 
 @group.command("list")
@@ -376,6 +381,20 @@ def group_reset_offsets(group_id, topic_name, partitions, to, to_offset, bootstr
                                    list(partitions) or None)
     for tp, off in sorted(done.items()):
         click.echo(f"{tp.topic} {tp.partition} {off}")
+
+
+@group.command("delete")
+@click.argument("group_ids", metavar="GROUP...", nargs=-1, required=True)
+@_bootstrap_option
+@_friendly
+def group_delete(group_ids, bootstrap) -> None:
+    """Delete groups and their committed offsets (only groups with no members). Groups
+    empty and without a commit for the brokers' --offsets-retention-ms go by themselves."""
+    from mesh.client.group_admin import GroupAdmin
+    with GroupAdmin(bootstrap) as admin:
+        for group_id in group_ids:
+            admin.delete(group_id)
+            click.echo(f"deleted group {group_id}")
 
 
 # -- cluster ---------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""The group admin calls: list, describe and reset consumer groups (``mesh group``)."""
+"""The group admin calls: list, describe, reset and delete consumer groups (``mesh group``)."""
 from __future__ import annotations
 
 import logging
@@ -6,7 +6,7 @@ import logging
 from mesh.client.admin import ClientBase
 from mesh.client.cluster import TopicPartition
 from mesh.client.coordinator import MOVED, Coordinator
-from mesh.groups import GroupDescribe, GroupFetchOffsets, GroupList, GroupResetOffsets
+from mesh.groups import GroupDelete, GroupDescribe, GroupFetchOffsets, GroupList, GroupResetOffsets
 from mesh.wire.errors import ErrorCode, MeshError
 from mesh.wire.messages import EARLIEST, LATEST
 
@@ -16,7 +16,7 @@ log = logging.getLogger("mesh.group")
 
 
 class GroupAdmin(ClientBase):
-    """List, describe and reset consumer groups (what ``mesh group`` does)."""
+    """List, describe, reset and delete consumer groups (what ``mesh group`` does)."""
 
     def __init__(self, bootstrap: str = "127.0.0.1:7101", request_timeout_ms: int = 5_000, *, creds=None):
         super().__init__(bootstrap, request_timeout_ms, creds=creds)
@@ -137,6 +137,15 @@ class GroupAdmin(ClientBase):
         if resp.error:
             raise MeshError(resp.error, resp.message)
         return target
+
+    def delete(self, group_id: str) -> None:
+        """Delete a group and its committed offsets (Kafka's ``kafka-consumer-groups
+        --delete``). Refused while it has members (GROUP_NOT_EMPTY); UNKNOWN_GROUP if it has
+        neither members nor offsets. Every broker forgets its offsets a gossip round or two
+        later; a commit to the group afterwards starts it again."""
+        resp = self._coordinator(group_id).call(GroupDelete(group_id), timeout_ms=self.timeout_ms)
+        if resp.error:
+            raise MeshError(resp.error, resp.message)
 
     def _list_offsets(self, t: dict, parts: list[int], which: int) -> dict[int, int]:
         got = self.cluster.list_offsets([(t["name"], p) for p in parts], which, timeout_ms=self.timeout_ms,

@@ -181,7 +181,7 @@ def _offsets(rest: str, v: Any, now_ms: int) -> None:
             raise _Bad(f"partition {p} is not in chunk {chunk}")
         if type(committed) is not list or len(committed) != 3:
             raise _Bad("a committed offset is [offset, metadata, wall_ms]")
-        _int(committed[0], "offset", 0, MAX_OFFSET)
+        _int(committed[0], "offset", -1, MAX_OFFSET)   # -1: a deleted group's tombstone (mesh.groups.offsets)
         if type(committed[1]) is not str or len(committed[1]) > MAX_METADATA_CHARS:
             raise _Bad(f"offset metadata is a string of at most {MAX_METADATA_CHARS} characters")
         _int(committed[2], "wall_ms", 0, min(MAX_INT, now_ms + FUTURE_SLACK_MS + 1))

@@ -18,7 +18,8 @@ from mesh.groups.assignors import ASSIGNORS, DEFAULT_ASSIGNOR, assign
 from mesh.groups.coordinator import GroupCoordinator
 from mesh.groups.member import GroupMemberState, MemberChanges
 from mesh.groups.messages import (
-    GROUP_REQUESTS, JOIN_EPOCH, LEAVE_EPOCH, GroupCommit, GroupCommitResponse, GroupDescribe,
+    GROUP_REQUESTS, JOIN_EPOCH, LEAVE_EPOCH, GroupCommit, GroupCommitResponse, GroupDelete,
+    GroupDeleteResponse, GroupDescribe,
     GroupDescribeResponse, GroupFetchOffsets, GroupFetchOffsetsResponse, GroupFindCoordinator,
     GroupFindCoordinatorResponse, GroupHeartbeat, GroupHeartbeatResponse, GroupList,
     GroupListResponse, GroupResetOffsets, GroupResetOffsetsResponse, check_group_id,
@@ -32,7 +33,8 @@ __all__ = [
     "GroupMemberState", "MemberChanges",
     "GroupHeartbeat", "GroupHeartbeatResponse", "GroupCommit", "GroupCommitResponse",
     "GroupFetchOffsets", "GroupFetchOffsetsResponse", "GroupResetOffsets",
-    "GroupResetOffsetsResponse", "GroupDescribe", "GroupDescribeResponse", "GroupList",
+    "GroupResetOffsetsResponse", "GroupDelete", "GroupDeleteResponse", "GroupDescribe",
+    "GroupDescribeResponse", "GroupList",
     "GroupListResponse", "GroupFindCoordinator", "GroupFindCoordinatorResponse",
     "GROUP_REQUESTS", "JOIN_EPOCH", "LEAVE_EPOCH", "error_response", "check_group_id",
     "ASSIGNORS", "DEFAULT_ASSIGNOR", "assign", "coordinator_for", "ranked_nodes",

@@ -67,6 +67,15 @@ partitions (``assigned`` or ``revoking``: members commit while revoking), or fro
 allows. Success returns ``PersistOffsets``; the shell makes it durable, then replies, then
 gossips it. ``GROUP_RESET_OFFSETS`` is refused while the group has members.
 
+Deletion (Kafka's DeleteGroups and offsets.retention.minutes): ``GROUP_DELETE`` of a group
+with members is refused (GROUP_NOT_EMPTY); otherwise the group is forgotten and the answer
+comes with ``PersistOffsets`` of tombstones (offset ``DELETED``) for every partition it
+had an offset for: the shell makes them durable and gossips them like any commit, so the
+deletion wins over every older commit everywhere (``mesh.groups.offsets``). A group that
+has had no members and no commit for ``offsets_retention_ms`` (7 days) is deleted the
+same way: ``expired`` names them, and the shell deletes each with a ``GroupDelete`` of its
+own. A commit after a deletion starts the group again.
+
 Pacing: every heartbeat answer says when to heartbeat next: ``heartbeat_interval_ms``
 while the group is stable, ``reconcile_heartbeat_interval_ms`` (100 ms) while partitions
 are waiting to move, so a hand-over takes a few round trips rather than a few intervals.
@@ -78,6 +87,7 @@ Public API (sans-I/O: time is ``now_ms``, randomness the injected ``rng``)::
     coord.load_offsets("g", [("orders", 0, 42, "")])    # from gossip, on taking over
     response, effects = coord.handle(request, now_ms)   # any GROUP_* request (messages)
     effects = coord.tick(now_ms)                        # expire sessions, fence laggards
+    coord.expired(now_ms)                               # empty groups past offsets retention
     coord.describe("g"), coord.list_groups(), coord.drop_group("g"), coord.begin_takeover(now)
 
 The shell: routes GROUP_* requests for groups whose ``coordinator_for`` is this node to
@@ -105,12 +115,14 @@ from mesh.groups import rebalance
 from mesh.groups.assignors import ASSIGNORS
 from mesh.groups.messages import (
     JOIN_EPOCH, LEAVE_EPOCH, MAX_PARTITIONS_PER_TOPIC, GroupCommit, GroupCommitResponse,
-    GroupDescribe, GroupDescribeResponse, GroupFetchOffsets, GroupFetchOffsetsResponse,
+    GroupDelete, GroupDeleteResponse, GroupDescribe, GroupDescribeResponse, GroupFetchOffsets, GroupFetchOffsetsResponse,
     GroupHeartbeat, GroupHeartbeatResponse, GroupList, GroupListResponse, GroupResetOffsets,
     GroupResetOffsetsResponse, check_group_id, check_int, check_list, check_offsets,
     check_partitions, check_topic, error_response, invalid, wire_partitions,
 )
-from mesh.groups.state import GroupConfig, GroupRecord, MemberRecord, MemberRemoved, PersistOffsets
+from mesh.groups.state import (
+    DELETED, GroupConfig, GroupRecord, MemberRecord, MemberRemoved, PersistOffsets,
+)
 from mesh.wire.errors import ErrorCode, MeshError
 from mesh.wire.types import TopicPartition
 
@@ -134,6 +146,7 @@ class GroupCoordinator:
             GroupCommit: self._commit,
             GroupFetchOffsets: self._fetch_offsets,
             GroupResetOffsets: self._reset_offsets,
+            GroupDelete: self._delete,
             GroupDescribe: lambda req, now_ms: (self.describe(req.group_id), []),
             GroupList: lambda req, now_ms: (self.list_groups(), []),
         }
@@ -166,8 +179,28 @@ class GroupCoordinator:
                                                  else "session timeout"))
                 elif outcome == "fenced":
                     effects.append(MemberRemoved(group_id, member_id, "fenced: rebalance timeout"))
+            if group.members:
+                group.idle_since_ms = None
+            elif group.idle_since_ms is None:
+                group.idle_since_ms = now_ms
             self._maybe_forget(group)
         return effects
+
+    def expired(self, now_ms: int, limit: int = 1_000) -> list[str]:
+        """Groups (at most ``limit``, sorted) that have had no members and no commit for
+        ``offsets_retention_ms``: the shell deletes each (``GroupDelete``)."""
+        retention = self.config.offsets_retention_ms
+        if retention <= 0:
+            return []
+        out = []
+        for group_id in sorted(self._groups):
+            group = self._groups[group_id]
+            if not group.members and group.idle_since_ms is not None \
+                    and now_ms - group.idle_since_ms >= retention:
+                out.append(group_id)
+                if len(out) >= limit:
+                    break
+        return out
 
     def set_topic_partitions(self, topic: str, partitions: int) -> None:
         """The partition count of ``topic`` (0: the topic is gone). Groups subscribed to it
@@ -193,10 +226,14 @@ class GroupCoordinator:
         over. By default only partitions with no offset here are filled: while this node
         coordinates the group its own commits are the newest, and gossip may lag behind
         them. ``replace``: the shell knows these are newer (a later commit made through
-        another broker, e.g. the previous coordinator's last ones arriving late)."""
+        another broker, e.g. the previous coordinator's last ones arriving late). An offset of
+        ``DELETED`` (a tombstone) takes the partition's offset away (with ``replace``)."""
         group = self._group(group_id, create=True, capped=False)   # acknowledged commits: never refused
         for topic, partition, offset, metadata in offsets:
-            if replace:
+            if offset < 0:   # DELETED: a tombstone (the group was deleted through another broker)
+                if replace:
+                    group.offsets.pop((topic, partition), None)
+            elif replace:
                 group.offsets[(topic, partition)] = (offset, metadata)
             else:
                 group.offsets.setdefault((topic, partition), (offset, metadata))
@@ -389,7 +426,7 @@ class GroupCoordinator:
                 if group.owners.get((topic, partition)) != member.member_id:
                     raise MeshError(ErrorCode.ILLEGAL_GENERATION,
                                     f"member {req.member_id} does not hold {topic}/{partition}")
-        return self._write_offsets(group_id, offsets)
+        return self._write_offsets(group_id, offsets, now_ms)
 
     def _reset_offsets(self, req: GroupResetOffsets, now_ms: int) -> tuple[GroupResetOffsetsResponse, list]:
         group_id = check_group_id(req.group_id)
@@ -400,10 +437,23 @@ class GroupCoordinator:
             raise invalid(f"group {group_id!r} has {len(group.members)} members: offsets can be "
                            "reset only when it has none (stop its consumers first)")
         self._check_exist(offsets)
-        response, effects = self._write_offsets(group_id, offsets)
+        response, effects = self._write_offsets(group_id, offsets, now_ms)
         return GroupResetOffsetsResponse(error=response.error, message=response.message), effects
 
-    def _write_offsets(self, group_id: str, offsets: list) -> tuple[GroupCommitResponse, list]:
+    def _delete(self, req: GroupDelete, now_ms: int) -> tuple[GroupDeleteResponse, list]:
+        group_id = check_group_id(req.group_id)
+        group = self._groups.get(group_id)
+        if group is None or not (group.members or group.offsets):
+            raise MeshError(ErrorCode.UNKNOWN_GROUP, f"no group {group_id!r}")
+        if group.members:
+            raise MeshError(ErrorCode.GROUP_NOT_EMPTY,
+                            f"group {group_id!r} has {len(group.members)} members: it can be deleted "
+                            "only when it has none (stop its consumers first)")
+        del self._groups[group_id]
+        tombstones = tuple((t, p, DELETED, "") for t, p in sorted(group.offsets))
+        return GroupDeleteResponse(error=0), [PersistOffsets(group_id, tombstones)]
+
+    def _write_offsets(self, group_id: str, offsets: list, now_ms: int) -> tuple[GroupCommitResponse, list]:
         group = self._group(group_id, create=True)
         new = sum(1 for t, p, _, _ in offsets if (t, p) not in group.offsets)
         if len(group.offsets) + new > self.config.max_offsets_per_group:
@@ -411,6 +461,8 @@ class GroupCoordinator:
                            f"{self.config.max_offsets_per_group} committed offsets")
         for topic, partition, offset, metadata in offsets:
             group.offsets[(topic, partition)] = (offset, metadata)
+        if not group.members:
+            group.idle_since_ms = now_ms   # (a simple consumer's commit keeps its group)
         return GroupCommitResponse(error=0), [PersistOffsets(group_id, tuple(offsets))]
 
     def _fetch_offsets(self, req: GroupFetchOffsets, now_ms: int) -> tuple[GroupFetchOffsetsResponse, list]:

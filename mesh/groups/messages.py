@@ -21,7 +21,7 @@ from mesh.wire.types import TopicPartition
 __all__ = [
     "GroupHeartbeat", "GroupHeartbeatResponse", "GroupCommit", "GroupCommitResponse",
     "GroupFetchOffsets", "GroupFetchOffsetsResponse", "GroupResetOffsets",
-    "GroupResetOffsetsResponse", "GroupDescribe", "GroupDescribeResponse", "GroupList",
+    "GroupResetOffsetsResponse", "GroupDelete", "GroupDeleteResponse", "GroupDescribe", "GroupDescribeResponse", "GroupList",
     "GroupListResponse", "GroupFindCoordinator", "GroupFindCoordinatorResponse",
     "GROUP_REQUESTS", "JOIN_EPOCH", "LEAVE_EPOCH", "MAX_GROUP_ID_CHARS", "MAX_TOPIC_CHARS",
     "MAX_PARTITIONS_PER_TOPIC", "error_response", "invalid", "check_group_id", "check_topic",
@@ -111,6 +111,21 @@ class GroupResetOffsetsResponse:
     coordinator: str | None = None
 
 
+@message("GROUP_DELETE")
+@dataclass(frozen=True, slots=True)
+class GroupDelete:
+    """Delete a group with no members: its committed offsets go (Kafka's DeleteGroups)."""
+    group_id: str
+
+
+@message("GROUP_DELETE_R")
+@dataclass(frozen=True, slots=True)
+class GroupDeleteResponse:
+    error: int
+    message: str = ""
+    coordinator: str | None = None
+
+
 @message("GROUP_DESCRIBE")
 @dataclass(frozen=True, slots=True)
 class GroupDescribe:
@@ -170,6 +185,7 @@ _RESPONSE_OF: dict[type, type] = {
     GroupCommit: GroupCommitResponse,
     GroupFetchOffsets: GroupFetchOffsetsResponse,
     GroupResetOffsets: GroupResetOffsetsResponse,
+    GroupDelete: GroupDeleteResponse,
     GroupDescribe: GroupDescribeResponse,
     GroupList: GroupListResponse,
     GroupFindCoordinator: GroupFindCoordinatorResponse,

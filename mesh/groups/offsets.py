@@ -43,6 +43,22 @@ around). When the set changes (``on_cluster_change``):
 
 At start, a node with no seeds that knows no other node starts alone (``starts_alone``): no
 coordinator can hold members of its groups, so there is no takeover grace.
+
+Deletion: a deleted group (``GROUP_DELETE``, or offsets retention) is a commit of
+*tombstones*, offset ``DELETED`` (-1), for each of its partitions, made durable and
+gossiped like any commit, so it wins over every older commit by the same rule. The views
+(``committed``, ``knows``, ``groups``, ``offsets_for``) hide tombstones; a coordinator
+that loads one drops that partition's offset. Stamps of a group's commits (tombstones
+included) are above every stamp this node has seen for the group (``next_stamp``), so a
+deletion wins even where the deleting broker's clock is behind the last committer's, and
+a commit after a deletion (the group starts again) wins over the tombstone.
+
+Bounds, by garbage collection (``collect``, every few seconds): a node drops from its own
+namespace and store every entry a newer tombstone supersedes, at once, and its tombstones
+once they are older than the horizon (a day by default); the merged view drops tombstones
+past the horizon too. A broker that was away for longer than the horizon with offsets of a
+deleted group brings them back (as Kafka has no such case, this is ours to document): the
+group reappears with no members and expires again after the retention.
 """
 from __future__ import annotations
 
@@ -52,9 +68,10 @@ from typing import Any, Callable, Iterable
 from mesh.cluster.keys import OFFSETS_CHUNK_PARTITIONS, offsets_key
 from mesh.groups.messages import check_partitions
 from mesh.groups.rendezvous import coordinator_for
+from mesh.groups.state import DELETED
 
 __all__ = [
-    "OffsetBook", "Takeover", "Moved", "MalformedOffsets", "Stamp", "Chunk",
+    "OffsetBook", "Takeover", "Moved", "MalformedOffsets", "Stamp", "Chunk", "DELETED",
     "COORDINATING_STATUSES", "coordination_set", "coordinator_among", "starts_alone",
     "takeover_due", "chunk_of", "encode_chunk",
 ]
@@ -145,10 +162,11 @@ class OffsetBook:
         # the merged view of every namespace: group -> {(topic, partition): (offset, metadata, wall_ms)}
         self._merged: dict[str, dict[tuple[str, int], Committed]] = {}
         self._seen_nodes: dict[str, tuple[int, int]] = {}   # node -> (generation, max version)
-        self._seen_keys: dict[tuple[str, str], Any] = {}      # (node, key) -> entry version
+        self._seen_keys: dict[str, dict[str, Any]] = {}      # node -> key -> entry version
         # stamps of the offsets the core holds, for the groups coordinated here
         self._loaded: dict[str, dict[tuple[str, int], Stamp]] = {}
         self._mine: set[str] = set()
+        self._deleted: set[str] = set()   # groups with a tombstone in the merged view (``collect`` looks only there)
         self._last_stamp_ms = 0
         self.coord_set: frozenset[str] | None = None   # None until the first cluster change
 
@@ -156,15 +174,17 @@ class OffsetBook:
 
     def committed(self, group_id: str) -> dict[tuple[str, int], Committed]:
         """The merged view of one group: (topic, partition) -> (offset, metadata, wall_ms)."""
-        return dict(self._merged.get(group_id, {}))
+        return {tp: v for tp, v in self._merged.get(group_id, {}).items() if v[0] != DELETED}
 
     def knows(self, group_id: str) -> bool:
-        """Some broker committed offsets for this group."""
-        return group_id in self._merged
+        """Some broker committed offsets for this group (not deleted since)."""
+        if group_id not in self._deleted:
+            return group_id in self._merged
+        return any(v[0] != DELETED for v in self._merged.get(group_id, {}).values())
 
     def groups(self) -> list[str]:
         """Every group with committed offsets anywhere, sorted."""
-        return sorted(self._merged)
+        return sorted(g for g in self._merged if self.knows(g))
 
     def is_mine(self, group_id: str) -> bool:
         return group_id in self._mine
@@ -174,12 +194,12 @@ class OffsetBook:
         nothing is committed); ``partitions`` None: all committed."""
         merged = self._merged.get(group_id, {})
         if partitions is None:
-            wanted = sorted(merged)
+            wanted = sorted(tp for tp, v in merged.items() if v[0] != DELETED)
         else:   # checked as the coordinator checks them: a bad entry is INVALID_REQUEST, never a TypeError
             wanted = sorted(check_partitions(partitions, _MAX_FETCH_PARTITIONS, "partitions"))
         out = []
         for tp in wanted:
-            offset, metadata, _ = merged.get(tp, (-1, "", 0))
+            offset, metadata, _ = merged.get(tp, (DELETED, "", 0))   # (DELETED is -1)
             out.append([tp[0], tp[1], offset, metadata])
         return out
 
@@ -200,6 +220,8 @@ class OffsetBook:
         if old is not None and (old[2], old[0]) >= (wall_ms, offset):
             return False
         table[(topic, partition)] = (offset, metadata, wall_ms)
+        if offset == DELETED:
+            self._deleted.add(group_id)
         return True
 
     def node_moved(self, node_id: str, generation: int, max_version: int) -> bool:
@@ -212,18 +234,26 @@ class OffsetBook:
 
     def entry_moved(self, node_id: str, key: str, version: Any) -> bool:
         """True if this namespace entry changed since the last call (fold it)."""
-        if self._seen_keys.get((node_id, key)) == version:
+        seen = self._seen_keys.setdefault(node_id, {})
+        if seen.get(key) == version:
             return False
-        self._seen_keys[(node_id, key)] = version
+        seen[key] = version
         return True
+
+    def forget_keys(self, node_id: str, present: Iterable[str]) -> None:
+        """Entries gone from a namespace that moved (collected): stop remembering them."""
+        seen = self._seen_keys.get(node_id)
+        if seen:
+            present = set(present)
+            for key in [k for k in seen if k not in present]:
+                del seen[key]
 
     def forget_absent(self, present: Iterable[str]) -> None:
         """Nodes gone from the gossip view: read them in full if they come back."""
         present = set(present)
         for node_id in [n for n in self._seen_nodes if n not in present]:
             del self._seen_nodes[node_id]
-            for k in [k for k in self._seen_keys if k[0] == node_id]:
-                del self._seen_keys[k]
+            self._seen_keys.pop(node_id, None)
 
     def merge_entry(self, value: Any) -> set[str]:
         """Fold one ``off/`` entry; the groups whose merged offsets moved.
@@ -244,9 +274,14 @@ class OffsetBook:
 
     # -- this node's own offsets ----------------------------------------------------------
 
-    def next_stamp(self, wall_ms: int) -> int:
-        """The stamp of a commit made now: the wall clock, strictly increasing per node."""
-        self._last_stamp_ms = max(wall_ms, self._last_stamp_ms + 1)
+    def next_stamp(self, wall_ms: int, group_id: str | None = None) -> int:
+        """The stamp of a commit made now: the wall clock, strictly increasing per node, and
+        above every stamp seen for ``group_id`` (a hybrid clock: a deletion, or a commit
+        after one, wins even where this clock is behind another broker's)."""
+        floor = self._last_stamp_ms
+        if group_id is not None:
+            floor = max([floor] + [v[2] for v in self._merged.get(group_id, {}).values()])
+        self._last_stamp_ms = max(wall_ms, floor + 1)
         return self._last_stamp_ms
 
     def reload(self, group_id: str, topic: str, partition: int, offset: int, metadata: str,
@@ -330,15 +365,51 @@ class OffsetBook:
     def prune(self, has_group: Callable[[str], bool]) -> list[str]:
         """Forget groups that ended here (no committed offsets anywhere, nothing in the core:
         ``has_group``); the groups forgotten."""
-        gone = [g for g in self._mine if g not in self._merged and not has_group(g)]
+        gone = [g for g in self._mine if not self.knows(g) and not has_group(g)]
         for group_id in gone:
             self._mine.discard(group_id)
             self._loaded.pop(group_id, None)
         return gone
 
+    def collect(self, now_ms: int, horizon_ms: int) -> dict[Chunk, list[int]]:
+        """Garbage collection (see the module doc): drop own entries a newer tombstone
+        supersedes, own tombstones older than ``horizon_ms``, and such tombstones from the
+        merged view. Returns, per own chunk that changed, the partitions dropped from it
+        (delete them from the store; gossip the chunk again, or delete it if empty)."""
+        dropped: dict[Chunk, list[int]] = {}
+        cutoff = now_ms - horizon_ms
+        deleted = self._deleted
+        for chunk in sorted(c for c in self._own if c[0] in deleted):
+            group_id, topic, _ = chunk
+            merged = self._merged.get(group_id, {})
+            entries = self._own[chunk]
+            for partition in sorted(entries):
+                offset, _, wall_ms = entries[partition]
+                latest = merged.get((topic, partition))
+                superseded = latest is not None and latest[0] == DELETED and (latest[2], latest[0]) > (wall_ms, offset)
+                if superseded or (offset == DELETED and wall_ms < cutoff):
+                    del entries[partition]
+                    dropped.setdefault(chunk, []).append(partition)
+            if not entries:
+                del self._own[chunk]
+        for group_id in sorted(deleted):
+            table = self._merged.get(group_id, {})
+            for tp in [tp for tp, v in table.items() if v[0] == DELETED and v[2] < cutoff]:
+                del table[tp]
+            if not any(v[0] == DELETED for v in table.values()):
+                deleted.discard(group_id)
+            if not table:
+                self._merged.pop(group_id, None)
+                if group_id not in self._mine:
+                    self._loaded.pop(group_id, None)
+        return dropped
+
+    def has_chunk(self, chunk: Chunk) -> bool:
+        return chunk in self._own
+
     def _rehome(self) -> list[Takeover | Moved]:
         actions: list[Takeover | Moved] = []
-        for group_id in sorted(set(self._merged) | self._mine):
+        for group_id in sorted({g for g in self._merged if self.knows(g)} | self._mine):   # (rare: the set changed)
             coordinator = coordinator_among(group_id, self.coord_set or ())
             if coordinator == self.node_id:
                 claimed = self.claim(group_id)

@@ -12,7 +12,9 @@ from dataclasses import dataclass, field
 from mesh.groups.assignors import ASSIGNORS, DEFAULT_ASSIGNOR
 from mesh.wire.types import TopicPartition
 
-__all__ = ["GroupConfig", "GroupRecord", "MemberRecord", "PersistOffsets", "MemberRemoved"]
+__all__ = ["GroupConfig", "GroupRecord", "MemberRecord", "PersistOffsets", "MemberRemoved", "DELETED"]
+
+DELETED = -1   # the offset of a tombstone: a deleted group's (or partition's) committed offset
 
 
 # ---------------------------------------------------------------------------------------
@@ -36,6 +38,9 @@ class GroupConfig:
     max_offsets_per_group: int = 100_000
     max_metadata_chars: int = 4_096
     max_topics: int = 100_000
+    # a group with no members is deleted (its offsets with it) once it has been empty and
+    # without a commit for this long: Kafka's offsets.retention.minutes (7 days); 0: never
+    offsets_retention_ms: int = 7 * 86_400_000
 
     def __post_init__(self):
         if self.default_assignor not in ASSIGNORS:
@@ -44,6 +49,8 @@ class GroupConfig:
             raise ValueError("need 0 < min_session_timeout_ms <= max_session_timeout_ms")
         if self.heartbeat_interval_ms <= 0 or self.reconcile_heartbeat_interval_ms <= 0:
             raise ValueError("heartbeat intervals must be positive")
+        if self.offsets_retention_ms < 0:
+            raise ValueError("offsets_retention_ms must be >= 0 (0: never expire)")
 
     @property
     def grace_ms(self) -> int:
@@ -55,7 +62,8 @@ class GroupConfig:
 
 @dataclass(frozen=True, slots=True)
 class PersistOffsets:
-    """Make these offsets durable, then answer the request, then gossip them."""
+    """Make these offsets durable, then answer the request, then gossip them. An offset
+    of ``DELETED`` (-1) is a deletion (a tombstone: the group or partition was deleted)."""
     group_id: str
     offsets: tuple[tuple[str, int, int, str], ...]   # (topic, partition, offset, metadata)
 
@@ -98,6 +106,9 @@ class GroupRecord:
     owners: dict[TopicPartition, str] = field(default_factory=dict)   # assigned or revoking
     offsets: dict[TopicPartition, tuple[int, str]] = field(default_factory=dict)
     hold_until_ms: int = 0   # no partitions given before this (takeover grace)
+    # since when the group has had no members and no commit (None: it has members, or
+    # ``tick`` has not seen it empty yet); ``offsets_retention_ms`` counts from here
+    idle_since_ms: int | None = None
 
     def state(self) -> str:
         if not self.members:

@@ -34,6 +34,8 @@ class NodeConfig:
     text_max_subscriptions: int = 256
     group_max_session_timeout_ms: int = 10_000   # also the takeover grace of a new coordinator
     group_heartbeat_interval_ms: int = 500
+    offsets_retention_ms: int = 7 * 86_400_000   # empty groups deleted after this (offsets.retention.minutes); 0: never
+    group_tombstone_ms: int = 86_400_000         # deleted groups' tombstones kept this long (mesh.groups.offsets)
     # bounds (issue 13; each has a `mesh node` option; Kafka's names in the comments)
     max_frame_bytes: int = 16 << 20          # ZMQ_MAXMSGSIZE on the ROUTER (socket.request.max.bytes)
     max_body_bytes: int = 1 << 20            # msgpack body of a client request (records travel apart)

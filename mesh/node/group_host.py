@@ -38,6 +38,14 @@ Time: one clock (``mesh.node.clock.Clock``), its wall scale for the core's ``now
 for commit stamps (they are compared across nodes and outlive the process); the node
 passes readings of the same scale to ``tick`` and ``on_cluster_change``.
 
+Deletion (``mesh group delete``, and offsets retention): a GROUP_DELETE goes through the
+same path as a commit, with the core's tombstones (offset ``DELETED``) for ``PersistOffsets``.
+Every ``PRUNE_EVERY_MS`` the host deletes the groups the core says are past
+``offsets_retention_ms`` (with a GroupDelete of its own, answered to nobody), then collects
+garbage (``OffsetBook.collect``): entries of its own that a tombstone superseded, and
+tombstones past ``tombstone_ms``, go from the store (in the turn's transaction) and from
+its gossip namespace.
+
 A restart reloads db ``offsets`` and re-publishes it (a new generation starts with an
 empty namespace).
 """
@@ -50,9 +58,9 @@ from typing import Any, Callable, Iterable, Mapping
 
 import msgpack
 
-from mesh.cluster.keys import OFFSETS_PREFIX
+from mesh.cluster.keys import OFFSETS_PREFIX, offsets_key
 from mesh.groups import (
-    GROUP_REQUESTS, GroupCommit, GroupConfig, GroupCoordinator, GroupDescribe,
+    GROUP_REQUESTS, GroupCommit, GroupConfig, GroupCoordinator, GroupDelete, GroupDescribe,
     GroupDescribeResponse, GroupFetchOffsets, GroupFetchOffsetsResponse, GroupFindCoordinator,
     GroupFindCoordinatorResponse, GroupHeartbeat, GroupList, GroupListResponse,
     GroupResetOffsets, MemberRemoved, PersistOffsets, check_group_id, error_response,
@@ -73,6 +81,7 @@ OFFSETS_DB = "offsets"
 MAX_METADATA_CHARS = 256
 TICK_EVERY_MS = 20
 PRUNE_EVERY_MS = 10_000
+EXPIRE_PER_PRUNE = 1_000   # groups deleted by offsets retention per prune (bounds the turn)
 
 Reply = Callable[[bytes, int, Any], None]
 
@@ -82,6 +91,8 @@ class GroupHostConfig:
     """The node's consumer-group settings (``NodeConfig.group_*``)."""
     max_session_timeout_ms: int = 10_000   # members cannot ask for more; also the takeover grace
     heartbeat_interval_ms: int = 500
+    offsets_retention_ms: int = 7 * 86_400_000   # empty groups are deleted after this; 0: never
+    tombstone_ms: int = 86_400_000               # a deleted group's tombstones are kept this long
 
 
 def _store_key(group: str, topic: str, partition: int) -> bytes:
@@ -118,7 +129,9 @@ class GroupHost:
         self.config = GroupConfig(heartbeat_interval_ms=config.heartbeat_interval_ms,
                                   min_session_timeout_ms=min(100, config.max_session_timeout_ms),
                                   max_session_timeout_ms=config.max_session_timeout_ms,
-                                  max_metadata_chars=MAX_METADATA_CHARS)
+                                  max_metadata_chars=MAX_METADATA_CHARS,
+                                  offsets_retention_ms=config.offsets_retention_ms)
+        self._tombstone_ms = config.tombstone_ms
         start_ms = clock.wall_ms()
         alone = starts_alone(seeded, (m.node_id for m in gossip.members(start_ms)), node_id)
         self.core = GroupCoordinator(self.config, rng,
@@ -127,7 +140,7 @@ class GroupHost:
         self._topics: dict[str, int] = {}
         self._next_tick_ms = 0
         self._next_prune_ms = 0
-        self._held: list[tuple] = []   # (ident, rid, msg, resp, [(PersistOffsets, wall_ms)], previous)
+        self._held: list[tuple] = []   # (ident|None, rid, msg, resp, [(PersistOffsets, wall_ms)], previous)
         self._load_store()
 
     # -- node hooks ---------------------------------------------------------------------
@@ -152,27 +165,35 @@ class GroupHost:
         if coordinator != self.node_id:
             reply(ident, rid, self._moved(msg, coordinator))
             return
-        writes = isinstance(msg, (GroupCommit, GroupResetOffsets))
+        writes = isinstance(msg, (GroupCommit, GroupResetOffsets, GroupDelete))
         if self.book.knows(group_id) or writes or isinstance(msg, GroupHeartbeat):
             self._carry_out(self.book.claim(group_id))   # (a query about an unknown group creates nothing)
-        previous = self.core.committed(group_id) if writes else None
+        self._apply(ident, rid, msg, now_ms, writes)
+
+    def _apply(self, ident: bytes | None, rid: int, msg: Any, now_ms: int, writes: bool) -> None:
+        """The core answers ``msg``; offsets it persists (tombstones too) are staged in the
+        turn's transaction and the answer is held until the turn's sync (``after_commit``).
+        ``ident`` None: the host's own request (an expired group's deletion), answered to
+        nobody."""
+        previous = self.core.committed(msg.group_id) if writes else None
         resp, effects = self.core.handle(msg, now_ms)
         persisted = []
         for effect in effects:
             if isinstance(effect, PersistOffsets):
-                wall_ms = self.book.next_stamp(self._clock.wall_ms())
+                wall_ms = self.book.next_stamp(self._clock.wall_ms(), effect.group_id)
                 if not self._stage(effect.group_id, effect.offsets, wall_ms):
                     self._restore(effect.group_id, effect.offsets, previous or {})
-                    reply(ident, rid, error_response(msg, ErrorCode.STORAGE_ERROR,
-                                                     "offsets could not be made durable; retry"))
+                    if ident is not None:
+                        self._reply(ident, rid, error_response(msg, ErrorCode.STORAGE_ERROR,
+                                                               "offsets could not be made durable; retry"))
                     return
                 persisted.append((effect, wall_ms))
         if isinstance(resp, GroupDescribeResponse):
             resp = dataclasses.replace(resp, coordinator=self.node_id)
         if persisted:   # answered once the turn's sync made them durable (after_commit)
             self._held.append((ident, rid, msg, resp, persisted, previous))
-            return
-        reply(ident, rid, resp)
+        elif ident is not None:
+            self._reply(ident, rid, resp)
 
     def after_commit(self, ok: bool) -> None:
         """The turn's transaction was synced (``ok``) or rolled back: answer the offsets
@@ -183,11 +204,13 @@ class GroupHost:
                 for effect, _ in persisted:
                     self._restore(effect.group_id, effect.offsets, previous or {})
             for ident, rid, msg, _, _, _ in held:
-                self._reply(ident, rid, error_response(msg, ErrorCode.STORAGE_ERROR,
-                                                       "offsets could not be made durable; retry"))
+                if ident is not None:
+                    self._reply(ident, rid, error_response(msg, ErrorCode.STORAGE_ERROR,
+                                                           "offsets could not be made durable; retry"))
             return
         for ident, rid, _, resp, persisted, _ in held:
-            self._reply(ident, rid, resp)
+            if ident is not None:
+                self._reply(ident, rid, resp)
             for effect, wall_ms in persisted:   # durable and answered: now tell the cluster
                 self._gossip_chunks(effect.group_id,
                                     self.book.committed_here(effect.group_id, effect.offsets, wall_ms))
@@ -200,8 +223,13 @@ class GroupHost:
             if isinstance(effect, MemberRemoved):
                 log.info("group %s: member %s removed (%s)", effect.group_id, effect.member_id, effect.reason)
         if not self._next_prune_ms - PRUNE_EVERY_MS <= now_ms < self._next_prune_ms:
-            self._next_prune_ms = now_ms + PRUNE_EVERY_MS   # forget groups that ended
-            self.book.prune(self.core.has_group)
+            self._next_prune_ms = now_ms + PRUNE_EVERY_MS
+            for group_id in self.core.expired(now_ms, limit=EXPIRE_PER_PRUNE):
+                log.info("group %s: deleted, no members and no commit for %d s (offsets retention)",
+                         group_id, self.core.config.offsets_retention_ms // 1000)
+                self._apply(None, 0, GroupDelete(group_id), now_ms, writes=True)
+            self._collect(now_ms)
+            self.book.prune(self.core.has_group)   # forget groups that ended
 
     def on_cluster_change(self, now_ms: int) -> None:
         self._sync_topics()
@@ -297,6 +325,24 @@ class GroupHost:
             if action.adopt and self._persist(action.group_id, action.adopt, None):
                 self._gossip_chunks(action.group_id, self.book.adopted(action.group_id, action.adopt))
 
+    def _collect(self, now_ms: int) -> None:
+        """Garbage of deleted groups (``OffsetBook.collect``): out of the store (staged in
+        the turn's transaction) and out of this node's gossip namespace."""
+        dropped = self.book.collect(now_ms, self._tombstone_ms)
+        if not dropped:
+            return
+        try:
+            for (group_id, topic, _), partitions in dropped.items():
+                for partition in partitions:
+                    self._store.delete(OFFSETS_DB, _store_key(group_id, topic, partition))
+        except LogError as exc:   # a row left behind comes back at a restart, superseded: harmless
+            log.error("could not delete collected offsets: %s", exc)
+        for chunk in dropped:
+            if self.book.has_chunk(chunk):
+                self._gossip_chunks(chunk[0], [chunk])
+            else:
+                self._gossip.delete_local(offsets_key(*chunk))
+
     def _gossip_chunks(self, group_id: str, chunks: Iterable) -> None:
         for chunk in chunks:
             key, value = self.book.chunk_entry(chunk)
@@ -331,7 +377,9 @@ class GroupHost:
             present.append(node_id)
             if not book.node_moved(node_id, member.generation, member.max_version):
                 continue
-            for key, value in gossip.node_items(node_id, OFFSETS_PREFIX).items():
+            items = gossip.node_items(node_id, OFFSETS_PREFIX)
+            book.forget_keys(node_id, items)
+            for key, value in items.items():
                 if not book.entry_moved(node_id, key, gossip.entry_version(node_id, key)):
                     continue
                 try:

@@ -286,7 +286,9 @@ class Node:
             topic_partitions=lambda: {name: t.partitions for name, t in self.catalog.topics.items()},
             clock=clock, rng=_seeded_rng(), seeded=bool(config.seeds),
             config=GroupHostConfig(max_session_timeout_ms=config.group_max_session_timeout_ms,
-                                   heartbeat_interval_ms=config.group_heartbeat_interval_ms))
+                                   heartbeat_interval_ms=config.group_heartbeat_interval_ms,
+                                   offsets_retention_ms=config.offsets_retention_ms,
+                                   tombstone_ms=config.group_tombstone_ms))
         self.data.on_commit.append(self.groups.after_commit)   # offsets commits share the turn's sync
         self.dispatch = Dispatcher(self.router, self.handlers, self.groups, self.gossip, self.replicas,
                                    self.directory, self._send, self.clock, security=self.security)

@@ -24,6 +24,7 @@ GroupHeartbeat                    read group; describe each subscribed topic    
 GroupCommit                       read group; read each topic                         OffsetCommit
 GroupResetOffsets                 read group; read each topic                         OffsetCommit (the
                                                                                       reset tool commits)
+GroupDelete                       delete group                                        DeleteGroups
 GroupFetchOffsets                 describe group; describe each named topic           OffsetFetch
 GroupDescribe                     describe group                                      DescribeGroups
 GroupFindCoordinator              describe group                                      FindCoordinator
@@ -106,6 +107,7 @@ REQUIREMENTS: dict[type, Callable[[Any], list[Need]]] = {
     g.GroupCommit: _group_and_topics("read", "read", lambda msg: _topics_of(msg.offsets)),
     g.GroupResetOffsets: _group_and_topics("read", "read", lambda msg: _topics_of(msg.offsets)),
     g.GroupFetchOffsets: _group_and_topics("describe", "describe", lambda msg: _topics_of(msg.partitions)),
+    g.GroupDelete: lambda msg: [_one("delete", "group", msg.group_id)],
     g.GroupDescribe: lambda msg: [_one("describe", "group", msg.group_id)],
     g.GroupFindCoordinator: lambda msg: [_one("describe", "group", msg.group_id)],
     g.GroupList: _CLUSTER_DESCRIBE,

@@ -39,6 +39,8 @@ class ErrorCode(enum.IntEnum):
     BROKER_UNAVAILABLE = 24
     INVALID_CONFIG = 25
     THROTTLED = 26   # over a byte-rate quota: not done, send again later
+    GROUP_NOT_EMPTY = 27   # a group with members cannot be deleted (Kafka's NON_EMPTY_GROUP)
+    UNKNOWN_GROUP = 28     # no such group: no members, no committed offsets (GROUP_ID_NOT_FOUND)
 
 
 _RETRIABLE = frozenset({

@@ -295,6 +295,67 @@ def test_group_commands_list_describe_and_reset_offsets(cluster):
     assert r.exit_code != 0 and "exactly one" in r.output
 
 
+def group_ids(address) -> list[str]:
+    with GroupAdmin(address, request_timeout_ms=2000) as ga:
+        return [g["group_id"] for g in ga.list_groups()]
+
+
+def test_mesh_group_delete_forgets_a_group_on_every_broker_and_its_consumers_start_over(cluster):
+    """Without deletion or expiry every group that ever committed stayed for good, counted
+    against each coordinator's 10,000-group cap, and was gossiped to every broker."""
+    boot = cluster.bootstrap
+    runner = CliRunner()
+    Admin(boot).create_topic("erasable", 2)
+    with Producer(boot) as p:
+        for i in range(20):
+            p.send("erasable", b"%d" % i, partition=i % 2)
+        p.flush()
+    c = member(boot, "doomed")
+    c.subscribe(["erasable"])
+    got = []
+    wait_until(lambda: got.extend(r for rs in c.poll_batches(50) for r in rs) or len(got) == 20, 20, "20 records")
+    c.commit()
+    for b in cluster.brokers:
+        wait_until(lambda: gossip_offsets(b.address, "doomed") == {0: 10, 1: 10}, 10, "the commit gossiped")
+    r = runner.invoke(cli, ["group", "delete", "doomed", "-b", boot])
+    assert r.exit_code == 1 and "GROUP_NOT_EMPTY" in r.output, r.output
+    c.close()
+    r = runner.invoke(cli, ["group", "delete", "doomed", "-b", cluster.brokers[-1].address])
+    assert r.exit_code == 0 and r.output.strip() == "deleted group doomed", r.output
+    for b in cluster.brokers:   # gone from every broker's view (gossip)
+        wait_until(lambda: "doomed" not in group_ids(b.address) and gossip_offsets(b.address, "doomed") == {},
+                   10, f"{b.node_id} to forget the group")
+    r = runner.invoke(cli, ["group", "delete", "doomed", "-b", boot])
+    assert r.exit_code == 1 and "UNKNOWN_GROUP" in r.output, r.output
+    # a new member of the same group id starts from auto_offset_reset, not the old offsets
+    c = member(boot, "doomed", enable_auto_commit=False)
+    c.subscribe(["erasable"])
+    again = []
+    try:
+        wait_until(lambda: again.extend(r for rs in c.poll_batches(50) for r in rs) or len(again) >= 20,
+                   20, "every record again")
+    finally:
+        c.close()
+    assert sorted((r.partition, r.offset) for r in again) == [(p, o) for p in range(2) for o in range(10)]
+
+
+def test_an_empty_group_expires_after_the_offsets_retention_and_stays_gone_after_a_restart(tmp_path):
+    c = Cluster(tmp_path, 1, extra=["--offsets-retention-ms", "500"]).start()
+    try:
+        boot = c.bootstrap
+        Admin(boot).create_topic("brief", 1)
+        with GroupAdmin(boot) as ga:
+            wait_until(lambda: ga.reset_offsets("fleeting", "brief", "latest") is not None, 10, "a commit")
+        assert "fleeting" in group_ids(boot)
+        # the coordinator checks every 10 s (group_host.PRUNE_EVERY_MS)
+        wait_until(lambda: "fleeting" not in group_ids(boot), 25, "the group to expire")
+        c.brokers[0].kill()
+        c.brokers[0].restart()
+        assert "fleeting" not in group_ids(boot) and gossip_offsets(boot, "fleeting") == {}
+    finally:
+        c.kill()
+
+
 def test_the_group_carries_on_when_its_coordinator_broker_is_killed(tmp_path):
     c = start_cluster(tmp_path)
     try:

@@ -7,16 +7,18 @@ import random
 
 import pytest
 
+from mesh.cluster.schema import validate_entry
 from mesh.gossip import Member
 from mesh.groups import (
-    GroupCommit, GroupDescribe, GroupFetchOffsets, GroupFindCoordinator, GroupHeartbeat, GroupList,
+    GroupCommit, GroupDelete, GroupDescribe, GroupFetchOffsets, GroupFindCoordinator, GroupHeartbeat, GroupList,
     GroupResetOffsets, coordinator_for,
 )
 from mesh.node.group_host import GroupHost, GroupHostConfig
 from mesh.wire.errors import ErrorCode
 from storage.memory import MemoryStore
 
-CONFIG = GroupHostConfig(max_session_timeout_ms=1_000, heartbeat_interval_ms=100)
+CONFIG = GroupHostConfig(max_session_timeout_ms=1_000, heartbeat_interval_ms=100,
+                         offsets_retention_ms=3_600_000, tombstone_ms=7_200_000)
 
 
 class World:
@@ -47,10 +49,21 @@ class FakeGossip:
         return None if e is None else (1, e[0], False)
 
     def set_local(self, key, value):
+        reason = validate_entry(key, value, self.world.now_ms)   # as the real gossip core checks it
+        if reason is not None:
+            raise ValueError(f"gossip entry refused: {reason}")
+        self.put_raw(key, value)
+
+    def put_raw(self, key, value):
+        """A test's own entry, unchecked (as if another writer's had arrived)."""
         ns = self.world.ns[self.node_id]
         version = max((v for v, _ in ns.values()), default=0) + 1
         ns[key] = (version, value)
         self.world.events.append(f"gossip {key}")
+
+    def delete_local(self, key):
+        del self.world.ns[self.node_id][key]
+        self.world.events.append(f"gossip delete {key}")
 
 
 class LoggingStore(MemoryStore):
@@ -198,9 +211,9 @@ def test_other_brokers_redirect_and_answer_offsets_from_gossip(world):
 def test_merged_view_latest_commit_wins(world):
     a, b = Broker(world, "a"), Broker(world, "b")
     # two namespaces disagree (a failover happened): the later stamp wins, then the higher offset
-    a.gossip.set_local("off/x/t/0", {"g": "x", "t": "t", "o": {"0": [50, "", 1000], "1": [9, "", 2000]}})
-    b.gossip.set_local("off/x/t/0", {"g": "x", "t": "t", "o": {"0": [40, "", 1001], "1": [8, "", 2000]}})
-    a.gossip.set_local("off/x/t/junk", {"g": "x", "t": "t", "o": {"2": ["bad"]}})
+    a.gossip.put_raw("off/x/t/0", {"g": "x", "t": "t", "o": {"0": [50, "", 1000], "1": [9, "", 2000]}})
+    b.gossip.put_raw("off/x/t/0", {"g": "x", "t": "t", "o": {"0": [40, "", 1001], "1": [8, "", 2000]}})
+    a.gossip.put_raw("off/x/t/junk", {"g": "x", "t": "t", "o": {"2": ["bad"]}})
     a.groups.on_cluster_change(world.now_ms)
     assert {tp: v[0] for tp, v in a.groups.committed("x").items()} == {("t", 0): 40, ("t", 1): 9}
 
@@ -230,7 +243,7 @@ def test_failover_takes_over_adopts_offsets_and_holds_partitions_for_the_grace(w
     assert sorted(tuple(x) for x in r3.assignment) == [("t", p) for p in range(4)]
     # a late commit of the old coordinator, newer than what b holds, replaces it
     world.now_ms += 1
-    a.gossip.set_local(f"off/{g}/t/0", {"g": g, "t": "t", "o": {"0": [99, "", 10 ** 13]}})
+    a.gossip.put_raw(f"off/{g}/t/0", {"g": g, "t": "t", "o": {"0": [99, "", 10 ** 13]}})
     b.groups.on_cluster_change(world.now_ms)
     assert b.ask(GroupFetchOffsets(g, [["t", 0]])).offsets == [["t", 0, 99, ""]]
     # a comes back: the group moves back and b forgets its members
@@ -301,3 +314,54 @@ def test_a_failed_turn_refuses_every_commit_it_held_and_keeps_the_synced_offset(
     assert [x.error for x in a.replies] == [ErrorCode.STORAGE_ERROR] * 2
     a.data.ok = True
     assert a.ask(GroupFetchOffsets(g, [["t", 0]])).offsets == [["t", 0, 5, ""]]
+
+
+def test_a_deleted_group_is_gone_from_every_view_and_its_garbage_is_collected(world):
+    a, b = Broker(world, "a"), Broker(world, "b")
+    for n in (a, b):
+        n.groups.on_cluster_change(world.now_ms)
+    past_grace(world)
+    g = group_on("a", ["a", "b"])
+    r = join(a, g)
+    assert a.ask(GroupCommit(g, r.member_id, r.member_epoch, [["t", 0, 5, ""], ["t", 1, 6, ""]])).error == 0
+    assert a.ask(GroupDelete(g)).error == ErrorCode.GROUP_NOT_EMPTY
+    a.ask(GroupHeartbeat(g, r.member_id, -1, ["t"], []))
+    world.events.clear()
+    assert a.ask(GroupDelete(g)).error == 0
+    assert world.events == ["put offsets", "put offsets", "sync", "reply GroupDeleteResponse",
+                            f"gossip off/{g}/t/0"]
+    assert b.ask(GroupDelete(g)).error == ErrorCode.COORDINATOR_MOVED
+    b.groups.on_cluster_change(world.now_ms)
+    for n in (a, b):
+        assert n.ask(GroupList()).groups == []
+        assert n.ask(GroupFetchOffsets(g, [["t", 0]])).offsets == [["t", 0, -1, ""]]
+    assert a.ask(GroupDelete(g)).error == ErrorCode.UNKNOWN_GROUP
+    # a crash and restart does not bring it back (the tombstones are durable)
+    world.ns["a"] = {}
+    a = Broker(world, "a", store=a.store.crash())
+    b.groups.on_cluster_change(world.now_ms)
+    assert a.ask(GroupList()).groups == [] and b.ask(GroupList()).groups == []
+    # past the tombstone horizon they go, from the store and from gossip
+    world.now_ms += CONFIG.tombstone_ms + 20_000
+    a.groups.tick(world.now_ms)
+    a.data.commit_turn()
+    assert a.store.items("offsets") == [] and a.gossip.node_items("a", "off/") == {}
+
+
+def test_an_empty_group_past_the_offsets_retention_is_deleted_by_its_coordinator(world):
+    a = Broker(world, "a")
+    past_grace(world)
+    g = group_on("a", ["a"])
+    assert a.ask(GroupCommit(g, "", -1, [["t", 2, 9, ""]])).error == 0
+    a.groups.tick(world.now_ms)
+    world.now_ms += CONFIG.offsets_retention_ms - 1
+    a.groups.tick(world.now_ms)
+    a.data.commit_turn()
+    assert a.ask(GroupList()).groups != []
+    world.now_ms += 20_000
+    world.events.clear()
+    a.groups.tick(world.now_ms)
+    a.data.commit_turn()
+    assert world.events[:3] == ["put offsets", "sync", f"gossip off/{g}/t/0"]   # nobody to answer
+    assert a.ask(GroupList()).groups == []
+    assert a.ask(GroupFetchOffsets(g, [["t", 2]])).offsets == [["t", 2, -1, ""]]

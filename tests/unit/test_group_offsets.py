@@ -2,6 +2,7 @@
 gossip merge, stamps, takeover, adoption, rehoming."""
 from __future__ import annotations
 
+import random
 from types import SimpleNamespace
 
 import pytest
@@ -188,3 +189,99 @@ def test_offsets_from_the_merged_view_check_what_they_are_asked_for(partitions):
         OffsetBook("a").offsets_for("g", partitions)
     assert exc.value.code == ErrorCode.INVALID_REQUEST
     assert OffsetBook("a").offsets_for("g", [["t", 0]]) == [["t", 0, -1, ""]]
+
+
+# -- deletion: tombstones and their garbage ------------------------------------------------
+
+def test_a_tombstone_wins_over_older_commits_and_the_views_hide_it():
+    book = OffsetBook("a")
+    book.merge_entry(chunk_value("g", "t", {0: (10, "", 5_000), 1: (11, "", 5_000)}))
+    # this node's clock is behind the last committer's: the deletion is stamped above it all
+    stamp = book.next_stamp(1_000, "g")
+    assert stamp == 5_001
+    book.committed_here("g", [("t", 0, -1, ""), ("t", 1, -1, "")], stamp)
+    assert not book.knows("g") and book.groups() == [] and book.committed("g") == {}
+    assert book.offsets_for("g", None) == []
+    assert book.offsets_for("g", [["t", 0]]) == [["t", 0, -1, ""]]
+    assert book.merge_entry(chunk_value("g", "t", {0: (99, "", 5_000)})) == set()   # older: ignored
+    # a commit after the deletion starts the group again
+    book.committed_here("g", [("t", 1, 3, "")], book.next_stamp(1_000, "g"))
+    assert book.committed("g") == {("t", 1): (3, "", 5_002)}
+
+
+def test_collect_drops_superseded_entries_at_once_and_tombstones_after_the_horizon():
+    book = OffsetBook("a")
+    book.committed_here("g", [("t", 0, 10, ""), ("t", 1, 11, "")], 1_000)
+    book.committed_here("h", [("t", 0, 7, "")], 1_000)
+    assert book.collect(2_000, horizon_ms=10_000) == {}
+    # another broker deleted g: a's own entries are superseded, gone at the next collect
+    book.merge_entry(chunk_value("g", "t", {0: (-1, "", 4_000), 1: (-1, "", 4_000)}))
+    assert book.collect(2_000, horizon_ms=10_000) == {("g", "t", 0): [0, 1]}
+    assert not book.has_chunk(("g", "t", 0)) and book.own_chunks() == [("h", "t", 0)]
+    # a's own tombstone (it deleted h) is kept until the horizon, then goes, from the view too
+    book.committed_here("h", [("t", 0, -1, "")], 3_000)
+    assert book.collect(12_999, horizon_ms=10_000) == {}
+    assert book.collect(13_001, horizon_ms=10_000) == {("h", "t", 0): [0]}
+    assert book.own_chunks() == [] and "h" not in book._merged and "g" in book._merged
+    book.collect(14_001, horizon_ms=10_000)
+    assert book._merged == {} and book._deleted == set()
+
+
+def test_keys_gone_from_a_namespace_are_forgotten():
+    book = OffsetBook("a")
+    assert book.entry_moved("b", "off/g/t/0", (1, 3, False)) and book.entry_moved("b", "off/h/t/0", (1, 4, False))
+    book.forget_keys("b", ["off/h/t/0"])
+    assert book._seen_keys == {"b": {"off/h/t/0": (1, 4, False)}}
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_books_converge_and_a_deletion_that_saw_every_commit_wins_whatever_the_clocks(seed):
+    """Three brokers with clocks seconds apart commit, delete and collect while their
+    namespaces reach each other in any order; once every namespace reached every broker
+    they agree, and a deletion made by the broker with the slowest clock, after it saw
+    every commit, deletes the group everywhere. (Stamped by its wall clock alone, such a
+    deletion lost to the commits it had seen, and the group came back.)"""
+    rng = random.Random(seed)
+    nodes = ["a", "b", "c"]
+    skew = {n: rng.randint(-5_000, 5_000) for n in nodes}
+    books = {n: OffsetBook(n) for n in nodes}
+    now = 100_000
+
+    def gossip(src: str, dst: str) -> None:
+        for chunk in books[src].own_chunks():
+            books[dst].merge_entry(books[src].chunk_entry(chunk)[1])
+
+    def everywhere() -> None:
+        for src in nodes:
+            for dst in nodes:
+                gossip(src, dst)
+
+    def delete_at(n: str) -> None:
+        known = books[n].committed("g")
+        if known:
+            books[n].committed_here("g", [(t, p, -1, "") for t, p in sorted(known)],
+                                    books[n].next_stamp(now + skew[n], "g"))
+
+    for _ in range(300):
+        now += rng.randint(0, 30)
+        n = rng.choice(nodes)
+        op = rng.random()
+        if op < 0.4:
+            books[n].committed_here("g", [("t", rng.randrange(4), rng.randrange(1_000), "")],
+                                    books[n].next_stamp(now + skew[n], "g"))
+        elif op < 0.5:
+            delete_at(n)
+        elif op < 0.9:
+            gossip(rng.choice(nodes), n)
+        else:
+            books[n].collect(now, horizon_ms=10 ** 9)
+    everywhere()
+    assert books["a"].committed("g") == books["b"].committed("g") == books["c"].committed("g")
+    slowest = min(nodes, key=lambda n: skew[n])
+    books[slowest].committed_here("g", [("t", 0, 1, "")], books[slowest].next_stamp(now + skew[slowest], "g"))
+    delete_at(slowest)
+    everywhere()
+    for n in nodes:
+        books[n].collect(now, horizon_ms=10 ** 9)
+    everywhere()
+    assert not any(books[n].knows("g") for n in nodes)

@@ -7,7 +7,7 @@ import pytest
 
 from mesh.wire.errors import ErrorCode
 from mesh.groups import (
-    GroupCommit, GroupConfig, GroupCoordinator, GroupDescribe, GroupFetchOffsets,
+    GroupCommit, GroupConfig, GroupCoordinator, GroupDelete, GroupDescribe, GroupFetchOffsets,
     GroupFindCoordinator, GroupHeartbeat, GroupHeartbeatResponse, GroupList, GroupMemberState,
     GroupResetOffsets, MemberRemoved, PersistOffsets, coordinator_for, error_response, ranked_nodes,
 )
@@ -315,6 +315,52 @@ def test_groups_that_move_here_are_never_refused_for_the_group_cap():
     coord.load_offsets("moved", [("t", 1, 9, "m")])      # taken over: kept, over the cap
     resp, _ = coord.handle(GroupFetchOffsets("moved"), 0)
     assert resp.offsets == [["t", 1, 9, "m"]]
+
+
+def test_a_group_is_deleted_only_without_members_and_leaves_tombstones():
+    """Kafka's DeleteGroups. Without deletion or expiry, every group that ever committed
+    stayed for good and counted against max_groups: a coordinator that had seen 10,000
+    short-lived groups refused every new one, for ever."""
+    coord = new_coordinator(max_groups=2)
+    resp, effects = coord.handle(GroupDelete(G), 0)
+    assert resp.error == ErrorCode.UNKNOWN_GROUP and effects == []
+    a = ok(hb(coord, 0))
+    commit(coord, a.member_id, a.member_epoch, [("t", 2, 3, ""), ("t", 0, 1, "m")])
+    resp, effects = coord.handle(GroupDelete(G), 10)
+    assert resp.error == ErrorCode.GROUP_NOT_EMPTY and effects == [] and "1 members" in resp.message
+    ok(hb(coord, 20, a.member_id, -1))
+    resp, effects = coord.handle(GroupDelete(G), 30)
+    assert resp.error == ErrorCode.NONE
+    assert effects == [PersistOffsets(G, (("t", 0, -1, ""), ("t", 2, -1, "")))]   # DELETED, sorted
+    assert coord.list_groups().groups == [] and coord.committed(G) == {}
+    # its place counts no more: two other groups fit under the cap of 2
+    for g in ("x", "y"):
+        assert coord.handle(GroupCommit(g, "", -1, [["t", 0, 5, ""]]), 40)[0].error == ErrorCode.NONE
+    # a tombstone loaded from gossip (deleted through another coordinator) takes the offset away
+    coord.load_offsets("x", [("t", 0, -1, "")], replace=True)
+    assert coord.committed("x") == {} and [g["group_id"] for g in coord.list_groups().groups] == ["y"]
+
+
+def test_an_empty_group_expires_after_the_offsets_retention():
+    """Kafka's offsets.retention.minutes counted from when the group became empty (KIP-211);
+    a simple consumer's commit counts as activity."""
+    coord = new_coordinator(offsets_retention_ms=1_000)
+    a = ok(hb(coord, 0))
+    commit(coord, a.member_id, a.member_epoch, [("t", 1, 3, "")])
+    coord.handle(GroupCommit("simple", "", -1, [["t", 0, 5, ""]]), 0)
+    coord.tick(900)
+    assert coord.expired(900) == []              # members keep a group
+    ok(hb(coord, 950, a.member_id, -1))
+    coord.tick(950)                              # empty from here
+    assert coord.expired(1_949) == ["simple"]    # its commit at 0 is the last activity
+    coord.handle(GroupCommit("simple", "", -1, [["t", 0, 6, ""]]), 1_949)
+    assert coord.expired(1_949) == []
+    assert coord.expired(1_950) == [G]
+    assert coord.expired(5_000, limit=1) == [G]
+    never = new_coordinator(offsets_retention_ms=0)
+    never.handle(GroupCommit(G, "", -1, [["t", 0, 5, ""]]), 0)
+    never.tick(0)
+    assert never.expired(10 ** 12) == []
 
 
 def test_describe_and_list():

@@ -67,6 +67,7 @@ def test_every_value_a_broker_writes_passes(node):
 
 def test_other_writers_pass():
     ok(*encode_chunk(("g/1", "t", 2), {64: [10, "meta", NOW_MS], 95: [0, "", NOW_MS - 5]}))
+    ok(*encode_chunk(("g/1", "t", 0), {1: [-1, "", NOW_MS]}))   # a deleted group's tombstone
     rule = AclRule("alice", "allow", ("read", "describe"), "topic", "orders", "prefixed")
     ok(keys.acl_key(rule.id), rule.to_register())
     ok(keys.acl_key("0" * 16), AclRule("*", "deny", ("all",), "cluster", "cluster").to_register())
@@ -126,7 +127,7 @@ def header(**changes):
     (keys.offsets_key("g", "t", 0), {"g": "g", "t": "t", "o": {"0": [1, "", NOW_MS + 61_000]}}),
     (keys.offsets_key("g", "t", 0), {"g": "g", "t": "t", "o": {"32": [1, "", NOW_MS]}}),
     (keys.offsets_key("g", "t", 0), {"g": "h", "t": "t", "o": {}}),
-    (keys.offsets_key("g", "t", 0), {"g": "g", "t": "t", "o": {"0": [-1, "", NOW_MS]}}),
+    (keys.offsets_key("g", "t", 0), {"g": "g", "t": "t", "o": {"0": [-2, "", NOW_MS]}}),
     (keys.offsets_key("g", "t", 0), {"g": "g", "t": "t", "o": {"0": [1, "x" * 257, NOW_MS]}}),
     (keys.user_key("alice"), {"name": "bob", "public_key": KEY}),
     (keys.user_key("alice"), {"name": "alice", "public_key": KEY[:39]}),
