@@ -22,7 +22,8 @@ remembered, so the broker knows where the producer's sequence stands. The rules:
    first record when it is first sent, or earlier when the driver calls ``assign`` (the
    Spark sink numbers at once, as it encodes at once). Once sent, a batch keeps its
    producer id and sequences for good: it is only ever re-sent as it was (a batch still
-   unsent when its partition takes a fresh producer id is numbered again). A partition
+   unsent when its partition takes a fresh producer id is numbered again; so is one that
+   certainly was not written, under rule 8). A partition
    without a producer id (-1: not idempotent) numbers nothing.
 2. Sending (``next_to_send``). Batches go out in deque order, at most ``max_in_flight``
    of a partition at once, none past the window (a batch goes out only if fewer than
@@ -74,6 +75,19 @@ remembered, so the broker knows where the producer's sequence stands. The rules:
    meanwhile. NONE or DUPLICATE_SEQUENCE for the probe: the whole batch is written
    (done). OUT_OF_ORDER: the broker's last sequence is inside [f, l); the batch is
    replaced by its records one by one (written ones come back as duplicates).
+8. Lost producer state (UNKNOWN_PRODUCER: the partition has no state of the producer id,
+   and the batch does not start at 0). If the batch is the oldest unfinished one of its
+   partition, every earlier one was acknowledged, so the partition had the id's state and
+   lost it: the topic was deleted and created again, or the state expired. If no
+   unfinished batch of the partition may have been written (``maybe_written``), none can
+   be: a broker without the id's state stores only a batch at sequence 0, and after the
+   oldest one comes nothing of the old id. Then the partition takes a fresh producer id at
+   once and every unfinished batch is numbered again from 0 and sent again, in order
+   (attempts in flight are forgotten: no success can come of them). Otherwise (a later
+   batch was refused: an earlier one is still in flight; or some batch is in doubt) it is
+   a retry (rule 4). Without ``new_producer_id`` (the Spark sink keeps its id) it is a
+   retry too. Before this rule such a producer waited out its delivery timeout (2
+   minutes) and failed the batch.
 
 Outputs are pulled: ``take_done()`` returns the finished batches (``Done``: base offset,
 or the error), in the order they finished. ``busy_partitions()`` lists only the partitions
@@ -251,7 +265,8 @@ class Sequencer:
         p = self._parts[tp]
         if p.producer_id < 0 or (batch.seq >= 0 and batch.producer_id == p.producer_id):
             return False
-        assert batch.attempts == 0, "a batch that was sent is never numbered again (rule 1)"
+        assert batch.attempts == 0 or not batch.maybe_written, \
+            "a batch that may have been written is never numbered again (rules 1 and 8)"
         batch.seq = p.next_seq
         batch.producer_id = p.producer_id
         p.next_seq += batch.count
@@ -333,6 +348,8 @@ class Sequencer:
             return Outcome(tp, b, DONE)
         if not rejected:
             b.maybe_written = True
+        elif error == ErrorCode.UNKNOWN_PRODUCER and self._restart(tp, p, b):
+            return Outcome(tp, b, RETRY)   # rule 8
         err = MeshError(error, message, leader=leader)
         if retriable(error):
             return Outcome(tp, b, RETRY if self.retry(tp, b, err, now_ms) else FAILED)
@@ -425,6 +442,21 @@ class Sequencer:
             self._stale[rid] = (tp, b)
             while len(self._stale) > _STALE_MAX:
                 self._stale.popitem(last=False)
+
+    def _restart(self, tp: TP, p: _Partition, b: SeqBatch) -> bool:
+        """Rule 8: the partition lost the producer id's state; start again under a fresh
+        id if nothing unfinished may have been written. False: not the case (retry)."""
+        if (self._new_producer_id is None or not p.batches or p.batches[0] is not b or b.seq <= 0
+                or any(x.maybe_written for x in p.batches)):
+            return False
+        for x in p.batches:
+            if x.rid is not None:   # refused too, or to be: no success can come of it
+                self._by_rid.pop(x.rid, None)
+                x.rid = None
+            x.seq, x.producer_id = -1, -1
+        p.renew = False
+        self._renew(p)
+        return True
 
     def _renew(self, p: _Partition) -> None:
         """Rule 6: nothing of the old producer id is in doubt any more."""

@@ -41,6 +41,7 @@ class ErrorCode(enum.IntEnum):
     THROTTLED = 26   # over a byte-rate quota: not done, send again later
     GROUP_NOT_EMPTY = 27   # a group with members cannot be deleted (Kafka's NON_EMPTY_GROUP)
     UNKNOWN_GROUP = 28     # no such group: no members, no committed offsets (GROUP_ID_NOT_FOUND)
+    UNKNOWN_PRODUCER = 29  # the partition has no state of this producer id (and the batch is not its first)
 
 
 _RETRIABLE = frozenset({
@@ -56,6 +57,7 @@ _RETRIABLE = frozenset({
     ErrorCode.STORAGE_ERROR,  # e.g. a full disk: may clear
     ErrorCode.BROKER_UNAVAILABLE,
     ErrorCode.OUT_OF_ORDER_SEQUENCE,  # an earlier batch of the producer is still in flight
+    ErrorCode.UNKNOWN_PRODUCER,       # ... or the partition lost its state (recreated, expired)
     ErrorCode.THROTTLED,
 })
 

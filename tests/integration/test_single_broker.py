@@ -339,6 +339,21 @@ def test_delete_topic_removes_data_and_name(broker):
         assert all(pt["log_end"] == 0 for pt in a.describe_topic("doomed")["partitions"])
 
 
+def test_a_producer_carries_on_after_its_topic_is_deleted_and_created_again(broker):
+    """The new topic has no state of the producer's id: the broker answers UNKNOWN_PRODUCER
+    and the producer starts that partition again under a fresh id (sequencer rule 8).
+    Before, its next send waited out the delivery timeout (2 minutes) and failed."""
+    with Admin(broker.address) as a, Producer(broker.address) as p:
+        a.create_topic("reborn", partitions=1)
+        for i in range(5):
+            p.send("reborn", b"old-%d" % i).get(10)
+        a.delete_topic("reborn")
+        a.create_topic("reborn", partitions=1)
+        assert [p.send("reborn", b"new-%d" % i).get(10).offset for i in range(3)] == [0, 1, 2]
+    got = consume_all(broker.address, "reborn", 3)
+    assert [r.value for r in got[0]] == [b"new-0", b"new-1", b"new-2"]
+
+
 def test_kill9_loses_nothing_acknowledged(tmp_path):
     b = BrokerProcess("k1", str(tmp_path / "k1")).start()
     with Admin(b.address) as a:

@@ -45,7 +45,7 @@ def test_a_producer_without_id_is_never_deduplicated():
 
 def test_a_new_producer_must_start_at_sequence_zero():
     ps = ProducerStates(MemoryStore())
-    assert code_of(lambda: ps.check(PID, header(5, 3))) == ErrorCode.OUT_OF_ORDER_SEQUENCE
+    assert code_of(lambda: ps.check(PID, header(5, 3))) == ErrorCode.UNKNOWN_PRODUCER   # (rule 8 of the client)
     assert ps.check(PID, header(5, 0)) is None
 
 
@@ -132,7 +132,7 @@ def test_truncation_to_zero_forgets_everything():
     ps = ProducerStates(store)
     append(ps, store, 5, 0, 3, base_offset=0)
     ps.truncate(PID, 0)
-    assert code_of(lambda: ps.check(PID, header(5, 3))) == ErrorCode.OUT_OF_ORDER_SEQUENCE
+    assert code_of(lambda: ps.check(PID, header(5, 3))) == ErrorCode.UNKNOWN_PRODUCER
     assert ps.check(PID, header(5, 0, 3)) is None
 
 

@@ -460,3 +460,49 @@ def test_retry_without_a_leader_keeps_order():
     assert seq.retry(TP, b, MeshError(ErrorCode.LEADER_NOT_AVAILABLE, "no leader known"), 1)
     assert [x.name for x in seq.unfinished(TP)] == ["b1", "b2", "b3"]
     assert [(n, s) for _, n, _, s in d.pump(seq.backoff_until_ms(TP))] == [("b1", 1), ("b2", 2), ("b3", 3)]
+
+
+UNKNOWN_PRODUCER = ErrorCode.UNKNOWN_PRODUCER
+
+
+def test_lost_producer_state_starts_the_partition_again_under_a_fresh_id_at_once():
+    """The topic was deleted and created again (or the id's state expired): the broker has
+    no state of producer 7 and refuses sequence 3. Before rule 8 the producer retried until
+    its delivery timeout (2 minutes), then failed the batch."""
+    seq, d, bs = make(RetryPolicy(max_in_flight=3, backoff_ms=100), n=5, producer_ids=iter([41, 42]).__next__)
+    r0, r1, r2 = [rid for rid, *_ in d.pump(0)]
+    for rid in (r0, r1, r2):
+        seq.on_reply(rid, NONE, 1, base_offset=rid)
+    r3, r4 = [rid for rid, *_ in d.pump(2)]           # b3 (seq 3) and b4 (seq 4) in flight
+    assert seq.on_reply(r3, UNKNOWN_PRODUCER, 3, rejected=True).action == RETRY
+    again = d.pump(3)                                 # at once, no backoff: numbered again from 0
+    assert [(n, p, s) for _, n, p, s in again] == [("b3", 41, 0), ("b4", 41, 1)]
+    assert seq.on_reply(r4, UNKNOWN_PRODUCER, 4, rejected=True) is None   # the forgotten attempt
+    for rid, *_ in again:
+        assert seq.on_reply(rid, NONE, 5, base_offset=rid).action == DONE
+    assert names(seq.take_done()) == ["b0", "b1", "b2", "b3", "b4"]
+
+
+def test_lost_producer_state_is_a_plain_retry_unless_it_is_certain():
+    # a later batch refused: an earlier one is still in flight (the state may come with it)
+    seq, d, bs = make(RetryPolicy(max_in_flight=3, backoff_ms=100), n=3, producer_ids=iter([41]).__next__)
+    r0, r1, r2 = [rid for rid, *_ in d.pump(0)]
+    assert seq.on_reply(r1, UNKNOWN_PRODUCER, 1, rejected=True).action == RETRY
+    assert seq.producer_id_of(TP) == 7 and [b.seq for b in bs] == [0, 1, 2]
+    # some batch may have been written (an attempt timed out): never numbered again
+    seq, d, bs = make(RetryPolicy(max_in_flight=3, backoff_ms=100), n=3, producer_ids=iter([41]).__next__)
+    r0, r1, r2 = [rid for rid, *_ in d.pump(0)]
+    seq.on_reply(r0, NONE, 1, base_offset=0)
+    seq.expire(10_001, timeout_ms=10_000)             # b1 and b2 in doubt, sent again
+    r1, r2 = [rid for rid, *_ in d.pump(seq.backoff_until_ms(TP))]
+    assert seq.on_reply(r1, UNKNOWN_PRODUCER, 10_500, rejected=True).action == RETRY
+    assert seq.producer_id_of(TP) == 7 and [b.seq for b in bs[1:]] == [1, 2]
+    # the sink keeps its producer id
+    sink = Sequencer(SINK, producer_id=5)
+    sink.append(TP, B("x"))
+    sink.append(TP, B("y"))
+    sd = Driver(sink)
+    rx, ry = [rid for rid, *_ in sd.pump(0)]
+    sink.on_reply(rx, NONE, 1, base_offset=0)
+    assert sink.on_reply(ry, UNKNOWN_PRODUCER, 3, rejected=True).action == RETRY
+    assert sink.producer_id_of(TP) == 5
