@@ -88,6 +88,10 @@ remembered, so the broker knows where the producer's sequence stands. The rules:
    a retry (rule 4). Without ``new_producer_id`` (the Spark sink keeps its id) it is a
    retry too. Before this rule such a producer waited out its delivery timeout (2
    minutes) and failed the batch.
+9. Sequence wrap. Sequences are 31-bit (the batch header's int32). A batch whose records
+   would pass ``MAX_SEQUENCE`` is numbered under a fresh producer id, from 0, once nothing
+   of the old id is unfinished (as rule 6). (Before, the 2,147,483,648th record of a
+   partition, about 48 minutes at 750,000 records/s, could not be encoded.)
 
 Outputs are pulled: ``take_done()`` returns the finished batches (``Done``: base offset,
 or the error), in the order they finished. ``busy_partitions()`` lists only the partitions
@@ -113,6 +117,7 @@ TP = tuple  # (topic, partition)
 DONE, RETRY, FAILED, PROBE, SPLIT = "done", "retry", "failed", "probe", "split"
 
 _STALE_MAX = 4096  # attempts given up on whose late success still counts (rule 3)
+MAX_SEQUENCE = (1 << 31) - 1   # rule 9: the last sequence a batch header can carry
 _tuple_new = tuple.__new__
 
 
@@ -291,6 +296,10 @@ class Sequencer:
             if b.deadline_ms is not None and b.deadline_ms <= now_ms:
                 self.fail(tp, b, MeshError(ErrorCode.TIMEOUT, "delivery_timeout_ms passed"))
                 return None  # rule 5 failed it and every later batch
+            if (not p.renew and self._new_producer_id is not None and p.producer_id >= 0
+                    and not (b.seq >= 0 and b.producer_id == p.producer_id)
+                    and p.next_seq + b.count - 1 > MAX_SEQUENCE):
+                p.renew = True   # rule 9
             if p.renew and not (b.seq >= 0 and b.producer_id == p.producer_id):
                 if b is not p.batches[0]:
                     return None  # rule 6: an earlier batch of the old id is still in doubt

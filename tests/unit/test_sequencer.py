@@ -506,3 +506,19 @@ def test_lost_producer_state_is_a_plain_retry_unless_it_is_certain():
     sink.on_reply(rx, NONE, 1, base_offset=0)
     assert sink.on_reply(ry, UNKNOWN_PRODUCER, 3, rejected=True).action == RETRY
     assert sink.producer_id_of(TP) == 5
+
+
+def test_a_partition_near_the_sequence_limit_goes_on_under_a_fresh_id_from_zero():
+    """Rule 9: the batch header's sequence is an int32; the batch that would pass it waits
+    for the ones before it, then starts a fresh producer id at 0 (before: struct.error)."""
+    from mesh.client.sequencer import MAX_SEQUENCE
+    from mesh.wire.records import encode_batch
+    seq, d, bs = make(RetryPolicy(max_in_flight=3), n=3, count=2, producer_ids=iter([41]).__next__)
+    seq._parts[TP].next_seq = MAX_SEQUENCE - 3        # room for b0 and b1, not for b2
+    sent = d.pump(0)
+    assert [(n, p, s) for _, n, p, s in sent] == [("b0", 7, MAX_SEQUENCE - 3), ("b1", 7, MAX_SEQUENCE - 1)]
+    encode_batch([b"a", b"b"], producer_id=7, base_sequence=MAX_SEQUENCE - 1)   # the last that fits
+    seq.on_reply(sent[0][0], NONE, 1, base_offset=0)
+    assert d.pump(2) == []                            # b1 of producer 7 is unfinished: b2 waits
+    seq.on_reply(sent[1][0], NONE, 3, base_offset=2)
+    assert [(n, p, s) for _, n, p, s in d.pump(4)] == [("b2", 41, 0)]
