@@ -190,8 +190,8 @@ class GroupCoordinator:
         """Groups (at most ``limit``, sorted) that have had no members and no commit for
         ``offsets_retention_ms``: the shell deletes each (``GroupDelete``)."""
         retention = self.config.offsets_retention_ms
-        if retention <= 0:
-            return []
+        if retention <= 0 or now_ms < self._takeover_until_ms:
+            return []   # (members of the old coordinator may still come: not empty for sure)
         out = []
         for group_id in sorted(self._groups):
             group = self._groups[group_id]
@@ -221,23 +221,35 @@ class GroupCoordinator:
                 rebalance.bump(group, self._topic_partitions)
 
     def load_offsets(self, group_id: str, offsets: Iterable[tuple[str, int, int, str]],
-                     replace: bool = False) -> None:
+                     replace: bool = False, newest_ms: int = -1) -> list[tuple[str, int, int, str]]:
         """Committed offsets from gossip (the shell picks the winners), when taking a group
         over. By default only partitions with no offset here are filled: while this node
         coordinates the group its own commits are the newest, and gossip may lag behind
         them. ``replace``: the shell knows these are newer (a later commit made through
         another broker, e.g. the previous coordinator's last ones arriving late). An offset of
-        ``DELETED`` (a tombstone) takes the partition's offset away (with ``replace``)."""
+        ``DELETED`` (a tombstone: the group was deleted through another broker) takes the
+        partition's offset away, unless the group has members here: then that broker
+        deleted a group it did not know was alive (it was cut off, or coordinated it for a
+        moment), and the offsets held here are returned, for the shell to commit again with
+        a newer stamp. ``newest_ms``: the group's newest commit stamp; offsets retention
+        counts from it (not from this load) if the group has no members."""
         group = self._group(group_id, create=True, capped=False)   # acknowledged commits: never refused
+        reassert = []
         for topic, partition, offset, metadata in offsets:
-            if offset < 0:   # DELETED: a tombstone (the group was deleted through another broker)
-                if replace:
-                    group.offsets.pop((topic, partition), None)
+            tp = (topic, partition)
+            if offset < 0:
+                if group.members and tp in group.offsets:
+                    reassert.append((topic, partition, *group.offsets[tp]))
+                elif replace:
+                    group.offsets.pop(tp, None)
             elif replace:
-                group.offsets[(topic, partition)] = (offset, metadata)
+                group.offsets[tp] = (offset, metadata)
             else:
-                group.offsets.setdefault((topic, partition), (offset, metadata))
+                group.offsets.setdefault(tp, (offset, metadata))
+        if not group.members and newest_ms >= 0:
+            group.idle_since_ms = max(newest_ms, group.idle_since_ms if group.idle_since_ms is not None else -1)
         self._maybe_forget(group)
+        return reassert
 
     def discard_offsets(self, group_id: str, partitions: Iterable[TopicPartition]) -> None:
         """Forget committed offsets (the shell could not make a commit durable and restores
@@ -436,6 +448,7 @@ class GroupCoordinator:
         if group is not None and group.members:
             raise invalid(f"group {group_id!r} has {len(group.members)} members: offsets can be "
                            "reset only when it has none (stop its consumers first)")
+        self._check_settled(now_ms, "offsets can be reset")
         self._check_exist(offsets)
         response, effects = self._write_offsets(group_id, offsets, now_ms)
         return GroupResetOffsetsResponse(error=response.error, message=response.message), effects
@@ -449,9 +462,22 @@ class GroupCoordinator:
             raise MeshError(ErrorCode.GROUP_NOT_EMPTY,
                             f"group {group_id!r} has {len(group.members)} members: it can be deleted "
                             "only when it has none (stop its consumers first)")
+        self._check_settled(now_ms, "it can be deleted")
         del self._groups[group_id]
-        tombstones = tuple((t, p, DELETED, "") for t, p in sorted(group.offsets))
+        # every partition of its topics: also a commit made elsewhere that never reached here
+        tps = set(group.offsets) | {(t, p) for t in {t for t, _ in group.offsets}
+                                    for p in range(self._topic_partitions.get(t, 0))}
+        tombstones = tuple((t, p, DELETED, "") for t, p in sorted(tps))
         return GroupDeleteResponse(error=0), [PersistOffsets(group_id, tombstones)]
+
+    def _check_settled(self, now_ms: int, what: str) -> None:
+        """A coordinator that just took groups over (or started) does not know their members
+        yet (they rejoin within a session): "no members" is not yet true. Retriable."""
+        if now_ms < self._takeover_until_ms:
+            raise MeshError(ErrorCode.COORDINATOR_NOT_AVAILABLE,
+                            f"this coordinator took its groups over {self.config.grace_ms // 1000} s ago or "
+                            f"less: their members may still rejoin; {what} in "
+                            f"{(self._takeover_until_ms - now_ms + 999) // 1000} s")
 
     def _write_offsets(self, group_id: str, offsets: list, now_ms: int) -> tuple[GroupCommitResponse, list]:
         group = self._group(group_id, create=True)

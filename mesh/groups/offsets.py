@@ -45,20 +45,32 @@ At start, a node with no seeds that knows no other node starts alone (``starts_a
 coordinator can hold members of its groups, so there is no takeover grace.
 
 Deletion: a deleted group (``GROUP_DELETE``, or offsets retention) is a commit of
-*tombstones*, offset ``DELETED`` (-1), for each of its partitions, made durable and
-gossiped like any commit, so it wins over every older commit by the same rule. The views
-(``committed``, ``knows``, ``groups``, ``offsets_for``) hide tombstones; a coordinator
-that loads one drops that partition's offset. Stamps of a group's commits (tombstones
-included) are above every stamp this node has seen for the group (``next_stamp``), so a
-deletion wins even where the deleting broker's clock is behind the last committer's, and
-a commit after a deletion (the group starts again) wins over the tombstone.
+*tombstones*, offset ``DELETED`` (-1), made durable and gossiped like any commit, so each
+wins over every older commit of its partition by the same rule (per partition, so the view
+converges whatever order entries arrive in). The coordinator writes one for every
+partition of every topic the group has an offset of, not only those it holds offsets for,
+so a commit it never heard of (made on a broker that crashed before gossiping it) is
+deleted too when that broker comes back. The views (``committed``, ``knows``, ``groups``,
+``offsets_for``) hide tombstones; a coordinator that loads one drops that partition's
+offset. Stamps of a group's commits (tombstones included) are
+above every stamp this node has seen for the group (``next_stamp``), so a deletion wins
+even where the deleting broker's clock is behind the last committer's, and a commit after
+a deletion (the group starts again) wins over the tombstone.
 
-Bounds, by garbage collection (``collect``, every few seconds): a node drops from its own
-namespace and store every entry a newer tombstone supersedes, at once, and its tombstones
-once they are older than the horizon (a day by default); the merged view drops tombstones
-past the horizon too. A broker that was away for longer than the horizon with offsets of a
-deleted group brings them back (as Kafka has no such case, this is ours to document): the
-group reappears with no members and expires again after the retention.
+A deletion can be wrong: the broker that made it may not have known the group's members
+(it was cut off from the others, or had just taken the group over). So a coordinator
+deletes only with more than half of the known brokers in view (``sees_majority``) and only
+once its takeover grace has passed (the core's rule), and a coordinator that *has* members
+of the group and learns of a tombstone for an offset it holds keeps the offset and commits
+it again above the tombstone (the core's ``load_offsets``; the host's ``_commit_again``).
+
+Bounds, by garbage collection (``collect``, every few seconds): the merged view drops
+tombstones older than the horizon (a day by default); a node drops from its own namespace
+and store the entries a newer tombstone superseded, and its tombstones past the horizon,
+in two steps (the store first, the book and gossip once that is synced). A broker
+that was away for longer than the horizon with offsets of a deleted group brings them back
+(as Kafka has no such case, this is ours to document): the group reappears with no members
+and expires again after the retention.
 """
 from __future__ import annotations
 
@@ -72,7 +84,7 @@ from mesh.groups.state import DELETED
 
 __all__ = [
     "OffsetBook", "Takeover", "Moved", "MalformedOffsets", "Stamp", "Chunk", "DELETED",
-    "COORDINATING_STATUSES", "coordination_set", "coordinator_among", "starts_alone",
+    "COORDINATING_STATUSES", "coordination_set", "coordinator_among", "sees_majority", "starts_alone",
     "takeover_due", "chunk_of", "encode_chunk",
 ]
 
@@ -102,6 +114,7 @@ class Takeover:
     load: tuple[OffsetEntry, ...] = ()
     adopt: tuple[StampedEntry, ...] = ()
     claimed: bool = False
+    newest_ms: int = -1   # the group's newest live commit stamp (``newest_commit_ms``)
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,6 +143,14 @@ def coordinator_among(group_id: str, nodes: Iterable[str]) -> str | None:
 def starts_alone(seeded: bool, member_ids: Iterable[str], node_id: str) -> bool:
     """A node started without seeds that knows no other node: no takeover grace at start."""
     return not seeded and all(m == node_id for m in member_ids)
+
+
+def sees_majority(members: Iterable[Any]) -> bool:
+    """More than half of the brokers gossip knows (those that did not leave) may coordinate:
+    a broker cut off from the others may not know a group's members, so it deletes nothing."""
+    members = list(members)
+    known = sum(1 for m in members if m.status != "left")
+    return 2 * len(coordination_set(members)) > known
 
 
 def takeover_due(before: frozenset[str] | None, after: frozenset[str], node_id: str) -> bool:
@@ -166,7 +187,12 @@ class OffsetBook:
         # stamps of the offsets the core holds, for the groups coordinated here
         self._loaded: dict[str, dict[tuple[str, int], Stamp]] = {}
         self._mine: set[str] = set()
-        self._deleted: set[str] = set()   # groups with a tombstone in the merged view (``collect`` looks only there)
+        # per group: how many partitions hold a commit, not a tombstone (``knows`` without a
+        # walk); the newest stamp seen of any entry (``next_stamp``); newest live commit
+        self._live: dict[str, int] = {}
+        self._max_stamp: dict[str, int] = {}
+        self._newest_ms: dict[str, int] = {}
+        self._tombstoned: set[str] = set()   # groups with a tombstone in the view (``collect`` looks there only)
         self._last_stamp_ms = 0
         self.coord_set: frozenset[str] | None = None   # None until the first cluster change
 
@@ -178,9 +204,7 @@ class OffsetBook:
 
     def knows(self, group_id: str) -> bool:
         """Some broker committed offsets for this group (not deleted since)."""
-        if group_id not in self._deleted:
-            return group_id in self._merged
-        return any(v[0] != DELETED for v in self._merged.get(group_id, {}).values())
+        return self._live.get(group_id, 0) > 0
 
     def groups(self) -> list[str]:
         """Every group with committed offsets anywhere, sorted."""
@@ -199,7 +223,7 @@ class OffsetBook:
             wanted = sorted(check_partitions(partitions, _MAX_FETCH_PARTITIONS, "partitions"))
         out = []
         for tp in wanted:
-            offset, metadata, _ = merged.get(tp, (DELETED, "", 0))   # (DELETED is -1)
+            offset, metadata, _ = merged.get(tp, (DELETED, "", 0))   # (DELETED is -1: nothing committed)
             out.append([tp[0], tp[1], offset, metadata])
         return out
 
@@ -216,12 +240,17 @@ class OffsetBook:
              wall_ms: int) -> bool:
         """Fold one commit into the merged view; True if it is the latest for its partition."""
         table = self._merged.setdefault(group_id, {})
+        if wall_ms > self._max_stamp.get(group_id, -1):
+            self._max_stamp[group_id] = wall_ms
         old = table.get((topic, partition))
         if old is not None and (old[2], old[0]) >= (wall_ms, offset):
             return False
         table[(topic, partition)] = (offset, metadata, wall_ms)
+        self._live[group_id] = self._live.get(group_id, 0) + (offset != DELETED) - (old is not None and old[0] != DELETED)
         if offset == DELETED:
-            self._deleted.add(group_id)
+            self._tombstoned.add(group_id)
+        elif wall_ms > self._newest_ms.get(group_id, -1):
+            self._newest_ms[group_id] = wall_ms
         return True
 
     def node_moved(self, node_id: str, generation: int, max_version: int) -> bool:
@@ -278,9 +307,7 @@ class OffsetBook:
         """The stamp of a commit made now: the wall clock, strictly increasing per node, and
         above every stamp seen for ``group_id`` (a hybrid clock: a deletion, or a commit
         after one, wins even where this clock is behind another broker's)."""
-        floor = self._last_stamp_ms
-        if group_id is not None:
-            floor = max([floor] + [v[2] for v in self._merged.get(group_id, {}).values()])
+        floor = max(self._last_stamp_ms, self._max_stamp.get(group_id, -1) if group_id is not None else -1)
         self._last_stamp_ms = max(wall_ms, floor + 1)
         return self._last_stamp_ms
 
@@ -342,25 +369,29 @@ class OffsetBook:
         self._loaded[group_id] = {}
         newer = self.take_newer(group_id)
         return Takeover(group_id, newer.load if newer else (), newer.adopt if newer else (),
-                        claimed=True)
+                        claimed=True, newest_ms=self.newest_commit_ms(group_id))
 
     def take_newer(self, group_id: str) -> Takeover | None:
         """Merged offsets newer than what the core holds (to load), and those of them not
         yet durable here (to adopt); None if there are none."""
         loaded = self._loaded.setdefault(group_id, {})
-        newer = []
+        newer, adopt = [], []
         for (topic, partition), (offset, metadata, wall_ms) in sorted(self._merged.get(group_id, {}).items()):
-            if loaded.get((topic, partition), _NO_STAMP) < (wall_ms, offset):
-                newer.append((topic, partition, offset, metadata, wall_ms))
-        if not newer:
-            return None
-        adopt = []
-        for topic, partition, offset, metadata, wall_ms in newer:
+            if loaded.get((topic, partition), _NO_STAMP) >= (wall_ms, offset):
+                continue
             loaded[(topic, partition)] = (wall_ms, offset)
+            newer.append((topic, partition, offset, metadata))
             own = self._own.get(chunk_of(group_id, topic, partition), {}).get(partition)
             if own is None or (own[2], own[0]) < (wall_ms, offset):
                 adopt.append((topic, partition, offset, metadata, wall_ms))
-        return Takeover(group_id, tuple((t, p, o, m) for t, p, o, m, _ in newer), tuple(adopt))
+        if not newer:
+            return None
+        return Takeover(group_id, tuple(newer), tuple(adopt), newest_ms=self.newest_commit_ms(group_id))
+
+    def newest_commit_ms(self, group_id: str) -> int:
+        """The stamp of the group's newest live commit; -1 if none (offsets retention counts
+        from it on a coordinator that takes the group over)."""
+        return self._newest_ms.get(group_id, -1) if self.knows(group_id) else -1
 
     def prune(self, has_group: Callable[[str], bool]) -> list[str]:
         """Forget groups that ended here (no committed offsets anywhere, nothing in the core:
@@ -371,38 +402,57 @@ class OffsetBook:
             self._loaded.pop(group_id, None)
         return gone
 
-    def collect(self, now_ms: int, horizon_ms: int) -> dict[Chunk, list[int]]:
-        """Garbage collection (see the module doc): drop own entries a newer tombstone
-        supersedes, own tombstones older than ``horizon_ms``, and such tombstones from the
-        merged view. Returns, per own chunk that changed, the partitions dropped from it
-        (delete them from the store; gossip the chunk again, or delete it if empty)."""
-        dropped: dict[Chunk, list[int]] = {}
+    def collect(self, now_ms: int, horizon_ms: int,
+                busy: Callable[[str, str, int], bool] = lambda g, t, p: False) -> dict[Chunk, list[tuple]]:
+        """Garbage collection (see the module doc). The merged view drops tombstones older
+        than ``horizon_ms`` now (nothing durable). Own entries are only planned: returns,
+        per own chunk, ``(partition, offset, wall_ms)`` of each entry to drop (those a newer
+        tombstone superseded, and own tombstones past the horizon), leaving out partitions
+        that ``busy`` says have a write staged in this turn (a delete after it in the same
+        transaction would undo it). Delete them from the store, and once that is synced
+        call ``collected``; a turn rolled back changes nothing, the next collect plans again."""
+        plan: dict[Chunk, list[tuple]] = {}
         cutoff = now_ms - horizon_ms
-        deleted = self._deleted
-        for chunk in sorted(c for c in self._own if c[0] in deleted):
+        tombstoned = self._tombstoned
+        for chunk in sorted(c for c in self._own if c[0] in tombstoned):
             group_id, topic, _ = chunk
             merged = self._merged.get(group_id, {})
-            entries = self._own[chunk]
-            for partition in sorted(entries):
-                offset, _, wall_ms = entries[partition]
+            for partition, (offset, _, wall_ms) in sorted(self._own[chunk].items()):
                 latest = merged.get((topic, partition))
                 superseded = latest is not None and latest[0] == DELETED and (latest[2], latest[0]) > (wall_ms, offset)
-                if superseded or (offset == DELETED and wall_ms < cutoff):
-                    del entries[partition]
-                    dropped.setdefault(chunk, []).append(partition)
-            if not entries:
-                del self._own[chunk]
-        for group_id in sorted(deleted):
+                if (superseded or (offset == DELETED and wall_ms < cutoff)) and not busy(group_id, topic, partition):
+                    plan.setdefault(chunk, []).append((partition, offset, wall_ms))
+        for group_id in sorted(tombstoned):
             table = self._merged.get(group_id, {})
-            for tp in [tp for tp, v in table.items() if v[0] == DELETED and v[2] < cutoff]:
+            old = [tp for tp, v in table.items() if v[0] == DELETED and v[2] < cutoff]
+            for tp in old:
                 del table[tp]
-            if not any(v[0] == DELETED for v in table.values()):
-                deleted.discard(group_id)
+            if len(table) == self._live.get(group_id, 0):
+                tombstoned.discard(group_id)   # no tombstone left
             if not table:
-                self._merged.pop(group_id, None)
+                for index in (self._merged, self._live, self._max_stamp, self._newest_ms):
+                    index.pop(group_id, None)
                 if group_id not in self._mine:
                     self._loaded.pop(group_id, None)
-        return dropped
+        return plan
+
+    def collected(self, plan: dict[Chunk, list[tuple]]) -> list[Chunk]:
+        """The store deletes of a ``collect`` plan are synced: forget those own entries (each
+        only if it is still the one planned). The chunks that changed: gossip each again,
+        or delete its key if it is gone (``has_chunk``)."""
+        changed = []
+        for chunk, drops in plan.items():
+            entries = self._own.get(chunk)
+            if entries is None:
+                continue
+            for partition, offset, wall_ms in drops:
+                e = entries.get(partition)
+                if e is not None and e[0] == offset and e[2] == wall_ms:
+                    del entries[partition]
+            if not entries:
+                del self._own[chunk]
+            changed.append(chunk)
+        return sorted(changed)
 
     def has_chunk(self, chunk: Chunk) -> bool:
         return chunk in self._own

@@ -67,7 +67,7 @@ from mesh.groups import (
 )
 from mesh.groups.offsets import (
     MalformedOffsets, Moved, OffsetBook, Takeover, coordination_set, coordinator_among,
-    starts_alone,
+    sees_majority, starts_alone,
 )
 from mesh.node.clock import Clock
 from mesh.wire.errors import ErrorCode, MeshError
@@ -81,7 +81,8 @@ OFFSETS_DB = "offsets"
 MAX_METADATA_CHARS = 256
 TICK_EVERY_MS = 20
 PRUNE_EVERY_MS = 10_000
-EXPIRE_PER_PRUNE = 1_000   # groups deleted by offsets retention per prune (bounds the turn)
+EXPIRE_PER_PRUNE = 1_000             # groups deleted by offsets retention per prune (bounds the turn)
+EXPIRE_OFFSETS_PER_PRUNE = 100_000   # ... and their offsets (tombstones written) per prune
 
 Reply = Callable[[bytes, int, Any], None]
 
@@ -140,7 +141,8 @@ class GroupHost:
         self._topics: dict[str, int] = {}
         self._next_tick_ms = 0
         self._next_prune_ms = 0
-        self._held: list[tuple] = []   # (ident|None, rid, msg, resp, [(PersistOffsets, wall_ms)], previous)
+        self._held: list[tuple] = []   # (ident|None, rid, msg|None, resp, [(PersistOffsets, wall_ms)], previous)
+        self._collecting: dict | None = None   # a ``collect`` plan whose store deletes this turn syncs
         self._load_store()
 
     # -- node hooks ---------------------------------------------------------------------
@@ -168,6 +170,12 @@ class GroupHost:
         writes = isinstance(msg, (GroupCommit, GroupResetOffsets, GroupDelete))
         if self.book.knows(group_id) or writes or isinstance(msg, GroupHeartbeat):
             self._carry_out(self.book.claim(group_id))   # (a query about an unknown group creates nothing)
+        if isinstance(msg, GroupDelete) and not self._sees_majority(now_ms):
+            reply(ident, rid, error_response(msg, ErrorCode.COORDINATOR_NOT_AVAILABLE,
+                                             "this broker sees fewer than half of the brokers alive: it may "
+                                             "not know the group's members; a group is deleted only with a "
+                                             "majority in view"))
+            return
         self._apply(ident, rid, msg, now_ms, writes)
 
     def _apply(self, ident: bytes | None, rid: int, msg: Any, now_ms: int, writes: bool) -> None:
@@ -199,8 +207,11 @@ class GroupHost:
         """The turn's transaction was synced (``ok``) or rolled back: answer the offsets
         commits it held, and gossip them; or put the core's offsets back and refuse them."""
         held, self._held = self._held, []
+        plan, self._collecting = self._collecting, None
         if not ok:
-            for _, _, _, _, persisted, previous in reversed(held):   # latest first: the oldest value wins
+            for _, _, msg, _, persisted, previous in reversed(held):   # latest first: the oldest value wins
+                if msg is None:
+                    continue   # offsets committed again (``_commit_again``): the core has them already
                 for effect, _ in persisted:
                     self._restore(effect.group_id, effect.offsets, previous or {})
             for ident, rid, msg, _, _, _ in held:
@@ -214,6 +225,12 @@ class GroupHost:
             for effect, wall_ms in persisted:   # durable and answered: now tell the cluster
                 self._gossip_chunks(effect.group_id,
                                     self.book.committed_here(effect.group_id, effect.offsets, wall_ms))
+        if plan:   # the collected rows are gone from the store: now from the namespace
+            for chunk in self.book.collected(plan):
+                if self.book.has_chunk(chunk):
+                    self._gossip_chunks(chunk[0], [chunk])
+                else:
+                    self._gossip.delete_local(offsets_key(*chunk))
 
     def tick(self, now_ms: int) -> None:
         if self._next_tick_ms - TICK_EVERY_MS <= now_ms < self._next_tick_ms:
@@ -224,10 +241,15 @@ class GroupHost:
                 log.info("group %s: member %s removed (%s)", effect.group_id, effect.member_id, effect.reason)
         if not self._next_prune_ms - PRUNE_EVERY_MS <= now_ms < self._next_prune_ms:
             self._next_prune_ms = now_ms + PRUNE_EVERY_MS
-            for group_id in self.core.expired(now_ms, limit=EXPIRE_PER_PRUNE):
-                log.info("group %s: deleted, no members and no commit for %d s (offsets retention)",
-                         group_id, self.core.config.offsets_retention_ms // 1000)
-                self._apply(None, 0, GroupDelete(group_id), now_ms, writes=True)
+            if self._sees_majority(now_ms):   # (a broker cut off from the others may not know the members)
+                budget = EXPIRE_OFFSETS_PER_PRUNE
+                for group_id in self.core.expired(now_ms, limit=EXPIRE_PER_PRUNE):
+                    if budget <= 0:
+                        break
+                    budget -= max(1, len(self.core.committed(group_id)))
+                    log.info("group %s: deleted, no members and no commit for %d s (offsets retention)",
+                             group_id, self.core.config.offsets_retention_ms // 1000)
+                    self._apply(None, 0, GroupDelete(group_id), now_ms, writes=True)
             self._collect(now_ms)
             self.book.prune(self.core.has_group)   # forget groups that ended
 
@@ -320,28 +342,50 @@ class GroupHost:
         elif isinstance(action, Takeover):
             if action.claimed and self.book.knows(action.group_id):
                 log.info("coordinating group %s (taking over its committed offsets)", action.group_id)
+            reassert, adopt = [], action.adopt
             if action.load:
-                self.core.load_offsets(action.group_id, action.load, replace=True)
-            if action.adopt and self._persist(action.group_id, action.adopt, None):
-                self._gossip_chunks(action.group_id, self.book.adopted(action.group_id, action.adopt))
+                reassert = self.core.load_offsets(action.group_id, action.load, replace=True,
+                                                  newest_ms=action.newest_ms)
+            if reassert:   # their tombstones are not adopted: the offsets are committed again after
+                again = {(t, p) for t, p, *_ in reassert}
+                adopt = tuple(e for e in adopt if (e[0], e[1]) not in again)
+            if adopt and self._persist(action.group_id, adopt, None):
+                self._gossip_chunks(action.group_id, self.book.adopted(action.group_id, adopt))
+            if reassert:
+                self._commit_again(action.group_id, reassert)
+
+    def _sees_majority(self, now_ms: int) -> bool:
+        return sees_majority(self._gossip.members(now_ms))
 
     def _collect(self, now_ms: int) -> None:
-        """Garbage of deleted groups (``OffsetBook.collect``): out of the store (staged in
-        the turn's transaction) and out of this node's gossip namespace."""
-        dropped = self.book.collect(now_ms, self._tombstone_ms)
-        if not dropped:
+        """Garbage of deleted groups (``OffsetBook.collect``): out of the store, staged in
+        the turn's transaction; out of the book and this node's gossip namespace once that
+        is synced (``after_commit``). Partitions with a write held in this turn are left
+        for the next time."""
+        busy = {(effect.group_id, t, p) for _, _, _, _, persisted, _ in self._held
+                for effect, _ in persisted for t, p, *_ in effect.offsets}
+        plan = self.book.collect(now_ms, self._tombstone_ms, lambda g, t, p: (g, t, p) in busy)
+        if not plan:
             return
         try:
-            for (group_id, topic, _), partitions in dropped.items():
-                for partition in partitions:
+            for (group_id, topic, _), drops in plan.items():
+                for partition, _, _ in drops:
                     self._store.delete(OFFSETS_DB, _store_key(group_id, topic, partition))
-        except LogError as exc:   # a row left behind comes back at a restart, superseded: harmless
+        except LogError as exc:
             log.error("could not delete collected offsets: %s", exc)
-        for chunk in dropped:
-            if self.book.has_chunk(chunk):
-                self._gossip_chunks(chunk[0], [chunk])
-            else:
-                self._gossip.delete_local(offsets_key(*chunk))
+            self._commit_turn()   # fails and rolls the doomed transaction back; collected again later
+            return
+        self._collecting = plan
+
+    def _commit_again(self, group_id: str, offsets: list) -> None:
+        """Offsets of a group with members here, which a broker that did not know them
+        deleted: committed again above the deletion's stamp (answered to nobody)."""
+        log.warning("group %s was deleted through a broker that did not see its %d members here: "
+                    "committing its %d offsets again", group_id, len(self.core.describe(group_id).members),
+                    len(offsets))
+        wall_ms = self.book.next_stamp(self._clock.wall_ms(), group_id)
+        if self._stage(group_id, offsets, wall_ms):
+            self._held.append((None, 0, None, None, [(PersistOffsets(group_id, tuple(offsets)), wall_ms)], None))
 
     def _gossip_chunks(self, group_id: str, chunks: Iterable) -> None:
         for chunk in chunks:

@@ -328,8 +328,7 @@ def test_a_deleted_group_is_gone_from_every_view_and_its_garbage_is_collected(wo
     a.ask(GroupHeartbeat(g, r.member_id, -1, ["t"], []))
     world.events.clear()
     assert a.ask(GroupDelete(g)).error == 0
-    assert world.events == ["put offsets", "put offsets", "sync", "reply GroupDeleteResponse",
-                            f"gossip off/{g}/t/0"]
+    assert world.events == ["put offsets"] * 4 + ["sync", "reply GroupDeleteResponse", f"gossip off/{g}/t/0"]
     assert b.ask(GroupDelete(g)).error == ErrorCode.COORDINATOR_MOVED
     b.groups.on_cluster_change(world.now_ms)
     for n in (a, b):
@@ -362,6 +361,42 @@ def test_an_empty_group_past_the_offsets_retention_is_deleted_by_its_coordinator
     world.events.clear()
     a.groups.tick(world.now_ms)
     a.data.commit_turn()
-    assert world.events[:3] == ["put offsets", "sync", f"gossip off/{g}/t/0"]   # nobody to answer
+    assert world.events[:6] == ["put offsets"] * 4 + ["sync", f"gossip off/{g}/t/0"]   # nobody to answer
     assert a.ask(GroupList()).groups == []
     assert a.ask(GroupFetchOffsets(g, [["t", 2]])).offsets == [["t", 2, -1, ""]]
+
+
+def test_a_broker_that_sees_a_minority_deletes_nothing_and_members_elsewhere_keep_their_offsets(world):
+    a, b, c = Broker(world, "a"), Broker(world, "b"), Broker(world, "c")
+    for n in (a, b, c):
+        n.groups.on_cluster_change(world.now_ms)
+    past_grace(world)
+    g = group_on("a", ["a", "b", "c"])
+    r = join(a, g)
+    assert a.ask(GroupCommit(g, r.member_id, r.member_epoch, [["t", 0, 200, ""], ["t", 1, 7, ""]])).error == 0
+    # b alone sees a and c dead: it would coordinate g, with no members, and refuses to delete it
+    world.status.update(a="dead", c="dead")
+    b.groups.on_cluster_change(world.now_ms)
+    past_grace(world)
+    assert b.ask(GroupDelete(g)).error == ErrorCode.COORDINATOR_NOT_AVAILABLE
+    world.now_ms += CONFIG.offsets_retention_ms + 20_000
+    b.groups.tick(world.now_ms)
+    b.data.commit_turn()
+    adopted = [v for value in b.gossip.node_items("b", "off/").values() for v in value["o"].values()]
+    assert adopted and all(v[0] >= 0 for v in adopted)   # nor does it expire it (it took the offsets over)
+    # tombstones made anyway (a broker that coordinated g for a moment): a, where the
+    # members are, commits its offsets again above them
+    world.status.update(a="alive", c="alive")
+    stamp = world.now_ms
+    b.gossip.put_raw(f"off/{g}/t/0", {"g": g, "t": "t", "o": {str(p): [-1, "", stamp] for p in range(4)}})
+    world.events.clear()
+    a.groups.on_cluster_change(world.now_ms)
+    a.data.commit_turn()
+    # the tombstones of the partitions without an offset here are adopted (synced at once),
+    # then the two offsets are committed again above the tombstones (and synced with the turn)
+    assert world.events == ["put offsets"] * 2 + ["sync", f"gossip off/{g}/t/0"] + \
+        ["put offsets"] * 2 + ["sync", f"gossip off/{g}/t/0"]
+    for n in (a, b, c):
+        n.groups.on_cluster_change(world.now_ms)
+        assert {tp: v[0] for tp, v in n.groups.committed(g).items()} == {("t", 0): 200, ("t", 1): 7}
+        assert all(v[2] > stamp for v in n.groups.committed(g).values())

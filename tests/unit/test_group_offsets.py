@@ -102,13 +102,14 @@ def test_taking_a_group_over_loads_and_adopts_the_newer_offsets():
     book.reload(g, "t", 1, 11, "", 100)   # already durable here: loaded, not adopted
     took = book.claim(g)
     assert took == Takeover(g, load=(("t", 0, 10, ""), ("t", 1, 11, "")),
-                            adopt=(("t", 0, 10, "", 100),), claimed=True)
+                            adopt=(("t", 0, 10, "", 100),), claimed=True, newest_ms=100)
     assert book.is_mine(g) and book.claim(g) is None
     assert book.adopted(g, took.adopt) == [(g, "t", 0)]
     assert book.take_newer(g) is None
     # the old coordinator's last commit arrives late through gossip: newer, so it replaces ours
     assert book.merge_entry(chunk_value(g, "t", {0: (12, "", 200)})) == {g}
-    assert book.take_newer(g) == Takeover(g, load=(("t", 0, 12, ""),), adopt=(("t", 0, 12, "", 200),))
+    assert book.take_newer(g) == Takeover(g, load=(("t", 0, 12, ""),), adopt=(("t", 0, 12, "", 200),),
+                                          newest_ms=200)
     # our own commits are what the core holds already
     book.committed_here(g, [("t", 0, 13, "")], 300)
     assert book.take_newer(g) is None
@@ -126,7 +127,8 @@ def test_rehoming_follows_the_coordination_set():
     book.merge_entry(chunk_value(g, "t", {0: (1, "", 10)}))
     takeover, actions = book.on_cluster_change(frozenset({"a", "b"}), {g})
     assert not takeover   # the first view: nothing moved here
-    assert actions == [Takeover(g, load=(("t", 0, 1, ""),), adopt=(("t", 0, 1, "", 10),), claimed=True)]
+    assert actions == [Takeover(g, load=(("t", 0, 1, ""),), adopt=(("t", 0, 1, "", 10),), claimed=True,
+                                newest_ms=10)]
     book.adopted(g, actions[0].adopt)   # the shell made them durable here
     assert book.on_cluster_change(frozenset({"a", "b"}), set()) == (False, [])
     # a newcomer joins: no takeover grace here, and the group moves to it
@@ -135,7 +137,7 @@ def test_rehoming_follows_the_coordination_set():
     # c and b leave: the group comes back (adopted before, so only loaded), and the core
     # must hold its partitions for a while
     takeover, actions = book.on_cluster_change(frozenset({"a"}), set())
-    assert takeover and actions == [Takeover(g, load=(("t", 0, 1, ""),), claimed=True)]
+    assert takeover and actions == [Takeover(g, load=(("t", 0, 1, ""),), claimed=True, newest_ms=10)]
     assert book.is_mine(g) and book.coord_set == frozenset({"a"})
 
 
@@ -146,7 +148,8 @@ def test_changed_groups_of_ours_are_taken_newer_after_rehoming():
     book.claim(g)
     changed = book.merge_entry(chunk_value(g, "t", {2: (5, "", 50)}))
     takeover, actions = book.on_cluster_change(frozenset({"a"}), changed)
-    assert not takeover and actions == [Takeover(g, load=(("t", 2, 5, ""),), adopt=(("t", 2, 5, "", 50),))]
+    assert not takeover and actions == [Takeover(g, load=(("t", 2, 5, ""),), adopt=(("t", 2, 5, "", 50),),
+                                                 newest_ms=50)]
 
 
 def test_takeover_is_due_when_a_broker_left_or_a_lone_node_meets_others():
@@ -214,17 +217,26 @@ def test_collect_drops_superseded_entries_at_once_and_tombstones_after_the_horiz
     book.committed_here("g", [("t", 0, 10, ""), ("t", 1, 11, "")], 1_000)
     book.committed_here("h", [("t", 0, 7, "")], 1_000)
     assert book.collect(2_000, horizon_ms=10_000) == {}
-    # another broker deleted g: a's own entries are superseded, gone at the next collect
+    # another broker deleted g: a's own entries are superseded, planned at once ...
     book.merge_entry(chunk_value("g", "t", {0: (-1, "", 4_000), 1: (-1, "", 4_000)}))
-    assert book.collect(2_000, horizon_ms=10_000) == {("g", "t", 0): [0, 1]}
-    assert not book.has_chunk(("g", "t", 0)) and book.own_chunks() == [("h", "t", 0)]
+    plan = book.collect(2_000, horizon_ms=10_000, busy=lambda g, t, p: p == 1)
+    assert plan == {("g", "t", 0): [(0, 10, 1_000)]}          # (partition 1 has a write this turn)
+    assert book.has_chunk(("g", "t", 0))                       # ... and forgotten once synced
+    assert book.collected(plan) == [("g", "t", 0)]
+    plan = book.collect(2_000, horizon_ms=10_000)
+    assert plan == {("g", "t", 0): [(1, 11, 1_000)]}
+    book.committed_here("g", [("t", 1, 12, "")], 5_000)      # (a commit since the plan: kept)
+    assert book.collected(plan) == [("g", "t", 0)] and book.own_chunks() == [("g", "t", 0), ("h", "t", 0)]
+    assert book.committed("g") == {("t", 1): (12, "", 5_000)}
     # a's own tombstone (it deleted h) is kept until the horizon, then goes, from the view too
-    book.committed_here("h", [("t", 0, -1, "")], 3_000)
-    assert book.collect(12_999, horizon_ms=10_000) == {}
-    assert book.collect(13_001, horizon_ms=10_000) == {("h", "t", 0): [0]}
-    assert book.own_chunks() == [] and "h" not in book._merged and "g" in book._merged
-    book.collect(14_001, horizon_ms=10_000)
-    assert book._merged == {} and book._deleted == set()
+    book.committed_here("h", [("t", 0, -1, "")], 6_000)
+    assert book.collect(15_999, horizon_ms=10_000) == {}
+    assert not book.knows("h") and book.groups() == ["g"]
+    plan = book.collect(16_001, horizon_ms=10_000)
+    assert plan == {("h", "t", 0): [(0, -1, 6_000)]}
+    book.collected(plan)
+    assert not book.has_chunk(("h", "t", 0)) and "h" not in book._merged and "h" not in book._tombstoned
+    assert book._merged["g"] == {("t", 1): (12, "", 5_000)} and book._tombstoned == set()
 
 
 def test_keys_gone_from_a_namespace_are_forgotten():

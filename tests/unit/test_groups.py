@@ -331,7 +331,8 @@ def test_a_group_is_deleted_only_without_members_and_leaves_tombstones():
     ok(hb(coord, 20, a.member_id, -1))
     resp, effects = coord.handle(GroupDelete(G), 30)
     assert resp.error == ErrorCode.NONE
-    assert effects == [PersistOffsets(G, (("t", 0, -1, ""), ("t", 2, -1, "")))]   # DELETED, sorted
+    # DELETED for every partition of its topics (a commit made elsewhere, never heard of here)
+    assert effects == [PersistOffsets(G, tuple(("t", p, -1, "") for p in range(4)))]
     assert coord.list_groups().groups == [] and coord.committed(G) == {}
     # its place counts no more: two other groups fit under the cap of 2
     for g in ("x", "y"):
@@ -339,6 +340,35 @@ def test_a_group_is_deleted_only_without_members_and_leaves_tombstones():
     # a tombstone loaded from gossip (deleted through another coordinator) takes the offset away
     coord.load_offsets("x", [("t", 0, -1, "")], replace=True)
     assert coord.committed("x") == {} and [g["group_id"] for g in coord.list_groups().groups] == ["y"]
+
+
+def test_no_group_is_deleted_reset_or_expired_while_its_members_may_still_rejoin():
+    """A coordinator that took groups over does not know their members until they rejoin:
+    a delete 50 ms after a failover was accepted and the active group lost its offsets."""
+    coord = new_coordinator(grace_ms=3_000, now_ms=0, offsets_retention_ms=1_000)
+    coord.load_offsets(G, [("t", 0, 100, "")], newest_ms=-5_000)
+    coord.tick(50)
+    for msg in (GroupDelete(G), GroupResetOffsets(G, [["t", 0, 1]])):
+        resp, effects = coord.handle(msg, 50)
+        assert resp.error == ErrorCode.COORDINATOR_NOT_AVAILABLE and effects == [], resp
+        assert "may still rejoin" in resp.message
+    assert coord.expired(50) == []
+    assert coord.expired(3_000) == [G]   # retention counts from its newest commit, not the load
+    assert coord.handle(GroupDelete(G), 3_000)[0].error == ErrorCode.NONE
+
+
+def test_a_tombstone_for_a_group_with_members_here_gives_its_offsets_to_commit_again():
+    """A broker cut off from the others deleted a group whose members are here: its
+    tombstones must not take their offsets (an idle partition's offset was lost for good)."""
+    coord = new_coordinator()
+    a = ok(hb(coord, 0))
+    commit(coord, a.member_id, a.member_epoch, [("t", 0, 200, "m"), ("t", 1, 7, "")])
+    again = coord.load_offsets(G, [("t", 0, -1, ""), ("t", 1, -1, ""), ("t", 2, -1, "")], replace=True)
+    assert again == [("t", 0, 200, "m"), ("t", 1, 7, "")]
+    assert coord.committed(G) == {("t", 0): (200, "m"), ("t", 1): (7, "")}
+    ok(hb(coord, 10, a.member_id, -1))                # no members: a tombstone takes the offset
+    assert coord.load_offsets(G, [("t", 0, -1, "")], replace=True) == []
+    assert coord.committed(G) == {("t", 1): (7, "")}
 
 
 def test_an_empty_group_expires_after_the_offsets_retention():
