@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import logging
+import time
 
 from mesh.client.admin import ClientBase
 from mesh.client.cluster import TopicPartition
@@ -13,6 +14,8 @@ from mesh.wire.messages import EARLIEST, LATEST
 __all__ = ["GroupAdmin"]
 
 log = logging.getLogger("mesh.group")
+
+_SETTLE_WAIT_S = 15.0   # a coordinator refuses deletes and resets for its takeover grace (10 s)
 
 
 class GroupAdmin(ClientBase):
@@ -131,21 +134,34 @@ class GroupAdmin(ClientBase):
             else:
                 off = min(max(int(to), starts[p]), ends[p])
             target[TopicPartition(topic, p)] = off
-        resp = self._coordinator(group_id).call(
-            GroupResetOffsets(group_id, [[tp.topic, tp.partition, off] for tp, off in sorted(target.items())]),
-            timeout_ms=self.timeout_ms)
-        if resp.error:
-            raise MeshError(resp.error, resp.message)
+        self._call_settled(group_id, GroupResetOffsets(
+            group_id, [[tp.topic, tp.partition, off] for tp, off in sorted(target.items())]))
         return target
+
+    def _call_settled(self, group_id: str, msg) -> None:
+        """A delete or reset: retried while the coordinator is still taking its groups over
+        (COORDINATOR_NOT_AVAILABLE: their members may still rejoin), for up to 15 s."""
+        coordinator = self._coordinator(group_id)
+        deadline, pause = time.monotonic() + _SETTLE_WAIT_S, 0.2
+        while True:
+            try:
+                resp = coordinator.call(msg, timeout_ms=self.timeout_ms)
+            except MeshError as exc:
+                if exc.code != ErrorCode.COORDINATOR_NOT_AVAILABLE or time.monotonic() + pause > deadline:
+                    raise
+                time.sleep(pause)   # (the coordinator said when; a client backs off, it does not spin)
+                pause = min(2 * pause, 1.0)
+                continue
+            if resp.error:
+                raise MeshError(resp.error, resp.message)
+            return
 
     def delete(self, group_id: str) -> None:
         """Delete a group and its committed offsets (Kafka's ``kafka-consumer-groups
         --delete``). Refused while it has members (GROUP_NOT_EMPTY); UNKNOWN_GROUP if it has
         neither members nor offsets. Every broker forgets its offsets a gossip round or two
         later; a commit to the group afterwards starts it again."""
-        resp = self._coordinator(group_id).call(GroupDelete(group_id), timeout_ms=self.timeout_ms)
-        if resp.error:
-            raise MeshError(resp.error, resp.message)
+        self._call_settled(group_id, GroupDelete(group_id))
 
     def _list_offsets(self, t: dict, parts: list[int], which: int) -> dict[int, int]:
         got = self.cluster.list_offsets([(t["name"], p) for p in parts], which, timeout_ms=self.timeout_ms,
