@@ -79,6 +79,7 @@ class StoreBase:
         self._corrupt_new: list[tuple[int, int]] = []
         self.retention_deleted_batches = 0   # staged by retention, running total (node metrics)
         self.pre_commit: list = []    # callables run at the start of every commit (module doc)
+        self.post_commit: list = []   # callables run after every commit that succeeded
         self.on_rollback: list = []   # callables run after every rollback
 
     # -- partition registry -----------------------------------------------------------
@@ -258,6 +259,8 @@ class StoreBase:
             self.rollback()
             raise
         self._undo = None
+        for fn in self.post_commit:   # (any commit: one made in the middle of a turn too)
+            fn()
 
     def rollback(self) -> None:
         self._abort_txn()

@@ -75,19 +75,21 @@ remembered, so the broker knows where the producer's sequence stands. The rules:
    meanwhile. NONE or DUPLICATE_SEQUENCE for the probe: the whole batch is written
    (done). OUT_OF_ORDER: the broker's last sequence is inside [f, l); the batch is
    replaced by its records one by one (written ones come back as duplicates).
-8. Lost producer state (UNKNOWN_PRODUCER: the partition has no state of the producer id,
-   and the batch does not start at 0). If the batch is the oldest unfinished one of its
-   partition, every earlier one was acknowledged, so the partition had the id's state and
-   lost it: the topic was deleted and created again, or the state expired. If no
-   unfinished batch of the partition may have been written (``maybe_written``), none can
-   be: a broker without the id's state stores only a batch at sequence 0, and after the
-   oldest one comes nothing of the old id. Then the partition takes a fresh producer id at
-   once and every unfinished batch is numbered again from 0 and sent again, in order
-   (attempts in flight are forgotten: no success can come of them). Otherwise (a later
-   batch was refused: an earlier one is still in flight; or some batch is in doubt) it is
-   a retry (rule 4). Without ``new_producer_id`` (the Spark sink keeps its id) it is a
-   retry too. Before this rule such a producer waited out its delivery timeout (2
-   minutes) and failed the batch.
+8. Lost producer state. OUT_OF_ORDER_SEQUENCE refusing (before any append) the *oldest*
+   unfinished batch of its partition, not at sequence 0: every earlier batch was
+   acknowledged, so a broker with the partition's state of the id would expect exactly
+   this batch. It has lost that state (the topic was deleted and created again, or the
+   state expired; Kafka says UNKNOWN_PRODUCER_ID) or never had it (a deposed leader). If
+   no unfinished batch of the partition may have been written (``maybe_written``), none
+   can be: a later batch is stored only after this one, which no attempt stored. Then the
+   partition takes a fresh producer id at once and every unfinished batch is numbered
+   again from 0 and sent again, in order (attempts in flight are forgotten: no success can
+   come of them), within its attempts and delivery deadline. Otherwise (a later batch was
+   refused: an earlier one is still in flight; or some batch is in doubt) it is a retry
+   (rule 4). Without ``new_producer_id`` (the Spark sink keeps its id) it is a retry too.
+   Doubt: an attempt given up on (rule 4) leaves its batch in doubt until its late answer
+   comes; a late refusal ends that doubt, a late error after an append does not. Before
+   this rule such a producer waited out its delivery timeout (2 minutes), then failed.
 9. Sequence wrap. Sequences are 31-bit (the batch header's int32). A batch whose records
    would pass ``MAX_SEQUENCE`` is numbered under a fresh producer id, from 0, once nothing
    of the old id is unfinished (as rule 6). (Before, the 2,147,483,648th record of a
@@ -124,7 +126,7 @@ _tuple_new = tuple.__new__
 class SeqBatch:
     """What the sequencer keeps per batch; drivers subclass it with their payload."""
     __slots__ = ("count", "seq", "producer_id", "attempts", "rid", "sent_at_ms", "sent_to",
-                 "deadline_ms", "probe", "ordinal", "maybe_written")
+                 "deadline_ms", "probe", "ordinal", "maybe_written", "unresolved", "appended")
 
     def __init__(self, count: int = 0, deadline_ms: float | None = None):
         self.count = count                  # records
@@ -137,7 +139,9 @@ class SeqBatch:
         self.deadline_ms = deadline_ms      # delivery deadline; None: none
         self.probe: SeqBatch | None = None  # rule 7: record l alone, while probing
         self.ordinal = -1                   # the how-many-th batch of its partition (rule 2)
-        self.maybe_written = False          # rule 5: some attempt may have stored it
+        self.maybe_written = False          # rule 5: some attempt may have stored it (next two)
+        self.unresolved = 0                 # rule 8: attempts given up on, no answer yet
+        self.appended = False               # an answer came after an append (or none will come)
 
     def single(self, i: int) -> "SeqBatch":
         """Record ``i`` alone as a one-record batch (same producer id, sequence seq + i).
@@ -328,7 +332,7 @@ class Sequencer:
         ``ErrorResponse``), so this attempt did not write it."""
         entry = self._by_rid.pop(rid, None)
         if entry is None:
-            return self._late(rid, error, base_offset)
+            return self._late(rid, error, base_offset, rejected)
         tp, b = entry
         b.rid = None
         p = self._parts[tp]
@@ -356,8 +360,8 @@ class Sequencer:
             self._succeed(tp, p, b, -1 if dup else base_offset, duplicate=dup)
             return Outcome(tp, b, DONE)
         if not rejected:
-            b.maybe_written = True
-        elif error == ErrorCode.UNKNOWN_PRODUCER and self._restart(tp, p, b):
+            b.maybe_written = b.appended = True
+        elif error == ErrorCode.OUT_OF_ORDER_SEQUENCE and self._restart(tp, p, b, now_ms):
             return Outcome(tp, b, RETRY)   # rule 8
         err = MeshError(error, message, leader=leader)
         if retriable(error):
@@ -383,7 +387,6 @@ class Sequencer:
             del self._by_rid[rid]
             self._remember_stale(rid, tp, b)
             b.rid = None
-            b.maybe_written = True
             out.append((tp, b, err))
             self.retry(tp, b, err, now_ms)
         return out
@@ -427,12 +430,18 @@ class Sequencer:
         p.backoff_until_ms = max(p.backoff_until_ms, now_ms + delay_ms)
         self._held_until_ms = max(self._held_until_ms, p.backoff_until_ms)
 
-    def _late(self, rid: int, error: int, base_offset: int) -> Outcome | None:
-        """Rule 3: the answer to an attempt given up on. A success still finishes the batch."""
+    def _late(self, rid: int, error: int, base_offset: int, rejected: bool = False) -> Outcome | None:
+        """Rule 3: the answer to an attempt given up on. A success still finishes the batch;
+        a refusal ends the doubt that attempt left (rule 8)."""
         entry = self._stale.pop(rid, None)
         if entry is None:
             return None
         tp, b = entry
+        b.unresolved -= 1
+        if error != ErrorCode.NONE and error != ErrorCode.DUPLICATE_SEQUENCE:
+            if not rejected:
+                b.appended = True
+            b.maybe_written = b.appended or b.unresolved > 0
         p = self._parts.get(tp)
         if p is None or b not in p.batches or b.probe is not None:
             return None
@@ -447,16 +456,25 @@ class Sequencer:
         return None
 
     def _remember_stale(self, rid: int, tp: TP, b: SeqBatch) -> None:
+        """An attempt given up on: its batch is in doubt until its answer comes (if ever:
+        one forgotten past ``_STALE_MAX`` leaves the doubt for good)."""
+        b.maybe_written = True
         if b.probe is None:
+            b.unresolved += 1
             self._stale[rid] = (tp, b)
             while len(self._stale) > _STALE_MAX:
-                self._stale.popitem(last=False)
+                self._stale.popitem(last=False)[1][1].appended = True   # no answer will count
+        else:
+            b.appended = True
 
-    def _restart(self, tp: TP, p: _Partition, b: SeqBatch) -> bool:
+    def _restart(self, tp: TP, p: _Partition, b: SeqBatch, now_ms: float) -> bool:
         """Rule 8: the partition lost the producer id's state; start again under a fresh
         id if nothing unfinished may have been written. False: not the case (retry)."""
+        pol = self.policy
         if (self._new_producer_id is None or not p.batches or p.batches[0] is not b or b.seq <= 0
-                or any(x.maybe_written for x in p.batches)):
+                or any(x.maybe_written for x in p.batches)
+                or (pol.retries is not None and b.attempts > pol.retries)
+                or (b.deadline_ms is not None and now_ms >= b.deadline_ms)):
             return False
         for x in p.batches:
             if x.rid is not None:   # refused too, or to be: no success can come of it
@@ -491,7 +509,7 @@ class Sequencer:
             p.batches = collections.deque(list(p.batches)[:i] + list(singles) + later)
             return Outcome(tp, b, SPLIT, singles)
         if not rejected:
-            b.maybe_written = True
+            b.maybe_written = b.appended = True
         err = MeshError(error, message or "probe")
         if retriable(error):
             return Outcome(tp, b, RETRY if self.retry(tp, b, err, now_ms) else FAILED)
@@ -506,7 +524,6 @@ class Sequencer:
                 self._by_rid.pop(x.rid, None)
                 self._remember_stale(x.rid, tp, x)
                 x.rid = None
-                x.maybe_written = True
 
     def _succeed(self, tp: TP, p: _Partition, b: SeqBatch, base_offset: int, duplicate: bool) -> None:
         p.failures = 0
@@ -518,7 +535,7 @@ class Sequencer:
         if b.rid is not None:
             self._by_rid.pop(b.rid, None)
             b.rid = None
-            b.maybe_written = True
+            b.maybe_written = b.appended = True
         self._finish(tp, b, Done(tp, b, -1, _error(err, err.message, b.maybe_written), gave_up=gave_up))
         later = [x for x in p.batches if x.ordinal > b.ordinal]
         p.batches = collections.deque(x for x in p.batches if x.ordinal < b.ordinal)
@@ -528,7 +545,7 @@ class Sequencer:
             if x.rid is not None:
                 self._by_rid.pop(x.rid, None)
                 x.rid = None
-                x.maybe_written = True
+                x.maybe_written = x.appended = True
             written = x.maybe_written and b.maybe_written
             self._done.append(Done(tp, x, -1, _error(err, f"an earlier batch failed: {err.message}", written)))
         if self._new_producer_id is not None and b.seq >= 0 and b.producer_id == p.producer_id:

@@ -14,13 +14,12 @@ A batch header carries ``producer_id`` and ``base_sequence``; the leader remembe
   newest sent (so a truncation of every unacknowledged batch still leaves the last
   acknowledged one here), so this only happens for the Spark sink's re-cut replays or
   after a producer outran its window some other way;
-- a gap (beyond last + 1): OUT_OF_ORDER_SEQUENCE (retriable: an earlier batch is still in
-  flight). Nothing is appended;
-- a producer id with no state here and a batch that does not start at 0:
-  UNKNOWN_PRODUCER (retriable; Kafka's UNKNOWN_PRODUCER_ID). Either an earlier batch is
-  still in flight, or the state is gone: the topic was deleted and created again, or the
-  state expired. The client tells the two apart (``mesh.client.sequencer`` rule 8) and, in
-  the second case, starts again under a fresh producer id. Nothing is appended.
+- a gap (beyond last + 1), or a producer id with no state here and a batch that does not
+  start at 0: OUT_OF_ORDER_SEQUENCE (retriable). Either an earlier batch is still in
+  flight, or the state is gone: the topic was deleted and created again, or the state
+  expired (Kafka answers UNKNOWN_PRODUCER_ID to that one; a new code would stop clients
+  that predate it, so the client tells the two apart itself: ``mesh.client.sequencer``
+  rule 8, which starts again under a fresh producer id). Nothing is appended.
 
 The state is written in the same LMDB transaction as the batch it describes, so after a
 crash the log and the dedup state agree: ``stage`` only marks the state dirty, and the
@@ -36,8 +35,8 @@ minute, staged in the turn's transaction) deletes the states idle for longer tha
 ``expiration_ms`` (1 day by default), and then the longest-idle ones beyond ``max_ids``.
 In memory at most ``max_cached`` states are kept (least recently used go first; they are
 read back from LMDB when needed). A producer whose state expired and that comes back with
-a sequence other than 0 gets UNKNOWN_PRODUCER, and continues under a fresh producer id
-(the client's rule 8, ``mesh.client.sequencer``), as Kafka's producer does after
+a sequence other than 0 gets OUT_OF_ORDER_SEQUENCE, and continues under a fresh producer
+id (the client's rule 8, ``mesh.client.sequencer``), as Kafka's producer does after
 UNKNOWN_PRODUCER_ID.
 """
 from __future__ import annotations
@@ -84,6 +83,8 @@ class ProducerStates:
         self._dirty: dict[tuple[int, int], list[list[int]]] = {}   # staged, written by flush()
         self._pack = msgpack.Packer().pack   # one Packer for every write (the node loop is one thread)
         store.pre_commit.append(self.flush)
+        store.post_commit.append(self.committed)   # a commit in the middle of a turn (a catalog
+        # rebuild) made the staged states durable: a later rollback must not bring older ones back
         store.on_rollback.append(self.rollback)
 
     def _get(self, pid: int, producer_id: int) -> list[list[int]]:
@@ -145,13 +146,13 @@ class ProducerStates:
 
     def check(self, pid: int, h: BatchHeader) -> int | None:
         """The original base offset if ``h`` is a duplicate, None if it is new; raises
-        OUT_OF_ORDER_SEQUENCE on a gap, UNKNOWN_PRODUCER for a first batch here not at 0."""
+        OUT_OF_ORDER_SEQUENCE on a gap or a first batch here not at 0."""
         if h.producer_id < 0:
             return None
         st = self._get(pid, h.producer_id)
         if not st:
             if h.base_sequence != 0:
-                raise MeshError(ErrorCode.UNKNOWN_PRODUCER,
+                raise MeshError(ErrorCode.OUT_OF_ORDER_SEQUENCE,
                                 f"producer {h.producer_id} is new here: its first sequence must be 0, "
                                 f"not {h.base_sequence}")
             return None

@@ -41,7 +41,12 @@ class ErrorCode(enum.IntEnum):
     THROTTLED = 26   # over a byte-rate quota: not done, send again later
     GROUP_NOT_EMPTY = 27   # a group with members cannot be deleted (Kafka's NON_EMPTY_GROUP)
     UNKNOWN_GROUP = 28     # no such group: no members, no committed offsets (GROUP_ID_NOT_FOUND)
-    UNKNOWN_PRODUCER = 29  # the partition has no state of this producer id (and the batch is not its first)
+
+    @classmethod
+    def _missing_(cls, value):
+        """A code this version does not know (a newer broker's) is UNKNOWN, not a ValueError
+        that would stop a producer's I/O thread: codes are only ever added."""
+        return cls.UNKNOWN if isinstance(value, int) else None
 
 
 _RETRIABLE = frozenset({
@@ -57,7 +62,6 @@ _RETRIABLE = frozenset({
     ErrorCode.STORAGE_ERROR,  # e.g. a full disk: may clear
     ErrorCode.BROKER_UNAVAILABLE,
     ErrorCode.OUT_OF_ORDER_SEQUENCE,  # an earlier batch of the producer is still in flight
-    ErrorCode.UNKNOWN_PRODUCER,       # ... or the partition lost its state (recreated, expired)
     ErrorCode.THROTTLED,
 })
 

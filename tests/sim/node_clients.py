@@ -63,7 +63,8 @@ class NodeClients:
     def _producer_reply(self, c: Producer, frames: list) -> None:
         _, rid, msg, _ = unpack(frames)
         out = c.seq.on_reply(rid, msg.error, self.net.now, base_offset=getattr(msg, "base_offset", -1),
-                             message=msg.message, leader=msg.leader)
+                             message=msg.message, leader=msg.leader,
+                             rejected=isinstance(msg, m.ErrorResponse))   # as the Producer does (rule 8)
         if out is not None and out.action == RETRY:
             p = out.tp[1]
             self.counts["retries"] += 1

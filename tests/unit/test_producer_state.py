@@ -45,7 +45,7 @@ def test_a_producer_without_id_is_never_deduplicated():
 
 def test_a_new_producer_must_start_at_sequence_zero():
     ps = ProducerStates(MemoryStore())
-    assert code_of(lambda: ps.check(PID, header(5, 3))) == ErrorCode.UNKNOWN_PRODUCER   # (rule 8 of the client)
+    assert code_of(lambda: ps.check(PID, header(5, 3))) == ErrorCode.OUT_OF_ORDER_SEQUENCE
     assert ps.check(PID, header(5, 0)) is None
 
 
@@ -132,7 +132,7 @@ def test_truncation_to_zero_forgets_everything():
     ps = ProducerStates(store)
     append(ps, store, 5, 0, 3, base_offset=0)
     ps.truncate(PID, 0)
-    assert code_of(lambda: ps.check(PID, header(5, 3))) == ErrorCode.UNKNOWN_PRODUCER
+    assert code_of(lambda: ps.check(PID, header(5, 3))) == ErrorCode.OUT_OF_ORDER_SEQUENCE
     assert ps.check(PID, header(5, 0, 3)) is None
 
 
@@ -187,3 +187,18 @@ def test_a_store_rollback_drops_the_staged_states():
     assert ps.check(PID, header(4, 1)) is None   # the rolled-back batch is new again
     assert ProducerStates(store).check(PID, header(4, 1)) is None
     assert ProducerStates(store).check(PID, header(4, 0)) == 0
+
+
+def test_a_commit_in_the_middle_of_a_turn_makes_the_states_durable_for_a_later_rollback():
+    """A catalog rebuild commits the store in the middle of a turn; the turn then failed and
+    its rollback put the older state back in the cache, while the store kept the batch: its
+    client's retry was appended a second time (found by review, reproduced on the cores)."""
+    store = MemoryStore()
+    ps = ProducerStates(store)
+    append(ps, store, 5, 0, 1, base_offset=0)
+    assert ps.check(PID, header(5, 1)) is None
+    ps.stage(PID, header(5, 1), 1)
+    store.commit()        # the mid-turn commit: sequence 1 is durable at offset 1
+    store.rollback()      # the rest of the turn fails
+    ps.rollback()
+    assert ps.check(PID, header(5, 1)) == 1   # a retry is a duplicate of offset 1, not new

@@ -11,7 +11,7 @@ from mesh.wire.errors import ErrorCode, MeshError
 
 TP = ("t", 0)
 OTHER = ("t", 1)
-NONE, NOT_LEADER = ErrorCode.NONE, ErrorCode.NOT_LEADER
+NONE, NOT_LEADER, OUT_OF_ORDER = ErrorCode.NONE, ErrorCode.NOT_LEADER, ErrorCode.OUT_OF_ORDER_SEQUENCE
 
 
 class B(SeqBatch):
@@ -462,7 +462,7 @@ def test_retry_without_a_leader_keeps_order():
     assert [(n, s) for _, n, _, s in d.pump(seq.backoff_until_ms(TP))] == [("b1", 1), ("b2", 2), ("b3", 3)]
 
 
-UNKNOWN_PRODUCER = ErrorCode.UNKNOWN_PRODUCER
+UNKNOWN_PRODUCER = ErrorCode.OUT_OF_ORDER_SEQUENCE   # (for a first batch not at 0: Kafka's UNKNOWN_PRODUCER_ID)
 
 
 def test_lost_producer_state_starts_the_partition_again_under_a_fresh_id_at_once():
@@ -522,3 +522,45 @@ def test_a_partition_near_the_sequence_limit_goes_on_under_a_fresh_id_from_zero(
     assert d.pump(2) == []                            # b1 of producer 7 is unfinished: b2 waits
     seq.on_reply(sent[1][0], NONE, 3, base_offset=2)
     assert [(n, p, s) for _, n, p, s in d.pump(4)] == [("b2", 41, 0)]
+
+
+def test_a_late_refusal_of_an_attempt_given_up_on_ends_its_doubt():
+    """Rule 8 after a leader change: the old leader refused b1, b2 and b3 (NOT_LEADER), the
+    retry gave up on b2's and b3's attempts before their answers came; the new topic then
+    refused b1. Before, b2 and b3 stayed in doubt for good and the producer waited out its
+    delivery timeout (found by review)."""
+    seq, d, bs = make(RetryPolicy(max_in_flight=3, backoff_ms=100), n=4, producer_ids=iter([41]).__next__)
+    r0, r1, r2 = [rid for rid, *_ in d.pump(0)]
+    seq.on_reply(r0, NONE, 1, base_offset=0)
+    (r3, *_), = d.pump(2)
+    assert seq.on_reply(r1, NOT_LEADER, 3, leader="leader-b:1", rejected=True).action == RETRY
+    assert [b.maybe_written for b in bs[1:]] == [False, True, True]      # b2, b3: no answer yet
+    again = d.pump(4)
+    assert [n for _, n, _, _ in again] == ["b1", "b2", "b3"]
+    seq.on_reply(r2, NOT_LEADER, 5, rejected=True)                      # the late refusals
+    assert [b.maybe_written for b in bs[1:]] == [False, False, True]
+    seq.on_reply(r3, NOT_LEADER, 5, rejected=True)
+    assert not any(b.maybe_written for b in bs)
+    assert seq.on_reply(again[0][0], OUT_OF_ORDER, 6, rejected=True).action == RETRY   # rule 8
+    assert [(n, p, s) for _, n, p, s in d.pump(7)] == [("b1", 41, 0), ("b2", 41, 1), ("b3", 41, 2)]
+
+
+def test_lost_producer_state_keeps_to_the_retry_budget_and_late_appends_stay_in_doubt():
+    seq, d, bs = make(RetryPolicy(max_in_flight=2, retries=0), n=2, producer_ids=iter([41]).__next__)
+    r0, r1 = [rid for rid, *_ in d.pump(0)]
+    seq.on_reply(r0, NONE, 1, base_offset=0)
+    assert seq.on_reply(r1, OUT_OF_ORDER, 2, rejected=True).action == FAILED   # retries=0: no re-send
+    # an attempt given up on whose late answer came after an append stays in doubt
+    seq, d, bs = make(RetryPolicy(max_in_flight=2, backoff_ms=100), n=2, producer_ids=iter([41]).__next__)
+    r0, r1 = [rid for rid, *_ in d.pump(0)]
+    seq.expire(10_001, timeout_ms=10_000)
+    seq.on_reply(r1, ErrorCode.NOT_ENOUGH_REPLICAS, 10_002)             # appended, then failed
+    assert bs[1].maybe_written and bs[1].appended
+
+
+def test_an_error_code_this_version_does_not_know_is_unknown_not_a_crash():
+    """A newer broker's code stopped an older client's I/O thread (ValueError)."""
+    assert ErrorCode(999) is ErrorCode.UNKNOWN and MeshError(999).code is ErrorCode.UNKNOWN
+    seq, d, bs = make(n=1)
+    (r0, *_), = d.pump(0)
+    assert seq.on_reply(r0, 999, 1, rejected=True).action == FAILED
