@@ -89,7 +89,7 @@ remembered, so the broker knows where the producer's sequence stands. The rules:
    (rule 4). Without ``new_producer_id`` (the Spark sink keeps its id) it is a retry too.
    Doubt: an attempt given up on (rule 4) leaves its batch in doubt until its late answer
    comes; a late refusal ends that doubt, a late error after an append does not. Before
-   this rule such a producer waited out its delivery timeout (2 minutes), then failed.
+   this rule such a producer waited out its delivery timeout (60 s by default), then failed.
 9. Sequence wrap. Sequences are 31-bit (the batch header's int32). A batch whose records
    would pass ``MAX_SEQUENCE`` is numbered under a fresh producer id, from 0, once nothing
    of the old id is unfinished (as rule 6). (Before, the 2,147,483,648th record of a

@@ -343,7 +343,7 @@ def test_a_producer_carries_on_after_its_topic_is_deleted_and_created_again(brok
     """The new topic has no state of the producer's id: the broker refuses its batch
     (OUT_OF_ORDER_SEQUENCE, the oldest unfinished one) and the producer starts that partition
     again under a fresh id (sequencer rule 8).
-    Before, its next send waited out the delivery timeout (2 minutes) and failed."""
+    Before, its next send waited out the delivery timeout (60 s by default) and failed."""
     with Admin(broker.address) as a, Producer(broker.address) as p:
         a.create_topic("reborn", partitions=1)
         for i in range(5):

@@ -468,7 +468,7 @@ UNKNOWN_PRODUCER = ErrorCode.OUT_OF_ORDER_SEQUENCE   # (for a first batch not at
 def test_lost_producer_state_starts_the_partition_again_under_a_fresh_id_at_once():
     """The topic was deleted and created again (or the id's state expired): the broker has
     no state of producer 7 and refuses sequence 3. Before rule 8 the producer retried until
-    its delivery timeout (2 minutes), then failed the batch."""
+    its delivery timeout (60 s by default), then failed the batch."""
     seq, d, bs = make(RetryPolicy(max_in_flight=3, backoff_ms=100), n=5, producer_ids=iter([41, 42]).__next__)
     r0, r1, r2 = [rid for rid, *_ in d.pump(0)]
     for rid in (r0, r1, r2):
