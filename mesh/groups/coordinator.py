@@ -266,10 +266,16 @@ class GroupCoordinator:
         first member in the next ``takeover_grace_ms`` are given no partitions before then."""
         self._takeover_until_ms = max(self._takeover_until_ms, now_ms + self.config.grace_ms)
 
-    def drop_group(self, group_id: str) -> None:
+    def drop_group(self, group_id: str, deleted: Iterable[TopicPartition] = ()) -> list[tuple[str, int, int, str]]:
         """Forget a group entirely (this broker stopped coordinating it). If it comes back,
-        it starts empty and its members rejoin."""
-        self._groups.pop(group_id, None)
+        it starts empty and its members rejoin. ``deleted``: partitions whose newest entry
+        in gossip is a tombstone; if the group had members here, the offsets it holds for
+        them are returned, to be committed again (as ``load_offsets`` does: the broker that
+        deleted it did not know its members, and is where they go now)."""
+        group = self._groups.pop(group_id, None)
+        if group is None or not group.members:
+            return []
+        return [(t, p, *group.offsets[(t, p)]) for t, p in sorted(deleted) if (t, p) in group.offsets]
 
     # -- queries --------------------------------------------------------------------------
 

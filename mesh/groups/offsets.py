@@ -62,7 +62,9 @@ A deletion can be wrong: the broker that made it may not have known the group's 
 deletes only with more than half of the known brokers in view (``sees_majority``) and only
 once its takeover grace has passed (the core's rule), and a coordinator that *has* members
 of the group and learns of a tombstone for an offset it holds keeps the offset and commits
-it again above the tombstone (the core's ``load_offsets``; the host's ``_commit_again``).
+it again above the tombstone (the core's ``load_offsets``; the host's ``_commit_again``),
+also when the group moves away from it at that moment (a split healed: the deleting broker
+is where the members go next; the core's ``drop_group``).
 
 Bounds, by garbage collection (``collect``, every few seconds): the merged view drops
 tombstones older than the horizon (a day by default); a node drops from its own namespace
@@ -209,6 +211,12 @@ class OffsetBook:
     def groups(self) -> list[str]:
         """Every group with committed offsets anywhere, sorted."""
         return sorted(g for g in self._merged if self.knows(g))
+
+    def deleted(self, group_id: str) -> set[tuple[str, int]]:
+        """The group's partitions whose newest entry is a tombstone."""
+        if group_id not in self._tombstoned:
+            return set()
+        return {tp for tp, v in self._merged.get(group_id, {}).items() if v[0] == DELETED}
 
     def is_mine(self, group_id: str) -> bool:
         return group_id in self._mine

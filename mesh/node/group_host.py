@@ -338,7 +338,9 @@ class GroupHost:
     def _carry_out(self, action: Takeover | Moved | None) -> None:
         if isinstance(action, Moved):
             log.info("group %s moved to %s", action.group_id, action.coordinator)
-            self.core.drop_group(action.group_id)
+            reassert = self.core.drop_group(action.group_id, self.book.deleted(action.group_id))
+            if reassert:   # deleted where its members were not known: they come from here
+                self._commit_again(action.group_id, reassert)
         elif isinstance(action, Takeover):
             if action.claimed and self.book.knows(action.group_id):
                 log.info("coordinating group %s (taking over its committed offsets)", action.group_id)
@@ -380,9 +382,8 @@ class GroupHost:
     def _commit_again(self, group_id: str, offsets: list) -> None:
         """Offsets of a group with members here, which a broker that did not know them
         deleted: committed again above the deletion's stamp (answered to nobody)."""
-        log.warning("group %s was deleted through a broker that did not see its %d members here: "
-                    "committing its %d offsets again", group_id, len(self.core.describe(group_id).members),
-                    len(offsets))
+        log.warning("group %s was deleted through a broker that did not know its members here: "
+                    "committing its %d offsets again", group_id, len(offsets))
         wall_ms = self.book.next_stamp(self._clock.wall_ms(), group_id)
         if self._stage(group_id, offsets, wall_ms):
             self._held.append((None, 0, None, None, [(PersistOffsets(group_id, tuple(offsets)), wall_ms)], None))

@@ -400,3 +400,24 @@ def test_a_broker_that_sees_a_minority_deletes_nothing_and_members_elsewhere_kee
         n.groups.on_cluster_change(world.now_ms)
         assert {tp: v[0] for tp, v in n.groups.committed(g).items()} == {("t", 0): 200, ("t", 1): 7}
         assert all(v[2] > stamp for v in n.groups.committed(g).values())
+
+
+def test_offsets_deleted_on_the_other_side_of_a_split_come_back_from_where_the_members_were(world):
+    """A split: b (with c, a majority) deleted g, whose members were with a. When it heals g
+    moves from a to b, and a, which had the members, commits their offsets again."""
+    a, b, c = Broker(world, "a"), Broker(world, "b"), Broker(world, "c")
+    g = next(x for x in (f"g{i}" for i in range(1000))
+             if coordinator_for(x, ["a", "b", "c"]) == "b")
+    world.status.update(b="dead", c="dead")          # a alone: it coordinates every group
+    a.groups.on_cluster_change(world.now_ms)
+    past_grace(world)
+    r = join(a, g)
+    assert a.ask(GroupCommit(g, r.member_id, r.member_epoch, [["t", 0, 300, ""], ["t", 2, 9, ""]])).error == 0
+    b.gossip.put_raw(f"off/{g}/t/0", {"g": g, "t": "t", "o": {str(p): [-1, "", world.now_ms + 1] for p in range(4)}})
+    world.status.update(b="alive", c="alive")        # healed: g is b's again
+    a.groups.on_cluster_change(world.now_ms)
+    a.data.commit_turn()
+    for n in (a, b, c):
+        n.groups.on_cluster_change(world.now_ms)
+        assert {tp: v[0] for tp, v in n.groups.committed(g).items()} == {("t", 0): 300, ("t", 2): 9}
+    assert b.ask(GroupFetchOffsets(g, None)).offsets == [["t", 0, 300, ""], ["t", 2, 9, ""]]
