@@ -99,6 +99,7 @@ StampedEntry = tuple[str, int, int, str, int]    # ... and the commit's wall_ms
 COORDINATING_STATUSES = ("alive", "suspect")
 _NO_STAMP: Stamp = (-1, -1)
 _MAX_FETCH_PARTITIONS = 100_000   # a fetch of offsets answered from the merged view (as the coordinator's bound)
+MAX_STAMP_AHEAD_MS = 30_000       # half of what gossip accepts ahead of a receiver's clock (schema.FUTURE_SLACK_MS)
 
 
 class MalformedOffsets(ValueError):
@@ -156,9 +157,13 @@ def sees_majority(members: Iterable[Any]) -> bool:
 
 
 def takeover_due(before: frozenset[str] | None, after: frozenset[str], node_id: str) -> bool:
-    """Groups may have moved here: a broker left the set, or this node, alone so far, met
-    others (it may be the newcomer to a running cluster)."""
-    return before is not None and (not before <= after or before == {node_id})
+    """Groups may have moved here: any change of the set. A broker left it; this node,
+    alone so far, met others (it may be the newcomer to a running cluster); or a split
+    healed, where the set only grows but groups coordinated on the other side (with
+    members holding partitions) move here. (Only growth used to count as no takeover: a
+    group that came here as a split healed got partitions given, and could be deleted, at
+    once, while its members were still with the other side.)"""
+    return before is not None and before != after
 
 
 def chunk_of(group_id: str, topic: str, partition: int) -> Chunk:
@@ -195,6 +200,7 @@ class OffsetBook:
         self._max_stamp: dict[str, int] = {}
         self._newest_ms: dict[str, int] = {}
         self._tombstoned: set[str] = set()   # groups with a tombstone in the view (``collect`` looks there only)
+        self._issued: dict[str, int] = {}    # per group: the last stamp handed out, not yet folded
         self._last_stamp_ms = 0
         self.coord_set: frozenset[str] | None = None   # None until the first cluster change
 
@@ -312,12 +318,19 @@ class OffsetBook:
     # -- this node's own offsets ----------------------------------------------------------
 
     def next_stamp(self, wall_ms: int, group_id: str | None = None) -> int:
-        """The stamp of a commit made now: the wall clock, strictly increasing per node, and
-        above every stamp seen for ``group_id`` (a hybrid clock: a deletion, or a commit
-        after one, wins even where this clock is behind another broker's)."""
-        floor = max(self._last_stamp_ms, self._max_stamp.get(group_id, -1) if group_id is not None else -1)
-        self._last_stamp_ms = max(wall_ms, floor + 1)
-        return self._last_stamp_ms
+        """The stamp of a commit made now: the wall clock, strictly increasing per node (per
+        group with ``group_id``), and above every stamp seen for the group (a hybrid clock: a
+        deletion, or a commit after one, wins even where this clock is behind another
+        broker's). Per group, so one group's floor never pushes the others' stamps ahead;
+        and never more than ``MAX_STAMP_AHEAD_MS`` ahead of ``wall_ms`` (gossip refuses
+        entries too far in the future: such a commit would never reach the others)."""
+        if group_id is None:
+            self._last_stamp_ms = max(wall_ms, self._last_stamp_ms + 1)
+            return self._last_stamp_ms
+        floor = max(self._max_stamp.get(group_id, -1), self._issued.get(group_id, -1))
+        stamp = min(max(wall_ms, floor + 1), wall_ms + MAX_STAMP_AHEAD_MS)
+        self._issued[group_id] = stamp   # (two commits of a group in one turn: the second is later)
+        return stamp
 
     def reload(self, group_id: str, topic: str, partition: int, offset: int, metadata: str,
                wall_ms: int) -> None:
@@ -332,6 +345,8 @@ class OffsetBook:
         """A commit is durable here: record it; the chunks to gossip."""
         chunks = set()
         loaded = self._loaded.setdefault(group_id, {}) if group_id in self._mine else None
+        if self._issued.get(group_id, -1) <= wall_ms:
+            self._issued.pop(group_id, None)   # folded below: the group's max stamp covers it
         for topic, partition, offset, metadata in offsets:
             chunk = chunk_of(group_id, topic, partition)
             self._own.setdefault(chunk, {})[partition] = [offset, metadata, wall_ms]
@@ -438,7 +453,7 @@ class OffsetBook:
             if len(table) == self._live.get(group_id, 0):
                 tombstoned.discard(group_id)   # no tombstone left
             if not table:
-                for index in (self._merged, self._live, self._max_stamp, self._newest_ms):
+                for index in (self._merged, self._live, self._max_stamp, self._newest_ms, self._issued):
                     index.pop(group_id, None)
                 if group_id not in self._mine:
                     self._loaded.pop(group_id, None)

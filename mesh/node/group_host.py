@@ -170,11 +170,11 @@ class GroupHost:
         writes = isinstance(msg, (GroupCommit, GroupResetOffsets, GroupDelete))
         if self.book.knows(group_id) or writes or isinstance(msg, GroupHeartbeat):
             self._carry_out(self.book.claim(group_id))   # (a query about an unknown group creates nothing)
-        if isinstance(msg, GroupDelete) and not self._sees_majority(now_ms):
+        if isinstance(msg, (GroupDelete, GroupResetOffsets)) and not self._sees_majority(now_ms):
             reply(ident, rid, error_response(msg, ErrorCode.COORDINATOR_NOT_AVAILABLE,
                                              "this broker sees fewer than half of the brokers alive: it may "
-                                             "not know the group's members; a group is deleted only with a "
-                                             "majority in view"))
+                                             "not know the group's members; a group is deleted, or its offsets "
+                                             "reset, only with a majority in view"))
             return
         self._apply(ident, rid, msg, now_ms, writes)
 

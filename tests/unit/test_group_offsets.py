@@ -131,9 +131,9 @@ def test_rehoming_follows_the_coordination_set():
                                 newest_ms=10)]
     book.adopted(g, actions[0].adopt)   # the shell made them durable here
     assert book.on_cluster_change(frozenset({"a", "b"}), set()) == (False, [])
-    # a newcomer joins: no takeover grace here, and the group moves to it
+    # a newcomer joins: the group moves to it (and a takeover grace starts here: any change)
     takeover, actions = book.on_cluster_change(frozenset({"a", "b", "c"}), set())
-    assert not takeover and actions == [Moved(g, "c")] and not book.is_mine(g)
+    assert takeover and actions == [Moved(g, "c")] and not book.is_mine(g)   # (any change: a split may heal)
     # c and b leave: the group comes back (adopted before, so only loaded), and the core
     # must hold its partitions for a while
     takeover, actions = book.on_cluster_change(frozenset({"a"}), set())
@@ -155,7 +155,8 @@ def test_changed_groups_of_ours_are_taken_newer_after_rehoming():
 def test_takeover_is_due_when_a_broker_left_or_a_lone_node_meets_others():
     s = frozenset
     assert not takeover_due(None, s({"a"}), "a")
-    assert not takeover_due(s({"a", "b"}), s({"a", "b", "c"}), "a")
+    assert takeover_due(s({"a", "b"}), s({"a", "b", "c"}), "a")   # a split that healed brings groups too
+    assert not takeover_due(s({"a", "b"}), s({"a", "b"}), "a")
     assert takeover_due(s({"a", "b"}), s({"a"}), "a")
     assert takeover_due(s({"a", "b"}), s({"a", "c"}), "a")
     assert takeover_due(s({"a"}), s({"a", "b"}), "a")
@@ -297,3 +298,16 @@ def test_books_converge_and_a_deletion_that_saw_every_commit_wins_whatever_the_c
         books[n].collect(now, horizon_ms=10 ** 9)
     everywhere()
     assert not any(books[n].knows("g") for n in nodes)
+
+
+def test_stamps_stay_within_what_gossip_accepts_and_one_group_never_pushes_another():
+    """A peer's entry almost a minute ahead, then a burst of commits: every stamp went one
+    millisecond further, for every group of the node, until gossip refused them (found by
+    review: commits answered but never gossiped)."""
+    from mesh.groups.offsets import MAX_STAMP_AHEAD_MS
+    book = OffsetBook("a")
+    book.merge_entry(chunk_value("g", "t", {0: (1, "", 1_000 + 59_500)}))
+    stamps = [book.next_stamp(1_000, "g") for _ in range(600)]
+    assert max(stamps) == stamps[0] == 1_000 + MAX_STAMP_AHEAD_MS   # capped (then it may lose to that entry)
+    assert book.next_stamp(1_000, "h") == 1_000                     # another group: its own clock
+    assert book.next_stamp(1_000, "h") == 1_001                     # (strictly increasing per group)
