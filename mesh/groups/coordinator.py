@@ -305,6 +305,10 @@ class GroupCoordinator:
              "group_epoch": g.epoch}
             for g in (self._groups[gid] for gid in sorted(self._groups))])
 
+    def has_members(self, group_id: str) -> bool:
+        group = self._groups.get(group_id)
+        return group is not None and bool(group.members)
+
     def has_group(self, group_id: str) -> bool:
         """True while the group has members or committed offsets here."""
         return group_id in self._groups

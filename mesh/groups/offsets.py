@@ -64,7 +64,10 @@ once its takeover grace has passed (the core's rule), and a coordinator that *ha
 of the group and learns of a tombstone for an offset it holds keeps the offset and commits
 it again above the tombstone (the core's ``load_offsets``; the host's ``_commit_again``),
 also when the group moves away from it at that moment (a split healed: the deleting broker
-is where the members go next; the core's ``drop_group``).
+is where the members go next; the core's ``drop_group``), or later, for a tombstone older
+than the move that arrives after it (the host remembers such groups for the horizon). What
+we accept: gossip forgets a DEAD broker after an hour, so a broker cut off for longer than
+that sees a majority of what it still knows, and may delete.
 
 Bounds, by garbage collection (``collect``, every few seconds): the merged view drops
 tombstones older than the horizon (a day by default); a node drops from its own namespace
@@ -201,6 +204,7 @@ class OffsetBook:
         self._newest_ms: dict[str, int] = {}
         self._tombstoned: set[str] = set()   # groups with a tombstone in the view (``collect`` looks there only)
         self._issued: dict[str, int] = {}    # per group: the last stamp handed out, not yet folded
+        self._own_tombstoned: set[str] = set()   # groups with a tombstone among this node's own entries
         self._last_stamp_ms = 0
         self.coord_set: frozenset[str] | None = None   # None until the first cluster change
 
@@ -218,11 +222,11 @@ class OffsetBook:
         """Every group with committed offsets anywhere, sorted."""
         return sorted(g for g in self._merged if self.knows(g))
 
-    def deleted(self, group_id: str) -> set[tuple[str, int]]:
-        """The group's partitions whose newest entry is a tombstone."""
+    def deleted(self, group_id: str) -> dict[tuple[str, int], int]:
+        """The group's partitions whose newest entry is a tombstone, with its stamp."""
         if group_id not in self._tombstoned:
-            return set()
-        return {tp for tp, v in self._merged.get(group_id, {}).items() if v[0] == DELETED}
+            return {}
+        return {tp: v[2] for tp, v in self._merged.get(group_id, {}).items() if v[0] == DELETED}
 
     def is_mine(self, group_id: str) -> bool:
         return group_id in self._mine
@@ -337,6 +341,8 @@ class OffsetBook:
         """An offset made durable here in an earlier life (then gossip ``own_chunks``)."""
         self._own.setdefault(chunk_of(group_id, topic, partition), {})[partition] = \
             [offset, metadata, wall_ms]
+        if offset == DELETED:
+            self._own_tombstoned.add(group_id)
         self.fold(group_id, topic, partition, offset, metadata, wall_ms)
         self._last_stamp_ms = max(self._last_stamp_ms, wall_ms)
 
@@ -350,6 +356,8 @@ class OffsetBook:
         for topic, partition, offset, metadata in offsets:
             chunk = chunk_of(group_id, topic, partition)
             self._own.setdefault(chunk, {})[partition] = [offset, metadata, wall_ms]
+            if offset == DELETED:
+                self._own_tombstoned.add(group_id)
             self.fold(group_id, topic, partition, offset, metadata, wall_ms)
             if loaded is not None:
                 loaded[(topic, partition)] = (wall_ms, offset)
@@ -362,6 +370,8 @@ class OffsetBook:
         for topic, partition, offset, metadata, wall_ms in entries:
             chunk = chunk_of(group_id, topic, partition)
             self._own.setdefault(chunk, {})[partition] = [offset, metadata, wall_ms]
+            if offset == DELETED:
+                self._own_tombstoned.add(group_id)
             chunks.add(chunk)
         return sorted(chunks)
 
@@ -436,15 +446,21 @@ class OffsetBook:
         call ``collected``; a turn rolled back changes nothing, the next collect plans again."""
         plan: dict[Chunk, list[tuple]] = {}
         cutoff = now_ms - horizon_ms
-        tombstoned = self._tombstoned
-        for chunk in sorted(c for c in self._own if c[0] in tombstoned):
+        tombstoned, own_tombstoned = self._tombstoned, set()
+        for chunk in sorted(c for c in self._own if c[0] in tombstoned or c[0] in self._own_tombstoned):
             group_id, topic, _ = chunk
             merged = self._merged.get(group_id, {})
             for partition, (offset, _, wall_ms) in sorted(self._own[chunk].items()):
                 latest = merged.get((topic, partition))
-                superseded = latest is not None and latest[0] == DELETED and (latest[2], latest[0]) > (wall_ms, offset)
-                if (superseded or (offset == DELETED and wall_ms < cutoff)) and not busy(group_id, topic, partition):
+                newer = latest is not None and (latest[2], latest[0]) > (wall_ms, offset)
+                if offset == DELETED:   # an own tombstone: gone once anything replaced it, or past the horizon
+                    own_tombstoned.add(group_id)
+                    gone = newer or wall_ms < cutoff
+                else:                   # an own commit: gone once a newer tombstone replaced it
+                    gone = newer and latest[0] == DELETED
+                if gone and not busy(group_id, topic, partition):
                     plan.setdefault(chunk, []).append((partition, offset, wall_ms))
+        self._own_tombstoned = own_tombstoned
         for group_id in sorted(tombstoned):
             table = self._merged.get(group_id, {})
             old = [tp for tp, v in table.items() if v[0] == DELETED and v[2] < cutoff]

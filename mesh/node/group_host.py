@@ -83,6 +83,7 @@ TICK_EVERY_MS = 20
 PRUNE_EVERY_MS = 10_000
 EXPIRE_PER_PRUNE = 1_000             # groups deleted by offsets retention per prune (bounds the turn)
 EXPIRE_OFFSETS_PER_PRUNE = 100_000   # ... and their offsets (tombstones written) per prune
+MAX_LEFT_WITH_MEMBERS = 10_000       # groups remembered after moving away with members (oldest go first)
 
 Reply = Callable[[bytes, int, Any], None]
 
@@ -143,6 +144,12 @@ class GroupHost:
         self._next_prune_ms = 0
         self._held: list[tuple] = []   # (ident|None, rid, msg|None, resp, [(PersistOffsets, wall_ms)], previous)
         self._collecting: dict | None = None   # a ``collect`` plan whose store deletes this turn syncs
+        # offsets to commit again (``_commit_again``) whose turn failed: tried again next tick
+        self._again_pending: dict[str, list] = {}
+        self._next_left_sweep_ms = 0
+        # groups dropped here while they had members: (offsets, when dropped); a tombstone
+        # made before then, that arrives later, was made without knowing those members
+        self._left_with_members: dict[str, tuple[dict, int]] = {}
         self._load_store()
 
     # -- node hooks ---------------------------------------------------------------------
@@ -210,8 +217,10 @@ class GroupHost:
         plan, self._collecting = self._collecting, None
         if not ok:
             for _, _, msg, _, persisted, previous in reversed(held):   # latest first: the oldest value wins
-                if msg is None:
-                    continue   # offsets committed again (``_commit_again``): the core has them already
+                if msg is None:   # offsets committed again (``_commit_again``): try again next tick
+                    for effect, _ in persisted:
+                        self._again_pending.setdefault(effect.group_id, []).extend(effect.offsets)
+                    continue
                 for effect, _ in persisted:
                     self._restore(effect.group_id, effect.offsets, previous or {})
             for ident, rid, msg, _, _, _ in held:
@@ -236,6 +245,13 @@ class GroupHost:
         if self._next_tick_ms - TICK_EVERY_MS <= now_ms < self._next_tick_ms:
             return   # (a clock that jumped back does not stop the ticks)
         self._next_tick_ms = now_ms + TICK_EVERY_MS
+        if self._again_pending:
+            pending, self._again_pending = self._again_pending, {}
+            for group_id, offsets in sorted(pending.items()):
+                still = self.book.deleted(group_id)   # (not if a newer commit came meanwhile)
+                offsets = [o for o in offsets if (o[0], o[1]) in still]
+                if offsets:
+                    self._commit_again(group_id, offsets)
         for effect in self.core.tick(now_ms):
             if isinstance(effect, MemberRemoved):
                 log.info("group %s: member %s removed (%s)", effect.group_id, effect.member_id, effect.reason)
@@ -262,6 +278,25 @@ class GroupHost:
             self.core.begin_takeover(now_ms)
         for action in actions:
             self._carry_out(action)
+        self._after_leaving(changed, now_ms)
+
+    def _after_leaving(self, changed: set[str], now_ms: int) -> None:
+        """Tombstones that reached here after a group with members here moved away (the
+        split healed before the other side's deletion arrived): commit those offsets again if
+        the tombstone is older than the move (made without knowing the members here)."""
+        for group_id in sorted(changed & self._left_with_members.keys()):
+            had, left_ms = self._left_with_members[group_id]
+            if self.core.has_members(group_id):
+                continue   # back here, with members: ``load_offsets`` decides
+            deleted = self.book.deleted(group_id)
+            again = [(t, p, *had[(t, p)]) for (t, p), stamp in sorted(deleted.items())
+                     if (t, p) in had and stamp <= left_ms]
+            if again:
+                self._commit_again(group_id, again)
+        if now_ms >= self._next_left_sweep_ms:   # forgotten after the tombstone horizon
+            self._next_left_sweep_ms = now_ms + PRUNE_EVERY_MS
+            for group_id in [g for g, (_, t) in self._left_with_members.items() if now_ms - t > self._tombstone_ms]:
+                del self._left_with_members[group_id]
 
     # -- views --------------------------------------------------------------------------
     def committed(self, group_id: str) -> dict[tuple[str, int], tuple[int, str, int]]:
@@ -338,9 +373,14 @@ class GroupHost:
     def _carry_out(self, action: Takeover | Moved | None) -> None:
         if isinstance(action, Moved):
             log.info("group %s moved to %s", action.group_id, action.coordinator)
+            had = self.core.committed(action.group_id) if self.core.has_members(action.group_id) else {}
             reassert = self.core.drop_group(action.group_id, self.book.deleted(action.group_id))
             if reassert:   # deleted where its members were not known: they come from here
                 self._commit_again(action.group_id, reassert)
+            if had:        # the other side's tombstones may come later than the move (gossip deltas)
+                self._left_with_members[action.group_id] = (had, self._clock.wall_ms())
+                while len(self._left_with_members) > MAX_LEFT_WITH_MEMBERS:
+                    del self._left_with_members[next(iter(self._left_with_members))]
         elif isinstance(action, Takeover):
             if action.claimed and self.book.knows(action.group_id):
                 log.info("coordinating group %s (taking over its committed offsets)", action.group_id)

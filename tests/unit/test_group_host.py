@@ -421,3 +421,45 @@ def test_offsets_deleted_on_the_other_side_of_a_split_come_back_from_where_the_m
         n.groups.on_cluster_change(world.now_ms)
         assert {tp: v[0] for tp, v in n.groups.committed(g).items()} == {("t", 0): 300, ("t", 2): 9}
     assert b.ask(GroupFetchOffsets(g, None)).offsets == [["t", 0, 300, ""], ["t", 2, 9, ""]]
+
+
+def test_tombstones_that_arrive_after_the_group_moved_away_are_still_answered(world):
+    """The heal's status change comes before the other side's namespace (gossip deltas are
+    bounded): the tombstones arrive after g moved away from a, where its members were."""
+    a, b, _ = Broker(world, "a"), Broker(world, "b"), Broker(world, "c")
+    g = next(x for x in (f"g{i}" for i in range(1000)) if coordinator_for(x, ["a", "b", "c"]) == "b")
+    world.status.update(b="dead", c="dead")
+    a.groups.on_cluster_change(world.now_ms)
+    past_grace(world)
+    r = join(a, g)
+    assert a.ask(GroupCommit(g, r.member_id, r.member_epoch, [["t", 1, 50, ""]])).error == 0
+    world.now_ms += 10
+    deleted_at = world.now_ms - 5                    # b deleted g during the split, after that commit
+    world.status.update(b="alive", c="alive")
+    a.groups.on_cluster_change(world.now_ms)         # g moves to b; no tombstone known yet
+    world.now_ms += 300
+    b.gossip.put_raw(f"off/{g}/t/0", {"g": g, "t": "t", "o": {str(p): [-1, "", deleted_at] for p in range(4)}})
+    a.groups.on_cluster_change(world.now_ms)
+    a.data.commit_turn()
+    b.groups.on_cluster_change(world.now_ms)
+    assert b.ask(GroupFetchOffsets(g, None)).offsets == [["t", 1, 50, ""]]
+
+
+def test_offsets_committed_again_in_a_failed_turn_are_committed_again_next_tick(world):
+    a, b = Broker(world, "a"), Broker(world, "b")
+    for n in (a, b):
+        n.groups.on_cluster_change(world.now_ms)
+    past_grace(world)
+    g = group_on("a", ["a", "b"])
+    r = join(a, g)
+    assert a.ask(GroupCommit(g, r.member_id, r.member_epoch, [["t", 0, 200, ""]])).error == 0
+    b.gossip.put_raw(f"off/{g}/t/0", {"g": g, "t": "t", "o": {str(p): [-1, "", world.now_ms + 1] for p in range(4)}})
+    a.data.ok = False
+    a.groups.on_cluster_change(world.now_ms)         # commits p0 again ... in a turn that fails
+    a.data.commit_turn()
+    assert a.groups.committed(g) == {}
+    a.data.ok = True
+    world.now_ms += 100
+    a.groups.tick(world.now_ms)
+    a.data.commit_turn()
+    assert {tp: v[0] for tp, v in a.groups.committed(g).items()} == {("t", 0): 200}

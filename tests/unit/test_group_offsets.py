@@ -311,3 +311,15 @@ def test_stamps_stay_within_what_gossip_accepts_and_one_group_never_pushes_anoth
     assert max(stamps) == stamps[0] == 1_000 + MAX_STAMP_AHEAD_MS   # capped (then it may lose to that entry)
     assert book.next_stamp(1_000, "h") == 1_000                     # another group: its own clock
     assert book.next_stamp(1_000, "h") == 1_001                     # (strictly increasing per group)
+
+
+def test_an_own_tombstone_that_a_newer_commit_replaced_is_collected_at_once():
+    """The group started again through another coordinator: the tombstones of this node
+    stayed in its store and namespace for good (found by review)."""
+    book = OffsetBook("a")
+    book.committed_here("g", [("t", 0, -1, "")], 1_000)
+    book.merge_entry(chunk_value("g", "t", {0: (5, "", 2_000)}))
+    plan = book.collect(3_000, horizon_ms=10 ** 9)
+    assert plan == {("g", "t", 0): [(0, -1, 1_000)]}
+    book.collected(plan)
+    assert book.own_chunks() == [] and book.committed("g") == {("t", 0): (5, "", 2_000)}
