@@ -156,6 +156,21 @@ def join(node: Broker, group: str):
     return r
 
 
+def deleted_elsewhere(node: Broker, group: str, stamp: int) -> None:
+    """Tombstones for t/0..3 in ``node``'s namespace, as if it had deleted ``group``."""
+    node.gossip.put_raw(f"off/{group}/t/0", {"g": group, "t": "t", "o": {str(p): [-1, "", stamp] for p in range(4)}})
+
+
+def with_member(world: World, node: str = "a"):
+    """Brokers a and b, past the grace, and a group coordinated by ``node`` with one member."""
+    a, b = Broker(world, "a"), Broker(world, "b")
+    for n in (a, b):
+        n.groups.on_cluster_change(world.now_ms)
+    past_grace(world)
+    g = group_on(node, ["a", "b"])
+    return a, b, g, join(a if node == "a" else b, g)
+
+
 def test_commit_is_synced_then_answered_then_gossiped(world):
     a = Broker(world, "a")
     past_grace(world)
@@ -317,12 +332,7 @@ def test_a_failed_turn_refuses_every_commit_it_held_and_keeps_the_synced_offset(
 
 
 def test_a_deleted_group_is_gone_from_every_view_and_its_garbage_is_collected(world):
-    a, b = Broker(world, "a"), Broker(world, "b")
-    for n in (a, b):
-        n.groups.on_cluster_change(world.now_ms)
-    past_grace(world)
-    g = group_on("a", ["a", "b"])
-    r = join(a, g)
+    a, b, g, r = with_member(world)
     assert a.ask(GroupCommit(g, r.member_id, r.member_epoch, [["t", 0, 5, ""], ["t", 1, 6, ""]])).error == 0
     assert a.ask(GroupDelete(g)).error == ErrorCode.GROUP_NOT_EMPTY
     a.ask(GroupHeartbeat(g, r.member_id, -1, ["t"], []))
@@ -388,7 +398,7 @@ def test_a_broker_that_sees_a_minority_deletes_nothing_and_members_elsewhere_kee
     # members are, commits its offsets again above them
     world.status.update(a="alive", c="alive")
     stamp = world.now_ms
-    b.gossip.put_raw(f"off/{g}/t/0", {"g": g, "t": "t", "o": {str(p): [-1, "", stamp] for p in range(4)}})
+    deleted_elsewhere(b, g, stamp)
     world.events.clear()
     a.groups.on_cluster_change(world.now_ms)
     a.data.commit_turn()
@@ -413,7 +423,7 @@ def test_offsets_deleted_on_the_other_side_of_a_split_come_back_from_where_the_m
     past_grace(world)
     r = join(a, g)
     assert a.ask(GroupCommit(g, r.member_id, r.member_epoch, [["t", 0, 300, ""], ["t", 2, 9, ""]])).error == 0
-    b.gossip.put_raw(f"off/{g}/t/0", {"g": g, "t": "t", "o": {str(p): [-1, "", world.now_ms + 1] for p in range(4)}})
+    deleted_elsewhere(b, g, world.now_ms + 1)
     world.status.update(b="alive", c="alive")        # healed: g is b's again
     a.groups.on_cluster_change(world.now_ms)
     a.data.commit_turn()
@@ -438,7 +448,7 @@ def test_tombstones_that_arrive_after_the_group_moved_away_are_still_answered(wo
     world.status.update(b="alive", c="alive")
     a.groups.on_cluster_change(world.now_ms)         # g moves to b; no tombstone known yet
     world.now_ms += 300
-    b.gossip.put_raw(f"off/{g}/t/0", {"g": g, "t": "t", "o": {str(p): [-1, "", deleted_at] for p in range(4)}})
+    deleted_elsewhere(b, g, deleted_at)
     a.groups.on_cluster_change(world.now_ms)
     a.data.commit_turn()
     b.groups.on_cluster_change(world.now_ms)
@@ -446,14 +456,9 @@ def test_tombstones_that_arrive_after_the_group_moved_away_are_still_answered(wo
 
 
 def test_offsets_committed_again_in_a_failed_turn_are_committed_again_next_tick(world):
-    a, b = Broker(world, "a"), Broker(world, "b")
-    for n in (a, b):
-        n.groups.on_cluster_change(world.now_ms)
-    past_grace(world)
-    g = group_on("a", ["a", "b"])
-    r = join(a, g)
+    a, b, g, r = with_member(world)
     assert a.ask(GroupCommit(g, r.member_id, r.member_epoch, [["t", 0, 200, ""]])).error == 0
-    b.gossip.put_raw(f"off/{g}/t/0", {"g": g, "t": "t", "o": {str(p): [-1, "", world.now_ms + 1] for p in range(4)}})
+    deleted_elsewhere(b, g, world.now_ms + 1)
     a.data.ok = False
     a.groups.on_cluster_change(world.now_ms)         # commits p0 again ... in a turn that fails
     a.data.commit_turn()
