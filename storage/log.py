@@ -326,6 +326,23 @@ class Store(StoreBase):
                     out.append((k, v))
         return out
 
+    def items_from(self, db: str, start: bytes, limit: int) -> list[tuple[bytes, bytes]]:
+        """At most ``limit`` committed rows of ``db`` from key ``start`` on, in key order."""
+        out = []
+        with self.env.begin(db=self.dbs[db]) as txn:
+            cur = txn.cursor()
+            if cur.set_range(start):
+                for kv in cur:
+                    out.append(kv)
+                    if len(out) >= limit:
+                        break
+        return out
+
+    def count(self, db: str) -> int:
+        """Committed rows of ``db`` (LMDB keeps the count: no walk)."""
+        with self.env.begin() as txn:
+            return txn.stat(self.dbs[db])["entries"]
+
     def _read_raw(self, pid: int, offset: int, max_bytes: int, limit_offset: int):
         """Committed ``(key base offset, batch)`` of ``pid`` covering [offset, limit_offset),
         up to max_bytes (at least one batch). One cursor seek: set_range on (pid, offset), and one step

@@ -71,6 +71,12 @@ class MemoryStore(StoreBase):
     def items(self, db, prefix=b""):
         return sorted((k, v) for k, v in self._durable[db].items() if k.startswith(prefix))
 
+    def items_from(self, db, start, limit):
+        return sorted((k, v) for k, v in self._durable[db].items() if k >= start)[:limit]
+
+    def count(self, db):
+        return len(self._durable[db])
+
     def has_writes(self) -> bool:
         return self._staged is not None
 

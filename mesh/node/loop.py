@@ -126,7 +126,7 @@ __all__ = ["NodeConfig", "Node", "StartupError"]
 log = logging.getLogger("mesh.node.loop")
 
 _RELEARN_QUIET_MS = 2_000      # --reset-gossip: gossip unchanged this long after a peer was heard
-_PRODUCER_EXPIRY_CHECK_MS = 60_000
+_PRODUCER_EXPIRY_CHECK_MS = 1_000   # one slice of the producer states (producer_state.EXPIRE_SLICE)
 _LAME_DUCK_MS = 500            # stopping, leaderships handed over: clients redirected this long
 _ISOLATED_WARN_MS = 5_000      # no live peer this long (seeds set): say so (a start takes a round or two)
 # The cyclic collector, set for a broker (CPython's defaults are 700, 10, 10). At 10,000

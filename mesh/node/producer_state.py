@@ -30,9 +30,12 @@ batch headers it appends (they carry producer id and sequence), so a new leader 
 dropping duplicates.
 
 Bounds (Kafka: ``producer.id.expiration.ms``): each state is stored with the time
-(wall-clock ms) of its last batch; ``expire(now_ms)`` (the node runs it about every
-minute, staged in the turn's transaction) deletes the states idle for longer than
-``expiration_ms`` (1 day by default), and then the longest-idle ones beyond ``max_ids``.
+(wall-clock ms) of its last batch; ``expire(now_ms)`` (the node runs it every second,
+staged in the turn's transaction) deletes the states idle for longer than
+``expiration_ms`` (1 day by default) in slices of ``EXPIRE_SLICE`` states, a cursor going
+round the table (a whole pass over a million states held the loop 0.7 s every minute);
+only beyond ``max_ids`` does it make a whole pass (at most once a minute), to delete the
+longest-idle ones.
 In memory at most ``max_cached`` states are kept (least recently used go first; they are
 read back from LMDB when needed). A producer whose state expired and that comes back with
 a sequence other than 0 gets OUT_OF_ORDER_SEQUENCE, and continues under a fresh producer
@@ -54,6 +57,8 @@ from mesh.wire.topic_config import RECENT_BATCHES
 __all__ = ["ProducerStates", "RECENT_BATCHES"]
 
 _KEY = struct.Struct(">Qq")
+EXPIRE_SLICE = 5_000   # states looked at per ``expire`` call (about 4 ms)
+WHOLE_PASS_EVERY_MS = 60_000   # beyond max_ids, a whole pass (the longest idle go) at most this often
 
 
 def _decode(raw: bytes) -> tuple[list[list[int]], int]:
@@ -81,6 +86,8 @@ class ProducerStates:
         self._cache: dict[tuple[int, int], list[list[int]]] = {}
         self._undo: dict[tuple[int, int], list[list[int]] | None] = {}
         self._dirty: dict[tuple[int, int], list[list[int]]] = {}   # staged, written by flush()
+        self._expire_from = b""   # where the next expiry slice starts
+        self._next_whole_ms = 0
         self._pack = msgpack.Packer().pack   # one Packer for every write (the node loop is one thread)
         store.pre_commit.append(self.flush)
         store.post_commit.append(self.committed)   # a commit in the middle of a turn (a catalog
@@ -116,10 +123,18 @@ class ProducerStates:
             for (pid, producer_id), st in dirty.items():
                 put("producers", key(pid, producer_id), pack({"b": st, "t": now}))   # (_encode)
 
-    def expire(self, now_ms: int) -> int:
-        """Delete states idle past ``expiration_ms``, then the longest idle beyond
-        ``max_ids``. Staged in the turn's transaction; returns how many went."""
-        rows = self.store.items("producers")
+    def expire(self, now_ms: int, slice_rows: int | None = None) -> int:
+        """Delete states idle past ``expiration_ms``, from the next ``slice_rows`` (default
+        ``EXPIRE_SLICE``) of the table on (going round); all of them, and then the longest
+        idle, beyond ``max_ids``. Staged in the turn's transaction; returns how many went."""
+        limit = slice_rows or EXPIRE_SLICE
+        whole = now_ms >= self._next_whole_ms and self.store.count("producers") > self.max_ids
+        if whole:   # (at most once a minute: a flood of new ids must not make it every call)
+            self._next_whole_ms = now_ms + WHOLE_PASS_EVERY_MS
+            rows, self._expire_from = self.store.items("producers"), b""
+        else:
+            rows = self.store.items_from("producers", self._expire_from, limit)
+            self._expire_from = rows[-1][0] + b"\0" if len(rows) >= limit else b""
         doomed, kept = [], []
         for k, raw in rows:
             try:
@@ -133,7 +148,7 @@ class ProducerStates:
                 doomed.append(k)
             else:
                 kept.append((t, k))
-        if len(kept) > self.max_ids:
+        if whole and len(kept) > self.max_ids:
             kept.sort()
             doomed.extend(k for _, k in kept[:len(kept) - self.max_ids])
         for k in doomed:

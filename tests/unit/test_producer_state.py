@@ -202,3 +202,31 @@ def test_a_commit_in_the_middle_of_a_turn_makes_the_states_durable_for_a_later_r
     store.rollback()      # the rest of the turn fails
     ps.rollback()
     assert ps.check(PID, header(5, 1)) == 1   # a retry is a duplicate of offset 1, not new
+
+
+def test_expiry_looks_at_one_slice_at_a_time_and_goes_round():
+    """A whole pass over a million states held the loop 0.7 s every minute; now each call
+    looks at one slice, and only a table over ``max_ids`` gets a whole pass."""
+    store = MemoryStore()
+    clock = [1_000]
+    ps = ProducerStates(store, now_ms=lambda: clock[0], expiration_ms=100, max_ids=20)
+    for producer in range(10):
+        append(ps, store, producer, 0, 1, base_offset=producer)
+    clock[0] = 2_000
+    for producer in range(10, 15):                  # fresh ones, after the old
+        append(ps, store, producer, 0, 1, base_offset=producer)
+    gone = []
+    for _ in range(5):   # one a turn, each turn committed
+        gone.append(ps.expire(2_000, slice_rows=4))
+        store.commit()
+    assert gone == [4, 4, 2, 0, 0] and store.count("producers") == 5
+    for producer in range(15, 40):                  # over max_ids: one whole pass keeps the 20 newest
+        clock[0] += 1
+        append(ps, store, producer, 0, 1, base_offset=producer)
+    assert ps.expire(clock[0], slice_rows=4) == 10
+    store.commit()
+    assert store.count("producers") == 20
+    for producer in range(40, 45):                  # more: the next whole pass waits a minute
+        append(ps, store, producer, 0, 1, base_offset=producer)
+    assert ps.expire(clock[0] + 1, slice_rows=4) == 0   # (a slice: none idle yet)
+    assert ps.expire(clock[0] + 60_000, slice_rows=4) == 25   # the whole pass (all idle by then)
