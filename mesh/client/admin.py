@@ -34,6 +34,21 @@ class ClientBase:
     def __exit__(self, *exc):
         self.close()
 
+    @staticmethod
+    def _while_unavailable(call, wait_s: float):
+        """``call()``, again with a backoff (50 ms doubling to 1 s) while it raises
+        COORDINATOR_NOT_AVAILABLE (the broker says it is not ready yet: still learning the
+        cluster, or taking groups over), for up to ``wait_s``; then that error."""
+        deadline, pause_s = time.monotonic() + wait_s, 0.05
+        while True:
+            try:
+                return call()
+            except MeshError as exc:
+                if exc.code != ErrorCode.COORDINATOR_NOT_AVAILABLE or time.monotonic() + pause_s > deadline:
+                    raise
+            time.sleep(pause_s)   # (the broker said so: a client backs off, it does not spin)
+            pause_s = min(1.0, 2 * pause_s)
+
 
 class Admin(ElasticAdmin, SecurityAdmin, ClientBase):
     """Topics and cluster metadata; users and ACLs (``mesh.client.security_admin``); topic
@@ -44,15 +59,7 @@ class Admin(ElasticAdmin, SecurityAdmin, ClientBase):
         change goes on to the topic's owner, ``_call_owner``). COORDINATOR_NOT_AVAILABLE (the
         owner still learns the cluster, or brokers disagree on who owns a name for a moment)
         is retried with a backoff for up to the request timeout."""
-        deadline, pause_s = time.monotonic() + self.timeout_ms / 1000, 0.05
-        while True:
-            try:
-                return self._call_any(msg)
-            except MeshError as exc:
-                if exc.code != ErrorCode.COORDINATOR_NOT_AVAILABLE or time.monotonic() + pause_s > deadline:
-                    raise
-            time.sleep(pause_s)
-            pause_s = min(1.0, 2 * pause_s)
+        return self._while_unavailable(lambda: self._call_any(msg), self.timeout_ms / 1000)
 
     def _call_any(self, msg):
         last = None

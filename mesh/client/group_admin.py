@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import logging
-import time
 
 from mesh.client.admin import ClientBase
 from mesh.client.cluster import TopicPartition
@@ -142,19 +141,12 @@ class GroupAdmin(ClientBase):
         """A delete or reset: retried while the coordinator is still taking its groups over
         (COORDINATOR_NOT_AVAILABLE: their members may still rejoin), for up to 15 s."""
         coordinator = self._coordinator(group_id)
-        deadline, pause = time.monotonic() + _SETTLE_WAIT_S, 0.2
-        while True:
-            try:
-                resp = coordinator.call(msg, timeout_ms=self.timeout_ms)
-            except MeshError as exc:
-                if exc.code != ErrorCode.COORDINATOR_NOT_AVAILABLE or time.monotonic() + pause > deadline:
-                    raise
-                time.sleep(pause)   # (the coordinator said when; a client backs off, it does not spin)
-                pause = min(2 * pause, 1.0)
-                continue
+
+        def call():
+            resp = coordinator.call(msg, timeout_ms=self.timeout_ms)
             if resp.error:
                 raise MeshError(resp.error, resp.message)
-            return
+        self._while_unavailable(call, _SETTLE_WAIT_S)
 
     def delete(self, group_id: str) -> None:
         """Delete a group and its committed offsets (Kafka's ``kafka-consumer-groups

@@ -79,7 +79,7 @@ class _Batch(SeqBatch):
         # test checks that every SeqBatch slot is set)
         self.count, self.seq, self.producer_id, self.attempts, self.rid = 0, -1, -1, 0, None
         self.sent_at_ms, self.sent_to, self.deadline_ms = 0.0, "", (now + delivery_s) * 1000
-        self.probe, self.ordinal, self.maybe_written, self.unresolved, self.appended = None, -1, False, 0, False
+        self.probe, self.ordinal, self.unresolved, self.appended = None, -1, 0, False
         self.topic, self.partition = topic, partition
         self.tp = (topic, partition)
         self.values: list = []

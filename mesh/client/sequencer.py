@@ -126,7 +126,7 @@ _tuple_new = tuple.__new__
 class SeqBatch:
     """What the sequencer keeps per batch; drivers subclass it with their payload."""
     __slots__ = ("count", "seq", "producer_id", "attempts", "rid", "sent_at_ms", "sent_to",
-                 "deadline_ms", "probe", "ordinal", "maybe_written", "unresolved", "appended")
+                 "deadline_ms", "probe", "ordinal", "unresolved", "appended")
 
     def __init__(self, count: int = 0, deadline_ms: float | None = None):
         self.count = count                  # records
@@ -139,9 +139,14 @@ class SeqBatch:
         self.deadline_ms = deadline_ms      # delivery deadline; None: none
         self.probe: SeqBatch | None = None  # rule 7: record l alone, while probing
         self.ordinal = -1                   # the how-many-th batch of its partition (rule 2)
-        self.maybe_written = False          # rule 5: some attempt may have stored it (next two)
         self.unresolved = 0                 # rule 8: attempts given up on, no answer yet
         self.appended = False               # an answer came after an append (or none will come)
+
+    @property
+    def maybe_written(self) -> bool:
+        """Rule 5: some attempt may have stored it (an answer after an append, or an attempt
+        given up on that no answer has settled yet)."""
+        return self.appended or self.unresolved > 0
 
     def single(self, i: int) -> "SeqBatch":
         """Record ``i`` alone as a one-record batch (same producer id, sequence seq + i).
@@ -360,7 +365,7 @@ class Sequencer:
             self._succeed(tp, p, b, -1 if dup else base_offset, duplicate=dup)
             return Outcome(tp, b, DONE)
         if not rejected:
-            b.maybe_written = b.appended = True
+            b.appended = True
         elif error == ErrorCode.OUT_OF_ORDER_SEQUENCE and self._restart(tp, p, b, now_ms):
             return Outcome(tp, b, RETRY)   # rule 8
         err = MeshError(error, message, leader=leader)
@@ -438,10 +443,8 @@ class Sequencer:
             return None
         tp, b = entry
         b.unresolved -= 1
-        if error != ErrorCode.NONE and error != ErrorCode.DUPLICATE_SEQUENCE:
-            if not rejected:
-                b.appended = True
-            b.maybe_written = b.appended or b.unresolved > 0
+        if error != ErrorCode.NONE and error != ErrorCode.DUPLICATE_SEQUENCE and not rejected:
+            b.appended = True
         p = self._parts.get(tp)
         if p is None or b not in p.batches or b.probe is not None:
             return None
@@ -458,7 +461,6 @@ class Sequencer:
     def _remember_stale(self, rid: int, tp: TP, b: SeqBatch) -> None:
         """An attempt given up on: its batch is in doubt until its answer comes (if ever:
         one forgotten past ``_STALE_MAX`` leaves the doubt for good)."""
-        b.maybe_written = True
         if b.probe is None:
             b.unresolved += 1
             self._stale[rid] = (tp, b)
@@ -509,7 +511,7 @@ class Sequencer:
             p.batches = collections.deque(list(p.batches)[:i] + list(singles) + later)
             return Outcome(tp, b, SPLIT, singles)
         if not rejected:
-            b.maybe_written = b.appended = True
+            b.appended = True
         err = MeshError(error, message or "probe")
         if retriable(error):
             return Outcome(tp, b, RETRY if self.retry(tp, b, err, now_ms) else FAILED)
@@ -535,7 +537,7 @@ class Sequencer:
         if b.rid is not None:
             self._by_rid.pop(b.rid, None)
             b.rid = None
-            b.maybe_written = b.appended = True
+            b.appended = True
         self._finish(tp, b, Done(tp, b, -1, _error(err, err.message, b.maybe_written), gave_up=gave_up))
         later = [x for x in p.batches if x.ordinal > b.ordinal]
         p.batches = collections.deque(x for x in p.batches if x.ordinal < b.ordinal)
@@ -545,7 +547,7 @@ class Sequencer:
             if x.rid is not None:
                 self._by_rid.pop(x.rid, None)
                 x.rid = None
-                x.maybe_written = x.appended = True
+                x.appended = True
             written = x.maybe_written and b.maybe_written
             self._done.append(Done(tp, x, -1, _error(err, f"an earlier batch failed: {err.message}", written)))
         if self._new_producer_id is not None and b.seq >= 0 and b.producer_id == p.producer_id:

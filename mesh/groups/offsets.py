@@ -205,7 +205,6 @@ class OffsetBook:
         self._tombstoned: set[str] = set()   # groups with a tombstone in the view (``collect`` looks there only)
         self._issued: dict[str, int] = {}    # per group: the last stamp handed out, not yet folded
         self._own_tombstoned: set[str] = set()   # groups with a tombstone among this node's own entries
-        self._last_stamp_ms = 0
         self.coord_set: frozenset[str] | None = None   # None until the first cluster change
 
     # -- views ----------------------------------------------------------------------------
@@ -321,16 +320,14 @@ class OffsetBook:
 
     # -- this node's own offsets ----------------------------------------------------------
 
-    def next_stamp(self, wall_ms: int, group_id: str | None = None) -> int:
-        """The stamp of a commit made now: the wall clock, strictly increasing per node (per
-        group with ``group_id``), and above every stamp seen for the group (a hybrid clock: a
+    def next_stamp(self, wall_ms: int, group_id: str) -> int:
+        """The stamp of a commit of ``group_id`` made now: the wall clock, strictly
+        increasing per group and above every stamp seen for the group (a hybrid clock: a
         deletion, or a commit after one, wins even where this clock is behind another
-        broker's). Per group, so one group's floor never pushes the others' stamps ahead;
-        and never more than ``MAX_STAMP_AHEAD_MS`` ahead of ``wall_ms`` (gossip refuses
-        entries too far in the future: such a commit would never reach the others)."""
-        if group_id is None:
-            self._last_stamp_ms = max(wall_ms, self._last_stamp_ms + 1)
-            return self._last_stamp_ms
+        broker's; a reload at start counts as seen). Per group, so one group's floor never
+        pushes the others' stamps ahead; and never more than ``MAX_STAMP_AHEAD_MS`` ahead
+        of ``wall_ms`` (gossip refuses entries too far in the future: such a commit would
+        never reach the others)."""
         floor = max(self._max_stamp.get(group_id, -1), self._issued.get(group_id, -1))
         stamp = min(max(wall_ms, floor + 1), wall_ms + MAX_STAMP_AHEAD_MS)
         self._issued[group_id] = stamp   # (two commits of a group in one turn: the second is later)
@@ -344,7 +341,6 @@ class OffsetBook:
         if offset == DELETED:
             self._own_tombstoned.add(group_id)
         self.fold(group_id, topic, partition, offset, metadata, wall_ms)
-        self._last_stamp_ms = max(self._last_stamp_ms, wall_ms)
 
     def committed_here(self, group_id: str, offsets: Iterable[OffsetEntry],
                        wall_ms: int) -> list[Chunk]:

@@ -399,8 +399,7 @@ class DataPath:
             for listener in self.on_commit:
                 listener(False)
             return False
-        self.producers.committed()
-        self.commit_failures = 0
+        self.commit_failures = 0   # (the producer states heard of the commit: store.post_commit)
         reply, store = self.reply, self.store
         for s in staged:
             if s.acks == 1:

@@ -66,6 +66,22 @@ def member(bootstrap, group, **kw) -> Consumer:
     return Consumer(bootstrap=bootstrap, group_id=group, **kw)
 
 
+def member_that_read_everything(bootstrap, topic, partitions, n, group) -> Consumer:
+    """Create ``topic``, write ``n`` records round-robin, read them all as a member of
+    ``group`` and commit: the member, still in its group."""
+    Admin(bootstrap).create_topic(topic, partitions)
+    with Producer(bootstrap) as p:
+        for i in range(n):
+            p.send(topic, b"%d" % i, partition=i % partitions)
+        p.flush()
+    c = member(bootstrap, group)
+    c.subscribe([topic])
+    got = []
+    wait_until(lambda: got.extend(r for rs in c.poll_batches(50) for r in rs) or len(got) == n, 20, f"{n} records")
+    c.commit()
+    return c
+
+
 def describe(bootstrap, group):
     with GroupAdmin(bootstrap, request_timeout_ms=2000) as ga:
         return ga.describe(group)
@@ -249,16 +265,7 @@ def test_two_groups_each_get_every_record_and_members_do_not_overlap(cluster):
 def test_group_commands_list_describe_and_reset_offsets(cluster):
     boot = cluster.bootstrap
     runner = CliRunner()
-    Admin(boot).create_topic("ledger", 3)
-    with Producer(boot) as p:
-        for i in range(90):
-            p.send("ledger", b"%d" % i, partition=i % 3)
-        p.flush()
-    c = member(boot, "books")
-    c.subscribe(["ledger"])
-    got = []
-    wait_until(lambda: got.extend(r for rs in c.poll_batches(50) for r in rs) or len(got) == 90, 20, "90 records")
-    c.commit()
+    c = member_that_read_everything(boot, "ledger", 3, 90, "books")
     # while the group has a member, offsets cannot be reset
     r = runner.invoke(cli, ["group", "reset-offsets", "books", "--topic", "ledger", "--to-earliest", "-b", boot])
     assert r.exit_code == 1 and "members" in r.output, r.output
@@ -305,16 +312,7 @@ def test_mesh_group_delete_forgets_a_group_on_every_broker_and_its_consumers_sta
     against each coordinator's 10,000-group cap, and was gossiped to every broker."""
     boot = cluster.bootstrap
     runner = CliRunner()
-    Admin(boot).create_topic("erasable", 2)
-    with Producer(boot) as p:
-        for i in range(20):
-            p.send("erasable", b"%d" % i, partition=i % 2)
-        p.flush()
-    c = member(boot, "doomed")
-    c.subscribe(["erasable"])
-    got = []
-    wait_until(lambda: got.extend(r for rs in c.poll_batches(50) for r in rs) or len(got) == 20, 20, "20 records")
-    c.commit()
+    c = member_that_read_everything(boot, "erasable", 2, 20, "doomed")
     for b in cluster.brokers:
         wait_until(lambda: gossip_offsets(b.address, "doomed") == {0: 10, 1: 10}, 10, "the commit gossiped")
     r = runner.invoke(cli, ["group", "delete", "doomed", "-b", boot])

@@ -71,11 +71,11 @@ def test_namespaces_and_entries_are_read_again_only_when_they_moved():
 
 def test_stamps_strictly_increase_and_survive_a_reload():
     book = OffsetBook("a")
-    assert [book.next_stamp(100), book.next_stamp(100), book.next_stamp(50), book.next_stamp(500)] == \
-        [100, 101, 102, 500]
+    assert [book.next_stamp(100, "g"), book.next_stamp(100, "g"), book.next_stamp(50, "g"),
+            book.next_stamp(500, "g")] == [100, 101, 102, 500]
     again = OffsetBook("a")
     again.reload("g", "t", 3, 42, "meta", 9_000)
-    assert again.next_stamp(100) == 9_001
+    assert again.next_stamp(100, "g") == 9_001
     assert again.own_chunks() == [("g", "t", 0)]
     assert again.committed("g") == {("t", 3): (42, "meta", 9_000)}
 
