@@ -21,7 +21,12 @@ this order of precedence:
    len(target)) voters; and only if a majority of the voters left is the leader or alive
    and caught up: a config without a live quorum has no leader to change it again (a
    shrink of the replication factor that kept a dead preferred replica and removed a live
-   one left its partition leaderless for good).
+   one left its partition leaderless for good). Alive means not dead in gossip and, when
+   the leader says (``Led.active``), heard by the leader within an election timeout:
+   gossip convicts a broker only 3-5 s after it died, and a shrink inside that window
+   counted the dead broker as alive. Of the voters to remove, the one the leader has not
+   heard for longest goes first (``Led.silence``), so a broker that died a moment ago,
+   not yet past either test, is removed before a live one.
 5. ``RemoveLearner``: a learner not in the target.
 6. ``AddLearner``: the first target member that is neither voter nor learner, at most
    ``max_learners_per_partition`` learners at a time, never on a broker known dead, and
@@ -41,7 +46,7 @@ bounded by the number of distinct views in flight (the simulator measures it).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Iterable, Mapping
+from typing import AbstractSet, Iterable, Mapping
 
 from mesh.cluster.balance import BalanceSettings, BrokerInfo, PartitionInfo, stable_rank, target
 
@@ -108,6 +113,8 @@ class Led:
     partition: PartitionInfo         # voters and learners from the local (latest) config
     match: Mapping[str, int]         # follower/learner -> durable match offset
     end_offset: int                  # the leader's log end
+    active: AbstractSet[str] | None = None   # followers heard within an election timeout (None: not known)
+    silence: Mapping[str, int] | None = None  # ticks since each follower was heard (None: not known)
 
 
 def apply_step(voters: tuple[str, ...], learners: tuple[str, ...],
@@ -138,8 +145,12 @@ def _insert_at_target_position(voters: tuple[str, ...], node: str,
 
 def next_step(p: PartitionInfo, tgt: tuple[str, ...], leader: str, match: Mapping[str, int],
               leader_end: int, moves: MovesInProgress,
-              settings: BalanceSettings = BalanceSettings()) -> Step | None:
-    """The one next step for partition ``p`` (led by ``leader``) toward ``tgt``, or None."""
+              settings: BalanceSettings = BalanceSettings(), active: AbstractSet[str] | None = None,
+              silence: Mapping[str, int] | None = None) -> Step | None:
+    """The one next step for partition ``p`` (led by ``leader``) toward ``tgt``, or None.
+    ``active``: the followers the leader heard within an election timeout (None: unknown,
+    gossip's liveness alone); ``silence``: ticks since it heard each (the longest silent
+    voter is removed first)."""
     if not tgt or p.pinned is None and not p.voters:
         return None
     voters, learners = p.voters, p.learners
@@ -165,9 +176,12 @@ def next_step(p: PartitionInfo, tgt: tuple[str, ...], leader: str, match: Mappin
     if len(voters) > len(tgt) and tset <= set(voters):
         out = [v for v in voters if v not in tset and v != leader]
         if out and len(voters) - 1 >= min(p.rf, len(tgt)):
-            out.sort(key=lambda v: (v not in moves.dead, match.get(v, -1), v))
+            quiet = silence or {}
+            out.sort(key=lambda v: (v not in moves.dead, active is None or v in active, -quiet.get(v, 0),
+                                    match.get(v, -1), v))
             left = [v for v in voters if v != out[0]]
-            if 2 * sum(1 for v in left if v not in moves.dead and caught_up(v)) > len(left):
+            if 2 * sum(1 for v in left if v not in moves.dead and caught_up(v)
+                       and (active is None or v == leader or v in active)) > len(left):
                 return RemoveVoter(out[0])
     for n in learners:
         if n not in tset:
@@ -244,7 +258,8 @@ class Balancer:
                 continue
             moves = MovesInProgress(self.moves.incoming, {node: outgoing}, self.moves.queue,
                                     self.moves.dead)
-            step = next_step(x.partition, tgt, node, x.match, x.end_offset, moves, self.settings)
+            step = next_step(x.partition, tgt, node, x.match, x.end_offset, moves, self.settings, x.active,
+                             x.silence)
             if step is None:
                 continue
             if isinstance(step, AddLearner):

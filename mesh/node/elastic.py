@@ -244,15 +244,18 @@ class Elastic:
         self._targets = balancer.targets
         by_pid = {pi.pid: pi for pi in parts}
         mine = []
+        window = self.replicas.cfg.election_ticks
         for pid in led:
             pi = by_pid.get(pid)
             if pi is None or pid not in self.catalog.local or self.replicas.config_pending(pid):
                 continue
             c = self.replicas.config(pid)     # the leader's own (latest) config, not gossip's
+            silence = self.replicas.follower_silence(pid)
             mine.append(Led(partition=PartitionInfo(
                 pid=pid, topic=pi.topic, partition=pi.partition, rf=pi.rf, voters=tuple(c.voters),
                 learners=tuple(c.learners), pinned=pi.pinned, size_bytes=pi.size_bytes, leader=self.node_id,
-                version=c.version), match=self.replicas.followers(pid), end_offset=self.store.log_end(pid)))
+                version=c.version), match=self.replicas.followers(pid), end_offset=self.store.log_end(pid),
+                active=frozenset(n for n, ticks in silence.items() if ticks < window), silence=silence))
         steps = balancer.steps(self.node_id, mine)
         for pid, step in steps[:_MAX_STEPS_PER_ROUND]:
             self._carry_out(pid, step)
@@ -260,7 +263,9 @@ class Elastic:
         # idle (no step, no move of ours under way, no dead broker whose timer runs): the next
         # round can only differ once gossip or our leaderships move, so skip it until then
         idle = (not steps and not self._dead_since and len(mine) == len(led)
-                and not any(x.partition.learners for x in mine))
+                and not any(x.partition.learners for x in mine)
+                and not any(len(x.partition.voters) > len(self._targets.get(x.partition.pid) or x.partition.voters)
+                            for x in mine))   # a shrink held back (a voter not heard lately): ask again
         self._quiet = quiet if idle else None
 
     def _carry_out(self, pid: int, step) -> None:

@@ -226,6 +226,10 @@ class ReplicaHost:
         """Leader only: each follower's and learner's durable match offset ({} elsewhere)."""
         return self.core.followers(pid)
 
+    def follower_silence(self, pid: int) -> dict[str, int]:
+        """Leader only: ticks since each follower and learner was last heard."""
+        return self.core.follower_silence(pid)
+
     def transfer_leadership(self, pid: int, target: str) -> None:
         """Hand leadership of ``pid`` to ``target`` (a voter; a no-op when not leading)."""
         self.apply(self.core.transfer_leadership(pid, target))

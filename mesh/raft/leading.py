@@ -42,6 +42,7 @@ class Leading:
             return
         now = self.host.now_tick
         pr.last_resp_tick = now
+        pr.heard = True
         self._note_recovering(pr, row.recovering)
         self._note_config_id(pr, row.cfg_version, row.cfg_term)
         if row.ok:
@@ -83,6 +84,7 @@ class Leading:
             return
         now = self.host.now_tick
         pr.last_resp_tick = now
+        pr.heard = True
         self._note_recovering(pr, row.recovering)
         self._note_config_id(pr, row.cfg_version, row.cfg_term)
         if pr.state == PROBE:

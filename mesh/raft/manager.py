@@ -629,6 +629,12 @@ class ReplicaManager:
         p = self._part(pid)
         return {n: pr.match for n, pr in sorted(p.progress.items())} if p.role is Role.LEADER else {}
 
+    def follower_silence(self, pid: int) -> dict[str, int]:
+        """Leader only ({} elsewhere): ticks since each follower and learner was last heard
+        (``Partition.follower_silence``): the balancer removes a voter only if a quorum of
+        those left was heard within an election timeout, and the longest silent first."""
+        return self._part(pid).follower_silence()
+
     def epoch_cache(self, pid: int) -> tuple[tuple[int, int], ...]:
         return self._part(pid).cache.entries()
 

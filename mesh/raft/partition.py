@@ -108,7 +108,7 @@ from mesh.raft.messages import (
     MAX_TERM, AppendRespRow, AppendRow, HeartbeatRespRow, HeartbeatRow, PeerRow, TimeoutNowRow, VoteRespRow,
     VoteRow,
 )
-from mesh.raft.progress import Progress, count_active
+from mesh.raft.progress import NEVER_HEARD, Progress, count_active
 from mesh.raft.quorum import VoteResult, vote_result
 
 _CATCH_UP_TERM_CEILING = MAX_TERM // 2   # a vote answer's term above this is never caught up to (rule 8)
@@ -312,6 +312,7 @@ class Partition(Leading, Configuring):
             t = heard(peer)
             if t > pr.last_resp_tick:
                 pr.last_resp_tick = t
+                pr.heard = True
 
     def follower_beat(self) -> None:
         """The node-wide beat, for a replica that is not leading (rule 10): a leader that
@@ -800,6 +801,17 @@ class Partition(Leading, Configuring):
             self._refresh_heard()   # a quiet leader's followers are as live as their nodes
         now, lag = self.host.now_tick, self.cfg.isr_lag_ticks
         return [r for r in self.voters if r == self.node or self.progress[r].in_sync(now, lag, self.end)]
+
+    def follower_silence(self) -> dict[str, int]:
+        """Leader only ({} elsewhere): ticks since each follower and learner last answered
+        (or its node spoke), ``NEVER_HEARD`` if it has not since this leadership began (the
+        grace period of check-quorum does not count here)."""
+        if self.role is not Role.LEADER:
+            return {}
+        if self.quiesced:
+            self._refresh_heard()   # as in isr()
+        now = self.host.now_tick
+        return {n: now - pr.last_resp_tick if pr.heard else NEVER_HEARD for n, pr in sorted(self.progress.items())}
 
     def describe(self) -> dict:
         d = {

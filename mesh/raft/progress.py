@@ -43,16 +43,19 @@ from __future__ import annotations
 from collections import deque
 from typing import Iterable
 
-__all__ = ["PROBE", "REPLICATE", "Progress", "count_active"]
+__all__ = ["PROBE", "REPLICATE", "NEVER_HEARD", "Progress", "count_active"]
 
 PROBE = "probe"          # one message in flight; find where the follower's log agrees
 REPLICATE = "replicate"  # agreement known: pipeline batches, bounded in messages and bytes
 
 
+NEVER_HEARD = 1 << 30   # follower_silence of a follower not heard since this leadership began
+
+
 class Progress:
     """The leader's view of one follower (this term only)."""
     __slots__ = ("match", "next", "state", "probe_sent", "probe_prev", "inflight",
-                 "inflight_bytes", "last_resp_tick", "caught_up_tick", "store", "recovering", "config_id")
+                 "inflight_bytes", "last_resp_tick", "heard", "caught_up_tick", "store", "recovering", "config_id")
 
     def __init__(self, next_offset: int, now_tick: int) -> None:
         self.match = 0                 # logs agree on [0, match) and the follower synced it
@@ -63,6 +66,7 @@ class Progress:
         self.inflight: deque[tuple[int, int, int]] = deque()  # (end_offset, bytes, sent tick)
         self.inflight_bytes = 0
         self.last_resp_tick = now_tick  # a grace period of one election timeout
+        self.heard = False             # the follower answered this leader (or its node spoke) since then
         self.caught_up_tick = -(1 << 62)
         self.store: str | None = None  # the follower's store id, once it answered
         self.recovering = False        # the follower lost state: not counted, not a transfer target
@@ -143,7 +147,8 @@ class Progress:
 
     # -- queries -------------------------------------------------------------------------
     def active(self, now_tick: int, window_ticks: int) -> bool:
-        """The follower answered within the last ``window_ticks``."""
+        """The follower answered within the last ``window_ticks`` (or this leadership is
+        younger than that: the grace period)."""
         return now_tick - self.last_resp_tick < window_ticks
 
     def in_sync(self, now_tick: int, lag_ticks: int, log_end: int) -> bool:

@@ -105,3 +105,34 @@ def test_topic_changes_through_different_brokers_at_once_are_made_by_one_owner(c
     brokers[0].stop()
     brokers[0].start()
     wait_until(lambda: _shape(brokers[0], "x") == _shape(brokers[1], "x"), 30, "the restarted broker to list x")
+
+
+def test_lowering_the_replication_factor_just_after_a_broker_died_keeps_every_partition_led(cluster3):
+    """The alter right after a broker was killed, before gossip convicted it (3-5 s): the
+    leaders counted it as alive, removed live voters and kept it, and 3 of 6 partitions were
+    left with voters [live, dead]: no quorum, no leader, and nobody to change them again. A leader now
+    removes a voter only if it heard a quorum of those left within an election timeout, and
+    the voter it heard least recently first."""
+    from mesh.groups.rendezvous import coordinator_for
+    from mesh.testing.workload import topic_view
+    by_id = {b.node_id: b for b in cluster3.brokers}
+    owner = by_id[coordinator_for("topic:s", by_id)]   # makes the alter: it must live
+    victim = [b for b in cluster3.brokers if b is not owner][-1]
+    live = [b for b in cluster3.brokers if b is not victim]
+    with Admin(cluster3.bootstrap) as admin, Producer(cluster3.bootstrap, acks="all") as p:
+        admin.create_topic("s", partitions=6, replication_factor=3)
+        for f in [p.send("s", b"v%d" % i, partition=i % 6) for i in range(60)]:
+            f.get(20)
+    victim.kill()
+    with Admin(owner.address) as admin:
+        admin.alter_topic("s", replication_factor=1, wait_s=0)
+
+    def settled():   # one voter each, but where the dead broker is the one to keep: no removal there
+        parts, _ = topic_view(live, "s")
+        return parts is not None and all(q["replicas"] == [q["leader"]] or len(q["replicas"]) == 3
+                                         and q["leader"] in {b.node_id for b in live} for q in parts)
+    wait_until(settled, 60, "every partition led, by its only voter or by a live one of its 3 (the dead one, "
+                            "the one to keep, never removed a live one)")
+    with Producer(owner.address, acks="all") as p:
+        for f in [p.send("s", b"after", partition=q) for q in range(6)]:
+            f.get(20)

@@ -320,6 +320,28 @@ def test_a_voter_is_removed_only_with_every_target_member_a_voter_and_a_live_quo
     assert next_step(part("abc"), ("a", "b"), "a", {"b": 0, "c": 9}, 9, NO_MOVES) is None
 
 
+def test_a_voter_is_removed_only_if_the_leader_heard_a_quorum_of_those_left_lately():
+    # the replication factor lowered 3 -> 2 right after c died, before gossip convicted it
+    # (3-5 s): c still looks alive, but the leader a has not heard it within an election
+    # timeout. Removing b would leave [c dead, a]: no quorum, and nothing to change it again
+    caught = {"b": 9, "c": 9}
+    p = part("cab", rf=2)
+    assert next_step(p, ("c", "a"), "a", caught, 9, NO_MOVES, active={"b"}) is None
+    assert next_step(p, ("c", "a"), "a", caught, 9, NO_MOVES, active={"b", "c"}) == RemoveVoter("b")
+    assert next_step(p, ("c", "a"), "a", caught, 9, NO_MOVES) == RemoveVoter("b")   # not known: gossip alone
+    # shrinking to a alone right after c died: the voter the leader has not heard for
+    # longest goes first, so a c that died a moment ago (still "active") goes before b
+    bc, one = {"b", "c"}, part("abc", rf=1)
+    assert next_step(one, ("a",), "a", caught, 9, NO_MOVES, active=bc, silence={"b": 0, "c": 3}) == RemoveVoter("c")
+    assert next_step(one, ("a",), "a", caught, 9, NO_MOVES, active=bc, silence={"b": 3, "c": 0}) == RemoveVoter("b")
+    assert next_step(one, ("a",), "a", caught, 9, NO_MOVES, active={"b"}, silence={"b": 9, "c": 5}) == RemoveVoter("c")
+    # the Balancer passes the leader's view on (a reassignment pins the same target)
+    pinned = PartitionInfo(1, "t", 0, 2, tuple("cab"), (), pinned=("c", "a"))
+    balancer = Balancer([BrokerInfo(n) for n in "abc"], [pinned])
+    assert balancer.steps("a", [Led(pinned, caught, 9, active=frozenset("bc"))]) == [(1, RemoveVoter("b"))]
+    assert balancer.steps("a", [Led(pinned, caught, 9, active=frozenset("b"))]) == []
+
+
 def test_stray_learner_is_removed():
     step = next_step(part("abc", "x"), ("a", "b", "c"), "a", {"x": 0}, 9, NO_MOVES)
     assert step == RemoveLearner("x")

@@ -20,7 +20,7 @@ from mesh.raft import (
 from mesh.raft.messages import AppendRespRow, AppendRow, HeartbeatRespRow, HeartbeatRow, VoteRow
 from mesh.raft.partition import PartitionHost
 from mesh.raft.membership import Config
-from mesh.raft.progress import PROBE, REPLICATE, Progress, count_active
+from mesh.raft.progress import NEVER_HEARD, PROBE, REPLICATE, Progress, count_active
 from mesh.raft.quorum import VoteResult, committed_offset, majority, vote_result
 from mesh.wire.codec import REGISTRY, decode_body, encode_body, op_of
 from tests.sim.replication_disk import SimDisk, batches_of
@@ -650,6 +650,22 @@ def test_isr_drops_a_lagging_follower():
     assert net.cores["n0"].isr(1) == ["n0", "n1"]
     st = net.cores["n0"].status(1)
     assert st["role"] == "leader" and st["followers"]["n2"]["match"] == 1 and st["commit"] == 2
+
+
+def test_follower_silence_counts_ticks_since_the_leader_heard_each_follower():
+    net = Net()
+    net.cut = {("n2", "n0")}   # n2 died just before the election (its answers stop)
+    net.elect("n0")
+    # a new leader's grace period (check-quorum) counts n2 as live; this does not
+    assert net.cores["n0"].follower_silence(1) == {"n1": 0, "n2": NEVER_HEARD}
+    net.cut = set()
+    net.tick(2)
+    assert max(net.cores["n0"].follower_silence(1).values()) < CFG.heartbeat_ticks + 1
+    assert net.cores["n1"].follower_silence(1) == {}   # a follower knows none
+    net.cut = {("n2", "n0")}   # n2 died, nobody convicted it yet
+    net.tick(CFG.election_ticks, nids=["n0", "n1"])
+    silence = net.cores["n0"].follower_silence(1)
+    assert silence["n1"] <= CFG.heartbeat_ticks and silence["n2"] >= CFG.election_ticks
 
 
 # -- robustness ------------------------------------------------------------------------------------
