@@ -475,6 +475,22 @@ class Opened:
     moved_to: str | None        # where --rejoin-empty moved a refused directory
 
 
+def _lmdb_identity(store) -> tuple[bytes | None, int, bytes | None]:
+    """(store id, generation, node id) as LMDB's ``meta`` holds them; ValueError (the store
+    is damaged) if they cannot be read: a flipped byte there was a bare ``int()`` error."""
+    sid, gen, node = (store.get("meta", k) for k in (b"store_id", b"generation", b"node_id"))
+    try:
+        generation = int((gen or b"0").decode("ascii"))
+        if sid is not None:
+            sid.decode()
+    except ValueError as exc:   # (UnicodeDecodeError is one)
+        raise ValueError(f"its identity in LMDB is garbled (generation {bytes(gen or b'')[:40]!r}, "
+                         f"store id {bytes(sid or b'')[:40]!r})") from exc
+    if generation < 0:
+        raise ValueError(f"its identity in LMDB is garbled (generation {generation})")
+    return sid, generation, node
+
+
 def open_data_dir(path: str, node_id: str, rejoin_empty: bool = False, **store_kwargs) -> Opened:
     """Lock, check, open LMDB, compare identities, bump and persist the generation (LMDB
     first, synced; then the identity file). A refused directory raises ``DataDirError``
@@ -491,6 +507,11 @@ def open_data_dir(path: str, node_id: str, rejoin_empty: bool = False, **store_k
             old = dd.check(node_id)
             probe_in_child(path, **store_kwargs)
             store = Store(path, **store_kwargs)
+            try:
+                lmdb_store, lmdb_gen, lmdb_node = _lmdb_identity(store)
+            except ValueError:
+                store.close()
+                raise
         except (DataDirDamaged, LogError, lmdb.Error, struct.error, ValueError) as exc:
             if not rejoin_empty:
                 said = (str(exc) if isinstance(exc, (DataDirDamaged, LogError))
@@ -505,9 +526,7 @@ def open_data_dir(path: str, node_id: str, rejoin_empty: bool = False, **store_k
             moved = dd.move_aside("refused")
             log.error("--rejoin-empty: %s; moved %s to %s, starting on an empty store", exc, path, moved)
             store = Store(path, **store_kwargs)
-        lmdb_store = store.get("meta", b"store_id")
-        lmdb_gen = int(store.get("meta", b"generation") or 0)
-        lmdb_node = store.get("meta", b"node_id")
+            lmdb_store, lmdb_gen, lmdb_node = None, 0, None
         if isinstance(old, DataDirDamaged):
             # an unreadable identity file (an empty one, as some file systems leave after a
             # crash around a rename): LMDB holds the same identity since it names its node,

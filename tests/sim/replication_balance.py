@@ -165,7 +165,9 @@ class BalanceSim(ReconfigSim):
                              learners=tuple(c.learners), leader=node.id, version=c.version)
         if core.config_pending(pid):
             return
-        steps = self.balancer.steps(node.id, [Led(mine, core.followers(pid), core.end_offset(pid))])
+        silence = core.follower_silence(pid)   # the leader's own view of its followers, as elastic passes it
+        active = frozenset(n for n, ticks in silence.items() if ticks < core.cfg.election_ticks)
+        steps = self.balancer.steps(node.id, [Led(mine, core.followers(pid), core.end_offset(pid), active, silence)])
         if not steps:
             return
         step = steps[0][1]

@@ -337,6 +337,23 @@ def test_a_truncated_store_is_refused_and_rejoin_empty_moves_it_aside(tmp_path):
     _close(o)
 
 
+@pytest.mark.parametrize("key, value", [(b"generation", b"2\xff"), (b"generation", b"-3"),
+                                        (b"store_id", b"\xfe\xff")])
+def test_a_garbled_identity_in_lmdb_is_a_clear_error_and_rejoin_empty_moves_it_aside(tmp_path, key, value):
+    o = _store_dir(tmp_path)
+    o.store.put("meta", key, value)   # a flipped byte in the store's own identity records
+    o.store.commit()
+    _close(o)
+    with pytest.raises(datadir.DataDirDamaged, match="identity in LMDB is garbled.*--rejoin-empty"):
+        _store_dir(tmp_path)
+    o = _store_dir(tmp_path, rejoin_empty=True)
+    assert o.lost and o.moved_to and o.identity.recovering
+    _close(o)
+    o = _store_dir(tmp_path)   # and it starts normally from then on
+    assert o.moved_to is None
+    _close(o)
+
+
 @pytest.mark.parametrize("damage", ["magic", "root", "short"])
 def test_damaged_meta_pages_are_a_clear_error(tmp_path, damage):
     o = _store_dir(tmp_path)
