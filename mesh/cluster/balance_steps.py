@@ -7,7 +7,11 @@ learners) or ``transfer_leadership``, and asks again once the change is done. St
 this order of precedence:
 
 1. ``Promote``: a learner in the target that is caught up (its durable match within
-   ``catch_up_lag`` of the leader's end) becomes a voter, at its target position.
+   ``catch_up_lag`` of the leader's end) becomes a voter, at its target position; when the
+   leader says (``Led.active``), only one it heard within an election timeout and that
+   is not recovering (a learner is refilled, and confirmed, before it may vote: on an
+   empty partition a learner that had not even answered was "caught up", and promoted, it
+   made a 4-voter config that one more failure left without a quorum for good).
 2. ``Reorder``: the preferred leader (voters[0]) is not in the target: a target voter goes
    first, so preferred-leader election never pulls leadership back to a broker on its way
    out (a draining one, say).
@@ -22,11 +26,11 @@ this order of precedence:
    and caught up: a config without a live quorum has no leader to change it again (a
    shrink of the replication factor that kept a dead preferred replica and removed a live
    one left its partition leaderless for good). Alive means not dead in gossip and, when
-   the leader says (``Led.active``), heard by the leader within an election timeout:
-   gossip convicts a broker only 3-5 s after it died, and a shrink inside that window
-   counted the dead broker as alive. Of the voters to remove, the one the leader has not
-   heard for longest goes first (``Led.silence``), so a broker that died a moment ago,
-   not yet past either test, is removed before a live one.
+   the leader says (``Led.active``, from ``live_for_removal``), heard by the leader since
+   it first saw the surplus (so a shrink waits one round for the voters it keeps to
+   answer) and within an election timeout: gossip convicts a broker only 3-5 s after it
+   died, and a shrink inside that window counted the dead broker as alive. Of the voters
+   to remove, the one the leader has not heard for longest goes first (``Led.silence``).
 5. ``RemoveLearner``: a learner not in the target.
 6. ``AddLearner``: the first target member that is neither voter nor learner, at most
    ``max_learners_per_partition`` learners at a time, never on a broker known dead, and
@@ -50,9 +54,7 @@ from typing import AbstractSet, Iterable, Mapping
 
 from mesh.cluster.balance import BalanceSettings, BrokerInfo, PartitionInfo, stable_rank, target
 
-__all__ = ["AddLearner", "Balancer", "Led", "MovesInProgress", "Promote", "RemoveLearner",
-           "RemoveVoter", "Reorder", "Step", "Transfer", "apply_step", "moves_in_progress",
-           "next_step"]
+__all__ = ["AddLearner", "Balancer", "Led", "MovesInProgress", "Promote", "RemoveLearner", "RemoveVoter", "Reorder", "Step", "Transfer", "apply_step", "live_for_removal", "moves_in_progress", "next_step"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,8 +115,20 @@ class Led:
     partition: PartitionInfo         # voters and learners from the local (latest) config
     match: Mapping[str, int]         # follower/learner -> durable match offset
     end_offset: int                  # the leader's log end
-    active: AbstractSet[str] | None = None   # followers heard within an election timeout (None: not known)
+    active: AbstractSet[str] | None = None   # followers heard within an election timeout, able to vote (None: not known)
     silence: Mapping[str, int] | None = None  # ticks since each follower was heard (None: not known)
+
+
+def live_for_removal(silence: Mapping[str, int], now_tick: int, surplus_since: int | None,
+                     window_ticks: int) -> frozenset[str]:
+    """``Led.active`` from the leader's ``follower_silence``: the followers heard within an
+    election timeout (``window_ticks``) and, while the partition has more voters than its
+    target (``surplus_since``: the tick the leader first saw it), heard since then. So a
+    shrink waits one round for every voter it keeps to answer: a broker that died just
+    before (a shrink and a death at once) has not, whatever gossip says."""
+    if surplus_since is not None:
+        window_ticks = min(window_ticks, now_tick - surplus_since)
+    return frozenset(n for n, ticks in silence.items() if ticks < window_ticks)
 
 
 def apply_step(voters: tuple[str, ...], learners: tuple[str, ...],
@@ -163,7 +177,7 @@ def next_step(p: PartitionInfo, tgt: tuple[str, ...], leader: str, match: Mappin
         return n == leader or match.get(n, -1) >= floor
 
     for n in sorted((x for x in learners if x in tset), key=tgt.index):
-        if caught_up(n):
+        if caught_up(n) and (active is None or n in active):
             return Promote(n, _insert_at_target_position(voters, n, tgt))
     staying = [v for v in voters if v in tset]
     if voters and voters[0] not in tset and staying:

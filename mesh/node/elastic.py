@@ -44,7 +44,7 @@ from typing import Any, Callable
 from mesh.cluster import keys
 from mesh.cluster.balance import BalanceSettings, BrokerInfo, PartitionInfo
 from mesh.cluster.balance_steps import (AddLearner, Balancer, Led, Promote, RemoveLearner, RemoveVoter, Reorder,
-                                        Transfer)
+                                        Transfer, live_for_removal)
 from mesh.cluster.catalog import cluster_pid
 from mesh.cluster.configs import PartitionConfig, keep_local
 from mesh.raft.membership import Config
@@ -98,6 +98,7 @@ class Elastic:
         self._last_ms = -_MIN_ROUND_MS
         self._gap_ms = _MIN_ROUND_MS      # the least time between two rounds (their cost sets it)
         self._dead_since: dict[str, int] = {}
+        self._surplus_since: dict[int, int] = {}   # pid -> replication tick its leader (here) first saw surplus voters
         self._load: Any = None
         self._targets: dict[int, tuple[str, ...]] = {}   # pid -> target, as of the last round (moves)
         self._quiet: tuple | None = None   # (gossip version, led pids) of the last idle round
@@ -244,18 +245,22 @@ class Elastic:
         self._targets = balancer.targets
         by_pid = {pi.pid: pi for pi in parts}
         mine = []
-        window = self.replicas.cfg.election_ticks
+        window, tick = self.replicas.cfg.election_ticks, self.replicas.now_tick
+        surplus = {}
         for pid in led:
             pi = by_pid.get(pid)
             if pi is None or pid not in self.catalog.local or self.replicas.config_pending(pid):
                 continue
             c = self.replicas.config(pid)     # the leader's own (latest) config, not gossip's
             silence = self.replicas.follower_silence(pid)
+            if len(c.voters) > len(self._targets.get(pid) or c.voters):
+                surplus[pid] = self._surplus_since.get(pid, tick)
             mine.append(Led(partition=PartitionInfo(
                 pid=pid, topic=pi.topic, partition=pi.partition, rf=pi.rf, voters=tuple(c.voters),
                 learners=tuple(c.learners), pinned=pi.pinned, size_bytes=pi.size_bytes, leader=self.node_id,
                 version=c.version), match=self.replicas.followers(pid), end_offset=self.store.log_end(pid),
-                active=frozenset(n for n, ticks in silence.items() if ticks < window), silence=silence))
+                active=live_for_removal(silence, tick, surplus.get(pid), window), silence=silence))
+        self._surplus_since = surplus
         steps = balancer.steps(self.node_id, mine)
         for pid, step in steps[:_MAX_STEPS_PER_ROUND]:
             self._carry_out(pid, step)

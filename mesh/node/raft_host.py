@@ -226,6 +226,10 @@ class ReplicaHost:
         """Leader only: each follower's and learner's durable match offset ({} elsewhere)."""
         return self.core.followers(pid)
 
+    @property
+    def now_tick(self) -> int:
+        return self.core.now_tick
+
     def follower_silence(self, pid: int) -> dict[str, int]:
         """Leader only: ticks since each follower and learner was last heard."""
         return self.core.follower_silence(pid)

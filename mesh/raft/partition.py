@@ -805,13 +805,15 @@ class Partition(Leading, Configuring):
     def follower_silence(self) -> dict[str, int]:
         """Leader only ({} elsewhere): ticks since each follower and learner last answered
         (or its node spoke), ``NEVER_HEARD`` if it has not since this leadership began (the
-        grace period of check-quorum does not count here)."""
+        grace period of check-quorum does not count here) or if it says it is recovering (it
+        lost state, or joined and is not refilled yet: it may not vote)."""
         if self.role is not Role.LEADER:
             return {}
         if self.quiesced:
             self._refresh_heard()   # as in isr()
         now = self.host.now_tick
-        return {n: now - pr.last_resp_tick if pr.heard else NEVER_HEARD for n, pr in sorted(self.progress.items())}
+        return {n: now - pr.last_resp_tick if pr.heard and not pr.recovering else NEVER_HEARD
+                for n, pr in sorted(self.progress.items())}
 
     def describe(self) -> dict:
         d = {

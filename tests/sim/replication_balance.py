@@ -11,7 +11,11 @@ and asks ``mesh.cluster.balance_steps.Balancer`` for the targets and, for each l
 one next step (``steps``), exactly as ``mesh.node.elastic`` does. Membership events, seeded:
 a broker is decommissioned (draining) and later recommissioned (a join), and one broker is
 retired (crashed for good: its replicas are re-created once it has been dead for
-``replace_after_ms``).
+``replace_after_ms``; until 2026-11 the base's restart events brought it back 0.1-3 s
+later, which hid two ways to lose a quorum for good). ``--detect-ms``: the view convicts a
+crashed broker that late (gossip's 3-5 s); ``--shrink``: the replication factor is lowered
+by one as the broker retires. Leaders pass their own view of their followers
+(``follower_silence``), as ``mesh.node.elastic`` does.
 
 Invariants, besides the reconfiguration simulator's (one history of committed configs,
 one leader per epoch, no committed entry lost, targets reached after the heal):
@@ -39,7 +43,7 @@ from collections import Counter
 from dataclasses import dataclass
 
 from mesh.cluster.balance import BalanceSettings, BrokerInfo, PartitionInfo
-from mesh.cluster.balance_steps import Balancer, Led, Transfer, apply_step
+from mesh.cluster.balance_steps import Balancer, Led, Transfer, apply_step, live_for_removal
 from mesh.raft import Role
 from mesh.testing.seeds import run_seeds
 from mesh.wire.errors import MeshError
@@ -60,9 +64,12 @@ class BalanceSimConfig(ReconfigConfig):
     drain: bool = True
     retarget_p: float = 0.0            # no random targets: the balancer decides
     max_move_backs: int = 1            # known: see the module docstring
+    detect_ms: int = 0                 # gossip convicts a crashed broker this late (the real one: 3-5 s)
+    shrink: bool = False               # the replication factor lowered by one at the moment of the retirement
 
     def argv(self) -> str:
-        return super().argv() + ("" if self.retire else " --no-retire") + ("" if self.drain else " --no-drain")
+        return (super().argv() + ("" if self.retire else " --no-retire") + ("" if self.drain else " --no-drain")
+                + (f" --detect-ms {self.detect_ms}" if self.detect_ms else "") + (" --shrink" if self.shrink else ""))
 
 
 class BalanceSim(ReconfigSim):
@@ -89,8 +96,13 @@ class BalanceSim(ReconfigSim):
         if cfg.drain:
             self._at(self._ms(span_ms // 10, span_ms // 4), "drain", nodes[0])
             self._at(self._ms(span_ms // 2, 3 * span_ms // 4), "recommission", nodes[0])
+        self.rf = cfg.rf
+        self.surplus_since: dict[tuple, int] = {}   # (pid, leader, its life) -> tick it first saw surplus voters
         if cfg.retire and cfg.brokers - 1 >= cfg.rf + 1:
-            self._at(self._ms(span_ms // 5, span_ms // 2), "retire", nodes[1])
+            at = self._ms(span_ms // 5, span_ms // 2)
+            self._at(at, "retire", nodes[1])
+            if cfg.shrink:
+                self._at(at, "shrink", None)
 
     # -- events -------------------------------------------------------------------------------
     def on_event(self, kind: str, arg) -> None:
@@ -106,21 +118,25 @@ class BalanceSim(ReconfigSim):
             if node.up:
                 self._crash(node, mid_turn=False)
             self._membership_event()
-        elif kind == "restart" and arg in self.retired:
-            return                                      # retired: never comes back
+        elif kind == "shrink":
+            self.rf -= 1
+            self._membership_event()
         else:
             super().on_event(kind, arg)
+
+    def heal(self) -> None:
+        super().heal()
+        for pid in self.pids:   # a retired broker's copies are gone with it: nobody is left to drop them
+            self.replicas[pid] = [r for r in self.replicas[pid] if r not in self.retired]
+
+    def _start(self, node) -> None:
+        if node.id in getattr(self, "retired", ()):   # (the base starts every node before our __init__ ends)
+            return   # retired: never comes back (the base handles "restart" events itself: before, a
+        super()._start(node)   # retired broker came back 0.1-3 s later, in the cores but not in the view)
 
     def _membership_event(self) -> None:
         self.epoch += 1
         self.counts["events"] += 1
-
-    def heal(self) -> None:
-        retired = [self.nodes[n] for n in sorted(self.retired)]
-        super().heal()
-        for node in retired:                            # heal restarted it: it stays dead
-            if node.up:
-                self._crash(node, mid_turn=False)
 
     # -- the view and the balancer (what mesh.node.elastic builds) ----------------------------
     def _brokers(self) -> list[BrokerInfo]:
@@ -131,7 +147,10 @@ class BalanceSim(ReconfigSim):
             if up:
                 self.down_since.pop(nid, None)
             since = self.down_since.setdefault(nid, now_ms) if not up else now_ms
-            out.append(BrokerInfo(nid, alive=up, draining=nid in self.draining, dead_ms=now_ms - since))
+            convicted = since + self.cfg.detect_ms   # before that the view still says alive
+            alive = up or now_ms < convicted
+            out.append(BrokerInfo(nid, alive=alive, draining=nid in self.draining,
+                                  dead_ms=0 if alive else now_ms - convicted))
         gone = frozenset(b.node_id for b in out if not b.alive and b.dead_ms >= self.cfg.replace_after_ms)
         if gone != self.dead_for_good:
             self.dead_for_good = gone
@@ -144,7 +163,7 @@ class BalanceSim(ReconfigSim):
             reg = self.reg_latest.get(pid)
             c = reg[0] if reg else None
             voters = tuple(c.voters) if c else self.initial[pid]
-            out.append(PartitionInfo(pid=pid, topic="t", partition=pid, rf=self.cfg.rf, voters=voters,
+            out.append(PartitionInfo(pid=pid, topic="t", partition=pid, rf=self.rf, voters=voters,
                                      learners=tuple(c.learners) if c else (), leader=self._leader_of(pid),
                                      version=c.version if c else 0))
         return out
@@ -161,12 +180,18 @@ class BalanceSim(ReconfigSim):
             return
         core = node.core
         c = core.config(pid)
-        mine = PartitionInfo(pid=pid, topic="t", partition=pid, rf=self.cfg.rf, voters=tuple(c.voters),
+        mine = PartitionInfo(pid=pid, topic="t", partition=pid, rf=self.rf, voters=tuple(c.voters),
                              learners=tuple(c.learners), leader=node.id, version=c.version)
         if core.config_pending(pid):
             return
         silence = core.follower_silence(pid)   # the leader's own view of its followers, as elastic passes it
-        active = frozenset(n for n, ticks in silence.items() if ticks < core.cfg.election_ticks)
+        tgt = self.balancer.targets.get(pid) or c.voters
+        key, since = (pid, node.id, node.incarnation), None
+        if len(c.voters) > len(tgt):
+            since = self.surplus_since.setdefault(key, core.now_tick)
+        else:
+            self.surplus_since.pop(key, None)
+        active = live_for_removal(silence, core.now_tick, since, core.cfg.election_ticks)
         steps = self.balancer.steps(node.id, [Led(mine, core.followers(pid), core.end_offset(pid), active, silence)])
         if not steps:
             return
@@ -211,8 +236,8 @@ def check_balanced(sim: BalanceSim) -> None:
     reps, prefs = Counter(), Counter()
     for pid in sim.pids:
         t = sim.target[pid]
-        if len(t) != min(sim.cfg.rf, len(eligible)) or not set(t) <= set(eligible):
-            sim.fail(f"p{pid}: voters {t} are not {sim.cfg.rf} eligible brokers of {eligible}")
+        if len(t) != min(sim.rf, len(eligible)) or not set(t) <= set(eligible):
+            sim.fail(f"p{pid}: voters {t} are not {sim.rf} eligible brokers of {eligible}")
         reps.update(t)
         prefs[t[0]] += 1
     for what, cnt in (("replica", reps), ("preferred-leader", prefs)):
@@ -252,11 +277,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rf", type=int, default=3)
     p.add_argument("--no-retire", action="store_true")
     p.add_argument("--no-drain", action="store_true")
+    p.add_argument("--detect-ms", type=int, default=0, help="gossip convicts a crashed broker this late")
+    p.add_argument("--shrink", action="store_true", help="lower the replication factor at the retirement")
     p.add_argument("-q", "--quiet", action="store_true")
     args = p.parse_args(argv)
     return run_seeds(args.seed, args.seeds, lambda seed: run(BalanceSimConfig(
         seed=seed, steps=args.steps, brokers=args.brokers, partitions=args.partitions, rf=args.rf,
-        retire=not args.no_retire, drain=not args.no_drain)), failure=SimFailure, quiet=args.quiet)
+        retire=not args.no_retire, drain=not args.no_drain, detect_ms=args.detect_ms, shrink=args.shrink)),
+        failure=SimFailure,
+        quiet=args.quiet)
 
 
 if __name__ == "__main__":

@@ -10,10 +10,11 @@ import pytest
 from hypothesis import given, settings as hsettings, strategies as st
 
 from mesh.cluster.balance import BalanceSettings, BrokerInfo, PartitionInfo, stable_rank, target
-from mesh.cluster.balance_steps import (AddLearner, Balancer, Led, MovesInProgress, Promote,
+from mesh.cluster.balance_steps import (AddLearner, Balancer, Led, MovesInProgress, Promote, live_for_removal,
                                         RemoveLearner, RemoveVoter, Reorder, Transfer, apply_step,
                                         moves_in_progress, next_step)
 from mesh.cluster.placement import place_replicas
+from mesh.raft.progress import NEVER_HEARD
 
 S = BalanceSettings()
 
@@ -340,6 +341,23 @@ def test_a_voter_is_removed_only_if_the_leader_heard_a_quorum_of_those_left_late
     balancer = Balancer([BrokerInfo(n) for n in "abc"], [pinned])
     assert balancer.steps("a", [Led(pinned, caught, 9, active=frozenset("bc"))]) == [(1, RemoveVoter("b"))]
     assert balancer.steps("a", [Led(pinned, caught, 9, active=frozenset("b"))]) == []
+
+
+def test_a_shrink_waits_until_every_voter_it_keeps_answered_since_it_began():
+    silence = {"b": 1, "c": 3}   # ticks since the leader heard each
+    assert live_for_removal(silence, 100, None, 10) == {"b", "c"}     # no shrink pending: an election timeout
+    assert live_for_removal(silence, 100, 100, 10) == frozenset()     # first seen now: nobody answered since
+    assert live_for_removal(silence, 102, 100, 10) == {"b"}           # c has not answered since tick 100
+    assert live_for_removal(silence, 150, 100, 10) == {"b", "c"}      # capped at an election timeout
+    assert live_for_removal({"b": NEVER_HEARD}, 150, None, 10) == frozenset()
+
+
+def test_a_learner_is_promoted_only_once_the_leader_heard_it_able_to_vote():
+    # an empty partition: a learner that never answered is "caught up" (match 0 >= 0)
+    p, match = part("ab", "c", rf=3), {"b": 0, "c": 0}
+    assert next_step(p, ("a", "b", "c"), "a", match, 0, NO_MOVES) == Promote("c", ("a", "b", "c"))
+    assert next_step(p, ("a", "b", "c"), "a", match, 0, NO_MOVES, active={"b"}) is None
+    assert next_step(p, ("a", "b", "c"), "a", match, 0, NO_MOVES, active={"b", "c"}) == Promote("c", ("a", "b", "c"))
 
 
 def test_stray_learner_is_removed():
