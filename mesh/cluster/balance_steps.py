@@ -8,8 +8,8 @@ this order of precedence:
 
 1. ``Promote``: a learner in the target that is caught up (its durable match within
    ``catch_up_lag`` of the leader's end) becomes a voter, at its target position; when the
-   leader says (``Led.active``), only one it heard within an election timeout and that
-   is not recovering (a learner is refilled, and confirmed, before it may vote: on an
+   leader says (``Led.active``), only one not dead in gossip, heard within two heartbeats
+   and not recovering (a learner is refilled, and confirmed, before it may vote: on an
    empty partition a learner that had not even answered was "caught up", and promoted, it
    made a 4-voter config that one more failure left without a quorum for good).
 2. ``Reorder``: the preferred leader (voters[0]) is not in the target: a target voter goes
@@ -28,9 +28,12 @@ this order of precedence:
    one left its partition leaderless for good). Alive means not dead in gossip and, when
    the leader says (``Led.active``, from ``live_for_removal``), heard by the leader since
    it first saw the surplus (so a shrink waits one round for the voters it keeps to
-   answer) and within an election timeout: gossip convicts a broker only 3-5 s after it
-   died, and a shrink inside that window counted the dead broker as alive. Of the voters
-   to remove, the one the leader has not heard for longest goes first (``Led.silence``).
+   answer) and within two heartbeats: gossip convicts a broker only 3-5 s after it died,
+   and a shrink inside that window counted the dead broker as alive (a broker that dies
+   within those two heartbeats of the deciding round can still be kept: a Raft config
+   change cannot be taken back once made). Dead, silent and lagging voters go first (the
+   longest silent first: ``Led.silence``), and the first whose removal passes this test
+   is removed.
 5. ``RemoveLearner``: a learner not in the target.
 6. ``AddLearner``: the first target member that is neither voter nor learner, at most
    ``max_learners_per_partition`` learners at a time, never on a broker known dead, and
@@ -115,14 +118,14 @@ class Led:
     partition: PartitionInfo         # voters and learners from the local (latest) config
     match: Mapping[str, int]         # follower/learner -> durable match offset
     end_offset: int                  # the leader's log end
-    active: AbstractSet[str] | None = None   # followers heard within an election timeout, able to vote (None: not known)
+    active: AbstractSet[str] | None = None   # followers heard lately, able to vote (live_for_removal) (None: not known)
     silence: Mapping[str, int] | None = None  # ticks since each follower was heard (None: not known)
 
 
 def live_for_removal(silence: Mapping[str, int], now_tick: int, surplus_since: int | None,
                      window_ticks: int) -> frozenset[str]:
-    """``Led.active`` from the leader's ``follower_silence``: the followers heard within an
-    election timeout (``window_ticks``) and, while the partition has more voters than its
+    """``Led.active`` from the leader's ``follower_silence``: the followers heard within
+    ``window_ticks`` (two heartbeats) and, while the partition has more voters than its
     target (``surplus_since``: the tick the leader first saw it), heard since then. So a
     shrink waits one round for every voter it keeps to answer: a broker that died just
     before (a shrink and a death at once) has not, whatever gossip says."""
@@ -162,7 +165,7 @@ def next_step(p: PartitionInfo, tgt: tuple[str, ...], leader: str, match: Mappin
               settings: BalanceSettings = BalanceSettings(), active: AbstractSet[str] | None = None,
               silence: Mapping[str, int] | None = None) -> Step | None:
     """The one next step for partition ``p`` (led by ``leader``) toward ``tgt``, or None.
-    ``active``: the followers the leader heard within an election timeout (None: unknown,
+    ``active``: the followers the leader heard lately (``live_for_removal``; None: unknown,
     gossip's liveness alone); ``silence``: ticks since it heard each (the longest silent
     voter is removed first)."""
     if not tgt or p.pinned is None and not p.voters:
@@ -177,7 +180,7 @@ def next_step(p: PartitionInfo, tgt: tuple[str, ...], leader: str, match: Mappin
         return n == leader or match.get(n, -1) >= floor
 
     for n in sorted((x for x in learners if x in tset), key=tgt.index):
-        if caught_up(n) and (active is None or n in active):
+        if caught_up(n) and n not in moves.dead and (active is None or n in active):
             return Promote(n, _insert_at_target_position(voters, n, tgt))
     staying = [v for v in voters if v in tset]
     if voters and voters[0] not in tset and staying:
@@ -191,12 +194,13 @@ def next_step(p: PartitionInfo, tgt: tuple[str, ...], leader: str, match: Mappin
         out = [v for v in voters if v not in tset and v != leader]
         if out and len(voters) - 1 >= min(p.rf, len(tgt)):
             quiet = silence or {}
-            out.sort(key=lambda v: (v not in moves.dead, active is None or v in active, -quiet.get(v, 0),
-                                    match.get(v, -1), v))
-            left = [v for v in voters if v != out[0]]
-            if 2 * sum(1 for v in left if v not in moves.dead and caught_up(v)
-                       and (active is None or v == leader or v in active)) > len(left):
-                return RemoveVoter(out[0])
+            out.sort(key=lambda v: (v not in moves.dead, active is None or v in active, caught_up(v),
+                                    -quiet.get(v, 0), match.get(v, -1), v))
+            for gone in out:   # the first whose removal leaves a live quorum
+                left = [v for v in voters if v != gone]
+                if 2 * sum(1 for v in left if v not in moves.dead and caught_up(v)
+                           and (active is None or v == leader or v in active)) > len(left):
+                    return RemoveVoter(gone)
     for n in learners:
         if n not in tset:
             return RemoveLearner(n)

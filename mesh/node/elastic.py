@@ -245,7 +245,7 @@ class Elastic:
         self._targets = balancer.targets
         by_pid = {pi.pid: pi for pi in parts}
         mine = []
-        window, tick = self.replicas.cfg.election_ticks, self.replicas.now_tick
+        window, tick = 2 * self.replicas.cfg.heartbeat_ticks + 1, self.replicas.now_tick   # two beats missed: not live
         surplus = {}
         for pid in led:
             pi = by_pid.get(pid)

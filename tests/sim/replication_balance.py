@@ -191,7 +191,7 @@ class BalanceSim(ReconfigSim):
             since = self.surplus_since.setdefault(key, core.now_tick)
         else:
             self.surplus_since.pop(key, None)
-        active = live_for_removal(silence, core.now_tick, since, core.cfg.election_ticks)
+        active = live_for_removal(silence, core.now_tick, since, 2 * core.cfg.heartbeat_ticks + 1)
         steps = self.balancer.steps(node.id, [Led(mine, core.followers(pid), core.end_offset(pid), active, silence)])
         if not steps:
             return

@@ -358,6 +358,17 @@ def test_a_learner_is_promoted_only_once_the_leader_heard_it_able_to_vote():
     assert next_step(p, ("a", "b", "c"), "a", match, 0, NO_MOVES) == Promote("c", ("a", "b", "c"))
     assert next_step(p, ("a", "b", "c"), "a", match, 0, NO_MOVES, active={"b"}) is None
     assert next_step(p, ("a", "b", "c"), "a", match, 0, NO_MOVES, active={"b", "c"}) == Promote("c", ("a", "b", "c"))
+    # nor one gossip knows dead (its match never goes down: it caught up, then died)
+    assert next_step(p, ("a", "b", "c"), "a", match, 0, MovesInProgress(dead=frozenset("c"))) is None
+
+
+def test_the_first_voter_whose_removal_leaves_a_live_quorum_is_removed():
+    # voters a b c d, target a b; b and d lag, c is caught up: removing c would leave no
+    # caught-up quorum, removing d does, whichever of c and d answered last
+    match = {"b": 0, "c": 9, "d": 0}
+    for silence in ({"c": 1, "d": 0}, {"c": 0, "d": 1}, None):
+        assert next_step(part("abcd", rf=2), ("a", "b"), "a", match, 9, NO_MOVES,
+                         active={"b", "c", "d"}, silence=silence) == RemoveVoter("d")
 
 
 def test_stray_learner_is_removed():
