@@ -76,13 +76,9 @@ remembered, so the broker knows where the producer's sequence stands. The rules:
    (done). OUT_OF_ORDER: the broker's last sequence is inside [f, l); the batch is
    replaced by its records one by one (written ones come back as duplicates).
 8. Lost producer state. OUT_OF_ORDER_SEQUENCE refusing (before any append) the *oldest*
-   unfinished batch of its partition, not at sequence 0, in an attempt sent when it was
-   already the oldest: every earlier batch was acknowledged before that attempt left, so a
-   broker with the partition's state of the id would expect exactly this batch. (An
-   attempt sent while an earlier batch was unfinished can be refused by a broker that
-   had not appended that batch yet, and the earlier batch be acknowledged before the
-   refusal arrives: the broker was behind, not without the state. Taking that for lost
-   state stored the batch twice: the node simulator, seed 1281.) It has lost that state (the topic was deleted and created again, or the
+   unfinished batch of its partition, not at sequence 0: every earlier batch was
+   acknowledged, so a broker with the partition's state of the id would expect exactly
+   this batch. It has lost that state (the topic was deleted and created again, or the
    state expired; Kafka says UNKNOWN_PRODUCER_ID) or never had it (a deposed leader). If
    no unfinished batch of the partition may have been written (``maybe_written``), none
    can be: a later batch is stored only after this one, which no attempt stored. Then the
@@ -129,7 +125,7 @@ _tuple_new = tuple.__new__
 
 class SeqBatch:
     """What the sequencer keeps per batch; drivers subclass it with their payload."""
-    __slots__ = ("count", "seq", "producer_id", "attempts", "rid", "sent_at_ms", "sent_to", "sent_first",
+    __slots__ = ("count", "seq", "producer_id", "attempts", "rid", "sent_at_ms", "sent_to",
                  "deadline_ms", "probe", "ordinal", "unresolved", "appended")
 
     def __init__(self, count: int = 0, deadline_ms: float | None = None):
@@ -140,7 +136,6 @@ class SeqBatch:
         self.rid: int | None = None         # request id of the attempt in flight
         self.sent_at_ms = 0.0
         self.sent_to = ""
-        self.sent_first = False             # rule 8: the attempt in flight left with no earlier batch unfinished
         self.deadline_ms = deadline_ms      # delivery deadline; None: none
         self.probe: SeqBatch | None = None  # rule 7: record l alone, while probing
         self.ordinal = -1                   # the how-many-th batch of its partition (rule 2)
@@ -324,10 +319,8 @@ class Sequencer:
     def sent(self, tp: TP, batch: SeqBatch, rid: int | None, now_ms: float, address: str = "") -> None:
         """``batch`` (or its probe) went out as request ``rid``; None: no answer will come
         (acks=0), so it is done at once."""
-        p = self._parts[tp]
-        if batch.seq < 0 or batch.producer_id != p.producer_id:
+        if batch.seq < 0 or batch.producer_id != self._parts[tp].producer_id:
             self.assign(tp, batch)   # (numbered already, the common case: no call)
-        batch.sent_first = p.batches[0] is batch
         batch.attempts += 1
         batch.sent_at_ms = now_ms
         batch.sent_to = address
@@ -480,8 +473,7 @@ class Sequencer:
         """Rule 8: the partition lost the producer id's state; start again under a fresh
         id if nothing unfinished may have been written. False: not the case (retry)."""
         pol = self.policy
-        if (self._new_producer_id is None or not p.batches or p.batches[0] is not b or not b.sent_first
-                or b.seq <= 0
+        if (self._new_producer_id is None or not p.batches or p.batches[0] is not b or b.seq <= 0
                 or any(x.maybe_written for x in p.batches)
                 or (pol.retries is not None and b.attempts > pol.retries)
                 or (b.deadline_ms is not None and now_ms >= b.deadline_ms)):

@@ -178,13 +178,3 @@ def test_graceful_stops_hand_leaderships_over_and_lose_nothing():
         stops += sim.counts["stop"]
         handed += sim.counts["handed_over"]
     assert stops > 0 and handed > 0, (stops, handed)
-
-
-def test_a_refusal_from_a_broker_that_was_behind_is_not_taken_for_lost_producer_state():
-    """Seed 1281: a broker refused c1's batch n15 before n14 had reached it (expected 39,
-    got 41), and a duplicate of that request, arriving after n14, stored it; n14 was then
-    acknowledged, and the refusal made n15 look like the oldest batch refused by a broker
-    without the producer's state (rule 8): it went again under a fresh producer id and was
-    in the log twice. Rule 8 now needs the refused attempt to have left as the oldest."""
-    sim = run(NodeSimConfig(seed=1281, steps=1500))
-    assert sim.counts["acked"] > 50, sim.summary()

@@ -508,22 +508,6 @@ def test_lost_producer_state_is_a_plain_retry_unless_it_is_certain():
     assert sink.producer_id_of(TP) == 5
 
 
-def test_a_refusal_of_an_attempt_sent_behind_an_unfinished_batch_is_not_lost_state():
-    """b1 left while b0 was in flight; the broker had not appended b0 yet and refused b1
-    (expected 0, got 1), then b0 was acknowledged, then the refusal arrived: b1 is now the
-    oldest unfinished batch, but the broker was behind, not without the state. Rule 8 took
-    it for lost state, and the copy of b1 a duplicated request had stored was stored again
-    under a fresh id (node simulator, seed 1281)."""
-    seq, d, bs = make(RetryPolicy(max_in_flight=3, backoff_ms=100), n=2, producer_ids=iter([41, 42]).__next__)
-    r0, r1 = [rid for rid, *_ in d.pump(0)]
-    seq.on_reply(r0, NONE, 1, base_offset=0)
-    assert seq.on_reply(r1, OUT_OF_ORDER, 2, rejected=True).action == RETRY
-    assert seq.producer_id_of(TP) == 7 and bs[1].seq == 1             # a plain retry (rule 4)
-    (r1,) = [rid for rid, *_ in d.pump(seq.backoff_until_ms(TP))]     # now sent as the oldest
-    assert seq.on_reply(r1, OUT_OF_ORDER, 300, rejected=True).action == RETRY
-    assert [(n, p, s) for _, n, p, s in d.pump(301)] == [("b1", 41, 0)]   # rule 8 at last
-
-
 def test_a_partition_near_the_sequence_limit_goes_on_under_a_fresh_id_from_zero():
     """Rule 9: the batch header's sequence is an int32; the batch that would pass it waits
     for the ones before it, then starts a fresh producer id at 0 (before: struct.error)."""
