@@ -130,8 +130,10 @@ class SimNet:
 
     # -- messages ---------------------------------------------------------------------------
 
-    def send(self, src: Hashable, dest: Hashable, payload: Any) -> int:
-        """Send one message; returns how many copies are on their way (0, 1 or 2)."""
+    def send(self, src: Hashable, dest: Hashable, payload: Any, once: bool = False) -> int:
+        """Send one message; returns how many copies are on their way (0, 1 or 2).
+        ``once``: never duplicated (a request over one TCP connection: ZeroMQ delivers it
+        at most once), though still lost, delayed and reordered like any other."""
         stats, rng = self.stats, self.rng
         stats["sent"] += 1
         if self._faulty_links and self._blocked(src, dest):
@@ -143,7 +145,7 @@ class SimNet:
         if self.loss and rng.random() < self.loss:
             stats["lost"] += 1
             return 0
-        copies = 2 if self.dup and rng.random() < self.dup else 1
+        copies = 2 if self.dup and rng.random() < self.dup and not once else 1
         if copies == 2:
             stats["duplicated"] += 1
         inc = self._incarnation          # empty until the first crash (the common case)

@@ -52,7 +52,7 @@ class NodeClients:
                 self.requests[(c.id, c.rid)] = (p, batch.raw, batch.label)
                 c.seq.sent(tp, batch, c.rid, now, dest)
                 self.net.send(c.id, dest, pack(PROTOCOL_CLIENT, c.rid, m.ProduceRequest(TOPIC, p, -1, 1_000),
-                                               batch.raw))
+                                               batch.raw), once=True)   # (see the module doc of node_sim)
         for done in c.seq.take_done():
             p = done.tp[1]
             if done.error is None:
@@ -86,7 +86,7 @@ class NodeClients:
         k.rid += 1
         k.waiting = (k.rid, now)
         req = m.FetchRequest([[TOPIC, k.partition, k.offset, 1500]], max_wait_ms=self.rng.choice((0, 40, 200)))
-        self.net.send(k.id, k.leader, pack(PROTOCOL_CLIENT, k.rid, req))
+        self.net.send(k.id, k.leader, pack(PROTOCOL_CLIENT, k.rid, req), once=True)
 
     def _consumer_reply(self, k: Consumer, frames: list) -> None:
         _, rid, msg, payload = unpack(frames)

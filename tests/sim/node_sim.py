@@ -19,7 +19,10 @@ and fetch wake-ups the drain's commit advances allow), ``tick_due``, then ``Data
 
 ``SimNet`` (mesh.testing.simnet) owns time (milliseconds) and the network; every frame,
 peer or client, is built with ``mesh.wire.codec.pack`` and read with ``unpack``. Faults,
-all drawn from strings-seeded ``random.Random``s: loss, duplication, delay and reordering,
+all drawn from strings-seeded ``random.Random``s: loss, duplication (not of a client's
+requests: a request travels once over its TCP connection, and the producer's rules rely
+on "refused" meaning "not stored by this attempt"; two seeds, 1281 and 5335, stored a
+batch twice only through a request delivered twice), delay and reordering,
 partitions and one-way cuts (clients land on random sides), pauses (SIGSTOP: the network
 holds the broker's messages, then a burst), crashes at a turn boundary or in the middle of
 a turn before its commit (``MemoryStore.crash``: what was not committed is lost; the broker

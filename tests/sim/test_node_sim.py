@@ -5,6 +5,7 @@ bite. More seeds: ``python -m tests.sim.node_sim --seed 0 --seeds 200``.
 from __future__ import annotations
 
 import dataclasses
+from collections import Counter
 
 import pytest
 
@@ -178,3 +179,22 @@ def test_graceful_stops_hand_leaderships_over_and_lose_nothing():
         stops += sim.counts["stop"]
         handed += sim.counts["handed_over"]
     assert stops > 0 and handed > 0, (stops, handed)
+
+
+def test_a_client_request_is_handled_at_most_once(monkeypatch):
+    """A request travels once over its TCP connection (ZeroMQ never delivers it twice), and
+    the producer's rules take "refused before any append" to mean "not stored by this
+    attempt" (sequencer rule 8). The simulator duplicated client requests like peer
+    messages, and seeds 1281 and 5335 then stored a batch twice: a request was refused
+    (its broker had not appended the batch before it yet) and its twin, arriving later,
+    was stored. Peer messages and answers are still duplicated."""
+    handled = Counter()
+    orig = NodeSim._client_in
+
+    def client_in(self, b, src, frames):
+        handled[(src, frames[1])] += 1
+        orig(self, b, src, frames)
+    monkeypatch.setattr(NodeSim, "_client_in", client_in)
+    sim = run(NodeSimConfig(seed=1281, steps=1500, dup=0.2))
+    assert sim.net.stats["duplicated"] > 100 and handled, sim.summary()
+    assert max(handled.values()) == 1, [k for k, n in handled.items() if n > 1][:5]
