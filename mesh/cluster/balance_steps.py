@@ -57,7 +57,9 @@ from typing import AbstractSet, Iterable, Mapping
 
 from mesh.cluster.balance import BalanceSettings, BrokerInfo, PartitionInfo, stable_rank, target
 
-__all__ = ["AddLearner", "Balancer", "Led", "MovesInProgress", "Promote", "RemoveLearner", "RemoveVoter", "Reorder", "Step", "Transfer", "apply_step", "live_for_removal", "moves_in_progress", "next_step"]
+__all__ = ["AddLearner", "Balancer", "Led", "MovesInProgress", "Promote", "RemoveLearner",
+           "RemoveVoter", "Reorder", "Step", "Transfer", "apply_step", "live_for_removal",
+           "moves_in_progress", "next_step"]
 
 
 @dataclass(frozen=True, slots=True)

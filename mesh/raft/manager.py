@@ -632,7 +632,8 @@ class ReplicaManager:
     def follower_silence(self, pid: int) -> dict[str, int]:
         """Leader only ({} elsewhere): ticks since each follower and learner was last heard
         (``Partition.follower_silence``): the balancer removes a voter only if a quorum of
-        those left was heard within an election timeout, and the longest silent first."""
+        those left was heard lately (``mesh.cluster.balance_steps.live_for_removal``), the
+        longest silent first, and promotes a learner only once heard able to vote."""
         return self._part(pid).follower_silence()
 
     def epoch_cache(self, pid: int) -> tuple[tuple[int, int], ...]:
