@@ -205,6 +205,13 @@ class DataPath:
         if self._doomed is None:
             self._doomed = reason
 
+    @property
+    def doomed(self) -> bool:
+        """The turn will be rolled back: nothing of it may leave (early appends included: a
+        request that failed after its batch was staged was answered with an ErrorResponse,
+        "not written", which a batch that reached the followers could belie)."""
+        return self._doomed is not None
+
     # -- produce ------------------------------------------------------------------------
     def on_produce(self, ident, rid, req: m.ProduceRequest, payload, hold: bool = True) -> None:
         if req.acks not in (0, 1, -1):

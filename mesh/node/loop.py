@@ -413,7 +413,8 @@ class Node:
                 if self.router in events:
                     self._drain()
                     self._step("early acks", self.data.answer_committed)   # no sync needed: at once
-                    self._step("early appends", self.replicas.send_early_appends)   # before the turn's steps
+                    if not self.data.doomed:   # (a doomed turn sends nothing)
+                        self._step("early appends", self.replicas.send_early_appends)   # before the turn's steps
                 try:
                     self._after_turn()   # each step guarded (_step); this is the last resort
                 except Exception as exc:  # fail the turn, not the broker

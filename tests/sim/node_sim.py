@@ -282,7 +282,8 @@ class NodeSim(NodeClients, NodeChecks):
             else:
                 self._client_in(b, src, frames)
         b.data.answer_committed()   # what the drain's commit advances allow (mesh.node.loop, step 2)
-        b.host.send_early_appends()   # the drain's leader appends leave before the turn's steps
+        if not b.data.doomed:
+            b.host.send_early_appends()   # the drain's leader appends leave before the turn's steps
         if self.cfg.catch_up_ticks:
             _catch_up_ticks(b.host)
         else:

@@ -11,6 +11,7 @@ import pytest
 
 from mesh.node.raft_host import ReplicaHost
 from mesh.raft import Ready
+from mesh.wire.errors import ErrorCode
 from tests.sim.node_parts import SIM_REPLICATION
 from tests.sim.node_sim import NodeSim, NodeSimConfig, SimFailure, main, run
 
@@ -198,3 +199,47 @@ def test_a_client_request_is_handled_at_most_once(monkeypatch):
     sim = run(NodeSimConfig(seed=1281, steps=1500, dup=0.2))
     assert sim.net.stats["duplicated"] > 100 and handled, sim.summary()
     assert max(handled.values()) == 1, [k for k, n in handled.items() if n > 1][:5]
+
+
+def test_a_doomed_turn_sends_no_early_append(monkeypatch):
+    """An unexpected error after a produce request's batch was staged dooms the turn, and
+    the request is answered with an ErrorResponse: "not written" (the client may then fail
+    it as certainly not written, or number it again under a fresh producer id). The turn's
+    early appends left all the same, so the followers could store the batch and a new
+    leader commit it (found by review). A doomed turn now sends nothing."""
+    from mesh.node.datapath import DataPath
+    from mesh.raft import ReplAppend
+    from mesh.wire import messages as m
+    state = {"calls": 0, "doomed": [], "leaked": []}
+    on_produce = DataPath.on_produce
+
+    def failing_on_produce(self, *args, **kwargs):
+        staged = len(self._staged)
+        on_produce(self, *args, **kwargs)
+        if len(self._staged) > staged:
+            state["calls"] += 1
+            if state["calls"] % 7 == 0:
+                raise RuntimeError("planted: after the batch was staged")
+    monkeypatch.setattr(DataPath, "on_produce", failing_on_produce)
+    client_in = NodeSim._client_in
+
+    def client_in_as_the_dispatcher(self, b, src, frames):
+        try:
+            client_in(self, b, src, frames)
+        except RuntimeError:   # what Dispatcher.handle does with an unexpected error
+            b.data.doom("planted")
+            state["doomed"].append(b.id)
+            self._reply(b, src.encode(), int.from_bytes(frames[1], "big"),
+                        m.ErrorResponse(int(ErrorCode.INVALID_REQUEST), "request could not be handled"))
+    monkeypatch.setattr(NodeSim, "_client_in", client_in_as_the_dispatcher)
+    peer_send = NodeSim._peer_send
+
+    def watched_peer_send(self, b, dest, msg, payload):
+        if type(msg) is ReplAppend and b.data.doomed:
+            state["leaked"].append((b.id, dest))
+        peer_send(self, b, dest, msg, payload)
+    monkeypatch.setattr(NodeSim, "_peer_send", watched_peer_send)
+    sim = NodeSim(NodeSimConfig(seed=3, steps=600, faults=False))
+    sim.run_steps(600)
+    assert state["doomed"], "no turn was doomed"
+    assert not state["leaked"], state["leaked"][:5]
