@@ -269,8 +269,7 @@ class Elastic:
         # round can only differ once gossip or our leaderships move, so skip it until then
         idle = (not steps and not self._dead_since and len(mine) == len(led)
                 and not any(x.partition.learners for x in mine)
-                and not any(len(x.partition.voters) > len(self._targets.get(x.partition.pid) or x.partition.voters)
-                            for x in mine))   # a shrink held back (a voter not heard lately): ask again
+                and not surplus)   # a shrink held back (a voter not heard lately): ask again
         self._quiet = quiet if idle else None
 
     def _carry_out(self, pid: int, step) -> None:
