@@ -30,7 +30,7 @@ from typing import Any, Callable
 from mesh.cluster import keys
 from mesh.cluster.catalog import Catalog, Topic
 from mesh.groups.offsets import coordination_set, coordinator_among
-from mesh.node.clock import Clock
+from mesh.clock import Clock
 from mesh.node.datapath import DataPath
 from mesh.node.directory import Directory
 from mesh.node.security_handlers import SecurityHandlers

@@ -98,7 +98,7 @@ from mesh.cluster import keys, schema
 from mesh.cluster.catalog import Catalog
 from mesh.gossip import ALIVE, SUSPECT, Gossip, GossipConfig
 from mesh.gossip.snapshot import ForeignSnapshot
-from mesh.node.clock import SYSTEM_CLOCK, Clock
+from mesh.clock import SYSTEM_CLOCK, Clock
 from mesh.node.config import NodeConfig
 from mesh.node.bounds import StartupError, check_bounds, raise_nofile_limit, router_options
 from mesh.node.datapath import DataLimits, DataPath
