@@ -57,17 +57,19 @@ def _names(v: Any) -> str:
 def status_rows(md) -> list[dict]:
     """One row per broker of a MetadataResponse: liveness (``status``: alive, suspect, dead,
     left), operator ``state`` (active, draining, drained = draining with no replica left),
-    and its ``replicas`` and ``leaders``: from the broker entry when the broker reports
-    them, else counted from the partitions of the same answer."""
+    and its ``replicas`` and ``leaders``: from the broker entry when a live broker reports
+    them, else (none reported, or the broker is dead or left: its last report is stale)
+    counted from the partitions of the same answer."""
     parts = [p for t in md.topics for p in t.get("partitions", []) or []]
     rows = []
     for b in md.brokers:
         bid = b["id"]
+        live = b.get("status", "alive") in ("alive", "suspect")
         replicas = b.get("replicas")
-        if not isinstance(replicas, int):
+        if not live or not isinstance(replicas, int):
             replicas = sum(1 for p in parts if bid in (p.get("replicas") or []))
         leaders = b.get("leaders")
-        if not isinstance(leaders, int):
+        if not live or not isinstance(leaders, int):
             leaders = sum(1 for p in parts if p.get("leader") == bid)
         state = b.get("state") or "active"
         if state == "draining" and replicas == 0:
