@@ -1,0 +1,163 @@
+"""Produce (API 0, v3-9) and InitProducerId (API 22, v0-4).
+
+Produce: each partition's Kafka batch is converted (``convert.to_mesh``) and sent to the
+partition's mesh leader as a native ProduceRequest with the same acks (0: nothing is
+answered, 1: the leader stored it, -1: a quorum did, as the mesh means them), all
+partitions at once, then the answers gathered within the request's timeout. A leader that
+moved is followed once at once (its NOT_LEADER names the new one); otherwise the client
+gets NOT_LEADER_OR_FOLLOWER or REQUEST_TIMED_OUT and retries, which the idempotent
+producer makes harmless. ``max.message.bytes`` (the topic's, the Kafka batch as sent)
+is MESSAGE_TOO_LARGE.
+
+Idempotence: InitProducerId hands out a random producer id below 2**47 with epoch 0 (no
+state: any listener may answer; a collision of two random 47-bit ids is as unlikely as
+Kafka's id blocks going wrong); a request naming its current id and epoch (KIP-360, v3+)
+gets the epoch bumped. The mesh dedups by (partition, producer id) with sequences
+(``mesh.node.producer_state``): ``convert.mesh_producer_id`` makes one mesh producer per
+(Kafka id, epoch), so Kafka's rules follow: a retried batch the leader remembers is
+answered with its original offset; an older one DUPLICATE_SEQUENCE_NUMBER; a gap
+OUT_OF_ORDER_SEQUENCE_NUMBER. No transactions: a transactional id is refused.
+"""
+from __future__ import annotations
+
+import logging
+import random
+import time
+
+from kio.schema.errors import ErrorCode as K
+
+from mesh.kafka.build import make, ms
+from mesh.kafka.codec import response_class
+from mesh.kafka.convert import MAX_KAFKA_PRODUCER_ID, ConvertError, to_mesh
+from mesh.kafka.meta import kafka_error
+from mesh.wire.errors import ErrorCode, MeshError
+from mesh.wire.messages import ErrorResponse, ProduceRequest, ProduceResponse
+from mesh.wire.topic_config import TOPIC_DEFAULTS
+
+__all__ = ["ProduceApi"]
+
+log = logging.getLogger("mesh.kafka.produce")
+_rng = random.SystemRandom()
+
+
+class ProduceApi:
+    def __init__(self, max_message_bytes: int | None = None) -> None:
+        self.default_max_message_bytes = max_message_bytes or TOPIC_DEFAULTS["max.message.bytes"]
+
+    # -- InitProducerId ---------------------------------------------------------------------
+    def on_init_producer_id(self, ctx, req):
+        out = {"throttle_time": 0, "error_code": K.none, "producer_id": -1, "producer_epoch": -1}
+        if req.transactional_id is not None:
+            out["error_code"] = K.transactional_id_authorization_failed   # no transactions here
+        elif not ctx.authorizer.allowed(ctx.principal, "IDEMPOTENT_WRITE", "CLUSTER", "kafka-cluster"):
+            out["error_code"] = K.cluster_authorization_failed
+        else:
+            pid, epoch = getattr(req, "producer_id", -1), getattr(req, "producer_epoch", -1)
+            if 0 <= pid <= MAX_KAFKA_PRODUCER_ID and 0 <= epoch < 32766:
+                out.update(producer_id=pid, producer_epoch=epoch + 1)
+            else:
+                out.update(producer_id=_rng.randrange(1, MAX_KAFKA_PRODUCER_ID), producer_epoch=0)
+        return make(response_class(22, ctx.api_version), out)
+
+    # -- Produce ----------------------------------------------------------------------------
+    def on_produce(self, ctx, req):
+        acks = req.acks
+        timeout_ms = max(1, min(ms(req.timeout), 300_000))
+        results: dict[tuple[str, int], dict] = {}
+        sends = []   # (topic, partition, mesh batch)
+        order = []
+        cache = ctx.cluster.fresh()
+        for t in req.topic_data:
+            for p in t.partition_data:
+                key = (t.name, p.index)
+                order.append(key)
+                res = results[key] = {"index": p.index, "error_code": K.none, "base_offset": -1,
+                                      "log_start_offset": -1, "error_message": None}
+                if acks not in (0, 1, -1):
+                    res["error_code"] = K.invalid_required_acks
+                    continue
+                if req.transactional_id is not None:
+                    res["error_code"] = K.transactional_id_authorization_failed
+                    continue
+                if not ctx.authorizer.allowed(ctx.principal, "WRITE", "TOPIC", t.name):
+                    res["error_code"] = K.topic_authorization_failed
+                    continue
+                topic = cache.topic(t.name)
+                if topic is None:
+                    cache.refresh()
+                    topic = cache.topic(t.name)
+                if topic is None or not 0 <= p.index < len(topic.get("partitions") or []):
+                    res["error_code"] = K.unknown_topic_or_partition
+                    continue
+                limit = (topic.get("config") or {}).get("max.message.bytes", self.default_max_message_bytes)
+                records = p.records or b""
+                if len(records) > limit:
+                    res.update(error_code=K.message_too_large,
+                               error_message=f"batch of {len(records)} bytes, max.message.bytes={limit}")
+                    continue
+                try:
+                    batch, _info = to_mesh(records)
+                except ConvertError as exc:
+                    res.update(error_code=getattr(K, exc.code), error_message=str(exc)[:300])
+                    continue
+                sends.append((t.name, p.index, batch))
+        self._send_all(ctx, sends, acks, timeout_ms, results)
+        if acks == 0:
+            return None
+        by_topic: dict[str, list] = {}
+        for name, index in order:
+            by_topic.setdefault(name, []).append(results[(name, index)])
+        return make(response_class(0, ctx.api_version), {
+            "responses": [{"name": n, "partition_responses": ps} for n, ps in by_topic.items()],
+            "throttle_time": 0})
+
+    def _send_all(self, ctx, sends, acks: int, timeout_ms: int, results: dict) -> None:
+        link = ctx.mesh
+        view, transport = link.cluster, link.transport
+        deadline = time.monotonic() + timeout_ms / 1000 + 1.0
+        pending = sends
+        for attempt in range(2):   # the second round: partitions whose leader moved, followed at once
+            rids = {}
+            for topic, partition, batch in pending:
+                try:
+                    addr = view.leader_address(topic, partition)
+                except MeshError as exc:
+                    results[(topic, partition)]["error_code"] = kafka_error(exc.code)
+                    continue
+                if addr is None:
+                    results[(topic, partition)]["error_code"] = K.leader_not_available
+                    continue
+                rid = transport.send(addr, ProduceRequest(topic, partition, acks, timeout_ms), batch)
+                rids[rid] = (topic, partition, batch)
+            if acks == 0 or not rids:
+                return
+            got = transport.gather(list(rids), max(1, int((deadline - time.monotonic()) * 1000)))
+            retry = []
+            for rid, (topic, partition, batch) in rids.items():
+                res = results[(topic, partition)]
+                if rid not in got:
+                    res["error_code"] = K.request_timed_out
+                    continue
+                _addr, resp, _ = got[rid]
+                if isinstance(resp, ProduceResponse) and not resp.error:
+                    res.update(base_offset=resp.base_offset, log_start_offset=resp.log_start)
+                    continue
+                code = getattr(resp, "error", ErrorCode.UNKNOWN)
+                leader = getattr(resp, "leader", None)
+                if code == ErrorCode.NOT_LEADER or code == ErrorCode.BROKER_UNAVAILABLE:
+                    if leader:
+                        view.set_leader(topic, partition, leader)
+                    else:
+                        try:
+                            view.refresh([topic])
+                        except MeshError:
+                            pass
+                    if attempt == 0 and time.monotonic() < deadline:
+                        retry.append((topic, partition, batch))
+                        continue
+                res["error_code"] = kafka_error(code)
+                msg = getattr(resp, "message", "") if isinstance(resp, (ProduceResponse, ErrorResponse)) else ""
+                res["error_message"] = msg[:300] or None
+            if not retry:
+                return
+            pending = retry
