@@ -3,7 +3,7 @@
 Each API has a dozen versions whose response classes differ by a few fields. Handlers
 write their answer once, as nested dicts with the newest field names, and ``make`` turns
 it into the class of the version asked: fields the version does not have are dropped,
-fields the data does not give take the class's default, a list for a nested array becomes
+fields the data does not give take the class's default (an array without one is empty), a list for a nested array becomes
 a tuple of the nested class (read from the field's type), ints become ``ErrorCode`` or a
 ``timedelta`` where the field wants one.
 """
@@ -54,14 +54,17 @@ def _plan(cls) -> tuple:
             for a in typing.get_args(t):   # X | None
                 if dataclasses.is_dataclass(a):
                     kind, sub = "entity", a
-        out.append((f.name, kind, sub))
+        required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+        out.append((f.name, kind, sub, required))
     return tuple(out)
 
 
 def make(cls, data: dict):
     kwargs = {}
-    for name, kind, sub in _plan(cls):
+    for name, kind, sub, required in _plan(cls):
         if name not in data:
+            if required and kind == "array":
+                kwargs[name] = ()   # an array the answer leaves empty (record_errors, ...)
             continue
         v = data[name]
         if kind == "array" and v is not None:

@@ -106,10 +106,14 @@ class MetaCache:
         try:
             view = self.links.get().cluster
             try:
-                view.refresh(None)
+                resp = view.refresh(None)
             except MeshError as exc:
                 log.warning("metadata refresh failed: %s", exc)
                 return
+            # every topic the answer lists; the view keeps topics it no longer sees (deleted ones)
+            names = {t["name"] for t in resp.topics if isinstance(t, dict) and not t.get("error")}
+            for gone in [n for n in view.topics if n not in names]:
+                del view.topics[gone]
             self._apply(dict(view.brokers), dict(view.topics))
         finally:
             self._refreshing.release()
