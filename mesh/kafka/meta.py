@@ -89,6 +89,8 @@ class MetadataApi:
                         continue
                 if name is not None and name not in names:
                     names.append(name)
+        if any(n not in cache.topics for n in names):
+            cache.refresh()   # created a moment ago, through another broker?
         allow = getattr(req, "allow_auto_topic_creation", True) if v >= 4 else True
         if allow and self.defaults.auto_create:
             missing = [n for n in names if n not in cache.topics and VALID_TOPIC.fullmatch(n)]
