@@ -38,6 +38,7 @@ __all__ = ["ProduceApi"]
 
 log = logging.getLogger("mesh.kafka.produce")
 _rng = random.SystemRandom()
+_BACKOFF_S = 0.05   # before asking again for a leader (an election takes about a second)
 
 
 class ProduceApi:
@@ -112,52 +113,84 @@ class ProduceApi:
             "throttle_time": 0})
 
     def _send_all(self, ctx, sends, acks: int, timeout_ms: int, results: dict) -> None:
+        """Send every batch to its partition's mesh leader and collect the answers until
+        ``timeout_ms`` (less a margin, so the client hears before it gives up). A leader
+        that moved (NOT_LEADER naming the new one: at once; without a name, or none
+        elected yet: after ``_BACKOFF_S`` and a metadata refresh) or whose connection
+        dropped (killed, paused) gets the same batch again: with a producer id the
+        mesh stores it once whichever leader had it (``mesh.node.producer_state``)."""
         link = ctx.mesh
         view, transport = link.cluster, link.transport
-        deadline = time.monotonic() + timeout_ms / 1000 + 1.0
-        pending = sends
-        for attempt in range(2):   # the second round: partitions whose leader moved, followed at once
-            rids = {}
-            for topic, partition, batch in pending:
-                try:
-                    addr = view.leader_address(topic, partition)
-                except MeshError as exc:
-                    results[(topic, partition)]["error_code"] = kafka_error(exc.code)
-                    continue
-                if addr is None:
-                    results[(topic, partition)]["error_code"] = K.leader_not_available
-                    continue
-                rid = transport.send(addr, ProduceRequest(topic, partition, acks, timeout_ms), batch)
-                rids[rid] = (topic, partition, batch)
-            if acks == 0 or not rids:
+        deadline = time.monotonic() + timeout_ms * 0.9 / 1000
+        inflight: dict[int, tuple] = {}   # rid -> (topic, partition, batch, address)
+        waiting: list[tuple] = []         # (not before, topic, partition, batch)
+
+        def send(topic, partition, batch) -> None:
+            res = results[(topic, partition)]
+            try:
+                addr = view.leader_address(topic, partition)
+            except MeshError as exc:
+                res["error_code"] = kafka_error(exc.code)
+                if exc.retriable:
+                    waiting.append((time.monotonic() + _BACKOFF_S, topic, partition, batch))
                 return
-            got = transport.gather(list(rids), max(1, int((deadline - time.monotonic()) * 1000)))
-            retry = []
-            for rid, (topic, partition, batch) in rids.items():
-                res = results[(topic, partition)]
-                if rid not in got:
-                    res["error_code"] = K.request_timed_out
+            if addr is None or transport.is_down(addr):
+                res["error_code"] = K.leader_not_available
+                waiting.append((time.monotonic() + _BACKOFF_S, topic, partition, batch))
+                return
+            rid = transport.send(addr, ProduceRequest(topic, partition, acks, timeout_ms), batch)
+            if acks != 0:
+                inflight[rid] = (topic, partition, batch, addr)
+
+        for topic, partition, batch in sends:
+            send(topic, partition, batch)
+        refreshed_at = 0.0
+        while (inflight or waiting) and time.monotonic() < deadline:
+            if waiting and not inflight:
+                pause = min(w[0] for w in waiting) - time.monotonic()
+                if pause > 0:
+                    time.sleep(min(pause, max(0.0, deadline - time.monotonic())))
+            for _addr, rid, resp, _payload in transport.poll(50 if inflight else 0):
+                item = inflight.pop(rid, None)
+                if item is None:
                     continue
-                _addr, resp, _ = got[rid]
+                topic, partition, batch, addr = item
+                res = results[(topic, partition)]
                 if isinstance(resp, ProduceResponse) and not resp.error:
-                    res.update(base_offset=resp.base_offset, log_start_offset=resp.log_start)
+                    res.update(error_code=K.none, base_offset=resp.base_offset, log_start_offset=resp.log_start,
+                               error_message=None)
                     continue
                 code = getattr(resp, "error", ErrorCode.UNKNOWN)
                 leader = getattr(resp, "leader", None)
-                if code == ErrorCode.NOT_LEADER or code == ErrorCode.BROKER_UNAVAILABLE:
-                    if leader:
-                        view.set_leader(topic, partition, leader)
-                    else:
-                        try:
-                            view.refresh([topic])
-                        except MeshError:
-                            pass
-                    if attempt == 0 and time.monotonic() < deadline:
-                        retry.append((topic, partition, batch))
-                        continue
                 res["error_code"] = kafka_error(code)
                 msg = getattr(resp, "message", "") if isinstance(resp, (ProduceResponse, ErrorResponse)) else ""
                 res["error_message"] = msg[:300] or None
-            if not retry:
-                return
-            pending = retry
+                if code in (ErrorCode.NOT_LEADER, ErrorCode.LEADER_NOT_AVAILABLE, ErrorCode.BROKER_UNAVAILABLE):
+                    if leader and leader != addr:
+                        view.set_leader(topic, partition, leader)
+                        send(topic, partition, batch)
+                    else:
+                        waiting.append((time.monotonic() + _BACKOFF_S, topic, partition, batch))
+            gone = transport.take_disconnected()
+            for rid, (topic, partition, batch, addr) in list(inflight.items()):
+                if addr in gone:
+                    del inflight[rid]
+                    transport.abandon([rid])
+                    results[(topic, partition)]["error_code"] = K.not_leader_or_follower
+                    waiting.append((time.monotonic() + _BACKOFF_S, topic, partition, batch))
+            now = time.monotonic()
+            due = [w for w in waiting if w[0] <= now]
+            if due:
+                waiting[:] = [w for w in waiting if w[0] > now]
+                if now - refreshed_at > _BACKOFF_S:
+                    refreshed_at = now
+                    try:
+                        view.refresh(sorted({w[1] for w in due}))
+                    except MeshError:
+                        pass
+                for _t, topic, partition, batch in due:
+                    send(topic, partition, batch)
+        for rid, (topic, partition, _b, _a) in inflight.items():
+            results[(topic, partition)]["error_code"] = K.request_timed_out
+        if inflight:
+            transport.abandon(list(inflight))
