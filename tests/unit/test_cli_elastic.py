@@ -177,8 +177,8 @@ def test_status_takes_what_brokers_report():
     assert [(r["state"], r["leaders"], r["replicas"]) for r in rows] == [("draining", 0, 7), ("active", 5, 5)]
     lines = status_table(rows)
     assert lines[0].split() == ["id", "address", "status", "state", "gen", "hb_age_ms", "leaders", "replicas",
-                                "recovering", "store"]
-    assert lines[1].split() == ["n1", "a:1", "alive", "draining", "0", "0", "0", "7", "0", "-"]
+                                "recovering", "store", "kafka"]
+    assert lines[1].split() == ["n1", "a:1", "alive", "draining", "0", "0", "0", "7", "0", "-", "-"]
     assert lines[2].split()[5] == "-"                            # no heartbeat age known
     assert len({line.index("leaders") if i == 0 else None for i, line in enumerate(lines)}) == 2
 
