@@ -26,11 +26,16 @@ ROUTER (no thread, no lock); libzmq holds the handshake until the answer comes.
 
 The ZAP request's identity frame is the *server* socket's own routing id, not the one the
 client chose (checked against libzmq 4.3.5): ZAP cannot refuse a client that claims a
-``peer:`` routing id. The ROUTER therefore runs without ROUTER_HANDOVER in secured mode (a
-second connection claiming a routing id in use is kept by libzmq but never delivered, so
-nobody can take over a broker's link by posing as it), a broker's links carry a new random
-routing id each (``mesh.node.peers``: nobody can hold one ahead of it), and the
-dispatcher accepts peer messages only from the cluster key.
+``peer:`` routing id. So a broker's links carry a new random routing id each
+(``mesh.node.peers``: ``peer:<address>#`` and 64 random bits, known only to that broker and
+the ROUTERs it links to): nobody can claim one, ahead of the link or after it; and the
+dispatcher accepts peer messages only from the cluster key. The ROUTER runs with
+ROUTER_HANDOVER in both modes (``mesh.node.dispatch.open_router``): a link that reconnects
+while the receiver still holds its old connection (the receiver was paused, the link timed
+out and reconnected meanwhile, and the receiver identified the new connection before it
+had read the old one's end) takes its routing id over. Without handover (secured mode
+before issue 39), libzmq kept that new connection but never delivered a message from it:
+a broker paused a few seconds came back deaf to its peers for good.
 
 Connections are counted with a monitor on the ROUTER (ACCEPTED minus DISCONNECTED, which
 libzmq also reports for a refused handshake and for a raw connection that never spoke).
