@@ -155,9 +155,16 @@ class Transport:
             if self.creds is not None:
                 self.creds.apply(s)
             # A unique inproc name: pyzmq's default (the socket's fd) can collide with a
-            # monitor of a closed socket that is still being torn down.
-            mon = s.get_monitor_socket(_UP | _DOWN | _AUTH_FAILED | _PROTOCOL_FAILED | _NO_DETAIL | _CONNECTED,
-                                       addr=f"inproc://mesh-monitor-{next(_MONITOR_IDS)}")
+            # monitor of a closed socket that is still being torn down. The reading end has
+            # no HWM: libzmq's I/O thread writes events with a blocking send, so a full
+            # monitor pipe (a transport nobody polls while its broker refuses or flaps:
+            # ~30 events a second) blocked every socket of the context for good (issue 39).
+            mon_addr = f"inproc://mesh-monitor-{next(_MONITOR_IDS)}"
+            s.monitor(mon_addr, _UP | _DOWN | _AUTH_FAILED | _PROTOCOL_FAILED | _NO_DETAIL | _CONNECTED)
+            mon = self.ctx.socket(zmq.PAIR)
+            mon.setsockopt(zmq.LINGER, 0)
+            mon.setsockopt(zmq.RCVHWM, 0)   # before connect: the pipe is sized when it is made
+            mon.connect(mon_addr)
             s.connect(f"tcp://{parse_address(addr)}")
             self._socks[addr] = s
             self._addr_of[s] = addr

@@ -74,3 +74,21 @@ def test_a_definite_refusal_stays(transport):
     with pytest.raises(MeshError) as info:
         transport.check_refused()
     assert "refused the credentials of 'alice'" in info.value.message
+
+
+def test_the_monitor_pipe_cannot_fill():
+    """libzmq's I/O thread writes monitor events with a blocking send: a full monitor pipe
+    (a transport nobody polls while its broker refuses or flaps, ~30 events a second)
+    blocked every socket of the context for good after about a minute (measured: 100 s
+    unpolled with a wrong cluster key, then no socket of the context delivered anything).
+    The reading end has no HWM, so the pipe has none."""
+    import zmq
+    from mesh.testing.launcher import free_port
+    t = Transport()
+    try:
+        addr = f"127.0.0.1:{free_port()}"
+        t.connect(addr)
+        mon = t._monitor_of[t._socks[addr]]
+        assert mon.getsockopt(zmq.RCVHWM) == 0
+    finally:
+        t.close()
