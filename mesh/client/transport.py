@@ -37,10 +37,19 @@ answers, so the monitor also watches for refusals: the broker's ZAP handler refu
 none to a secured one), or the broker closed three CURVE handshakes in a row before any
 succeeded (a wrong cluster key). Then every blocking call and ``poll`` raise
 ``MeshError(UNAUTHORIZED)`` at once, naming the broker and the likely cause (never retried).
+A handshake that *timed out* is no refusal: a paused (SIGSTOP) or busy broker's kernel
+still accepts the TCP connection, and the handshake dies by our ``HANDSHAKE_IVL_MS``; it is
+retried like a dropped connection (issue 39: three timeouts made a 6 s pause fatal). libzmq
+reports both as HANDSHAKE_FAILED_NO_DETAIL, so a close counts toward the three only when
+the broker ended it (errno EPIPE or ECONNRESET) sooner than half ``HANDSHAKE_IVL_MS`` after
+the TCP connection came up (EVENT_CONNECTED; a wrong key is closed in milliseconds). That
+guess (the only inferred refusal) is also taken back when a handshake with that broker
+succeeds later.
 """
 from __future__ import annotations
 
 import collections
+import errno
 import itertools
 import time
 from typing import Any
@@ -73,6 +82,8 @@ _PROTOCOL_FAILED = zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
 _NO_DETAIL = zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
 _EVENTS, _POLLIN = int(zmq.EVENTS), int(zmq.POLLIN)   # ints: enum.Flag arithmetic costs per call
 _NO_DETAIL_MAX = 3           # CURVE handshakes closed in a row, none succeeded: a wrong cluster key
+_CONNECTED = zmq.EVENT_CONNECTED
+_CLOSED_BY_PEER = frozenset({errno.EPIPE, errno.ECONNRESET})   # libzmq's errno when the peer closed it
 
 
 def parse_address(addr: str) -> str:
@@ -94,6 +105,8 @@ class Transport:
         self.creds = load_creds(creds)   # None: an open cluster
         self._refused: MeshError | None = None       # a broker refused our credentials
         self._no_detail: dict[str, int] = {}         # address -> CURVE handshakes closed in a row
+        self._guessed: str | None = None             # _refused is the wrong-key guess about this address
+        self._connected_at: dict[str, float] = {}    # address -> when its TCP connection last came up
         self._socks: dict[str, zmq.Socket] = {}
         self._addr_of: dict[zmq.Socket, str] = {}
         self._expect: dict[zmq.Socket, int] = {}     # answers still due on each DEALER (_take_ready)
@@ -142,9 +155,16 @@ class Transport:
             if self.creds is not None:
                 self.creds.apply(s)
             # A unique inproc name: pyzmq's default (the socket's fd) can collide with a
-            # monitor of a closed socket that is still being torn down.
-            mon = s.get_monitor_socket(_UP | _DOWN | _AUTH_FAILED | _PROTOCOL_FAILED | _NO_DETAIL,
-                                       addr=f"inproc://mesh-monitor-{next(_MONITOR_IDS)}")
+            # monitor of a closed socket that is still being torn down. The reading end has
+            # no HWM: libzmq's I/O thread writes events with a blocking send, so a full
+            # monitor pipe (a transport nobody polls while its broker refuses or flaps:
+            # ~30 events a second) blocked every socket of the context for good (issue 39).
+            mon_addr = f"inproc://mesh-monitor-{next(_MONITOR_IDS)}"
+            s.monitor(mon_addr, _UP | _DOWN | _AUTH_FAILED | _PROTOCOL_FAILED | _NO_DETAIL | _CONNECTED)
+            mon = self.ctx.socket(zmq.PAIR)
+            mon.setsockopt(zmq.LINGER, 0)
+            mon.setsockopt(zmq.RCVHWM, 0)   # before connect: the pipe is sized when it is made
+            mon.connect(mon_addr)
             s.connect(f"tcp://{parse_address(addr)}")
             self._socks[addr] = s
             self._addr_of[s] = addr
@@ -212,19 +232,27 @@ class Transport:
                 ev = parse_monitor_message(mon.recv_multipart(zmq.NOBLOCK))
             except zmq.Again:
                 return
-            if ev["event"] in (_AUTH_FAILED, _PROTOCOL_FAILED, _NO_DETAIL):
+            if ev["event"] == _CONNECTED:   # TCP is up; the handshake starts
+                self._connected_at[addr] = time.monotonic()
+            elif ev["event"] in (_AUTH_FAILED, _PROTOCOL_FAILED, _NO_DETAIL):
                 self._on_refused(addr, ev["event"], ev["value"])
             elif ev["event"] == _UP:
-                self._no_detail.pop(addr, None)
-                self._up.add(addr)
-                self._dropped.discard(addr)
-                self._down_since.pop(addr, None)
+                self._on_up(addr)
             elif ev["event"] == _DOWN:
                 if addr in self._up:
                     self._up.discard(addr)
                     self._dropped.add(addr)
                     self._disconnected.add(addr)
                 self._down_since.setdefault(addr, time.monotonic())
+
+    def _on_up(self, addr: str) -> None:
+        """A handshake with ``addr`` succeeded."""
+        self._no_detail.pop(addr, None)
+        if self._guessed == addr:   # the key was right after all (the broker was slow)
+            self._refused = self._guessed = None
+        self._up.add(addr)
+        self._dropped.discard(addr)
+        self._down_since.pop(addr, None)
 
     def _on_refused(self, addr: str, event: int, value: int) -> None:
         who = f"broker {addr}"
@@ -238,15 +266,24 @@ class Transport:
                    f"{who} requires credentials: pass creds= (Python), --creds FILE or $MESH_CREDS (CLI), "
                    f'.option("creds", FILE) (Spark)')
         elif event == _NO_DETAIL and self.creds is not None:
+            since = self._connected_at.pop(addr, None)
+            if value not in _CLOSED_BY_PEER or since is None or \
+                    time.monotonic() - since >= HANDSHAKE_IVL_MS / 2000:
+                return   # timed out (a paused or busy broker), not closed by it: retried
             n = self._no_detail[addr] = self._no_detail.get(addr, 0) + 1
             if n < _NO_DETAIL_MAX:
                 return
             why = (f"{who} closed {n} CURVE handshakes in a row: the cluster public key in the credentials of "
                    f"{self.creds.principal!r} is probably not this cluster's")
+            if self._refused is None:
+                self._refused = MeshError(ErrorCode.UNAUTHORIZED, why)
+                self._guessed = addr
+            return
         else:
             return   # a handshake cut short for another reason: the connection is retried
-        if self._refused is None:
+        if self._refused is None or self._guessed is not None:   # a definite refusal beats the guess
             self._refused = MeshError(ErrorCode.UNAUTHORIZED, why)
+            self._guessed = None
 
     def check_refused(self) -> None:
         """Raise ``MeshError(UNAUTHORIZED)`` if a broker refused our credentials."""
@@ -431,6 +468,7 @@ class Transport:
             self._up.discard(addr)
             self._dropped.discard(addr)
             self._down_since.pop(addr, None)
+            self._connected_at.pop(addr, None)
 
     def close(self, linger_ms: int = 0) -> None:
         """Close every socket; ``linger_ms`` lets queued one-way sends (acks=0) leave first."""

@@ -433,12 +433,17 @@ class Node:
         poller.register(self.router, zmq.POLLIN)
         zap = self.security.zap
         poller.register(zap.sock, zmq.POLLIN)
+        monitor = zap.monitor
+        if monitor is not None:   # the ROUTER's connection events: drained every turn (mesh.security.zap)
+            poller.register(monitor, zmq.POLLIN)
         try:
             while self._running:
                 try:
                     events = dict(poller.poll(self._poll_timeout_ms()))
                 except InterruptedError:
                     continue
+                if monitor in events:
+                    zap.drain_monitor()
                 if zap.sock in events:
                     zap.handle()   # before the ROUTER: a handshake waits for this answer
                 if self.router in events:

@@ -4,12 +4,12 @@ Peers never answer on the connection a message came in on: every peer message is
 one-way send from the sender's DEALER to the receiver's ROUTER, and an answer is another
 one-way send back. The DEALER's routing id is ``b"peer:" + own address + b"#" + a random
 nonce`` (new for every link), so the receiving ROUTER knows the sender's address from the
-identity frame (``sender_address``), and no other connection can hold that routing id
-ahead of the link: without ROUTER_HANDOVER (secured mode), libzmq keeps a second
-connection claiming a routing id in use open but never delivers its messages, even after
-the first one left, so a client (any user) that took ``peer:<address>`` while that broker
-was down cut it off from this broker for good. A restarted broker's new links have new
-routing ids, so nothing waits for the receiver to drop the old connection either.
+identity frame (``sender_address``), and no other connection can claim that routing id
+(a client, any user, that took ``peer:<address>`` while that broker was down would have
+cut it off). A restarted broker's new links have new routing ids, so nothing waits for the
+receiver to drop the old connection. A link's reconnection keeps its routing id; the
+receiving ROUTER has ROUTER_HANDOVER, so the new connection takes over from an old one
+the receiver has not dropped yet (a paused receiver: ``mesh.security.zap``).
 
 Secured mode (``creds``: the cluster keypair): every link is a CURVE client of the peer's
 ROUTER and authenticates as ``broker`` (``mesh.security.zap``); the receiver trusts a peer

@@ -10,7 +10,7 @@ key, a user's name for a key the registry knows now, None otherwise.
 
 Rules:
 - secured: CURVE server on the ROUTER (server secret = the cluster secret key), ZAP
-  decides every connection, no ROUTER_HANDOVER (see ``mesh.security.zap``); superusers are
+  decides every connection, ROUTER_HANDOVER as in open mode (see ``mesh.security.zap``); superusers are
   those of ``superusers.json`` (known by key) and the ``--superuser`` names (users added
   by an admin);
 - open: allowed only when every address the broker binds (the ROUTER; the text gateway
@@ -110,7 +110,6 @@ class BrokerSecurity:
         router.setsockopt(zmq.ZAP_DOMAIN, ZAP_DOMAIN)
         router.setsockopt(zmq.HANDSHAKE_IVL, HANDSHAKE_IVL_MS)   # raw connections hold a slot 10 s at most
         if self.secured:
-            router.setsockopt(zmq.ROUTER_HANDOVER, 0)   # nobody can take over a connected peer's routing id
             router.setsockopt(zmq.CURVE_SERVER, 1)
             router.setsockopt(zmq.CURVE_SECRETKEY, self.secrets.cluster.secret_key.encode("ascii"))
 

@@ -26,14 +26,30 @@ ROUTER (no thread, no lock); libzmq holds the handshake until the answer comes.
 
 The ZAP request's identity frame is the *server* socket's own routing id, not the one the
 client chose (checked against libzmq 4.3.5): ZAP cannot refuse a client that claims a
-``peer:`` routing id. The ROUTER therefore runs without ROUTER_HANDOVER in secured mode (a
-second connection claiming a routing id in use is kept by libzmq but never delivered, so
-nobody can take over a broker's link by posing as it), a broker's links carry a new random
-routing id each (``mesh.node.peers``: nobody can hold one ahead of it), and the
-dispatcher accepts peer messages only from the cluster key.
+``peer:`` routing id. So a broker's links carry a new random routing id each
+(``mesh.node.peers``: ``peer:<address>#`` and 64 random bits, known only to that broker and
+the ROUTERs it links to): nobody can claim one, ahead of the link or after it; and the
+dispatcher accepts peer messages only from the cluster key. The ROUTER runs with
+ROUTER_HANDOVER in both modes (``mesh.node.dispatch.open_router``): a link that reconnects
+while the receiver still holds its old connection (the receiver was paused, the link timed
+out and reconnected meanwhile, and the resumed receiver identified the new connection
+before it had processed the old one's end: ``tests/unit/test_router_handover.py``) takes
+its routing id over. Without handover (secured mode
+before issue 39), libzmq kept that new connection but never delivered a message from it:
+a broker paused a few seconds came back deaf to its peers for good.
 
 Connections are counted with a monitor on the ROUTER (ACCEPTED minus DISCONNECTED, which
-libzmq also reports for a refused handshake). The monitor is drained before each decision.
+libzmq also reports for a refused handshake and for a raw connection that never spoke).
+libzmq's I/O thread writes each event to the monitor's inproc PAIR pipe with a *blocking*
+send, holding the socket's monitor lock: once that pipe is full it blocks for good (no
+connection accepted, no message moved, and a close waits on the lock: SIGTERM hangs).
+About 1,000 connect-then-close cycles of a port scan filled the default pipe (2 x 1,000
+messages) when it was read only before a ZAP decision (issue 39). So the reading end sets
+RCVHWM 0 before it connects, which makes the inproc pipe unlimited (libzmq sums the two
+ends' HWMs, 0 if either is 0): the I/O thread never blocks on it. The node loop polls the
+monitor next to the ROUTER and drains it each turn, at most ``MONITOR_EVENTS_PER_TURN``
+events (bounded work a turn; what waits is about 128 bytes an event; measured: drained at
+~80,000 events a second, while a scanner here made ~1,500 connect/close cycles a second).
 """
 from __future__ import annotations
 
@@ -44,7 +60,8 @@ import zmq
 from zmq.utils import z85
 from zmq.utils.monitor import parse_monitor_message
 
-__all__ = ["decide", "ZapHandler", "ZAP_ENDPOINT", "ZAP_DOMAIN", "DEFAULT_MAX_CONNECTIONS", "HANDSHAKE_IVL_MS"]
+__all__ = ["decide", "ZapHandler", "ZAP_ENDPOINT", "ZAP_DOMAIN", "DEFAULT_MAX_CONNECTIONS", "HANDSHAKE_IVL_MS",
+           "MONITOR_EVENTS_PER_TURN"]
 
 log = logging.getLogger("mesh.security.zap")
 
@@ -52,6 +69,7 @@ ZAP_ENDPOINT = "inproc://zeromq.zap.01"
 ZAP_DOMAIN = b"mesh"
 DEFAULT_MAX_CONNECTIONS = 4096
 HANDSHAKE_IVL_MS = 10_000   # a connection that has not finished its handshake by then is closed
+MONITOR_EVENTS_PER_TURN = 4096   # connection events read in one turn of the node loop (or one ZAP answer)
 
 
 def decide(mechanism: bytes, client_key: str | None, *, cluster_key: str | None,
@@ -95,23 +113,38 @@ class ZapHandler:
         self._logged: set[str] = set()
 
     def watch(self, router: zmq.Socket, name: str) -> None:
-        """Count ``router``'s connections (call before it binds)."""
-        self.monitor = router.get_monitor_socket(zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED,
-                                                 addr=f"inproc://mesh-router-monitor-{name}")
+        """Count ``router``'s connections (call before it binds). The reading end of the
+        monitor pipe has no HWM, so libzmq's I/O thread never blocks on it (module doc);
+        the node loop polls ``monitor`` and calls ``drain_monitor`` each turn."""
+        addr = f"inproc://mesh-router-monitor-{name}"
+        router.monitor(addr, zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED)
+        mon = router.context.socket(zmq.PAIR)
+        mon.setsockopt(zmq.LINGER, 0)
+        mon.setsockopt(zmq.RCVHWM, 0)   # before connect: the pipe is sized when it is made
+        mon.connect(addr)
+        self.monitor = mon
 
-    def drain_monitor(self) -> None:
+    def drain_monitor(self, limit: int = MONITOR_EVENTS_PER_TURN) -> int:
+        """Read at most ``limit`` connection events; return how many were read."""
         mon = self.monitor
         if mon is None:
-            return
-        while True:
+            return 0
+        accepted = zmq.EVENT_ACCEPTED
+        disconnected = zmq.EVENT_DISCONNECTED
+        for n in range(limit):
             try:
-                ev = parse_monitor_message(mon.recv_multipart(zmq.NOBLOCK))
+                frames = mon.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
-                return
-            if ev["event"] == zmq.EVENT_ACCEPTED:
+                return n
+            try:
+                event = parse_monitor_message(frames)["event"]
+            except Exception:   # not from libzmq (nothing else can reach an inproc name of ours)
+                continue
+            if event == accepted:
                 self.connections += 1
-            elif ev["event"] == zmq.EVENT_DISCONNECTED:
+            elif event == disconnected:
                 self.connections = max(0, self.connections - 1)
+        return limit
 
     def handle(self) -> None:
         """Answer every ZAP request waiting (called when the REP socket is readable)."""

@@ -143,8 +143,9 @@ def test_forged_peer_traffic_changes_nothing(secured):
     try:
         # 1. no credentials at all: the handshake itself fails (mechanism mismatch)
         plain = _dealer(ctx, None, b"peer:" + n2.address.encode(), n1.address)
-        # 2. a real principal's key (the admin's) posing as the real broker n2: libzmq refuses
-        #    the routing id (no ROUTER_HANDOVER), the real link stays up
+        # 2. a real principal's key (the admin's) posing as the real broker n2: without n2's
+        #    link's random nonce it is another routing id: refused (not the cluster key), the
+        #    real link stays up
         posing = _dealer(ctx, secured.admin, b"peer:" + n2.address.encode(), n1.address)
         # 3. the same key posing as some other broker address: delivered, refused, counted
         other = _dealer(ctx, secured.admin, b"peer:127.0.0.1:9", n1.address)
@@ -197,8 +198,7 @@ def test_secured_cluster_survives_a_leader_kill(secured):
                    "every record from the surviving replicas")
     finally:
         c.close()
-    # back on the same address and routing id (no ROUTER_HANDOVER in secured mode): its peers
-    # dropped the killed connection, so they take the new one
+    # back on the same address (new links, new routing ids): its peers take the new connections
     victim.start()
     secured.wait_converged(30)
 
