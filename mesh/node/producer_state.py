@@ -44,6 +44,7 @@ UNKNOWN_PRODUCER_ID.
 """
 from __future__ import annotations
 
+import itertools
 import struct
 import time
 from typing import Callable
@@ -98,19 +99,24 @@ class ProducerStates:
         key = (pid, producer_id)
         st = self._cache.get(key)
         if st is None:
-            raw = self.store.get("producers", _KEY.pack(pid, producer_id))
-            st = _decode(raw)[0] if raw else []
+            st = self._dirty.get(key)   # staged, not yet written: the store has an older one
+            if st is None:
+                raw = self.store.get("producers", _KEY.pack(pid, producer_id))
+                st = _decode(raw)[0] if raw else []
             if len(self._cache) >= self.max_cached:
                 self._evict()
             self._cache[key] = st
         return st
 
     def _evict(self) -> None:
-        """Drop the older half of the cache (insertion order), keeping states staged this turn."""
-        n = len(self._cache) // 2
-        for key in list(self._cache)[:n]:
-            if key not in self._undo:
-                del self._cache[key]
+        """Drop the older half of the cache (insertion order). States staged this turn go
+        too: ``_dirty`` keeps them until the commit, and ``_get`` looks there first, so a
+        turn staging many more ids than ``max_cached`` (a follower applying one large
+        replicated append) evicts half the cache once every ``max_cached / 2`` lookups:
+        linear (keeping the staged ones made every lookup copy the whole cache)."""
+        cache = self._cache
+        for key in list(itertools.islice(cache, len(cache) // 2)):
+            del cache[key]
 
     def _put(self, pid: int, producer_id: int, st: list[list[int]]) -> None:
         self.store.put("producers", _KEY.pack(pid, producer_id), _encode(st, self.now_ms(), self._pack))
@@ -224,7 +230,8 @@ class ProducerStates:
                     self._undo[key] = list(st)
                 st[:] = keep
                 self._put(pid, producer_id, st)
-        for (p, producer_id), st in list(self._cache.items()):  # staged, not yet in the db
+        staged = {**self._dirty, **self._cache}
+        for (p, producer_id), st in list(staged.items()):  # staged, not yet in the db
             if p == pid and any(e[2] >= to_offset for e in st):
                 key = (pid, producer_id)
                 if key not in self._undo:

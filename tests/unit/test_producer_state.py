@@ -230,3 +230,47 @@ def test_expiry_looks_at_one_slice_at_a_time_and_goes_round():
         append(ps, store, producer, 0, 1, base_offset=producer)
     assert ps.expire(clock[0] + 1, slice_rows=4) == 0   # (a slice: none idle yet)
     assert ps.expire(clock[0] + 60_000, slice_rows=4) == 25   # the whole pass (all idle by then)
+
+
+def _apply_one_large_append(n_ids: int, max_cached: int) -> float:
+    """A follower applying one replicated append of ``n_ids`` one-record batches, each
+    under its own producer id, in one turn (one transaction): seconds it took."""
+    import time
+    from mesh.wire.records import parse_header
+    store = MemoryStore()
+    ps = ProducerStates(store, max_cached=max_cached)
+    heads = [parse_header(batch(pid, 0, 1, base_offset=pid)) for pid in range(n_ids)]
+    t0 = time.perf_counter()
+    ps.stage_replicated_batches(PID, ((h, b"") for h in heads))
+    store.commit()
+    ps.committed()
+    took = time.perf_counter() - t0
+    assert len(ps._cache) <= max_cached + 1
+    for pid in (0, n_ids // 2, n_ids - 1):   # every state was written, evicted or not
+        assert ps.check(PID, header(pid, 0, 1)) == pid
+        assert ps.check(PID, header(pid, 1, 1)) is None
+    return took
+
+
+def test_a_follower_applying_many_producer_ids_in_one_turn_costs_linear_time():
+    """Issue 39 finding 6: staged states were kept in the cache through eviction, so every
+    lookup past ``max_cached`` copied the whole cache (a joining broker sat 6 min in one
+    turn). 10x the ids must cost about 10x the time, not 100x (best of 3, generous bound)."""
+    small = min(_apply_one_large_append(2_000, 500) for _ in range(3))
+    large = min(_apply_one_large_append(20_000, 500) for _ in range(3))
+    assert large < 35 * small, (small, large)
+
+
+def test_a_state_evicted_while_staged_is_read_back_from_the_staged_copy_and_rolls_back():
+    store = MemoryStore()
+    ps = ProducerStates(store, max_cached=4)
+    append(ps, store, 1, 0, 1, base_offset=0)
+    ps.stage(PID, header(1, 1, 1), 1)   # staged, not yet committed
+    for pid in range(100, 120):         # pushes producer 1 out of the cache
+        ps.stage(PID, header(pid, 0, 1), pid)
+    assert (PID, 1) not in ps._cache
+    assert ps.check(PID, header(1, 2, 1)) is None        # the staged state, not the stored one
+    assert ps.check(PID, header(1, 1, 1)) == 1
+    store.rollback()
+    assert ps.check(PID, header(1, 1, 1)) is None        # rolled back to the committed state
+    assert ps.check(PID, header(100, 0, 1)) is None
