@@ -20,6 +20,11 @@ BOUND_OPTIONS: list[tuple[str, int, int, str]] = [
     ("max_frame_bytes", 1, 16 << 20, "largest frame accepted (ZMQ_MAXMSGSIZE): a bigger one is dropped with its "
                            "connection before it is read (Kafka socket.request.max.bytes, NATS max_payload)"),
     ("max_body_bytes", 1, 1 << 20, "largest msgpack body of a client request; record batches travel apart"),
+    ("max_body_containers", 0, 50_000, "arrays and maps in one msgpack body of a client request; a denser body "
+                                       "is refused (INVALID_REQUEST) as soon as it is seen, 0 = no bound"),
+    ("request_percentage", 0, 0, "per principal (open mode: per connection), the share of the node loop's time "
+                                 "its requests may take over a few seconds, in percent; beyond, its requests are "
+                                 "refused (THROTTLED) before they are decoded, 0 = off (Kafka request_percentage)"),
     ("fetch_max_bytes", 1, 8 << 20, "bytes in one fetch answer, plus at most one batch (Kafka fetch.max.bytes)"),
     ("partition_fetch_max_bytes", 1, 4 << 20, "bytes per partition in one fetch answer (Kafka max.partition.fetch.bytes)"),
     ("fetch_max_wait_ms", 0, 30_000, "longest long-poll wait; a larger max_wait_ms is capped (Kafka fetch.max.wait.ms)"),

@@ -49,9 +49,12 @@ def check_bounds(cfg) -> None:
                  "max_producer_ids", "heartbeat_ivl_ms", "heartbeat_timeout_ms"):
         if getattr(cfg, name) < 1:
             raise StartupError(f"{name} must be at least 1")
-    for name in ("fetch_max_wait_ms", "produce_quota_bytes_per_s", "fetch_quota_bytes_per_s"):
+    for name in ("fetch_max_wait_ms", "produce_quota_bytes_per_s", "fetch_quota_bytes_per_s",
+                 "max_body_containers", "request_percentage"):
         if getattr(cfg, name) < 0:
             raise StartupError(f"{name} must be at least 0")
+    if cfg.request_percentage > 100:
+        raise StartupError("request_percentage must be at most 100 (the node loop is one thread)")
 
 
 def raise_nofile_limit() -> None:

@@ -39,6 +39,8 @@ class NodeConfig:
     # bounds (issue 13; each has a `mesh node` option; Kafka's names in the comments)
     max_frame_bytes: int = 16 << 20          # ZMQ_MAXMSGSIZE on the ROUTER (socket.request.max.bytes)
     max_body_bytes: int = 1 << 20            # msgpack body of a client request (records travel apart)
+    max_body_containers: int = 50_000        # arrays and maps in one client body (a dense body: issue 39)
+    request_percentage: int = 0              # per principal, % of the loop's time its requests may take; 0 = off
     fetch_max_bytes: int = 8 << 20           # per fetch answer, plus one batch (fetch.max.bytes)
     partition_fetch_max_bytes: int = 4 << 20  # per partition of a fetch (max.partition.fetch.bytes)
     fetch_max_wait_ms: int = 30_000          # long-poll cap (fetch.max.wait.ms)

@@ -112,6 +112,7 @@ from mesh.node.group_host import GroupHost, GroupHostConfig
 from mesh.node.handlers import ClientHandlers
 from mesh.node.peers import PeerLinks
 from mesh.node.producer_state import ProducerStates
+from mesh.node.request_quota import RequestTimeQuota
 from mesh.node.publish import Publisher
 from mesh.node.raft_host import ReplicaHost
 from mesh.node.security_handlers import SecuritySync
@@ -292,11 +293,14 @@ class Node:
         self.data.on_commit.append(self.groups.after_commit)   # offsets commits share the turn's sync
         self.dispatch = Dispatcher(self.router, self.handlers, self.groups, self.gossip, self.replicas,
                                    self.directory, self._send, self.clock, security=self.security)
-        self.dispatch.limits = DecodeLimits(max_body_bytes=config.max_body_bytes)
+        self.dispatch.limits = DecodeLimits(max_body_bytes=config.max_body_bytes,
+                                            max_body_containers=config.max_body_containers)
         self.dispatch.peer_limits = DecodeLimits(max_body_bytes=config.max_frame_bytes, max_str_len=config.max_frame_bytes,
                                                  max_bin_len=config.max_frame_bytes, max_array_len=1 << 22,
-                                                 max_map_len=1 << 22)
+                                                 max_map_len=1 << 22, max_body_containers=0)
         self.dispatch.on_doom = self.data.doom
+        if config.request_percentage:
+            self.dispatch.request_quota = RequestTimeQuota(config.request_percentage)
         self.outbox = Outbox(self.router, clock.now_ms, max_backlog_bytes=config.client_backlog_bytes,
                              produce_bytes_per_s=config.produce_quota_bytes_per_s,
                              fetch_bytes_per_s=config.fetch_quota_bytes_per_s)

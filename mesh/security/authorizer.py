@@ -55,6 +55,7 @@ from mesh.groups import messages as g
 from mesh.security.acl import CLUSTER_NAME, AclTable
 from mesh.security.registry import Registry
 from mesh.wire import messages as m
+from mesh.wire.codec import REGISTRY
 from mesh.wire.errors import ErrorCode, MeshError
 
 __all__ = ["Authorizer", "REQUIREMENTS", "requirements"]
@@ -159,6 +160,29 @@ class Authorizer:
                 self._cache.clear()
             got = self._cache[key] = self.table.decide(principal, operation, resource, name)[0]
         return got
+
+    def preauthorize(self, principal: str, op: bytes) -> None:
+        """Before the body of a request ``op`` is decoded (decoding costs the loop): refuse
+        a principal that is not a user, a request type missing from the table, and a
+        cluster operation the principal may not do (those needs do not depend on the body).
+        ``authorize`` decides the rest once the body is decoded."""
+        if not self.registry.knows(principal):
+            self.refused += 1
+            raise MeshError(ErrorCode.UNAUTHORIZED, f"{principal} is not a user (any more)")
+        if principal in self.superusers:
+            return
+        cls = REGISTRY.get(bytes(op))
+        fn = REQUIREMENTS.get(cls) if cls is not None else None
+        if fn is None:
+            if cls is None:
+                return   # an unknown operation: decode_body says so
+            self.refused += 1
+            raise MeshError(ErrorCode.UNAUTHORIZED, f"{principal} may not send {cls.__name__}")
+        if fn is _CLUSTER_ALTER or fn is _CLUSTER_DESCRIBE:
+            op_name = "alter" if fn is _CLUSTER_ALTER else "describe"
+            if not self.allowed(principal, op_name, "cluster", CLUSTER_NAME):
+                self.refused += 1
+                raise MeshError(ErrorCode.UNAUTHORIZED, f"{principal} may not {op_name} cluster")
 
     def authorize(self, principal: str, msg: Any) -> Any:
         if not self.registry.knows(principal):
