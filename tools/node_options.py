@@ -33,6 +33,10 @@ BOUND_OPTIONS: list[tuple[str, int, int, str]] = [
     ("client_sndhwm", 1, 16, "answers queued in ZeroMQ per client connection (SNDHWM)"),
     ("client_backlog_bytes", 1, 4 << 20, "then queued in the node per client; beyond, answers to it are dropped "
                                 "(NATS max_pending, slow consumer)"),
+    ("queued_max_answer_bytes", 1, 256 << 20, "bytes of answers clients have not read yet that the node holds in all; "
+                                              "beyond (or beyond fetch_max_bytes for one client), a fetch is answered "
+                                              "THROTTLED instead of its records (the answer side of Kafka's "
+                                              "queued.max.request.bytes)"),
     ("heartbeat_ivl_ms", 1, 1_000, "ZeroMQ heartbeat (PING) interval on links to peers"),
     ("heartbeat_timeout_ms", 1, 3_000, "a peer link silent this long after a PING is dropped at both ends"),
     ("produce_quota_bytes_per_s", 0, 0, "per-client produce byte rate; answers are delayed to keep it, "

@@ -48,6 +48,7 @@ class NodeConfig:
     max_parked_per_client: int = 16
     client_sndhwm: int = 16                  # answers queued in ZeroMQ per client pipe
     client_backlog_bytes: int = 4 << 20      # then in the node per client; beyond, answers dropped
+    queued_max_answer_bytes: int = 256 << 20  # unread answers the node holds in all (mesh.node.answer_budget)
     heartbeat_ivl_ms: int = 1_000            # ZMTP PING on every link to a peer
     heartbeat_timeout_ms: int = 3_000        # a peer link silent this long after a PING: dropped (both ends)
     produce_quota_bytes_per_s: int = 0       # per client, 0 = off (quota producer_byte_rate)

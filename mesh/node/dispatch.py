@@ -249,6 +249,12 @@ class Dispatcher:
         self.reply(ident, rid, m.ErrorResponse(int(code), message, leader))
 
     def reply(self, ident: bytes, rid: int, msg, payload: bytes | None = None) -> None:
+        if payload is not None and type(msg) is m.FetchResponse and self.outbox is not None \
+                and self.outbox.budget is not None:
+            why = self.outbox.refusal(ident, len(payload))   # the client's (or everyone's) earlier answers are unread
+            if why is not None:
+                self._rlog.warning(("unread", bytes(ident)), "client %s: %s", bytes(ident).hex(), why)
+                msg, payload = m.ErrorResponse(int(ErrorCode.THROTTLED), why), None
         frames = [ident, *pack(PROTOCOL_CLIENT, rid, msg, payload)]
         if self.metrics is not None:
             self.metrics.answered(ident, rid, msg, frames)

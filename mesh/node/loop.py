@@ -113,6 +113,7 @@ from mesh.node.handlers import ClientHandlers
 from mesh.node.peers import PeerLinks
 from mesh.node.producer_state import ProducerStates
 from mesh.node.request_quota import RequestTimeQuota
+from mesh.node.answer_budget import AnswerBudget
 from mesh.node.publish import Publisher
 from mesh.node.raft_host import ReplicaHost
 from mesh.node.security_handlers import SecuritySync
@@ -303,7 +304,9 @@ class Node:
             self.dispatch.request_quota = RequestTimeQuota(config.request_percentage)
         self.outbox = Outbox(self.router, clock.now_ms, max_backlog_bytes=config.client_backlog_bytes,
                              produce_bytes_per_s=config.produce_quota_bytes_per_s,
-                             fetch_bytes_per_s=config.fetch_quota_bytes_per_s)
+                             fetch_bytes_per_s=config.fetch_quota_bytes_per_s,
+                             budget=AnswerBudget(per_client=config.fetch_max_bytes,
+                                                 total=config.queued_max_answer_bytes))
         self.outbox.on_gone = self.data.drop_client
         self.dispatch.outbox = self.outbox
         self.data.reply = self.replicas.reply = self.dispatch.reply   # what _reply does, one call fewer

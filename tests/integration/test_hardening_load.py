@@ -76,3 +76,53 @@ def test_dense_bodies_are_refused_fast_and_a_victim_is_served_meanwhile(broker):
     assert took < 15, took
     healthy(broker)
     s.close()
+
+
+def _unread_fetch_attack(b: BrokerProcess, connections: int = 15, fetches: int = 40) -> tuple[list, float]:
+    """A reader that opens ``connections`` and sends ``fetches`` fetches of 4 MB on each,
+    never reading: (its sockets, the broker's RSS growth in MiB once they were handled)."""
+    before = rss_mib(b)
+    socks = [dealer(b, rcvhwm=1) for _ in range(connections)]
+    for s in socks:
+        for _ in range(fetches):
+            request(s, m.FetchRequest([["big", 0, 0, 4 * MiB]], 0, 1, 8 * MiB))
+    peak, last_change, t0 = before, time.monotonic(), time.monotonic()
+    while time.monotonic() - last_change < 3 and time.monotonic() - t0 < 60:   # until it stops growing
+        now = rss_mib(b)
+        if now > peak + 1:
+            peak, last_change = now, time.monotonic()
+        time.sleep(0.1)
+    return socks, peak - before
+
+
+def test_unread_fetch_answers_over_many_connections_are_bounded(tmp_path):
+    b = BrokerProcess("h5", str(tmp_path / "h5"), extra=["--queued-max-answer-bytes", str(64 * MiB)]).start()
+    try:
+        with Admin(b.address) as a:
+            a.create_topic("big", partitions=1)
+            a.create_topic("ok", partitions=1)
+        with Producer(b.address, acks=-1) as p:
+            for f in [p.send_batch("big", [b"x" * 1000] * 1000, partition=0) for _ in range(6)]:
+                f.result(20)
+        socks, grown = _unread_fetch_attack(b)
+        victim = Victim(b.address)
+        victim.start()
+        while len(victim.latencies) < 5:
+            time.sleep(0.05)
+        lat = victim.finish()
+        print(f"\nRSS grew {grown:.0f} MiB under 15 x 40 unread 4 MB fetches; victim produce max "
+              f"{max(lat) * 1000:.0f} ms")
+        # 64 MiB in all (plus one answer per connection in flight and the allocator's slack);
+        # it grew ~900 MiB before the bound
+        assert grown < 200, f"broker RSS grew {grown:.0f} MiB"
+        # a reader that reads is served: its fetch gets records
+        s = dealer(b)
+        request(s, m.FetchRequest([["big", 0, 0, 1 * MiB]], 0, 1, 1 * MiB))
+        msg, payload = answer(s, 30_000)
+        assert isinstance(msg, (m.FetchResponse, m.ErrorResponse))
+        for x in socks:
+            x.close()
+        s.close()
+        healthy(b)
+    finally:
+        b.stop()

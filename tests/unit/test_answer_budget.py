@@ -1,0 +1,29 @@
+"""Unread answers are bounded per client and in all (mesh/node/answer_budget.py; issue 39 finding 5)."""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from mesh.node.answer_budget import TRACK_MIN_BYTES, AnswerBudget
+
+MiB = 1 << 20
+
+
+def test_unread_answers_are_bounded_per_client_and_in_all_and_readers_are_still_served():
+    b = AnswerBudget(per_client=8 * MiB, total=20 * MiB)
+    unread = [SimpleNamespace(done=False) for _ in range(10)]
+    assert b.refusal(b"a", 4 * MiB, 0, 0) is None
+    b.sent(b"a", unread[0], 4 * MiB)
+    assert b.refusal(b"a", 4 * MiB, 0, 0) is None
+    b.sent(b"a", unread[1], 4 * MiB)
+    assert "not read yet" in b.refusal(b"a", 4 * MiB, 0, 0)      # 8 MiB unread: a's next waits
+    assert b.refusal(b"a", TRACK_MIN_BYTES - 1, 0, 0) is None    # small answers always go
+    for i, ident in enumerate((b"b", b"c")):
+        b.sent(ident, unread[2 + 2 * i], 4 * MiB)
+        b.sent(ident, unread[3 + 2 * i], 2 * MiB)
+    # 20 MiB unread in all: clients with unread answers wait, one that reads is served
+    assert "queued_max_answer_bytes" in b.refusal(b"b", 4 * MiB, 0, 0)
+    assert b.refusal(b"fresh", 4 * MiB, 0, 0) is None
+    assert "queued_max_answer_bytes" in b.refusal(b"fresh", 4 * MiB, 0, 20 * MiB)   # twice the bound: nobody
+    unread[0].done = unread[1].done = True    # a read its answers
+    assert b.refusal(b"a", 4 * MiB, 0, 0) is None
+    assert b.tracked_bytes == 12 * MiB and b.queued(b"a") == 0
