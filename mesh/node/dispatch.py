@@ -29,6 +29,7 @@ import zmq
 
 from mesh.gossip import GossipAck, GossipAck2, GossipSyn
 from mesh.node.peers import sender_address
+from mesh.node.producer_state import owner_tag
 from mesh.node.ratelog import RateLimitedLog
 from mesh.node.raft_host import REPLICATION_MESSAGES
 from mesh.security.creds import BROKER_PRINCIPAL
@@ -102,6 +103,7 @@ class Dispatcher:
         self.peer_messages_refused = 0
         self._senders: dict[bytes, str] = {}   # peer routing id -> its address (sender_address)
         self.metrics = None   # mesh.node.metrics.NodeMetrics (--metrics-port): request counts, latency, bytes
+        self.writer_tag = 0   # producer_state.owner_tag of the request being handled (0: open mode)
         self.request_quota = None   # mesh.node.request_quota.RequestTimeQuota (request_percentage), set by the node
         self._code_log = RateLimitedLog(log, window_ms=1_000)   # and at most one line per error code a second
         self.recv = functools.partial(recv_frames, router) if self.security is None else self._recv_secured
@@ -154,6 +156,7 @@ class Dispatcher:
         try:
             if self.security is not None:
                 principal = self._principal(frames)
+                self.writer_tag = owner_tag(principal) if principal != BROKER_PRINCIPAL else 0
             if quota is not None and principal != BROKER_PRINCIPAL:
                 debt = quota.debt_ms(principal or bytes(ident), self.clock.now_ms())
                 if debt:   # refused before its body is decoded: a refusal costs next to nothing

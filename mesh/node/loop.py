@@ -300,6 +300,7 @@ class Node:
                                                  max_bin_len=config.max_frame_bytes, max_array_len=1 << 22,
                                                  max_map_len=1 << 22, max_body_containers=0)
         self.dispatch.on_doom = self.data.doom
+        self.data.writer_tag = lambda: self.dispatch.writer_tag   # producer ids belong to their first writer
         if config.request_percentage:
             self.dispatch.request_quota = RequestTimeQuota(config.request_percentage)
         self.outbox = Outbox(self.router, clock.now_ms, max_backlog_bytes=config.client_backlog_bytes,

@@ -274,3 +274,43 @@ def test_a_state_evicted_while_staged_is_read_back_from_the_staged_copy_and_roll
     store.rollback()
     assert ps.check(PID, header(1, 1, 1)) is None        # rolled back to the committed state
     assert ps.check(PID, header(100, 0, 1)) is None
+
+
+def test_a_producer_id_belongs_to_the_principal_that_wrote_under_it_first():
+    """Issue 39 finding 7: a co-writer wrote under another producer's id and next sequence,
+    and the victim's next batches were answered with the attacker's offsets."""
+    from mesh.node.producer_state import owner_tag
+    victim, attacker = owner_tag("alice"), owner_tag("mallory")
+    assert victim and attacker and victim != attacker and owner_tag(None) == 0
+    store = MemoryStore()
+    ps = ProducerStates(store)
+    h = header(42, 0, 2)
+    assert ps.check(PID, h, victim) is None
+    ps.stage(PID, h, 0, victim)
+    store.commit()
+    ps.committed()
+    hijack = header(42, 2, 1)   # the victim's next sequence
+    info = pytest.raises(MeshError, ps.check, PID, hijack, attacker)
+    assert info.value.code == ErrorCode.UNAUTHORIZED and not info.value.retriable
+    assert "another principal" in info.value.message
+    assert ps.check(PID, hijack, victim) is None            # the owner goes on
+    # the binding is stored with the state: a restarted broker (or one whose cache lost it) keeps it
+    again = ProducerStates(store.crash())
+    assert code_of(lambda: again.check(PID, hijack, attacker)) == ErrorCode.UNAUTHORIZED
+    assert again.check(PID, hijack, victim) is None
+    # open mode (tag 0) and a follower's replicated append do not check or rebind
+    assert again.check(PID, hijack, 0) is None
+    again.stage_replicated_batches(PID, [(header(42, 2, 1), b"")])
+    assert code_of(lambda: again.check(PID, header(42, 3, 1), attacker)) == ErrorCode.UNAUTHORIZED
+
+
+def test_a_state_learned_by_replication_is_taken_by_its_first_writer_as_leader():
+    from mesh.node.producer_state import owner_tag
+    store = MemoryStore()
+    ps = ProducerStates(store)
+    ps.stage_replicated_batches(PID, [(parse_header(batch(9, 0, 1, base_offset=0)), b"")])
+    store.commit()
+    ps.committed()
+    assert ps.check(PID, header(9, 1, 1), owner_tag("alice")) is None
+    ps.stage(PID, header(9, 1, 1), 1, owner_tag("alice"))
+    assert code_of(lambda: ps.check(PID, header(9, 2, 1), owner_tag("bob"))) == ErrorCode.UNAUTHORIZED
