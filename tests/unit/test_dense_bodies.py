@@ -121,3 +121,15 @@ def test_request_time_quota_bucket():
     assert q.debt_ms("a", 600) == 0 and q.debt_ms("b", 0) == 0
     with pytest.raises(ValueError):
         RequestTimeQuota(0)
+
+
+def test_refusals_of_cycling_connections_log_a_line_per_code_a_second(caplog):
+    """Issue 39 finding 10: a client cycling connections (a new identity each) with one
+    refused request each logged a line per request (28 KB/s)."""
+    import logging
+    d, answers = dispatcher(None, [0])
+    with caplog.at_level(logging.WARNING, logger="mesh.node.dispatch"):
+        for i in range(500):
+            d.handle([b"conn-%d" % i, PROTOCOL_CLIENT, (1).to_bytes(8, "big"), b"NOPE", msgpack.packb([])])
+    assert len(answers) == 500 and all(a.error == ErrorCode.INVALID_REQUEST for a in answers)
+    assert 1 <= len([r for r in caplog.records if "NOPE" in r.getMessage()]) <= 3
