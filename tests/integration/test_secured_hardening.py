@@ -1,8 +1,11 @@
-"""Issue 39 finding 7 on a secured broker: a co-writer with write (and read) on a shared
+"""Issue 39 on a secured broker. Finding 7: a co-writer with write (and read) on a shared
 topic reads another producer's batch headers and writes under its producer id and next
 sequence: refused (UNAUTHORIZED), and the victim's next records are stored where its
-answers say."""
+answers say. Finding 10: a group consumer without rights on its group raises
+UNAUTHORIZED instead of polling nothing for ever."""
 from __future__ import annotations
+
+import time
 
 import pytest
 
@@ -53,5 +56,28 @@ def test_a_co_writer_cannot_write_under_another_principals_producer_id(tmp_path,
             wait_until(lambda: got.extend(r.value for b in cons.poll_batches(200) for r in b) or len(got) >= 2,
                        20, "alice's two records")
         assert got == [b"alice-1", b"alice-2"]
+    finally:
+        c.kill()
+
+
+def test_a_group_consumer_without_rights_raises_instead_of_returning_nothing(tmp_path, monkeypatch):
+    secrets, admin_creds = init_secrets(tmp_path / "secrets")
+    monkeypatch.setenv("MESH_CREDS", admin_creds)
+    c = Cluster(tmp_path, 1, extra=["--secrets", str(tmp_path / "secrets")]).start()
+    try:
+        with Admin(c.bootstrap) as admin:
+            admin.create_topic("t", 1, 1)
+            nobody = new_user(admin, secrets, tmp_path, "nobody")   # no ACL at all
+        with Producer(c.bootstrap) as p:
+            p.send("t", b"x", partition=0).get(20)
+        cons = Consumer("t", bootstrap=c.bootstrap, group_id="g", auto_offset_reset="earliest", creds=nobody)
+        try:
+            deadline = time.monotonic() + 20
+            with pytest.raises(MeshError) as info:
+                while time.monotonic() < deadline:
+                    cons.poll(200)
+            assert info.value.code == ErrorCode.UNAUTHORIZED
+        finally:
+            cons.close()
     finally:
         c.kill()
