@@ -9,14 +9,14 @@ each of 15 connections and never reads had the broker hold 16 answers per connec
 libzmq lets go of it), and ``AnswerBudget`` adds up the bytes still held per client and in
 all, with the outbox's backlogs and held answers. ``refusal(ident)`` says why a new fetch
 answer must not be queued: the client already has ``per_client`` bytes unread (one answer
-is always allowed: the check is on what is queued before it), or the node has
-``total`` bytes unread in all (``queued_max_answer_bytes``; Kafka bounds the other side
-with ``queued.max.request.bytes``) and the client has some unread too (a client that
-reads is still served), or twice ``total`` (anyone). Answers under ``TRACK_MIN_BYTES``
+is always allowed: the check is on what is queued before it), or the node has half of
+``total`` unread in all (``queued_max_answer_bytes``; Kafka bounds the other side with
+``queued.max.request.bytes``) and the client has some unread too (a client that reads is
+still served), or ``total`` (anyone). Answers under ``TRACK_MIN_BYTES``
 are never refused. The data path then answers THROTTLED (retriable, a
 few bytes) instead of the records, and the reader's next fetch is served once it reads.
-A client's memory is then at most ``per_client`` plus one answer, the node's twice
-``total`` plus one answer per connection, however many connections a reader opens.
+A client's memory is then at most ``per_client`` plus one answer, the node's ``total``
+plus one answer, however many connections a reader opens.
 """
 from __future__ import annotations
 
@@ -70,14 +70,14 @@ class AnswerBudget:
     def refusal(self, ident: bytes, nbytes: int, other_client: int, other_total: int) -> str | None:
         """Why a new answer of ``nbytes`` to ``ident`` must not be queued (None: it may).
         ``other_*``: the outbox's backlog and held bytes, of this client and in all.
-        Answers under ``TRACK_MIN_BYTES`` always go (SNDHWM bounds them); past ``total``
-        only a client with nothing unread gets one (so readers are still served while
-        others hold the budget), past twice ``total`` nobody."""
+        Answers under ``TRACK_MIN_BYTES`` always go (SNDHWM bounds them); past half of
+        ``total`` only a client with nothing unread gets one (so readers are still served
+        while others hold the budget), past ``total`` nobody."""
         if nbytes < TRACK_MIN_BYTES:
             return None
         mine = self.queued(ident) + other_client
         total = self.tracked_bytes + other_total
-        if mine < self.per_client and total < self.total:
+        if mine < self.per_client and total < self.total // 2:
             return None
         self.reap()
         mine = self.queued(ident) + other_client
@@ -86,7 +86,7 @@ class AnswerBudget:
             self.refused += 1
             return (f"not sent: {mine} bytes of earlier answers to this client are not read yet "
                     f"(at most {self.per_client}); read them, then fetch again")
-        if (total >= self.total and mine) or total >= 2 * self.total:
+        if (total >= self.total // 2 and mine) or total >= self.total:
             self.refused += 1
             return (f"not sent: this broker holds {total} bytes of answers clients have not read "
                     f"(queued_max_answer_bytes {self.total}); fetch again later")

@@ -28,6 +28,7 @@ from typing import Callable
 import zmq
 
 from mesh.gossip import GossipAck, GossipAck2, GossipSyn
+from mesh.node.answer_budget import TRACK_MIN_BYTES
 from mesh.node.peers import sender_address
 from mesh.node.producer_state import owner_tag
 from mesh.node.ratelog import RateLimitedLog
@@ -172,6 +173,10 @@ class Dispatcher:
             if payload is not None and type(msg) is m.ProduceRequest and self.outbox is not None \
                     and self.outbox.quotas["produce"] is not None:
                 self._charge_produce(ident, rid, msg, payload)
+            if type(msg) is m.FetchRequest and self.outbox is not None and self.outbox.budget is not None:
+                why = self.outbox.refusal(ident, TRACK_MIN_BYTES)   # before reading records it would drop
+                if why is not None:
+                    raise MeshError(ErrorCode.THROTTLED, why)
             handler = self.handlers.handler_for(msg)
             if handler is not None:
                 handler(ident, rid, msg, payload)

@@ -9,7 +9,7 @@ MiB = 1 << 20
 
 
 def test_unread_answers_are_bounded_per_client_and_in_all_and_readers_are_still_served():
-    b = AnswerBudget(per_client=8 * MiB, total=20 * MiB)
+    b = AnswerBudget(per_client=8 * MiB, total=40 * MiB)
     unread = [SimpleNamespace(done=False) for _ in range(10)]
     assert b.refusal(b"a", 4 * MiB, 0, 0) is None
     b.sent(b"a", unread[0], 4 * MiB)
@@ -20,10 +20,10 @@ def test_unread_answers_are_bounded_per_client_and_in_all_and_readers_are_still_
     for i, ident in enumerate((b"b", b"c")):
         b.sent(ident, unread[2 + 2 * i], 4 * MiB)
         b.sent(ident, unread[3 + 2 * i], 2 * MiB)
-    # 20 MiB unread in all: clients with unread answers wait, one that reads is served
+    # 20 MiB unread in all (half the bound): clients with unread answers wait, one that reads is served
     assert "queued_max_answer_bytes" in b.refusal(b"b", 4 * MiB, 0, 0)
     assert b.refusal(b"fresh", 4 * MiB, 0, 0) is None
-    assert "queued_max_answer_bytes" in b.refusal(b"fresh", 4 * MiB, 0, 20 * MiB)   # twice the bound: nobody
+    assert "queued_max_answer_bytes" in b.refusal(b"fresh", 4 * MiB, 0, 20 * MiB)   # the bound: nobody
     unread[0].done = unread[1].done = True    # a read its answers
     assert b.refusal(b"a", 4 * MiB, 0, 0) is None
     assert b.tracked_bytes == 12 * MiB and b.queued(b"a") == 0
