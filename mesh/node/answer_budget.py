@@ -15,8 +15,10 @@ is always allowed: the check is on what is queued before it), or the node has ha
 still served), or ``total`` (anyone). Answers under ``TRACK_MIN_BYTES``
 are never refused. The data path then answers THROTTLED (retriable, a
 few bytes) instead of the records, and the reader's next fetch is served once it reads.
-A client's memory is then at most ``per_client`` plus one answer, the node's ``total``
-plus one answer, however many connections a reader opens.
+A principal (secured mode) has at most a quarter of ``total`` unread over all its
+connections, so one user cannot take the budget from the others. A client's memory is then
+at most ``per_client`` plus one answer, a principal's a quarter of ``total`` plus one answer
+per connection, the node's ``total`` plus one answer, however many connections a reader opens.
 """
 from __future__ import annotations
 
@@ -36,12 +38,13 @@ class AnswerBudget:
         self.tracked_bytes = 0
         self.refused = 0
 
-    def sent(self, ident: bytes, tracker, nbytes: int) -> None:
+    def sent(self, ident: bytes, tracker, nbytes: int, principal: str | None = None) -> None:
         if tracker is None or tracker.done:
             return
-        ident = bytes(ident)
-        self._tracked.append((tracker, ident, nbytes))
-        self._bytes[ident] = self._bytes.get(ident, 0) + nbytes
+        keys = (bytes(ident),) if principal is None else (bytes(ident), ("principal", principal))
+        self._tracked.append((tracker, keys, nbytes))
+        for k in keys:
+            self._bytes[k] = self._bytes.get(k, 0) + nbytes
         self.tracked_bytes += nbytes
 
     def reap(self) -> None:
@@ -51,14 +54,16 @@ class AnswerBudget:
         if not self._tracked:
             return
         keep = collections.deque()
+        counts = self._bytes
         for entry in self._tracked:
             if entry[0].done:
-                ident, n = entry[1], entry[2]
-                left = self._bytes[ident] - n
-                if left:
-                    self._bytes[ident] = left
-                else:
-                    del self._bytes[ident]
+                n = entry[2]
+                for k in entry[1]:
+                    left = counts[k] - n
+                    if left:
+                        counts[k] = left
+                    else:
+                        del counts[k]
                 self.tracked_bytes -= n
             else:
                 keep.append(entry)
@@ -67,7 +72,8 @@ class AnswerBudget:
     def queued(self, ident: bytes) -> int:
         return self._bytes.get(bytes(ident), 0)
 
-    def refusal(self, ident: bytes, nbytes: int, other_client: int, other_total: int) -> str | None:
+    def refusal(self, ident: bytes, nbytes: int, other_client: int, other_total: int,
+                principal: str | None = None) -> str | None:
         """Why a new answer of ``nbytes`` to ``ident`` must not be queued (None: it may).
         ``other_*``: the outbox's backlog and held bytes, of this client and in all.
         Answers under ``TRACK_MIN_BYTES`` always go (SNDHWM bounds them); past half of
@@ -77,11 +83,17 @@ class AnswerBudget:
             return None
         mine = self.queued(ident) + other_client
         total = self.tracked_bytes + other_total
-        if mine < self.per_client and total < self.total // 2:
+        theirs = self._bytes.get(("principal", principal), 0) if principal is not None else 0
+        if mine < self.per_client and total < self.total // 2 and theirs < self.total // 4:
             return None
         self.reap()
         mine = self.queued(ident) + other_client
         total = self.tracked_bytes + other_total
+        theirs = self._bytes.get(("principal", principal), 0) if principal is not None else 0
+        if theirs >= self.total // 4:
+            self.refused += 1
+            return (f"not sent: {theirs} bytes of earlier answers to {principal}'s connections are not read yet "
+                    f"(at most a quarter of queued_max_answer_bytes, {self.total // 4}); read them, then fetch again")
         if mine >= self.per_client:
             self.refused += 1
             return (f"not sent: {mine} bytes of earlier answers to this client are not read yet "

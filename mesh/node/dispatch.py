@@ -104,6 +104,8 @@ class Dispatcher:
         self.peer_messages_refused = 0
         self._senders: dict[bytes, str] = {}   # peer routing id -> its address (sender_address)
         self.metrics = None   # mesh.node.metrics.NodeMetrics (--metrics-port): request counts, latency, bytes
+        self._principals: dict[bytes, str] = {}   # secured: client routing id -> its principal
+        self.principal_of = self._principals.get   # (the outbox's per-principal answer budget)
         self.writer_tag = 0   # producer_state.owner_tag of the request being handled (0: open mode)
         self.request_quota = None   # mesh.node.request_quota.RequestTimeQuota (request_percentage), set by the node
         self._code_log = RateLimitedLog(log, window_ms=1_000)   # and at most one line per error code a second
@@ -158,6 +160,10 @@ class Dispatcher:
             if self.security is not None:
                 principal = self._principal(frames)
                 self.writer_tag = owner_tag(principal) if principal != BROKER_PRINCIPAL else 0
+                if principal != BROKER_PRINCIPAL and self._principals.get(ident) != principal:
+                    if len(self._principals) >= 100_000:
+                        self._principals.clear()
+                    self._principals[bytes(ident)] = principal
             if quota is not None and principal != BROKER_PRINCIPAL:
                 debt = quota.debt_ms(principal or bytes(ident), self.clock.now_ms())
                 if debt:   # refused before its body is decoded: a refusal costs next to nothing

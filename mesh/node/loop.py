@@ -310,6 +310,7 @@ class Node:
                                                  total=config.queued_max_answer_bytes))
         self.outbox.on_gone = self.data.drop_client
         self.dispatch.outbox = self.outbox
+        self.outbox.principal_of = self.dispatch.principal_of
         self.data.reply = self.replicas.reply = self.dispatch.reply   # what _reply does, one call fewer
         self.elastic = Elastic(config.node_id, self.gossip, self.catalog, self.replicas, self.store, clock.wall_ms,
                                ElasticSettings(replace_dead_after_ms=config.replace_dead_after_ms,

@@ -83,6 +83,7 @@ class Outbox:
                  budget: AnswerBudget | None = None):
         self.router = router
         self.budget = budget
+        self.principal_of: Callable[[bytes], str | None] = lambda ident: None   # secured: the dispatcher's
         self.now_ms = now_ms
         self.max_backlog_bytes = max_backlog_bytes
         self.on_gone: Callable[[bytes], None] = lambda ident: None
@@ -126,12 +127,13 @@ class Outbox:
         others = 0
         if self._backlog_bytes or self._held_count:
             others = sum(self._backlog_bytes.values()) + sum(h[2] for h in self._held_count.values())
-        return budget.refusal(ident, nbytes, mine, others)
+        return budget.refusal(ident, nbytes, mine, others, self.principal_of(ident))
 
     def _send_frames(self, ident: bytes, frames: list) -> None:
         last = len(frames[-1])
         if self.budget is not None and last >= TRACK_MIN_BYTES:
-            self.budget.sent(ident, send_frames(self.router, frames, copy=False, track=True), last)
+            self.budget.sent(ident, send_frames(self.router, frames, copy=False, track=True), last,
+                             self.principal_of(bytes(ident)))
         else:
             send_frames(self.router, frames, copy=last < ZERO_COPY_MIN_BYTES)
 

@@ -14,6 +14,7 @@ from mesh.client.transport import Transport
 from mesh.security.creds import init_secrets
 from mesh.testing.launcher import Cluster, wait_until
 from mesh.wire import messages as m
+from mesh.wire.codec import PROTOCOL_CLIENT, pack
 from mesh.wire.errors import ErrorCode, MeshError
 from mesh.wire.records import encode_batch, iter_batches
 from tests.integration.test_acl import new_user
@@ -80,4 +81,62 @@ def test_a_group_consumer_without_rights_raises_instead_of_returning_nothing(tmp
         finally:
             cons.close()
     finally:
+        c.kill()
+
+
+def test_one_reader_with_many_connections_holds_a_quarter_of_the_answer_budget(tmp_path, monkeypatch):
+    """Issue 39 finding 5, per principal: mallory's 10 connections of 40 unread 4 MB fetches
+    hold at most a quarter of --queued-max-answer-bytes, and alice's 4 MB fetch is served."""
+    import zmq
+
+    from tests.integration.test_bounds import rss_mib
+    secrets, admin_creds = init_secrets(tmp_path / "secrets")
+    monkeypatch.setenv("MESH_CREDS", admin_creds)
+    c = Cluster(tmp_path, 1, extra=["--secrets", str(tmp_path / "secrets"),
+                                    "--queued-max-answer-bytes", str(64 << 20)]).start()
+    socks = []
+    try:
+        with Admin(c.bootstrap) as admin:
+            admin.create_topic("big", 1, 1)
+            users = {n: new_user(admin, secrets, tmp_path, n) for n in ("alice", "mallory")}
+            for n in users:
+                admin.add_acl(n, "read", "topic", "big")
+        with Producer(c.bootstrap, acks=-1) as p:
+            for f in [p.send_batch("big", [b"x" * 1000] * 1000, partition=0) for _ in range(6)]:
+                f.result(20)
+        b = c.brokers[0]
+        before = rss_mib(b)
+        fetch = m.FetchRequest([["big", 0, 0, 4 << 20]], 0, 1, 8 << 20)
+        for _ in range(10):
+            s = zmq.Context.instance().socket(zmq.DEALER)
+            s.setsockopt(zmq.LINGER, 0)
+            s.setsockopt(zmq.RCVHWM, 1)
+            s.setsockopt(zmq.RCVBUF, 4096)
+            users["mallory"].apply(s)
+            s.connect(f"tcp://{b.address}")
+            socks.append(s)
+            for rid in range(40):
+                s.send_multipart(pack(PROTOCOL_CLIENT, rid + 1, fetch))
+        peak, last_change, t0 = before, time.monotonic(), time.monotonic()
+        while time.monotonic() - last_change < 3 and time.monotonic() - t0 < 60:   # until it stops growing
+            now = rss_mib(b)
+            if now > peak + 1:
+                peak, last_change = now, time.monotonic()
+            time.sleep(0.1)
+        t = Transport(creds=users["alice"])
+        try:
+            deadline = time.monotonic() + 30
+            while True:   # served once mallory's fetches were handled (and refused)
+                resp, payload = t.call(b.address, fetch, timeout_ms=10_000)
+                if len(payload or b"") >= 1 << 20 or time.monotonic() > deadline:
+                    break
+            assert isinstance(resp, m.FetchResponse) and len(payload) >= 1 << 20
+        finally:
+            t.close()
+        grown = max(peak, rss_mib(b)) - before
+        print(f"\nmallory 10 x 40 unread 4 MB fetches: broker RSS +{grown:.0f} MiB")
+        assert grown < 120, grown   # a quarter of 64 MiB, one answer per connection, slack
+    finally:
+        for s in socks:
+            s.close()
         c.kill()

@@ -27,3 +27,17 @@ def test_unread_answers_are_bounded_per_client_and_in_all_and_readers_are_still_
     unread[0].done = unread[1].done = True    # a read its answers
     assert b.refusal(b"a", 4 * MiB, 0, 0) is None
     assert b.tracked_bytes == 12 * MiB and b.queued(b"a") == 0
+
+
+def test_one_principal_holds_at_most_a_quarter_of_the_budget_over_all_its_connections():
+    b = AnswerBudget(per_client=8 * MiB, total=64 * MiB)
+    for i in range(4):   # 16 MiB unread over four connections of mallory
+        b.sent(b"m%d" % i, SimpleNamespace(done=False), 4 * MiB, "mallory")
+    assert "mallory" in b.refusal(b"m9", 4 * MiB, 0, 0, "mallory")   # a fifth connection waits
+    assert b.refusal(b"alice", 4 * MiB, 0, 0, "alice") is None       # others are served
+    assert b.tracked_bytes == 16 * MiB
+    for t, _, _ in list(b._tracked):
+        t.done = True
+    b.reap()
+    assert b.tracked_bytes == 0 and not b._bytes
+    assert b.refusal(b"m9", 4 * MiB, 0, 0, "mallory") is None
