@@ -217,7 +217,8 @@ class DataPath:
     def on_produce(self, ident, rid, req: m.ProduceRequest, payload, hold: bool = True,
                    owner: int | None = None) -> None:
         """``owner``: the writer's ``producer_state.owner_tag`` (None: ``writer_tag()``, the
-        request being handled; held requests keep theirs)."""
+        native request the dispatcher is handling, 0 outside one; held requests keep
+        theirs). Another listener (Kafka's) passes its principal's tag here."""
         if owner is None:
             owner = self.writer_tag()
         if req.acks not in (0, 1, -1):

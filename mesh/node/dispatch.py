@@ -198,6 +198,7 @@ class Dispatcher:
             self._rlog.exception((bytes(ident), "bug"), exc, "request from client %s failed", bytes(ident).hex())
             self.error(ident, rid or _rid_of(frames), ErrorCode.INVALID_REQUEST,
                        f"request could not be handled: {exc}")
+        self.writer_tag = 0   # only for this request (another listener's produce passes its own)
         if started:
             quota.charge(principal or bytes(ident), (time.perf_counter() - started) * 1000.0, self.clock.now_ms())
         if self.metrics is not None:
