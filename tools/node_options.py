@@ -20,6 +20,11 @@ BOUND_OPTIONS: list[tuple[str, int, int, str]] = [
     ("max_frame_bytes", 1, 16 << 20, "largest frame accepted (ZMQ_MAXMSGSIZE): a bigger one is dropped with its "
                            "connection before it is read (Kafka socket.request.max.bytes, NATS max_payload)"),
     ("max_body_bytes", 1, 1 << 20, "largest msgpack body of a client request; record batches travel apart"),
+    ("max_body_containers", 0, 50_000, "arrays and maps in one msgpack body of a client request; a denser body "
+                                       "is refused (INVALID_REQUEST) as soon as it is seen, 0 = no bound"),
+    ("request_percentage", 0, 0, "per principal (open mode: per connection), the share of the node loop's time "
+                                 "its requests may take over a few seconds, in percent; beyond, its requests are "
+                                 "refused (THROTTLED) before they are decoded, 0 = off (Kafka request_percentage)"),
     ("fetch_max_bytes", 1, 8 << 20, "bytes in one fetch answer, plus at most one batch (Kafka fetch.max.bytes)"),
     ("partition_fetch_max_bytes", 1, 4 << 20, "bytes per partition in one fetch answer (Kafka max.partition.fetch.bytes)"),
     ("fetch_max_wait_ms", 0, 30_000, "longest long-poll wait; a larger max_wait_ms is capped (Kafka fetch.max.wait.ms)"),
@@ -28,6 +33,10 @@ BOUND_OPTIONS: list[tuple[str, int, int, str]] = [
     ("client_sndhwm", 1, 16, "answers queued in ZeroMQ per client connection (SNDHWM)"),
     ("client_backlog_bytes", 1, 4 << 20, "then queued in the node per client; beyond, answers to it are dropped "
                                 "(NATS max_pending, slow consumer)"),
+    ("queued_max_answer_bytes", 1, 256 << 20, "bytes of answers clients have not read yet that the node holds in all; "
+                                              "beyond (or beyond fetch_max_bytes for one client), a fetch is answered "
+                                              "THROTTLED instead of its records (the answer side of Kafka's "
+                                              "queued.max.request.bytes)"),
     ("heartbeat_ivl_ms", 1, 1_000, "ZeroMQ heartbeat (PING) interval on links to peers"),
     ("heartbeat_timeout_ms", 1, 3_000, "a peer link silent this long after a PING is dropped at both ends"),
     ("produce_quota_bytes_per_s", 0, 0, "per-client produce byte rate; answers are delayed to keep it, "

@@ -52,6 +52,8 @@ class Coordinator:
             try:
                 resp, _ = self.transport.call(addr, GroupFindCoordinator(self.group_id), timeout_ms=_FIND_TIMEOUT_MS)
             except MeshError as exc:
+                if not exc.retriable:   # e.g. UNAUTHORIZED (no describe on the group): the caller
+                    raise               # must hear it, not poll empty-handed for ever
                 last = exc
                 continue
             if resp.error == ErrorCode.NONE:

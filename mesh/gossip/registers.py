@@ -192,8 +192,10 @@ class ClusterRegisters:
 
     def items(self, prefix: str = "") -> dict[str, Any]:
         """Live registers whose key starts with ``prefix``, sorted by key."""
-        return {k: e.value for k, e in sorted(self.entries.items())
-                if not e.deleted and k.startswith(prefix)}
+        if not prefix:
+            return {k: e.value for k, e in sorted(self.entries.items()) if not e.deleted}
+        # filtered before sorting: a prefix (acl/, user/) is a small part of every register
+        return dict(sorted((k, e.value) for k, e in self.entries.items() if not e.deleted and k.startswith(prefix)))
 
     def stamp(self, key: str) -> tuple[int, str, bool] | None:
         """(clock, writer, deleted) of the register ``key`` as this node holds it."""

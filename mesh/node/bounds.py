@@ -45,13 +45,17 @@ def check_bounds(cfg) -> None:
         raise StartupError(f"--max-frame-bytes must be at least {MAX_MESSAGE_BYTES + (64 << 10)} (the largest "
                            f"max.message.bytes a topic may set, {MAX_MESSAGE_BYTES}, and headers)")
     for name in ("max_body_bytes", "fetch_max_bytes", "partition_fetch_max_bytes", "max_parked_fetches",
-                 "max_parked_per_client", "client_sndhwm", "client_backlog_bytes", "producer_id_expiration_ms",
+                 "max_parked_per_client", "client_sndhwm", "client_backlog_bytes", "queued_max_answer_bytes",
+                 "producer_id_expiration_ms",
                  "max_producer_ids", "heartbeat_ivl_ms", "heartbeat_timeout_ms"):
         if getattr(cfg, name) < 1:
             raise StartupError(f"{name} must be at least 1")
-    for name in ("fetch_max_wait_ms", "produce_quota_bytes_per_s", "fetch_quota_bytes_per_s"):
+    for name in ("fetch_max_wait_ms", "produce_quota_bytes_per_s", "fetch_quota_bytes_per_s",
+                 "max_body_containers", "request_percentage"):
         if getattr(cfg, name) < 0:
             raise StartupError(f"{name} must be at least 0")
+    if cfg.request_percentage > 100:
+        raise StartupError("request_percentage must be at most 100 (the node loop is one thread)")
 
 
 def raise_nofile_limit() -> None:

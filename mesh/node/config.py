@@ -42,6 +42,8 @@ class NodeConfig:
     # bounds (issue 13; each has a `mesh node` option; Kafka's names in the comments)
     max_frame_bytes: int = 16 << 20          # ZMQ_MAXMSGSIZE on the ROUTER (socket.request.max.bytes)
     max_body_bytes: int = 1 << 20            # msgpack body of a client request (records travel apart)
+    max_body_containers: int = 50_000        # arrays and maps in one client body (a dense body: issue 39)
+    request_percentage: int = 0              # per principal, % of the loop's time its requests may take; 0 = off
     fetch_max_bytes: int = 8 << 20           # per fetch answer, plus one batch (fetch.max.bytes)
     partition_fetch_max_bytes: int = 4 << 20  # per partition of a fetch (max.partition.fetch.bytes)
     fetch_max_wait_ms: int = 30_000          # long-poll cap (fetch.max.wait.ms)
@@ -49,6 +51,7 @@ class NodeConfig:
     max_parked_per_client: int = 16
     client_sndhwm: int = 16                  # answers queued in ZeroMQ per client pipe
     client_backlog_bytes: int = 4 << 20      # then in the node per client; beyond, answers dropped
+    queued_max_answer_bytes: int = 256 << 20  # unread answers the node holds in all (mesh.node.answer_budget)
     heartbeat_ivl_ms: int = 1_000            # ZMTP PING on every link to a peer
     heartbeat_timeout_ms: int = 3_000        # a peer link silent this long after a PING: dropped (both ends)
     produce_quota_bytes_per_s: int = 0       # per client, 0 = off (quota producer_byte_rate)

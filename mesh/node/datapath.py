@@ -154,6 +154,7 @@ class DataPath:
         self.reply = reply
         self.leader_of = leader_of
         self.producers = producers
+        self.writer_tag: Callable[[], int] = lambda: 0   # owner tag of the request being handled (the node's)
         self.limits = limits or DataLimits()
         self._staged: list[_Staged] = []
         self._waiters: dict[int, dict[int, _Waiter]] = {}      # pid -> seq -> parked fetch
@@ -213,7 +214,13 @@ class DataPath:
         return self._doomed is not None
 
     # -- produce ------------------------------------------------------------------------
-    def on_produce(self, ident, rid, req: m.ProduceRequest, payload, hold: bool = True) -> None:
+    def on_produce(self, ident, rid, req: m.ProduceRequest, payload, hold: bool = True,
+                   owner: int | None = None) -> None:
+        """``owner``: the writer's ``producer_state.owner_tag`` (None: ``writer_tag()``, the
+        native request the dispatcher is handling, 0 outside one; held requests keep
+        theirs). Another listener (Kafka's) passes its principal's tag here."""
+        if owner is None:
+            owner = self.writer_tag()
         if req.acks not in (0, 1, -1):
             raise MeshError(ErrorCode.INVALID_REQUEST, f"acks must be 0, 1 or -1 (all), not {req.acks}")
         if req.timeout_ms < 0:
@@ -231,17 +238,17 @@ class DataPath:
                             f"batch timestamps {h.first_timestamp_ms}..{h.max_timestamp_ms} ms: more than an hour "
                             f"ahead of this broker's clock, or out of order")
         if not leading:   # stepped down for a handover, the winner not known here yet: wait for it
-            if not self._hold(pid, ident, rid, req, payload):
+            if not self._hold(pid, ident, rid, req, payload, owner=owner):
                 self.local_partition(req.topic, req.partition)   # a bound is reached: refused as before
             return
         if hold and pid in self._held:   # earlier requests of this partition wait: keep the order
             # (before the sequence check: the batches held ahead of this one are not stored yet)
-            if not self._hold(pid, ident, rid, req, payload, behind=True):
+            if not self._hold(pid, ident, rid, req, payload, behind=True, owner=owner):
                 raise MeshError(ErrorCode.NOT_LEADER, f"{req.topic}/{req.partition}: a leadership handover "
                                                       "is in progress and too many requests wait for it")
             return
         if h.producer_id >= 0:
-            dup = producers.check(pid, h)
+            dup = producers.check(pid, h, owner) if owner else producers.check(pid, h)
             if dup is not None:  # a retry of a batch we already have: answer as before
                 end = dup + h.record_count
                 if req.acks == -1 and end > replicas.commit_offset(pid):
@@ -257,7 +264,7 @@ class DataPath:
         try:
             base, epoch = replicas.append_position(pid)
         except MeshError as exc:  # the core names leaders by node id; clients need an address
-            if hold and exc.code == ErrorCode.NOT_LEADER and self._hold(pid, ident, rid, req, payload):
+            if hold and exc.code == ErrorCode.NOT_LEADER and self._hold(pid, ident, rid, req, payload, owner=owner):
                 return   # a handover is in progress: answered when it ends (release_held)
             hint = self.address_of(exc.leader) if exc.leader and self.address_of else None
             raise MeshError(exc.code, exc.message, leader=hint or self.leader_of(t, req.partition))
@@ -271,7 +278,10 @@ class DataPath:
             raise MeshError(ErrorCode.STORAGE_ERROR, str(exc))
         assert staged_base == base, (pid, staged_base, base)
         replicas.leader_append(pid, end, epoch, base, stored, patched=True)   # (may leave before the sync)
-        producers.stage(pid, h, base)
+        if owner:
+            producers.stage(pid, h, base, owner)
+        else:
+            producers.stage(pid, h, base)
         if self.metrics is not None:
             self.metrics.appended(t.name, h.record_count, len(payload))
         # staged: from here on the answer is a ProduceResponse (the outcome may be "written")
@@ -289,7 +299,8 @@ class DataPath:
             self._full_handover_ms[pid] = now
             self.replicas.hand_over(pid)
 
-    def _hold(self, pid: int, ident, rid, req: m.ProduceRequest, payload: bytes, behind: bool = False) -> bool:
+    def _hold(self, pid: int, ident, rid, req: m.ProduceRequest, payload: bytes, behind: bool = False,
+              owner: int = 0) -> bool:
         """Hold a produce request while this node hands ``pid``'s leadership over or has
         just stepped down for the target (``transferring``, see the module doc), or
         ``behind`` requests of ``pid`` held already (so that none overtakes them); False if
@@ -302,7 +313,7 @@ class DataPath:
             return False
         if held is None:
             held = self._held[pid] = []
-        held.append((ident, rid, req, payload, self.now_ms() + min(_HOLD_MS, max(0, req.timeout_ms))))
+        held.append((ident, rid, req, payload, self.now_ms() + min(_HOLD_MS, max(0, req.timeout_ms)), owner))
         self._held_bytes += len(payload)
         self._held_count += 1
         self.held_total += 1
@@ -319,7 +330,7 @@ class DataPath:
         instead of waiting for their request timeout."""
         held, self._held = self._held, {}
         for pid, reqs in held.items():
-            for ident, rid, req, payload, _ in reqs:
+            for ident, rid, req, payload, _, _ in reqs:
                 self._held_bytes -= len(payload)
                 self._held_count -= 1
                 try:
@@ -351,14 +362,14 @@ class DataPath:
                         and not replicas.is_leader(pid) else None)
             except Exception:  # an odd view: let on_produce name the leader
                 addr = None
-            for ident, rid, req, payload, _ in held:
+            for ident, rid, req, payload, _, owner in held:
                 self._held_bytes -= len(payload)
                 self._held_count -= 1
                 try:
                     if addr is not None:
                         raise MeshError(ErrorCode.NOT_LEADER, f"{req.topic}/{req.partition} is led by {addr}",
                                         leader=addr)
-                    self.on_produce(ident, rid, req, payload, hold=False)
+                    self.on_produce(ident, rid, req, payload, hold=False, owner=owner)
                 except MeshError as exc:
                     self.reply(ident, rid, m.ErrorResponse(int(exc.code), exc.message, exc.leader))
                 except Exception as exc:  # as the dispatcher: answer, fail the turn, keep serving

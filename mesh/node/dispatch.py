@@ -22,12 +22,15 @@ from __future__ import annotations
 
 import functools
 import logging
+import time
 from typing import Callable
 
 import zmq
 
 from mesh.gossip import GossipAck, GossipAck2, GossipSyn
+from mesh.node.answer_budget import TRACK_MIN_BYTES
 from mesh.node.peers import sender_address
+from mesh.node.producer_state import owner_tag
 from mesh.node.ratelog import RateLimitedLog
 from mesh.node.raft_host import REPLICATION_MESSAGES
 from mesh.security.creds import BROKER_PRINCIPAL
@@ -101,6 +104,11 @@ class Dispatcher:
         self.peer_messages_refused = 0
         self._senders: dict[bytes, str] = {}   # peer routing id -> its address (sender_address)
         self.metrics = None   # mesh.node.metrics.NodeMetrics (--metrics-port): request counts, latency, bytes
+        self._principals: dict[bytes, str] = {}   # secured: client routing id -> its principal
+        self.principal_of = self._principals.get   # (the outbox's per-principal answer budget)
+        self.writer_tag = 0   # producer_state.owner_tag of the request being handled (0: open mode)
+        self.request_quota = None   # mesh.node.request_quota.RequestTimeQuota (request_percentage), set by the node
+        self._code_log = RateLimitedLog(log, window_ms=1_000)   # and at most one line per error code a second
         self.recv = functools.partial(recv_frames, router) if self.security is None else self._recv_secured
 
     def _recv_secured(self, flags: int = 0) -> list:
@@ -122,10 +130,18 @@ class Dispatcher:
         self._rlog.warning((bytes(ident), "not-a-broker"), "peer message refused from %r: not authenticated as a "
                            "broker (key %s, principal %s)", bytes(ident)[:64], self.user_id or "-", principal or "-")
 
-    def _authorize(self, msg):
+    def _principal(self, frames: list) -> str:
+        """The sender's principal, checked before its body is decoded: a user of the registry
+        now, and allowed the request's operation where that does not depend on the body
+        (``Authorizer.preauthorize``: cluster operations, unknown requests)."""
         principal = self.security.principal_of(self.user_id)
         if principal is None:
             raise MeshError(ErrorCode.UNAUTHORIZED, "these credentials are not (any more) those of a user")
+        if principal != BROKER_PRINCIPAL and len(frames) > 3:
+            self.security.authorizer.preauthorize(principal, frames[3])
+        return principal
+
+    def _authorize(self, msg, principal: str):
         if principal == BROKER_PRINCIPAL:
             return msg   # the cluster keypair: only brokers (and whoever holds cluster.key) have it
         return self.security.authorizer.authorize(principal, msg)
@@ -138,16 +154,35 @@ class Dispatcher:
                 return
             self.handle_peer(ident, frames)
             return
-        rid, msg = 0, None
+        rid, msg, principal, started = 0, None, None, 0.0
+        quota = self.request_quota
         try:
+            if self.security is not None:
+                principal = self._principal(frames)
+                self.writer_tag = owner_tag(principal) if principal != BROKER_PRINCIPAL else 0
+                if principal != BROKER_PRINCIPAL and self._principals.get(ident) != principal:
+                    if len(self._principals) >= 100_000:
+                        self._principals.clear()
+                    self._principals[bytes(ident)] = principal
+            if quota is not None and principal != BROKER_PRINCIPAL:
+                debt = quota.debt_ms(principal or bytes(ident), self.clock.now_ms())
+                if debt:   # refused before its body is decoded: a refusal costs next to nothing
+                    quota.refused += 1
+                    raise MeshError(ErrorCode.THROTTLED, f"not done: over the request time quota "
+                                                         f"(request_percentage); send again in {debt} ms")
+                started = time.perf_counter()
             protocol, rid, msg, payload = unpack(frames[1:], self.limits)
             if self.metrics is not None:
                 self.metrics.request(ident, rid, msg, frames)
             if self.security is not None:
-                msg = self._authorize(msg)
+                msg = self._authorize(msg, principal)
             if payload is not None and type(msg) is m.ProduceRequest and self.outbox is not None \
                     and self.outbox.quotas["produce"] is not None:
                 self._charge_produce(ident, rid, msg, payload)
+            if type(msg) is m.FetchRequest and self.outbox is not None and self.outbox.budget is not None:
+                why = self.outbox.refusal(ident, TRACK_MIN_BYTES)   # before reading records it would drop
+                if why is not None:
+                    raise MeshError(ErrorCode.THROTTLED, why)
             handler = self.handlers.handler_for(msg)
             if handler is not None:
                 handler(ident, rid, msg, payload)
@@ -163,6 +198,9 @@ class Dispatcher:
             self._rlog.exception((bytes(ident), "bug"), exc, "request from client %s failed", bytes(ident).hex())
             self.error(ident, rid or _rid_of(frames), ErrorCode.INVALID_REQUEST,
                        f"request could not be handled: {exc}")
+        self.writer_tag = 0   # only for this request (another listener's produce passes its own)
+        if started:
+            quota.charge(principal or bytes(ident), (time.perf_counter() - started) * 1000.0, self.clock.now_ms())
         if self.metrics is not None:
             self.metrics.handled()
 
@@ -219,10 +257,19 @@ class Dispatcher:
                                  type(msg).__name__, src or bytes(ident).hex())
 
     def error(self, ident: bytes, rid: int, code: ErrorCode, message: str, leader: str | None = None) -> None:
-        self._rlog.warning((bytes(ident), int(code)), "client %s: %s: %s", bytes(ident).hex(), code.name, message)
+        # once per client and code a minute, and at most once per code a second: clients
+        # that cycle connections (a new identity each) must not write a line per request
+        if self._rlog.once((bytes(ident), int(code))) and self._code_log.once(int(code)):
+            log.warning("client %s: %s: %s", bytes(ident).hex(), code.name, message)
         self.reply(ident, rid, m.ErrorResponse(int(code), message, leader))
 
     def reply(self, ident: bytes, rid: int, msg, payload: bytes | None = None) -> None:
+        if payload is not None and type(msg) is m.FetchResponse and self.outbox is not None \
+                and self.outbox.budget is not None:
+            why = self.outbox.refusal(ident, len(payload))   # the client's (or everyone's) earlier answers are unread
+            if why is not None:
+                self._rlog.warning(("unread", bytes(ident)), "client %s: %s", bytes(ident).hex(), why)
+                msg, payload = m.ErrorResponse(int(ErrorCode.THROTTLED), why), None
         frames = [ident, *pack(PROTOCOL_CLIENT, rid, msg, payload)]
         if self.metrics is not None:
             self.metrics.answered(ident, rid, msg, frames)

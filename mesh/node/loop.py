@@ -112,6 +112,8 @@ from mesh.node.group_host import GroupHost, GroupHostConfig
 from mesh.node.handlers import ClientHandlers
 from mesh.node.peers import PeerLinks
 from mesh.node.producer_state import ProducerStates
+from mesh.node.request_quota import RequestTimeQuota
+from mesh.node.answer_budget import AnswerBudget
 from mesh.node.publish import Publisher
 from mesh.node.raft_host import ReplicaHost
 from mesh.node.security_handlers import SecuritySync
@@ -310,16 +312,23 @@ class Node:
         self.data.on_commit.append(self.groups.after_commit)   # offsets commits share the turn's sync
         self.dispatch = Dispatcher(self.router, self.handlers, self.groups, self.gossip, self.replicas,
                                    self.directory, self._send, self.clock, security=self.security)
-        self.dispatch.limits = DecodeLimits(max_body_bytes=config.max_body_bytes)
+        self.dispatch.limits = DecodeLimits(max_body_bytes=config.max_body_bytes,
+                                            max_body_containers=config.max_body_containers)
         self.dispatch.peer_limits = DecodeLimits(max_body_bytes=config.max_frame_bytes, max_str_len=config.max_frame_bytes,
                                                  max_bin_len=config.max_frame_bytes, max_array_len=1 << 22,
-                                                 max_map_len=1 << 22)
+                                                 max_map_len=1 << 22, max_body_containers=0)
         self.dispatch.on_doom = self.data.doom
+        self.data.writer_tag = lambda: self.dispatch.writer_tag   # producer ids belong to their first writer
+        if config.request_percentage:
+            self.dispatch.request_quota = RequestTimeQuota(config.request_percentage)
         self.outbox = Outbox(self.router, clock.now_ms, max_backlog_bytes=config.client_backlog_bytes,
                              produce_bytes_per_s=config.produce_quota_bytes_per_s,
-                             fetch_bytes_per_s=config.fetch_quota_bytes_per_s)
+                             fetch_bytes_per_s=config.fetch_quota_bytes_per_s,
+                             budget=AnswerBudget(per_client=config.fetch_max_bytes,
+                                                 total=config.queued_max_answer_bytes))
         self.outbox.on_gone = self.data.drop_client
         self.dispatch.outbox = self.outbox
+        self.outbox.principal_of = self.dispatch.principal_of
         self.data.reply = self.replicas.reply = self.dispatch.reply   # what _reply does, one call fewer
         self.elastic = Elastic(config.node_id, self.gossip, self.catalog, self.replicas, self.store, clock.wall_ms,
                                ElasticSettings(replace_dead_after_ms=config.replace_dead_after_ms,

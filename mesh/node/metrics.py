@@ -50,7 +50,9 @@ Families (Prometheus conventions, base units; labels in braces):
   mesh_group_committed_offset{group,topic,partition}, mesh_group_lag_records{group,topic,
   partition} (high watermark - committed, never below 0: the end a consumer can read;
   from the store for partitions led here, else the leaders' ``stats/`` in gossip),
-  mesh_group_rebalances_total{group} (generation bumps seen here),
+  mesh_group_rebalances_total{group} (generation bumps seen here; group series only for
+  the ``GROUP_SERIES_MAX`` (500) groups with the most lag, each with at most
+  ``GROUP_PARTITION_SERIES_MAX`` partitions), mesh_groups_coordinated (all of them),
   mesh_broker_info{node,address,generation} (1), and process_* (CPU, memory, fds).
 """
 from __future__ import annotations
@@ -74,6 +76,8 @@ __all__ = ["NodeMetrics", "REFRESH_MS", "serve_metrics"]
 log = logging.getLogger("mesh.node.metrics")
 
 REFRESH_MS = 1_000
+GROUP_SERIES_MAX = 500              # groups with per-group series (the most lagging)
+GROUP_PARTITION_SERIES_MAX = 1_000  # partitions with committed/lag series per group
 _MAX_PENDING = 100_000          # requests awaiting an answer (a gone client's are forgotten)
 _LATENCY_BUCKETS_S = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 _SYNC_BUCKETS_S = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
@@ -415,9 +419,9 @@ def _read_ends(node) -> dict[tuple[str, int], int]:
 def _group_families(mx: NodeMetrics, node) -> list[list]:
     core = node.groups.core
     groups = core.list_groups().groups
-    members, generation, committed, lag, rebalances = [], [], [], [], []
     ends = None
     seen = set()
+    per_group = []   # (total lag, members, gid, generation, committed rows, lag rows)
     for g in groups:
         gid, gen = g["group_id"], g["group_epoch"]
         seen.add(gid)
@@ -425,9 +429,8 @@ def _group_families(mx: NodeMetrics, node) -> list[list]:
         if gen > last:
             mx.rebalances[gid] = mx.rebalances.get(gid, 0) + gen - last
         mx._epochs[gid] = gen
-        members.append(((gid,), g["members"]))
-        generation.append(((gid,), gen))
-        rebalances.append(((gid,), mx.rebalances.get(gid, 0)))
+        committed, lag = [], []
+        per_group.append([0, g["members"], gid, gen, committed, lag])
         for (topic, p), (offset, _meta) in sorted(core.committed(gid).items()):
             t = node.catalog.topics.get(topic)
             if t is None or not 0 <= p < len(t.pids):
@@ -442,11 +445,28 @@ def _group_families(mx: NodeMetrics, node) -> list[list]:
                 end = ends.get((topic, p))
             if end is not None and end >= 0:
                 lag.append(((gid, topic, str(p)), max(0, end - offset)))
+                per_group[-1][0] += max(0, end - offset)
     for gone in [g for g in mx._epochs if g not in seen]:   # moved away: its series go
         del mx._epochs[gone]
         mx.rebalances.pop(gone, None)
+    # bounded output: the GROUP_SERIES_MAX groups with the most lag (then members) get
+    # series, each with at most GROUP_PARTITION_SERIES_MAX partitions (5,000 groups made
+    # a scrape 3.1 MB); mesh_groups_coordinated counts them all
+    if len(per_group) > GROUP_SERIES_MAX:
+        per_group.sort(key=lambda x: (-x[0], -x[1], x[2]))
+        del per_group[GROUP_SERIES_MAX:]
+        per_group.sort(key=lambda x: x[2])
+    members, generation, committed, lag, rebalances = [], [], [], [], []
+    for _total, n, gid, gen, com, lg in per_group:
+        members.append(((gid,), n))
+        generation.append(((gid,), gen))
+        rebalances.append(((gid,), mx.rebalances.get(gid, 0)))
+        committed.extend(com[:GROUP_PARTITION_SERIES_MAX])
+        lag.extend(lg[:GROUP_PARTITION_SERIES_MAX])
     gtp = ("group", "topic", "partition")
     return [
+        _gauge("mesh_groups_coordinated", "Groups coordinated here (series only for the most lagging "
+               f"{GROUP_SERIES_MAX})", (), [((), len(groups))]),
         _gauge("mesh_group_members", "Members of groups coordinated here", ("group",), members),
         _gauge("mesh_group_generation", "Generation (epoch) of groups coordinated here", ("group",), generation),
         _gauge("mesh_group_committed_offset", "Committed offsets of groups coordinated here", gtp, committed),

@@ -29,6 +29,11 @@ the same without its checks, while nothing is held or backlogged: ``busy``):
   wait (acks=0: it is over its rate and burst) or wait more than 10 s. A batch is judged
   by the debt before it, so one larger than the burst still goes in once the client is
   back under its rate.
+- Unread answers (``mesh.node.answer_budget``): answers of at least ``TRACK_MIN_BYTES``
+  are sent without copying and tracked until libzmq lets go of them; ``refusal(ident)``
+  says when a new fetch answer must not be queued (the client's unread bytes, or the
+  node's in all, with backlogs and held answers, are at their bound), and the dispatcher
+  answers THROTTLED instead.
 """
 from __future__ import annotations
 
@@ -40,6 +45,7 @@ from typing import Callable
 
 import zmq
 
+from mesh.node.answer_budget import TRACK_MIN_BYTES, AnswerBudget
 from mesh.node.ratelog import RateLimitedLog
 from mesh.wire.codec import ZERO_COPY_MIN_BYTES
 from mesh.wire.frames import send_frames
@@ -73,8 +79,11 @@ class ByteRateQuota:
 
 class Outbox:
     def __init__(self, router: zmq.Socket, now_ms: Callable[[], int], max_backlog_bytes: int = 4 << 20,
-                 produce_bytes_per_s: int = 0, fetch_bytes_per_s: int = 0):
+                 produce_bytes_per_s: int = 0, fetch_bytes_per_s: int = 0,
+                 budget: AnswerBudget | None = None):
         self.router = router
+        self.budget = budget
+        self.principal_of: Callable[[bytes], str | None] = lambda ident: None   # secured: the dispatcher's
         self.now_ms = now_ms
         self.max_backlog_bytes = max_backlog_bytes
         self.on_gone: Callable[[bytes], None] = lambda ident: None
@@ -105,6 +114,28 @@ class Outbox:
         """``ByteRateQuota.debt_ms`` (0 when quotas are off)."""
         q = self.quotas[kind]
         return 0 if q is None else q.debt_ms(bytes(ident), self.now_ms())
+
+    # -- unread answers -----------------------------------------------------------------
+    def refusal(self, ident: bytes, nbytes: int) -> str | None:
+        """Why a fetch answer of ``nbytes`` to ``ident`` must not be queued now (None: it may)."""
+        budget = self.budget
+        if budget is None:
+            return None
+        ident = bytes(ident)
+        held = self._held_count.get(ident)
+        mine = self._backlog_bytes.get(ident, 0) + (held[2] if held else 0)
+        others = 0
+        if self._backlog_bytes or self._held_count:
+            others = sum(self._backlog_bytes.values()) + sum(h[2] for h in self._held_count.values())
+        return budget.refusal(ident, nbytes, mine, others, self.principal_of(ident))
+
+    def _send_frames(self, ident: bytes, frames: list) -> None:
+        last = len(frames[-1])
+        if self.budget is not None and last >= TRACK_MIN_BYTES:
+            self.budget.sent(ident, send_frames(self.router, frames, copy=False, track=True), last,
+                             self.principal_of(bytes(ident)))
+        else:
+            send_frames(self.router, frames, copy=last < ZERO_COPY_MIN_BYTES)
 
     # -- sending ------------------------------------------------------------------------
     def send(self, ident: bytes, frames: list, delay_ms: int = 0) -> None:
@@ -138,7 +169,7 @@ class Outbox:
         """False if the pipe is full (the frames go to the client's backlog). Public as
         ``send_now``: what ``send`` does without a delay while nothing is ``busy``."""
         try:
-            send_frames(self.router, frames, copy=len(frames[-1]) < ZERO_COPY_MIN_BYTES)
+            self._send_frames(ident, frames)
         except zmq.Again:
             self._queue(ident, frames)
             return False
@@ -172,6 +203,8 @@ class Outbox:
 
     def flush(self) -> None:
         """Send held answers that are due and backlogs, in order, until pipes are full."""
+        if self.budget is not None:
+            self.budget.reap()
         if self._held:
             now = self.now_ms()
             while self._held and self._held[0][0] <= now:
@@ -190,7 +223,7 @@ class Outbox:
             while q:
                 frames = q[0]
                 try:
-                    send_frames(self.router, frames, copy=len(frames[-1]) < ZERO_COPY_MIN_BYTES)
+                    self._send_frames(ident, frames)
                 except zmq.Again:
                     break
                 except zmq.ZMQError as exc:

@@ -41,9 +41,22 @@ read back from LMDB when needed). A producer whose state expired and that comes 
 a sequence other than 0 gets OUT_OF_ORDER_SEQUENCE, and continues under a fresh producer
 id (the client's rule 8, ``mesh.client.sequencer``), as Kafka's producer does after
 UNKNOWN_PRODUCER_ID.
+
+Owners (issue 39 finding 7: a co-writer wrote batches under another producer's id and
+next sequences, and the victim's records were never stored): on a secured node each
+state remembers a tag of the principal that wrote its first batch here (``owner_tag``,
+64 bits of a hash of the name, stored with the state as ``o``); a batch under that
+producer id from another principal is refused (UNAUTHORIZED, not retriable, nothing
+stored) while the state has batches. Open mode has one anonymous principal (tag 0: no
+check). Followers derive states from batch headers, which carry no principal: a state
+learned by replication has no owner, and the first principal to write under it after
+this node becomes its leader takes it (a new leader keeps the binding only for states it
+wrote itself as an earlier leader).
 """
 from __future__ import annotations
 
+import hashlib
+import itertools
 import struct
 import time
 from typing import Callable
@@ -54,11 +67,18 @@ from mesh.wire.errors import ErrorCode, MeshError
 from mesh.wire.records import BatchHeader
 from mesh.wire.topic_config import RECENT_BATCHES
 
-__all__ = ["ProducerStates", "RECENT_BATCHES"]
+__all__ = ["ProducerStates", "RECENT_BATCHES", "owner_tag"]
 
 _KEY = struct.Struct(">Qq")
 EXPIRE_SLICE = 5_000   # states looked at per ``expire`` call (about 4 ms)
 WHOLE_PASS_EVERY_MS = 60_000   # beyond max_ids, a whole pass (the longest idle go) at most this often
+
+
+def owner_tag(principal: str | None) -> int:
+    """The owner tag of a principal (0: none, open mode)."""
+    if not principal:
+        return 0
+    return int.from_bytes(hashlib.blake2b(principal.encode(), digest_size=8).digest(), "big") >> 1 | 1
 
 
 def _decode(raw: bytes) -> tuple[list[list[int]], int]:
@@ -70,9 +90,14 @@ def _decode(raw: bytes) -> tuple[list[list[int]], int]:
     return v, 0
 
 
-def _encode(st: list[list[int]], t_ms: int, pack: Callable[[object], bytes] = msgpack.packb) -> bytes:
+def _owner_of(raw: bytes) -> int:
+    v = msgpack.unpackb(raw)
+    return v.get("o", 0) if isinstance(v, dict) else 0
+
+
+def _encode(st: list[list[int]], t_ms: int, pack: Callable[[object], bytes] = msgpack.packb, owner: int = 0) -> bytes:
     """``pack``: a reused ``msgpack.Packer().pack`` on the hot path (same bytes as packb)."""
-    return pack({"b": st, "t": t_ms})
+    return pack({"b": st, "t": t_ms, "o": owner} if owner else {"b": st, "t": t_ms})
 
 
 class ProducerStates:
@@ -86,6 +111,7 @@ class ProducerStates:
         self._cache: dict[tuple[int, int], list[list[int]]] = {}
         self._undo: dict[tuple[int, int], list[list[int]] | None] = {}
         self._dirty: dict[tuple[int, int], list[list[int]]] = {}   # staged, written by flush()
+        self._owners: dict[tuple[int, int], int] = {}   # owner tags of cached and staged states (not 0)
         self._expire_from = b""   # where the next expiry slice starts
         self._next_whole_ms = 0
         self._pack = msgpack.Packer().pack   # one Packer for every write (the node loop is one thread)
@@ -98,30 +124,46 @@ class ProducerStates:
         key = (pid, producer_id)
         st = self._cache.get(key)
         if st is None:
-            raw = self.store.get("producers", _KEY.pack(pid, producer_id))
-            st = _decode(raw)[0] if raw else []
+            st = self._dirty.get(key)   # staged, not yet written: the store has an older one
+            if st is None:
+                raw = self.store.get("producers", _KEY.pack(pid, producer_id))
+                if raw:
+                    v = msgpack.unpackb(raw)
+                    st = v["b"] if isinstance(v, dict) else v
+                    owner = v.get("o", 0) if isinstance(v, dict) else 0
+                    if owner:
+                        self._owners[key] = owner
+                else:
+                    st = []
             if len(self._cache) >= self.max_cached:
                 self._evict()
             self._cache[key] = st
         return st
 
     def _evict(self) -> None:
-        """Drop the older half of the cache (insertion order), keeping states staged this turn."""
-        n = len(self._cache) // 2
-        for key in list(self._cache)[:n]:
-            if key not in self._undo:
-                del self._cache[key]
+        """Drop the older half of the cache (insertion order). States staged this turn go
+        too: ``_dirty`` keeps them until the commit, and ``_get`` looks there first, so a
+        turn staging many more ids than ``max_cached`` (a follower applying one large
+        replicated append) evicts half the cache once every ``max_cached / 2`` lookups:
+        linear (keeping the staged ones made every lookup copy the whole cache)."""
+        cache, owners, dirty = self._cache, self._owners, self._dirty
+        for key in list(itertools.islice(cache, len(cache) // 2)):
+            del cache[key]
+            if owners and key not in dirty:   # (flush writes a staged state's owner)
+                owners.pop(key, None)
 
     def _put(self, pid: int, producer_id: int, st: list[list[int]]) -> None:
-        self.store.put("producers", _KEY.pack(pid, producer_id), _encode(st, self.now_ms(), self._pack))
+        self.store.put("producers", _KEY.pack(pid, producer_id),
+                       _encode(st, self.now_ms(), self._pack, self._owners.get((pid, producer_id), 0)))
 
     def flush(self) -> None:
         """Write the states staged since the last flush (the store calls it before each commit)."""
         if self._dirty:
             dirty, self._dirty = self._dirty, {}
-            now, put, key, pack = self.now_ms(), self.store.put, _KEY.pack, self._pack
-            for (pid, producer_id), st in dirty.items():
-                put("producers", key(pid, producer_id), pack({"b": st, "t": now}))   # (_encode)
+            now, put, key, pack, owners = self.now_ms(), self.store.put, _KEY.pack, self._pack, self._owners
+            for k, st in dirty.items():
+                owner = owners.get(k) if owners else None
+                put("producers", key(*k), pack({"b": st, "t": now, "o": owner} if owner else {"b": st, "t": now}))
 
     def expire(self, now_ms: int, slice_rows: int | None = None) -> int:
         """Delete states idle past ``expiration_ms``, from the next ``slice_rows`` (default
@@ -143,7 +185,7 @@ class ProducerStates:
                 st, t = None, -1
             if t == 0 and st is not None:   # an old-format state: idle from now on
                 t = now_ms
-                self.store.put("producers", k, _encode(st, t))
+                self.store.put("producers", k, _encode(st, t, owner=_owner_of(raw)))
             if t < 0 or now_ms - t > self.expiration_ms:
                 doomed.append(k)
             else:
@@ -157,14 +199,22 @@ class ProducerStates:
                 continue   # written this turn: not idle
             self.store.delete("producers", k)
             self._cache.pop((pid, producer_id), None)
+            self._owners.pop((pid, producer_id), None)
         return len(doomed)
 
-    def check(self, pid: int, h: BatchHeader) -> int | None:
+    def check(self, pid: int, h: BatchHeader, owner: int = 0) -> int | None:
         """The original base offset if ``h`` is a duplicate, None if it is new; raises
-        OUT_OF_ORDER_SEQUENCE on a gap or a first batch here not at 0."""
+        OUT_OF_ORDER_SEQUENCE on a gap or a first batch here not at 0, UNAUTHORIZED if the
+        producer id is another principal's (``owner``: the writer's ``owner_tag``)."""
         if h.producer_id < 0:
             return None
         st = self._get(pid, h.producer_id)
+        if st and owner and self._owners:
+            bound = self._owners.get((pid, h.producer_id), 0)
+            if bound and bound != owner:
+                raise MeshError(ErrorCode.UNAUTHORIZED,
+                                f"not written: producer id {h.producer_id} is another principal's on this "
+                                f"partition (a producer id belongs to the principal that wrote under it first)")
         if not st:
             if h.base_sequence != 0:
                 raise MeshError(ErrorCode.OUT_OF_ORDER_SEQUENCE,
@@ -184,7 +234,9 @@ class ProducerStates:
         raise MeshError(ErrorCode.OUT_OF_ORDER_SEQUENCE,
                         f"producer {h.producer_id}: expected sequence {last_seq + 1}, got {first}")
 
-    def stage(self, pid: int, h: BatchHeader, base_offset: int) -> None:
+    def stage(self, pid: int, h: BatchHeader, base_offset: int, owner: int = 0) -> None:
+        """``owner``: the writer's ``owner_tag`` (0: unknown, a follower's append, or open
+        mode): it takes a state that has no batches or no owner yet."""
         producer_id = h.producer_id
         if producer_id < 0:
             return
@@ -192,6 +244,8 @@ class ProducerStates:
         st = self._cache.get(key)
         if st is None:
             st = self._get(pid, producer_id)
+        if owner and (not st or not self._owners.get(key)):
+            self._owners[key] = owner
         if key not in self._undo:
             self._undo[key] = list(st)   # entries are never changed in place: a shallow copy
         first = h.base_sequence
@@ -224,7 +278,8 @@ class ProducerStates:
                     self._undo[key] = list(st)
                 st[:] = keep
                 self._put(pid, producer_id, st)
-        for (p, producer_id), st in list(self._cache.items()):  # staged, not yet in the db
+        staged = {**self._dirty, **self._cache}
+        for (p, producer_id), st in list(staged.items()):  # staged, not yet in the db
             if p == pid and any(e[2] >= to_offset for e in st):
                 key = (pid, producer_id)
                 if key not in self._undo:
@@ -245,3 +300,5 @@ class ProducerStates:
         for key in [k for k in self._cache if k[0] == pid]:
             del self._cache[key]
             self._dirty.pop(key, None)
+        for key in [k for k in self._owners if k[0] == pid]:
+            del self._owners[key]

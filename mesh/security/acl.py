@@ -154,6 +154,13 @@ class _Index:
         else:
             self.literal.setdefault(rule.name, []).append(rule)
 
+    def remove(self, rule: AclRule) -> None:
+        rows = self.prefixed if rule.pattern == "prefixed" else self.literal.get(rule.name, [])
+        if rule in rows:
+            rows.remove(rule)
+        if rule.pattern != "prefixed" and not rows:
+            self.literal.pop(rule.name, None)
+
     def matching(self, name: str) -> Iterable[AclRule]:
         yield from self.literal.get(name, ())
         if name != "*":
@@ -193,6 +200,18 @@ class AclTable:
 
     def __len__(self) -> int:
         return len(self.rules)
+
+    def add(self, rule: AclRule, rule_id: str | None = None) -> None:
+        """One more row (``rule_id``: its id, if known already; a row already here is kept)."""
+        rid = rule_id or rule.id
+        if rid not in self.rules:
+            self.rules[rid] = rule
+            self._index.setdefault((rule.principal, rule.resource), _Index()).add(rule)
+
+    def remove(self, rule_id: str) -> None:
+        rule = self.rules.pop(rule_id, None)
+        if rule is not None:
+            self._index[(rule.principal, rule.resource)].remove(rule)
 
     def decide(self, principal: str, operation: str, resource: str, name: str) -> tuple[bool, AclRule | None]:
         """(allowed, the deciding row: the deny, or an allow; None for default deny)."""

@@ -55,10 +55,12 @@ from mesh.groups import messages as g
 from mesh.security.acl import CLUSTER_NAME, AclTable
 from mesh.security.registry import Registry
 from mesh.wire import messages as m
+from mesh.wire.codec import REGISTRY
 from mesh.wire.errors import ErrorCode, MeshError
 
 __all__ = ["Authorizer", "REQUIREMENTS", "requirements"]
 
+_MISSING = object()
 _CACHE_ENTRIES = 100_000   # remembered decisions (principal, operation, resource, name)
 
 # A need is a tuple of alternatives (operation, resource, name); any one satisfies it.
@@ -142,10 +144,27 @@ class Authorizer:
         self.skipped: list[str] = []   # keys of malformed ACL values at the last update
         self.refused = 0
         self._cache: dict[tuple[str, str, str, str], bool] = {}   # decisions since the last update
+        self._registers: dict[str, Any] = {}   # the registers of the last update (key -> value)
 
     def update_acls(self, acls: dict[str, dict]) -> None:
-        """Replace the rows with the ``acl/<id>`` registers (key -> value)."""
-        self.table, self.skipped = AclTable.from_registers(acls)
+        """Replace the rows with the ``acl/<id>`` registers (key -> value). Rows whose
+        register did not change are kept as they were parsed (the table is indexed again,
+        which is cheap; parsing and checking every row on every change was not)."""
+        old = self._registers
+        gone = [k for k, v in old.items() if acls.get(k, _MISSING) != v]
+        fresh = {k: v for k, v in acls.items() if old.get(k, _MISSING) != v}
+        if not gone and not fresh:
+            return
+        if len(gone) + len(fresh) > max(64, len(acls) // 2):   # mostly new: build it again
+            self.table, self.skipped = AclTable.from_registers(acls)
+        else:   # a few rows changed (an add, a removal): only those are parsed
+            for k in gone:
+                self.table.remove(k.rpartition("/")[2])
+            parsed, skipped = AclTable.from_registers(fresh)
+            for rid, rule in parsed.rules.items():
+                self.table.add(rule, rid)
+            self.skipped = [k for k in self.skipped if k in acls and k not in fresh] + skipped
+        self._registers = dict(acls)
         self._cache = {}
 
     def allowed(self, principal: str, operation: str, resource: str, name: str) -> bool:
@@ -159,6 +178,29 @@ class Authorizer:
                 self._cache.clear()
             got = self._cache[key] = self.table.decide(principal, operation, resource, name)[0]
         return got
+
+    def preauthorize(self, principal: str, op: bytes) -> None:
+        """Before the body of a request ``op`` is decoded (decoding costs the loop): refuse
+        a principal that is not a user, a request type missing from the table, and a
+        cluster operation the principal may not do (those needs do not depend on the body).
+        ``authorize`` decides the rest once the body is decoded."""
+        if not self.registry.knows(principal):
+            self.refused += 1
+            raise MeshError(ErrorCode.UNAUTHORIZED, f"{principal} is not a user (any more)")
+        if principal in self.superusers:
+            return
+        cls = REGISTRY.get(bytes(op))
+        fn = REQUIREMENTS.get(cls) if cls is not None else None
+        if fn is None:
+            if cls is None:
+                return   # an unknown operation: decode_body says so
+            self.refused += 1
+            raise MeshError(ErrorCode.UNAUTHORIZED, f"{principal} may not send {cls.__name__}")
+        if fn is _CLUSTER_ALTER or fn is _CLUSTER_DESCRIBE:
+            op_name = "alter" if fn is _CLUSTER_ALTER else "describe"
+            if not self.allowed(principal, op_name, "cluster", CLUSTER_NAME):
+                self.refused += 1
+                raise MeshError(ErrorCode.UNAUTHORIZED, f"{principal} may not {op_name} cluster")
 
     def authorize(self, principal: str, msg: Any) -> Any:
         if not self.registry.knows(principal):

@@ -169,6 +169,10 @@ class Secrets:
         supers: dict[str, str] = {}
         spath = os.path.join(d, "superusers.json")
         if os.path.exists(spath):
+            mode = stat.S_IMODE(os.stat(spath).st_mode)
+            if mode & (stat.S_IWGRP | stat.S_IWOTH):   # whoever may write it may make themselves a superuser
+                raise CredsError(f"{spath} names the superusers but others may write it (mode {mode:04o}): "
+                                 f"anyone who can write it can make themselves a superuser; run chmod go-w {spath}")
             raw = _read_json(spath, "superusers file")
             for name, key in sorted(raw.items()):
                 if not isinstance(key, str) or len(key) != _Z85_LEN:

@@ -26,15 +26,21 @@ _MORE_NOBLOCK = int(zmq.SNDMORE) | int(zmq.NOBLOCK)
 _NOBLOCK = int(zmq.NOBLOCK)
 
 
-def send_frames(sock: zmq.Socket, frames: list, copy: bool = True) -> None:
+def send_frames(sock: zmq.Socket, frames: list, copy: bool = True, track: bool = False):
     """``sock.send_multipart(frames, zmq.NOBLOCK, copy=copy)``, cheaper. ``copy`` applies to
-    the last frame only (the payload; the others are small and always copied). Anything
-    that is not a ZeroMQ socket (a test's fake) gets its own ``send_multipart``."""
+    the last frame only (the payload; the others are small and always copied). ``track``
+    (with ``copy=False``): returns the last frame's ``zmq.MessageTracker``, done once
+    libzmq let go of it (written to the kernel, or dropped). Anything that is not a ZeroMQ
+    socket (a test's fake) gets its own ``send_multipart``."""
     if not isinstance(sock, _BackendSocket):
+        if track:
+            return sock.send_multipart(frames, _NOBLOCK, copy=copy, track=True)
         return sock.send_multipart(frames, _NOBLOCK, copy=copy)
     last = len(frames) - 1
     for i in range(last):
         _send(sock, frames[i], _MORE_NOBLOCK)
+    if track:
+        return _send(sock, frames[last], _NOBLOCK, False, True)
     _send(sock, frames[last], _NOBLOCK, copy)
 
 

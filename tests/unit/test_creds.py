@@ -121,3 +121,14 @@ def test_loopback_and_open_bind():
     with pytest.raises(CredsError, match="--insecure"):
         check_open_bind(["0.0.0.0:7101"], insecure=False)
     check_open_bind(["0.0.0.0:7101"], insecure=True)   # allowed, with a warning
+
+
+@pytest.mark.parametrize("mode", [0o666, 0o646, 0o664])
+def test_a_superusers_file_others_may_write_is_refused(tmp_path, mode):
+    """Issue 39 finding 10: a superusers.json anyone could write was accepted silently."""
+    init_secrets(tmp_path)
+    os.chmod(tmp_path / "superusers.json", mode)
+    with pytest.raises(CredsError, match="chmod go-w"):
+        Secrets.load(tmp_path)
+    os.chmod(tmp_path / "superusers.json", 0o644)   # public keys only: readable is fine
+    assert "admin" in Secrets.load(tmp_path).superusers

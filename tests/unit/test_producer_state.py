@@ -230,3 +230,87 @@ def test_expiry_looks_at_one_slice_at_a_time_and_goes_round():
         append(ps, store, producer, 0, 1, base_offset=producer)
     assert ps.expire(clock[0] + 1, slice_rows=4) == 0   # (a slice: none idle yet)
     assert ps.expire(clock[0] + 60_000, slice_rows=4) == 25   # the whole pass (all idle by then)
+
+
+def _apply_one_large_append(n_ids: int, max_cached: int) -> float:
+    """A follower applying one replicated append of ``n_ids`` one-record batches, each
+    under its own producer id, in one turn (one transaction): seconds it took."""
+    import time
+    from mesh.wire.records import parse_header
+    store = MemoryStore()
+    ps = ProducerStates(store, max_cached=max_cached)
+    heads = [parse_header(batch(pid, 0, 1, base_offset=pid)) for pid in range(n_ids)]
+    t0 = time.perf_counter()
+    ps.stage_replicated_batches(PID, ((h, b"") for h in heads))
+    store.commit()
+    ps.committed()
+    took = time.perf_counter() - t0
+    assert len(ps._cache) <= max_cached + 1
+    for pid in (0, n_ids // 2, n_ids - 1):   # every state was written, evicted or not
+        assert ps.check(PID, header(pid, 0, 1)) == pid
+        assert ps.check(PID, header(pid, 1, 1)) is None
+    return took
+
+
+def test_a_follower_applying_many_producer_ids_in_one_turn_costs_linear_time():
+    """Issue 39 finding 6: staged states were kept in the cache through eviction, so every
+    lookup past ``max_cached`` copied the whole cache (a joining broker sat 6 min in one
+    turn). 10x the ids must cost about 10x the time, not 100x (best of 3, generous bound)."""
+    small = min(_apply_one_large_append(2_000, 500) for _ in range(3))
+    large = min(_apply_one_large_append(20_000, 500) for _ in range(3))
+    assert large < 35 * small, (small, large)
+
+
+def test_a_state_evicted_while_staged_is_read_back_from_the_staged_copy_and_rolls_back():
+    store = MemoryStore()
+    ps = ProducerStates(store, max_cached=4)
+    append(ps, store, 1, 0, 1, base_offset=0)
+    ps.stage(PID, header(1, 1, 1), 1)   # staged, not yet committed
+    for pid in range(100, 120):         # pushes producer 1 out of the cache
+        ps.stage(PID, header(pid, 0, 1), pid)
+    assert (PID, 1) not in ps._cache
+    assert ps.check(PID, header(1, 2, 1)) is None        # the staged state, not the stored one
+    assert ps.check(PID, header(1, 1, 1)) == 1
+    store.rollback()
+    assert ps.check(PID, header(1, 1, 1)) is None        # rolled back to the committed state
+    assert ps.check(PID, header(100, 0, 1)) is None
+
+
+def test_a_producer_id_belongs_to_the_principal_that_wrote_under_it_first():
+    """Issue 39 finding 7: a co-writer wrote under another producer's id and next sequence,
+    and the victim's next batches were answered with the attacker's offsets."""
+    from mesh.node.producer_state import owner_tag
+    victim, attacker = owner_tag("alice"), owner_tag("mallory")
+    assert victim and attacker and victim != attacker and owner_tag(None) == 0
+    store = MemoryStore()
+    ps = ProducerStates(store)
+    h = header(42, 0, 2)
+    assert ps.check(PID, h, victim) is None
+    ps.stage(PID, h, 0, victim)
+    store.commit()
+    ps.committed()
+    hijack = header(42, 2, 1)   # the victim's next sequence
+    info = pytest.raises(MeshError, ps.check, PID, hijack, attacker)
+    assert info.value.code == ErrorCode.UNAUTHORIZED and not info.value.retriable
+    assert "another principal" in info.value.message
+    assert ps.check(PID, hijack, victim) is None            # the owner goes on
+    # the binding is stored with the state: a restarted broker (or one whose cache lost it) keeps it
+    again = ProducerStates(store.crash())
+    assert code_of(lambda: again.check(PID, hijack, attacker)) == ErrorCode.UNAUTHORIZED
+    assert again.check(PID, hijack, victim) is None
+    # open mode (tag 0) and a follower's replicated append do not check or rebind
+    assert again.check(PID, hijack, 0) is None
+    again.stage_replicated_batches(PID, [(header(42, 2, 1), b"")])
+    assert code_of(lambda: again.check(PID, header(42, 3, 1), attacker)) == ErrorCode.UNAUTHORIZED
+
+
+def test_a_state_learned_by_replication_is_taken_by_its_first_writer_as_leader():
+    from mesh.node.producer_state import owner_tag
+    store = MemoryStore()
+    ps = ProducerStates(store)
+    ps.stage_replicated_batches(PID, [(parse_header(batch(9, 0, 1, base_offset=0)), b"")])
+    store.commit()
+    ps.committed()
+    assert ps.check(PID, header(9, 1, 1), owner_tag("alice")) is None
+    ps.stage(PID, header(9, 1, 1), 1, owner_tag("alice"))
+    assert code_of(lambda: ps.check(PID, header(9, 2, 1), owner_tag("bob"))) == ErrorCode.UNAUTHORIZED
