@@ -371,6 +371,48 @@ class OffsetBook:
             chunks.add(chunk)
         return sorted(chunks)
 
+    # -- rows from peers (``mesh.groups.replication``) ------------------------------------
+
+    def rows_of(self, group_ids: Iterable[str]) -> list[tuple]:
+        """The merged view of these groups as rows ``(group, topic, partition, offset,
+        metadata, stamp)``, tombstones included (the answer to a new coordinator's pull)."""
+        return [(g, t, p, o, m, w) for g in sorted(set(group_ids))
+                for (t, p), (o, m, w) in sorted(self._merged.get(g, {}).items())]
+
+    def fold_rows(self, rows: Iterable[tuple]) -> set[str]:
+        """Fold checked rows from a peer into the merged view; the groups that moved."""
+        changed = set()
+        for group_id, topic, partition, offset, metadata, stamp in rows:
+            if self.fold(group_id, topic, partition, offset, metadata, stamp):
+                changed.add(group_id)
+        return changed
+
+    def newer_than_own(self, rows: Iterable[tuple]) -> list[tuple]:
+        """The rows newer (stamp, then offset) than this node's own entry of their partition:
+        those a replica must persist (an older one must never overwrite a newer one)."""
+        out = []
+        for row in rows:
+            group_id, topic, partition, offset, _, stamp = row
+            own = self._own.get(chunk_of(group_id, topic, partition), {}).get(partition)
+            if own is None or (own[2], own[0]) < (stamp, offset):
+                out.append(row)
+        return out
+
+    def held_here(self, rows: Iterable[tuple]) -> tuple[list[Chunk], set[str]]:
+        """Replicated rows are durable here: own entries (as adopted ones) and folded;
+        (the chunks to gossip, the groups whose merged offsets moved)."""
+        chunks, changed = set(), set()
+        for row in self.newer_than_own(rows):
+            group_id, topic, partition, offset, metadata, stamp = row
+            chunk = chunk_of(group_id, topic, partition)
+            self._own.setdefault(chunk, {})[partition] = [offset, metadata, stamp]
+            if offset == DELETED:
+                self._own_tombstoned.add(group_id)
+            if self.fold(group_id, topic, partition, offset, metadata, stamp):
+                changed.add(group_id)
+            chunks.add(chunk)
+        return sorted(chunks), changed
+
     # -- coordination ---------------------------------------------------------------------
 
     def on_cluster_change(self, coord_set: frozenset[str],

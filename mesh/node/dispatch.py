@@ -3,7 +3,8 @@
 ``open_router`` makes the node's one ROUTER socket (DESIGN section 2: ROUTER_MANDATORY,
 bounded queues, no linger). ``Dispatcher.handle`` takes one multipart message off it: a
 peer message (first frame ``PROTOCOL_PEER``) goes to its core (gossip answers are sent at
-once; replication input is stepped, its effects staged by the replica host); a client
+once; replication input is stepped, its effects staged by the replica host; offsets
+replication goes to the group host, ``GroupHost.handle_peer``); a client
 request goes to its handler (``mesh.node.handlers``, the data path, the group host).
 
 Nothing a client or a peer sends can crash the loop: every message runs inside a guard.
@@ -199,6 +200,12 @@ class Dispatcher:
                 node = self.directory.node_at(src)
                 if node is not None:  # not yet known through gossip: the sender will retry
                     self.replicas.step(node, msg, payload)
+            elif self.groups.handles_peer(msg):   # offsets replication (mesh.groups.replication)
+                node = self.directory.node_at(src)
+                if node is None:   # not yet known through gossip: the coordinator times out or retries
+                    raise MeshError(ErrorCode.INVALID_REQUEST, "offsets replication from a broker gossip "
+                                                               "does not know yet")
+                self.groups.handle_peer(node, msg)
             elif isinstance(msg, _GOSSIP_MESSAGES):
                 if self.metrics is not None:
                     self.metrics.gossip_received_bytes += sum(map(len, frames))

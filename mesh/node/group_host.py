@@ -65,11 +65,14 @@ from mesh.groups import (
     GroupFindCoordinatorResponse, GroupHeartbeat, GroupList, GroupListResponse,
     GroupResetOffsets, MemberRemoved, PersistOffsets, check_group_id, error_response,
 )
+from mesh.groups.messages import GROUP_PEER_MESSAGES
 from mesh.groups.offsets import (
     MalformedOffsets, Moved, OffsetBook, Takeover, coordination_set, coordinator_among,
     sees_majority, starts_alone,
 )
+from mesh.groups.replication import DEFAULT_REPLICAS
 from mesh.node.clock import Clock
+from mesh.node.offset_replication import OffsetReplication
 from mesh.wire.errors import ErrorCode, MeshError
 from storage.base import LogError
 
@@ -95,6 +98,8 @@ class GroupHostConfig:
     heartbeat_interval_ms: int = 500
     offsets_retention_ms: int = 7 * 86_400_000   # empty groups are deleted after this; 0: never
     tombstone_ms: int = 86_400_000               # a deleted group's tombstones are kept this long
+    offset_replicas: int = DEFAULT_REPLICAS      # a commit is acknowledged once a majority of these hold it
+    commit_timeout_ms: int = 3_000               # ... or answered COORDINATOR_NOT_AVAILABLE after this
 
 
 def _store_key(group: str, topic: str, partition: int) -> bytes:
@@ -112,14 +117,16 @@ class GroupHost:
     transaction, False (rolled back) on failure; ``gossip``: the gossip core (``members``,
     ``node_items``, ``entry_version``, ``set_local``); ``reply(ident, rid, msg)``;
     ``address_of(node_id)``; ``topic_partitions()``: topic -> partition count; ``seeded``:
-    the node was started with seeds (else it may start alone, without a takeover grace).
+    the node was started with seeds (else it may start alone, without a takeover grace);
+    ``send_to_node(node_id, msg)``: a one-way peer message (offsets replication).
     """
 
     def __init__(self, node_id: str, *, store, commit_turn: Callable[[], bool], gossip,
                  reply: Reply, address_of: Callable[[str], str | None],
                  topic_partitions: Callable[[], Mapping[str, int]], clock: Clock,
                  rng: random.Random, seeded: bool,
-                 config: GroupHostConfig = GroupHostConfig()):
+                 config: GroupHostConfig = GroupHostConfig(),
+                 send_to_node: Callable[[str, Any], None] = lambda node_id, msg: None):
         self.node_id = node_id
         self._store = store
         self._commit_turn = commit_turn
@@ -150,11 +157,21 @@ class GroupHost:
         # groups dropped here while they had members: (offsets, when dropped); a tombstone
         # made before then, that arrives later, was made without knowing those members
         self._left_with_members: dict[str, tuple[dict, int]] = {}
+        self.replication = OffsetReplication(self, send_to_node, config.offset_replicas,
+                                             config.commit_timeout_ms, MAX_METADATA_CHARS)
         self._load_store()
 
     # -- node hooks ---------------------------------------------------------------------
     def handles(self, msg: Any) -> bool:
         return isinstance(msg, GROUP_REQUESTS)
+
+    def handles_peer(self, msg: Any) -> bool:
+        return isinstance(msg, GROUP_PEER_MESSAGES)
+
+    def handle_peer(self, node_id: str, msg: Any) -> None:
+        """A peer message of the offsets replication from broker ``node_id`` (authenticated
+        by the dispatcher); bad input raises ``MeshError`` (dropped and logged there)."""
+        self.replication.handle(node_id, msg)
 
     def handle(self, ident: bytes, rid: int, msg: Any) -> None:
         reply = self._reply
@@ -211,10 +228,12 @@ class GroupHost:
             self._reply(ident, rid, resp)
 
     def after_commit(self, ok: bool) -> None:
-        """The turn's transaction was synced (``ok``) or rolled back: answer the offsets
-        commits it held, and gossip them; or put the core's offsets back and refuse them."""
+        """The turn's transaction was synced (``ok``) or rolled back: gossip the offsets
+        commits it held and send them to the group's replicas, answered once a majority
+        holds them (``OffsetReplication``); or put the core's offsets back and refuse them."""
         held, self._held = self._held, []
         plan, self._collecting = self._collecting, None
+        self.replication.after_commit(ok)   # rows replicated to this node: durable now, answered
         if not ok:
             for _, _, msg, _, persisted, previous in reversed(held):   # latest first: the oldest value wins
                 if msg is None:   # offsets committed again (``_commit_again``): try again next tick
@@ -228,12 +247,16 @@ class GroupHost:
                     self._reply(ident, rid, error_response(msg, ErrorCode.STORAGE_ERROR,
                                                            "offsets could not be made durable; retry"))
             return
-        for ident, rid, _, resp, persisted, _ in held:
-            if ident is not None:
-                self._reply(ident, rid, resp)
-            for effect, wall_ms in persisted:   # durable and answered: now tell the cluster
+        commits = []
+        for ident, rid, msg, resp, persisted, _ in held:
+            rows = []
+            for effect, wall_ms in persisted:   # durable here: tell the cluster, and the replicas
                 self._gossip_chunks(effect.group_id,
                                     self.book.committed_here(effect.group_id, effect.offsets, wall_ms))
+                rows.extend((effect.group_id, t, p, o, m, wall_ms) for t, p, o, m in effect.offsets)
+            commits.append((ident, rid, msg, resp, persisted[0][0].group_id, rows))
+        if commits:   # answered once a majority of each group's replicas holds it
+            self.replication.begin(commits, self._clock.wall_ms())
         if plan:   # the collected rows are gone from the store: now from the namespace
             for chunk in self.book.collected(plan):
                 if self.book.has_chunk(chunk):
@@ -245,6 +268,7 @@ class GroupHost:
         if self._next_tick_ms - TICK_EVERY_MS <= now_ms < self._next_tick_ms:
             return   # (a clock that jumped back does not stop the ticks)
         self._next_tick_ms = now_ms + TICK_EVERY_MS
+        self.replication.tick(now_ms)
         if self._again_pending:
             pending, self._again_pending = self._again_pending, {}
             for group_id, offsets in sorted(pending.items()):
@@ -305,11 +329,13 @@ class GroupHost:
         return self.book.committed(group_id)
 
     # -- routing ------------------------------------------------------------------------
-    def _coordinator(self, group_id: str, now_ms: int) -> str | None:
+    def coord_nodes(self, now_ms: int) -> frozenset[str]:
+        """The coordination set: the book's, or gossip's before the first cluster change."""
         nodes = self.book.coord_set
-        if nodes is None:   # before the first cluster change
-            nodes = coordination_set(self._gossip.members(now_ms))
-        return coordinator_among(group_id, nodes)
+        return nodes if nodes is not None else coordination_set(self._gossip.members(now_ms))
+
+    def _coordinator(self, group_id: str, now_ms: int) -> str | None:
+        return coordinator_among(group_id, self.coord_nodes(now_ms))
 
     def _find_coordinator(self, msg: GroupFindCoordinator) -> GroupFindCoordinatorResponse:
         try:
@@ -382,6 +408,8 @@ class GroupHost:
                 while len(self._left_with_members) > MAX_LEFT_WITH_MEMBERS:
                     del self._left_with_members[next(iter(self._left_with_members))]
         elif isinstance(action, Takeover):
+            if action.claimed:   # what the group's replicas hold may be newer than this view
+                self.replication.want_pull(action.group_id)
             if action.claimed and self.book.knows(action.group_id):
                 log.info("coordinating group %s (taking over its committed offsets)", action.group_id)
             reassert, adopt = [], action.adopt
@@ -405,7 +433,7 @@ class GroupHost:
         is synced (``after_commit``). Partitions with a write held in this turn are left
         for the next time."""
         busy = {(effect.group_id, t, p) for _, _, _, _, persisted, _ in self._held
-                for effect, _ in persisted for t, p, *_ in effect.offsets}
+                for effect, _ in persisted for t, p, *_ in effect.offsets} | self.replication.staged_partitions()
         plan = self.book.collect(now_ms, self._tombstone_ms, lambda g, t, p: (g, t, p) in busy)
         if not plan:
             return

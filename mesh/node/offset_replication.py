@@ -1,0 +1,163 @@
+"""The group host's offsets replication: what ``mesh.groups.replication`` decides, carried out.
+
+Theory of operation
+-------------------
+The rules (who the replicas are, when a commit has its quorum, whom a new coordinator
+asks) are in ``mesh.groups.replication``; this shell only persists, sends and answers.
+
+Coordinator side: ``begin`` takes the commits the turn's sync made durable here (the group
+host calls it from ``after_commit``) and sends their rows to the other replicas; a
+commit's answer is held until ``CommitQuorum`` says a majority has it (``on_ack``), or
+``tick`` finds it timed out (then COORDINATOR_NOT_AVAILABLE, retriable: not acknowledged).
+
+Replica side: ``on_replicate`` checks the rows and stages those newer than this node's own
+in the turn's transaction; ``after_commit`` (after the sync) records them as own offsets
+(book, gossip namespace) and answers ``GROUP_REPLICATE_R``; a turn rolled back answers
+nothing (the coordinator times out).
+
+Takeover: ``want_pull`` (a group just became coordinated here) queues the group; the next
+``tick`` asks ``pull_targets`` for their rows (``GROUP_OFFSETS_PULL``), answered at once
+from the merged view (``on_pull``); the answers are checked and folded (``on_rows``), and
+any newer than the core's offsets go through the ordinary takeover (``take_newer``: load,
+adopt).
+"""
+from __future__ import annotations
+
+import logging
+from typing import Any, Callable
+
+from mesh.groups.messages import (
+    GroupOffsetsPull, GroupOffsetsRows, GroupReplicate, GroupReplicateAck, error_response, invalid,
+)
+from mesh.groups.replication import (
+    MAX_PULL_GROUPS, MAX_ROWS_PER_MESSAGE, CommitQuorum, check_groups, check_rows, pull_targets,
+)
+from mesh.wire.errors import ErrorCode
+
+__all__ = ["OffsetReplication"]
+
+log = logging.getLogger("mesh.node.group_host")
+
+_MAX_PULL_QUEUE = 100_000
+
+
+class OffsetReplication:
+    """``host``: the ``GroupHost`` (its book, ``_stage``, ``_gossip_chunks``, ``_carry_out``,
+    ``_reply``, ``coord_nodes``); ``send(node_id, msg)``: a one-way peer message."""
+
+    def __init__(self, host, send: Callable[[str, Any], None], replicas: int, timeout_ms: int,
+                 max_metadata_chars: int):
+        self.host = host
+        self._send = send
+        self.replicas = replicas
+        self.quorum = CommitQuorum(host.node_id, replicas, timeout_ms)
+        self._max_metadata_chars = max_metadata_chars
+        self._answers: dict[int, tuple] = {}   # key -> (ident, rid, msg, resp): held for the quorum
+        self._next_key = 0
+        self._staged: list[tuple[str, int, list]] = []   # (coordinator, seq, rows) staged this turn
+        self._pulls: set[str] = set()
+        self.sent = self.acked = self.timed_out = 0
+
+    # -- coordinator side ---------------------------------------------------------------
+    def begin(self, commits: list[tuple[Any, int, Any, Any, str, list]], now_ms: int) -> None:
+        """``commits``: (ident, rid, msg, resp, group, rows) synced here; answered when done."""
+        batch = []
+        for ident, rid, msg, resp, group_id, rows in commits:
+            self._next_key += 1
+            self._answers[self._next_key] = (ident, rid, msg, resp)
+            batch.append((self._next_key, group_id, rows))
+        sends, done, refused = self.quorum.begin(batch, self.host.coord_nodes(now_ms), now_ms)
+        for dest, message in sends:
+            self._send(dest, message)
+            self.sent += 1
+        self._answer(done, ok=True)
+        self._answer(refused, ok=False, why="too many commits wait for their replicas")
+
+    def on_ack(self, src: str, msg: GroupReplicateAck) -> None:
+        self._answer(self.quorum.acked(src, msg.seq), ok=True)
+
+    def tick(self, now_ms: int) -> None:
+        gone = self.quorum.expire(now_ms)
+        if gone:
+            self.timed_out += len(gone)
+            log.warning("%d offsets commits not acknowledged: no majority of their replicas answered within "
+                        "%d ms", len(gone), self.quorum.timeout_ms)
+            self._answer(gone, ok=False, why=f"not on a majority of the group's replicas within "
+                                             f"{self.quorum.timeout_ms} ms; retry")
+        if self._pulls:
+            pending, self._pulls = sorted(self._pulls), set()
+            for dest, groups in sorted(pull_targets(pending, self.host.coord_nodes(now_ms), self.host.node_id,
+                                                    self.replicas).items()):
+                for start in range(0, len(groups), MAX_PULL_GROUPS):
+                    self._send(dest, GroupOffsetsPull(groups[start:start + MAX_PULL_GROUPS]))
+
+    def _answer(self, keys, ok: bool, why: str = "") -> None:
+        for key in keys:
+            ident, rid, msg, resp = self._answers.pop(key)
+            if ident is None:
+                continue   # the host's own write (an expiry, a commit again): nobody to answer
+            if ok:
+                self.acked += 1
+                self.host._reply(ident, rid, resp)
+            else:
+                self.host._reply(ident, rid, error_response(msg, ErrorCode.COORDINATOR_NOT_AVAILABLE, why))
+
+    # -- replica side -------------------------------------------------------------------
+    def on_replicate(self, src: str, msg: GroupReplicate) -> None:
+        if not isinstance(msg.seq, int) or isinstance(msg.seq, bool):
+            raise invalid("seq must be an int")
+        rows = check_rows(msg.rows, self._max_metadata_chars)
+        newer = self.host.book.newer_than_own(rows)
+        by_group: dict[str, list] = {}
+        for group_id, topic, partition, offset, metadata, stamp in newer:
+            by_group.setdefault(group_id, []).append((topic, partition, offset, metadata, stamp))
+        for group_id, entries in sorted(by_group.items()):
+            if not self.host._stage(group_id, entries, None):
+                return   # the turn is rolled back: no answer, the coordinator times out
+        self._staged.append((src, msg.seq, newer))
+
+    def staged_partitions(self) -> set[tuple[str, str, int]]:
+        """(group, topic, partition) with a replicated row staged in this turn."""
+        return {(g, t, p) for _, _, rows in self._staged for g, t, p, *_ in rows}
+
+    def after_commit(self, ok: bool) -> None:
+        staged, self._staged = self._staged, []
+        if not ok:
+            return
+        host = self.host
+        for src, seq, rows in staged:
+            chunks, changed = host.book.held_here(rows)
+            for chunk in chunks:
+                host._gossip_chunks(chunk[0], [chunk])
+            self._send(src, GroupReplicateAck(seq))
+            for group_id in sorted(changed):
+                if host.book.is_mine(group_id):   # (views disagree for a moment: we think we coordinate it)
+                    host._carry_out(host.book.take_newer(group_id))
+
+    # -- takeover -----------------------------------------------------------------------
+    def want_pull(self, group_id: str) -> None:
+        if len(self._pulls) < _MAX_PULL_QUEUE:
+            self._pulls.add(group_id)
+
+    def on_pull(self, src: str, msg: GroupOffsetsPull) -> None:
+        rows = self.host.book.rows_of(check_groups(msg.groups))
+        for start in range(0, len(rows), MAX_ROWS_PER_MESSAGE):
+            self._send(src, GroupOffsetsRows([list(r) for r in rows[start:start + MAX_ROWS_PER_MESSAGE]]))
+
+    def on_rows(self, src: str, msg: GroupOffsetsRows) -> None:
+        host = self.host
+        changed = host.book.fold_rows(check_rows(msg.rows, self._max_metadata_chars))
+        for group_id in sorted(changed):
+            if host.book.is_mine(group_id):
+                host._carry_out(host.book.take_newer(group_id))
+
+    def handle(self, src: str, msg: Any) -> None:
+        if isinstance(msg, GroupReplicate):
+            self.on_replicate(src, msg)
+        elif isinstance(msg, GroupReplicateAck):
+            self.on_ack(src, msg)
+        elif isinstance(msg, GroupOffsetsPull):
+            self.on_pull(src, msg)
+        elif isinstance(msg, GroupOffsetsRows):
+            self.on_rows(src, msg)
+
