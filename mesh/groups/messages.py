@@ -210,8 +210,10 @@ class GroupOffsetsPull:
 @message("GROUP_OFFSETS_ROWS")
 @dataclass(frozen=True, slots=True)
 class GroupOffsetsRows:
-    """The answer to a pull: the sender's newest rows of the groups asked (tombstones too)."""
+    """The answer to a pull: the sender's newest rows of the groups asked (tombstones too);
+    ``groups``: the groups this answer completes (in its last message)."""
     rows: list
+    groups: list = field(default_factory=list)
 
 
 GROUP_PEER_MESSAGES: tuple[type, ...] = (GroupReplicate, GroupReplicateAck, GroupOffsetsPull, GroupOffsetsRows)

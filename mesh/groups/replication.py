@@ -30,8 +30,10 @@ majority that survive a failure are among the first ``count`` of the new ranking
 new coordinator is the first of them. A new coordinator also pulls what the replicas hold
 (``GROUP_OFFSETS_PULL`` to ``pull_targets``: the first ``PULL_SPREAD x count`` of the new
 ranking, which covers brokers pushed down by a newcomer too; answered at once with
-``GROUP_OFFSETS_ROWS``), and folds the answers like gossip rows, in its takeover grace,
-before it gives members any partition (and so before they read an offset). Ordering is
+``GROUP_OFFSETS_ROWS``), and folds the answers like gossip rows; until every target has
+answered (at most ``PULL_WAIT_MS``) it answers offset fetches and commits of the group
+COORDINATOR_NOT_AVAILABLE (Kafka's COORDINATOR_LOAD_IN_PROGRESS), and its takeover grace
+keeps members from being given partitions (and so from reading offsets) meanwhile. Ordering is
 the per-group stamp (``OffsetBook.next_stamp``: above every stamp seen for the group), so
 no broker's clock decides which of two commits is newer, and a committed offset moves
 back only by an explicit reset or deletion (a newer stamp).
@@ -54,7 +56,7 @@ from mesh.groups.state import DELETED
 
 __all__ = [
     "Row", "CommitQuorum", "replicas_for", "quorum", "pull_targets", "check_rows", "check_groups",
-    "DEFAULT_REPLICAS", "MAX_ROWS_PER_MESSAGE", "MAX_PULL_GROUPS", "PULL_SPREAD",
+    "DEFAULT_REPLICAS", "MAX_ROWS_PER_MESSAGE", "MAX_PULL_GROUPS", "PULL_SPREAD", "PULL_WAIT_MS",
 ]
 
 Row = tuple[str, str, int, int, str, int]   # (group, topic, partition, offset, metadata, stamp)
@@ -64,6 +66,7 @@ MAX_ROWS_PER_MESSAGE = 10_000
 MAX_PULL_GROUPS = 1_000          # groups named in one pull
 PULL_SPREAD = 2                  # a new coordinator pulls from the first 2 x count of the ranking
 MAX_WAITING = 100_000            # commits waiting for their quorum (beyond: refused at once)
+PULL_WAIT_MS = 1_000             # a new coordinator answers "loading" this long at most while it pulls
 _MAX_STAMP = (1 << 63) - 1
 
 

@@ -192,8 +192,13 @@ class GroupHost:
             reply(ident, rid, self._moved(msg, coordinator))
             return
         writes = isinstance(msg, (GroupCommit, GroupResetOffsets, GroupDelete))
-        if self.book.knows(group_id) or writes or isinstance(msg, GroupHeartbeat):
+        if self.book.knows(group_id) or writes or isinstance(msg, (GroupHeartbeat, GroupFetchOffsets)):
             self._carry_out(self.book.claim(group_id))   # (a query about an unknown group creates nothing)
+            self.replication.flush_pulls()
+        if (writes or isinstance(msg, GroupFetchOffsets)) and self.replication.loading(group_id, now_ms):
+            reply(ident, rid, error_response(msg, ErrorCode.COORDINATOR_NOT_AVAILABLE,
+                                             "loading the group's committed offsets from its replicas; retry"))
+            return
         if isinstance(msg, (GroupDelete, GroupResetOffsets)) and not self._sees_majority(now_ms):
             reply(ident, rid, error_response(msg, ErrorCode.COORDINATOR_NOT_AVAILABLE,
                                              "this broker sees fewer than half of the brokers alive: it may "
@@ -302,6 +307,7 @@ class GroupHost:
             self.core.begin_takeover(now_ms)
         for action in actions:
             self._carry_out(action)
+        self.replication.flush_pulls()
         self._after_leaving(changed, now_ms)
 
     def _after_leaving(self, changed: set[str], now_ms: int) -> None:
@@ -409,7 +415,7 @@ class GroupHost:
                     del self._left_with_members[next(iter(self._left_with_members))]
         elif isinstance(action, Takeover):
             if action.claimed:   # what the group's replicas hold may be newer than this view
-                self.replication.want_pull(action.group_id)
+                self.replication.want_pull(action.group_id, self._clock.wall_ms())
             if action.claimed and self.book.knows(action.group_id):
                 log.info("coordinating group %s (taking over its committed offsets)", action.group_id)
             reassert, adopt = [], action.adopt

@@ -15,11 +15,12 @@ in the turn's transaction; ``after_commit`` (after the sync) records them as own
 (book, gossip namespace) and answers ``GROUP_REPLICATE_R``; a turn rolled back answers
 nothing (the coordinator times out).
 
-Takeover: ``want_pull`` (a group just became coordinated here) queues the group; the next
-``tick`` asks ``pull_targets`` for their rows (``GROUP_OFFSETS_PULL``), answered at once
+Takeover: ``want_pull`` (a group just became coordinated here) queues the group;
+``flush_pulls`` (after a cluster change or a request, and every tick) asks ``pull_targets`` for their rows (``GROUP_OFFSETS_PULL``), answered at once
 from the merged view (``on_pull``); the answers are checked and folded (``on_rows``), and
 any newer than the core's offsets go through the ordinary takeover (``take_newer``: load,
-adopt).
+adopt). Until every target answered (at most ``PULL_WAIT_MS``) the group is ``loading``:
+the host answers its offset fetches and writes COORDINATOR_NOT_AVAILABLE.
 """
 from __future__ import annotations
 
@@ -30,7 +31,8 @@ from mesh.groups.messages import (
     GroupOffsetsPull, GroupOffsetsRows, GroupReplicate, GroupReplicateAck, error_response, invalid,
 )
 from mesh.groups.replication import (
-    MAX_PULL_GROUPS, MAX_ROWS_PER_MESSAGE, CommitQuorum, check_groups, check_rows, pull_targets,
+    MAX_PULL_GROUPS, MAX_ROWS_PER_MESSAGE, PULL_WAIT_MS, CommitQuorum, check_groups, check_rows,
+    pull_targets,
 )
 from mesh.wire.errors import ErrorCode
 
@@ -55,7 +57,8 @@ class OffsetReplication:
         self._answers: dict[int, tuple] = {}   # key -> (ident, rid, msg, resp): held for the quorum
         self._next_key = 0
         self._staged: list[tuple[str, int, list]] = []   # (coordinator, seq, rows) staged this turn
-        self._pulls: set[str] = set()
+        self._pulls: dict[str, list[str]] = {}   # group -> whom to ask, sent at the next tick
+        self._loading: dict[str, tuple[set[str], int]] = {}   # group -> (not answered yet, until)
         self.sent = self.acked = self.timed_out = 0
 
     # -- coordinator side ---------------------------------------------------------------
@@ -84,10 +87,20 @@ class OffsetReplication:
                         "%d ms", len(gone), self.quorum.timeout_ms)
             self._answer(gone, ok=False, why=f"not on a majority of the group's replicas within "
                                              f"{self.quorum.timeout_ms} ms; retry")
+        self.flush_pulls()
+        if self._loading:
+            for group_id in [g for g, (_, until) in self._loading.items() if until <= now_ms]:
+                del self._loading[group_id]
+
+    def flush_pulls(self) -> None:
+        """Send the queued pulls, one message per replica (and per ``MAX_PULL_GROUPS``)."""
         if self._pulls:
-            pending, self._pulls = sorted(self._pulls), set()
-            for dest, groups in sorted(pull_targets(pending, self.host.coord_nodes(now_ms), self.host.node_id,
-                                                    self.replicas).items()):
+            per_dest: dict[str, list[str]] = {}
+            for group_id, dests in sorted(self._pulls.items()):
+                for dest in dests:
+                    per_dest.setdefault(dest, []).append(group_id)
+            self._pulls = {}
+            for dest, groups in sorted(per_dest.items()):
                 for start in range(0, len(groups), MAX_PULL_GROUPS):
                     self._send(dest, GroupOffsetsPull(groups[start:start + MAX_PULL_GROUPS]))
 
@@ -135,18 +148,38 @@ class OffsetReplication:
                     host._carry_out(host.book.take_newer(group_id))
 
     # -- takeover -----------------------------------------------------------------------
-    def want_pull(self, group_id: str) -> None:
-        if len(self._pulls) < _MAX_PULL_QUEUE:
-            self._pulls.add(group_id)
+    def want_pull(self, group_id: str, now_ms: int) -> None:
+        """``group_id`` just became coordinated here: ask its replicas what they hold (at the
+        next tick), and answer "loading" until they did (``loading``)."""
+        dests = pull_targets([group_id], self.host.coord_nodes(now_ms), self.host.node_id,
+                             self.replicas).keys()
+        if dests and len(self._loading) < _MAX_PULL_QUEUE:
+            self._pulls[group_id] = sorted(dests)
+            self._loading[group_id] = (set(dests), now_ms + PULL_WAIT_MS)
+
+    def loading(self, group_id: str, now_ms: int) -> bool:
+        """A pull of the group's offsets is not answered yet (and not timed out)."""
+        entry = self._loading.get(group_id)
+        return entry is not None and now_ms < entry[1]
 
     def on_pull(self, src: str, msg: GroupOffsetsPull) -> None:
-        rows = self.host.book.rows_of(check_groups(msg.groups))
-        for start in range(0, len(rows), MAX_ROWS_PER_MESSAGE):
-            self._send(src, GroupOffsetsRows([list(r) for r in rows[start:start + MAX_ROWS_PER_MESSAGE]]))
+        groups = check_groups(msg.groups)
+        rows = [list(r) for r in self.host.book.rows_of(groups)]
+        starts = list(range(0, len(rows), MAX_ROWS_PER_MESSAGE)) or [0]
+        for start in starts:
+            last = start == starts[-1]
+            self._send(src, GroupOffsetsRows(rows[start:start + MAX_ROWS_PER_MESSAGE], groups if last else []))
 
     def on_rows(self, src: str, msg: GroupOffsetsRows) -> None:
         host = self.host
-        changed = host.book.fold_rows(check_rows(msg.rows, self._max_metadata_chars))
+        rows = check_rows(msg.rows, self._max_metadata_chars)
+        for group_id in check_groups(msg.groups):
+            entry = self._loading.get(group_id)
+            if entry is not None:
+                entry[0].discard(src)
+                if not entry[0]:
+                    del self._loading[group_id]
+        changed = host.book.fold_rows(rows)
         for group_id in sorted(changed):
             if host.book.is_mine(group_id):
                 host._carry_out(host.book.take_newer(group_id))

@@ -1,0 +1,181 @@
+"""The group host's offsets replication over the fakes of ``test_group_host``: a commit is
+answered only once a majority of its group's replicas synced it; a coordinator that dies
+right after answering (its gossip never sent) loses nothing it acknowledged; replicas
+check what they are sent; a new coordinator pulls what the replicas hold; a coordinator
+whose clock is ahead (its gossip refused) is still believed by its successor."""
+from __future__ import annotations
+
+import pytest
+
+from mesh.groups import GroupCommit, GroupFetchOffsets, GroupHeartbeat, coordinator_for, ranked_nodes
+from mesh.groups.messages import GroupReplicate
+from mesh.wire.errors import ErrorCode, MeshError
+from tests.unit.test_group_host import CONFIG, Broker, World, join, past_grace
+
+NODES = ["a", "b", "c"]
+
+
+@pytest.fixture
+def world():
+    return World()
+
+
+def cluster(world, nodes=NODES):
+    brokers = {n: Broker(world, n) for n in nodes}
+    for b in brokers.values():
+        b.groups.on_cluster_change(world.now_ms)
+    past_grace(world)
+    return brokers
+
+
+def kill(world, brokers, node, gossiped=False):
+    """``node`` dies; unless ``gossiped``, nothing of its namespace reached anyone (it was
+    killed before its next gossip round); the others learn it is dead."""
+    world.down.add(node)
+    world.status[node] = "dead"
+    if not gossiped:
+        world.ns[node] = {}
+    for n, b in brokers.items():
+        if n != node:
+            b.groups.on_cluster_change(world.now_ms)
+
+
+def offsets(broker, group):
+    return {p: o for _, p, o, _ in broker.ask(GroupFetchOffsets(group, None)).offsets}
+
+
+def test_a_commit_is_answered_once_a_majority_synced_it_not_before(world):
+    brokers = cluster(world)
+    g = "g1"
+    coord, second, third = ranked_nodes(g, NODES)
+    c = brokers[coord]
+    r = join(c, g)
+    c.replies.clear()
+    c.groups.handle(b"client", 7, GroupCommit(g, r.member_id, r.member_epoch, [["t", 0, 42, ""]]))
+    c.data.commit_turn()                 # synced on the coordinator: 1 of 3
+    assert c.replies == []
+    assert sorted(dest for _, dest, _ in world.wire) == sorted([second, third])
+    world.down.add(third)                # one replica never answers: 2 of 3 still do
+    world.deliver()
+    assert [x.error for x in c.replies] == [0]
+    assert brokers[second].store.items("offsets") and not brokers[third].store.items("offsets")
+    # the replica holds it as its own: durable, in its view and in its gossip namespace
+    assert brokers[second].groups.committed(g)[("t", 0)][0] == 42
+    assert brokers[second].gossip.node_items(second, "off/")
+
+
+def test_the_coordinator_killed_right_after_answering_loses_nothing_it_acknowledged(world):
+    """Before: synced on the coordinator alone, answered, then gossiped; killed before its
+    gossip round, the successor resumed from the commit before."""
+    brokers = cluster(world)
+    g = "g2"
+    coord, second, _ = ranked_nodes(g, NODES)
+    c = brokers[coord]
+    r = join(c, g)
+    for offset in (10, 20, 30):
+        assert c.ask(GroupCommit(g, r.member_id, r.member_epoch, [["t", 0, offset, ""], ["t", 1, offset, ""]])).error == 0
+    kill(world, brokers, coord)
+    assert coordinator_for(g, [n for n in NODES if n != coord]) == second
+    for n, b in brokers.items():
+        if n != coord:
+            assert offsets(b, g) == {0: 30, 1: 30}, n
+
+
+def test_without_a_majority_a_commit_is_refused_with_a_retriable_error(world):
+    brokers = cluster(world)
+    g = "g3"
+    coord, second, third = ranked_nodes(g, NODES)
+    c = brokers[coord]
+    r = join(c, g)
+    world.down.update({second, third})   # alive in gossip, but answering nothing
+    c.replies.clear()
+    c.groups.handle(b"client", 1, GroupCommit(g, r.member_id, r.member_epoch, [["t", 0, 5, ""]]))
+    c.data.commit_turn()
+    world.deliver()
+    assert c.replies == []
+    world.now_ms += CONFIG.commit_timeout_ms
+    c.groups.tick(world.now_ms)
+    assert [x.error for x in c.replies] == [ErrorCode.COORDINATOR_NOT_AVAILABLE]
+    assert c.groups.replication.quorum.waiting == 0
+
+
+def test_a_replica_checks_the_rows_it_is_sent_and_never_lets_an_older_one_overwrite(world):
+    brokers = cluster(world)
+    b = brokers["b"]
+    for bad in ([["g", "t", 0, "x", "", 1]], [["", "t", 0, 1, "", 1]], "junk"):
+        with pytest.raises(MeshError):
+            b.groups.handle_peer("a", GroupReplicate(1, bad))
+    with pytest.raises(MeshError):
+        b.groups.handle_peer("a", GroupReplicate("1", []))
+    b.data.commit_turn()
+    assert b.store.items("offsets") == [] and world.wire == []
+    b.groups.handle_peer("a", GroupReplicate(2, [["g", "t", 0, 50, "", 2_000]]))
+    b.data.commit_turn()
+    b.groups.handle_peer("a", GroupReplicate(3, [["g", "t", 0, 40, "", 1_000]]))   # older, late
+    b.data.commit_turn()
+    assert [(dest, type(m).__name__, m.seq) for _, dest, m in world.wire] == \
+        [("a", "GroupReplicateAck", 2), ("a", "GroupReplicateAck", 3)]
+    assert b.groups.committed("g") == {("t", 0): (50, "", 2_000)}
+    assert len(b.store.items("offsets")) == 1
+
+
+def test_a_failed_turn_on_a_replica_answers_nothing(world):
+    brokers = cluster(world)
+    b = brokers["b"]
+    b.data.ok = False
+    b.groups.handle_peer("a", GroupReplicate(1, [["g", "t", 0, 50, "", 2_000]]))
+    b.data.commit_turn()
+    assert world.wire == [] and b.groups.committed("g") == {}
+
+
+def test_a_successor_that_missed_the_commit_pulls_it_from_the_replica_that_has_it(world):
+    nodes = ["a", "b", "c", "d", "e"]
+    brokers = cluster(world, nodes)
+    g = "g4"
+    coord, second, third, *_ = ranked_nodes(g, nodes)
+    c = brokers[coord]
+    r = join(c, g)
+    world.down.add(second)               # the successor misses it: acknowledged by coord + third
+    assert c.ask(GroupCommit(g, r.member_id, r.member_epoch, [["t", 0, 77, ""]])).error == 0
+    assert not brokers[second].groups.committed(g)
+    world.down.discard(second)
+    world.ns[third] = {}                 # nor did gossip bring it (third's round not due yet)
+    kill(world, brokers, coord)
+    s = brokers[second]
+    assert not s.groups.book.knows(g)
+    s.replies.clear()
+    s.groups.handle(b"client", 1, GroupFetchOffsets(g, None))   # the first request claims it and pulls
+    assert s.replies[-1].error == ErrorCode.COORDINATOR_NOT_AVAILABLE and "loading" in s.replies[-1].message
+    world.deliver()
+    assert offsets(s, g) == {0: 77}
+    assert s.store.items("offsets")      # adopted: durable on the new coordinator
+
+
+def test_a_coordinator_whose_clock_is_ahead_is_still_believed_by_its_successor(world):
+    """Its peers refuse the offsets it gossips (stamps two hours ahead of their clocks), but
+    the replicas took the rows: the successor resumes from its last acknowledged commit."""
+    brokers = cluster(world)
+    g = "g5"
+    coord, second, _ = ranked_nodes(g, NODES)
+    c = brokers[coord]
+
+    class Ahead:
+        def now_ms(self):
+            return world.now_ms + 7_200_000
+
+        def wall_ms(self):
+            return world.now_ms + 7_200_000
+    r = join(c, g)
+    c.groups._clock = Ahead()
+    assert c.ask(GroupCommit(g, r.member_id, r.member_epoch, [["t", 0, 920, ""]])).error == 0
+    assert not c.gossip.node_items(coord, "off/")   # its own gossip refused it (validate_entry)
+    kill(world, brokers, coord, gossiped=True)
+    assert offsets(brokers[second], g) == {0: 920}
+    # the successor's own commit is stamped above it, so it is the newer one
+    s = brokers[second]
+    past_grace(world)
+    r2 = join(s, g)
+    world.now_ms += 1_000
+    r2 = s.ask(GroupHeartbeat(g, r2.member_id, r2.member_epoch, ["t"], [], "", 1_000))
+    assert s.ask(GroupCommit(g, r2.member_id, r2.member_epoch, [["t", 0, 930, ""]])).error == 0
+    assert offsets(s, g) == {0: 930}
