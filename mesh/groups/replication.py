@@ -11,10 +11,14 @@ The *replicas* of a group are the first ``count`` brokers (3 by default, all of 
 fewer) of the group's rendezvous ranking over the coordination set (``replicas_for``): the
 coordinator first, then the brokers that take the group over if it fails, in that order.
 
-1. The coordinator makes a commit durable in its own turn (one sync) and counts itself.
-2. It sends the rows, ``[group, topic, partition, offset, metadata, stamp]``, to the other
-   replicas (``GROUP_REPLICATE``; the rows of one turn for one replica travel in one
-   message, at most ``MAX_ROWS_PER_MESSAGE`` rows each); each replica checks them
+1. The coordinator stages a commit in its turn's transaction and sends the rows,
+   ``[group, topic, partition, offset, metadata, stamp]``, to the other replicas before
+   that turn's sync, so their syncs run alongside its own (Raft's leader does the same;
+   the rows of one turn for one replica travel in one message, at most
+   ``MAX_ROWS_PER_MESSAGE`` rows each). It counts itself only once its own sync is done
+   (``durable``); a turn rolled back abandons the commit (answered STORAGE_ERROR, though
+   the replicas may still hold it: an error answer means "outcome unknown", as for a
+   timed-out produce). Each replica checks them
    (``check_rows``, as a gossip row: bounds and types, but no bound on the stamp from its
    own clock, so a coordinator whose clock is ahead is still believed), persists those
    newer than what it holds in its own turn, and after that turn's sync answers
@@ -117,7 +121,9 @@ def check_groups(groups: Any) -> list[str]:
 
 @dataclass(slots=True)
 class _Waiting:
-    needed: int
+    needed: int          # answers from the other replicas, with this one's own sync counted
+    mine: bool           # this broker is one of the replicas: its own sync counts, and must come
+    durable: bool        # ... and it is done
     deadline_ms: int
     acked: set[str] = field(default_factory=set)
     outstanding: dict[str, int] = field(default_factory=dict)   # replica -> messages not yet answered
@@ -126,7 +132,8 @@ class _Waiting:
 class CommitQuorum:
     """Commits synced here, waiting for a majority of their replicas (module doc).
 
-    ``begin`` takes the commits of one turn, once they are synced here, and says what to
+    ``begin`` takes the commits of one turn (``durable``: already synced here, else call
+    ``durable`` once they are, or ``abandon`` if the turn is rolled back) and says what to
     send and which are acknowledged already (a group whose only replica is this broker);
     ``acked`` and ``expire`` say which are done or failed later. Keys are the shell's."""
 
@@ -147,23 +154,27 @@ class CommitQuorum:
         return len(self._waiting)
 
     def begin(self, commits: Iterable[tuple[Hashable, str, list[Row]]], coord_set: Iterable[str],
-              now_ms: int) -> tuple[list[tuple[str, GroupReplicate]], list[Hashable], list[Hashable]]:
-        """``commits``: (key, group, rows) made durable here. Returns (sends: (replica,
-        message), done: keys acknowledged now, refused: keys over the bound, answer an error)."""
+              now_ms: int, durable: bool = True
+              ) -> tuple[list[tuple[str, GroupReplicate]], list[Hashable], list[Hashable]]:
+        """``commits``: (key, group, rows) staged (``durable``: synced) here. Returns
+        (sends: (replica, message), done: keys acknowledged now, refused: keys over the
+        bound, answer an error)."""
         nodes = frozenset(coord_set) | {self.node_id}
         per_dest: dict[str, list[tuple[Hashable, Row]]] = {}
         done, refused = [], []
         for key, group_id, rows in commits:
             replicas = replicas_for(group_id, nodes, self.replicas)
-            needed = quorum(len(replicas)) - (self.node_id in replicas)
+            mine = self.node_id in replicas
+            needed = quorum(len(replicas)) - mine
             others = [r for r in replicas if r != self.node_id]
-            if needed <= 0 or not rows:
-                done.append(key)
-                continue
             if len(self._waiting) >= self.max_waiting or key in self._waiting:
                 refused.append(key)
                 continue
-            self._waiting[key] = _Waiting(needed, now_ms + self.timeout_ms)
+            waiting = _Waiting(needed, mine, durable, now_ms + self.timeout_ms)
+            if not rows or self._done(waiting):
+                done.append(key)
+                continue
+            self._waiting[key] = waiting
             for dest in others:
                 per_dest.setdefault(dest, []).extend((key, row) for row in rows)
         sends = []
@@ -196,10 +207,32 @@ class CommitQuorum:
             w.outstanding[src] = left
             if left <= 0:
                 w.acked.add(src)
-                if len(w.acked) >= w.needed:
+                if self._done(w):
                     del self._waiting[key]
                     done.append(key)
         return done
+
+    def durable(self, keys: Iterable[Hashable]) -> list[Hashable]:
+        """The turn that staged these keys is synced here: those that now have their quorum."""
+        done = []
+        for key in keys:
+            w = self._waiting.get(key)
+            if w is not None:
+                w.durable = True
+                if self._done(w):
+                    del self._waiting[key]
+                    done.append(key)
+        return done
+
+    def abandon(self, keys: Iterable[Hashable]) -> None:
+        """The turn that staged these keys was rolled back: they are answered (an error) now."""
+        for key in keys:
+            self._waiting.pop(key, None)
+        self._drop_batches()
+
+    @staticmethod
+    def _done(w: _Waiting) -> bool:
+        return len(w.acked) >= w.needed and (w.durable or not w.mine)
 
     def expire(self, now_ms: int) -> list[Hashable]:
         """Keys whose quorum did not come within ``timeout_ms``: answer a retriable error."""
@@ -207,6 +240,9 @@ class CommitQuorum:
         for key in gone:
             del self._waiting[key]
         if gone:   # answers that may still come for them are ignored
-            live = set(self._waiting)
-            self._batches = {s: b for s, b in self._batches.items() if any(k in live for k in b[1])}
+            self._drop_batches()
         return gone
+
+    def _drop_batches(self) -> None:
+        live = self._waiting
+        self._batches = {s: b for s, b in self._batches.items() if any(k in live for k in b[1])}

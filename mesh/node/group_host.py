@@ -118,7 +118,8 @@ class GroupHost:
     ``node_items``, ``entry_version``, ``set_local``); ``reply(ident, rid, msg)``;
     ``address_of(node_id)``; ``topic_partitions()``: topic -> partition count; ``seeded``:
     the node was started with seeds (else it may start alone, without a takeover grace);
-    ``send_to_node(node_id, msg)``: a one-way peer message (offsets replication).
+    ``send_to_node(node_id, msg)``: a one-way peer message (offsets replication); ``doomed()``:
+    the turn will be rolled back (nothing is sent before its sync then).
     """
 
     def __init__(self, node_id: str, *, store, commit_turn: Callable[[], bool], gossip,
@@ -126,7 +127,8 @@ class GroupHost:
                  topic_partitions: Callable[[], Mapping[str, int]], clock: Clock,
                  rng: random.Random, seeded: bool,
                  config: GroupHostConfig = GroupHostConfig(),
-                 send_to_node: Callable[[str, Any], None] = lambda node_id, msg: None):
+                 send_to_node: Callable[[str, Any], None] = lambda node_id, msg: None,
+                 doomed: Callable[[], bool] = lambda: False):
         self.node_id = node_id
         self._store = store
         self._commit_turn = commit_turn
@@ -150,6 +152,7 @@ class GroupHost:
         self._next_tick_ms = 0
         self._next_prune_ms = 0
         self._held: list[tuple] = []   # (ident|None, rid, msg|None, resp, [(PersistOffsets, wall_ms)], previous)
+        self._early: list[int] = []    # replication keys of ``_held[:len(_early)]``, sent before the sync
         self._collecting: dict | None = None   # a ``collect`` plan whose store deletes this turn syncs
         # offsets to commit again (``_commit_again``) whose turn failed: tried again next tick
         self._again_pending: dict[str, list] = {}
@@ -157,6 +160,7 @@ class GroupHost:
         # groups dropped here while they had members: (offsets, when dropped); a tombstone
         # made before then, that arrives later, was made without knowing those members
         self._left_with_members: dict[str, tuple[dict, int]] = {}
+        self._doomed = doomed
         self.replication = OffsetReplication(self, send_to_node, config.offset_replicas,
                                              config.commit_timeout_ms, MAX_METADATA_CHARS)
         self._load_store()
@@ -237,9 +241,11 @@ class GroupHost:
         commits it held and send them to the group's replicas, answered once a majority
         holds them (``OffsetReplication``); or put the core's offsets back and refuse them."""
         held, self._held = self._held, []
+        early, self._early = self._early, []
         plan, self._collecting = self._collecting, None
         self.replication.after_commit(ok)   # rows replicated to this node: durable now, answered
         if not ok:
+            self.replication.abandon(early)
             for _, _, msg, _, persisted, previous in reversed(held):   # latest first: the oldest value wins
                 if msg is None:   # offsets committed again (``_commit_again``): try again next tick
                     for effect, _ in persisted:
@@ -252,16 +258,14 @@ class GroupHost:
                     self._reply(ident, rid, error_response(msg, ErrorCode.STORAGE_ERROR,
                                                            "offsets could not be made durable; retry"))
             return
-        commits = []
-        for ident, rid, msg, resp, persisted, _ in held:
-            rows = []
-            for effect, wall_ms in persisted:   # durable here: tell the cluster, and the replicas
+        for _, _, _, _, persisted, _ in held:
+            for effect, wall_ms in persisted:   # durable here: tell the cluster
                 self._gossip_chunks(effect.group_id,
                                     self.book.committed_here(effect.group_id, effect.offsets, wall_ms))
-                rows.extend((effect.group_id, t, p, o, m, wall_ms) for t, p, o, m in effect.offsets)
-            commits.append((ident, rid, msg, resp, persisted[0][0].group_id, rows))
-        if commits:   # answered once a majority of each group's replicas holds it
-            self.replication.begin(commits, self._clock.wall_ms())
+        self.replication.durable(early)   # answered once a majority of each group's replicas holds it
+        late = self._replicated(held[len(early):])
+        if late:   # (staged after this turn's tick: sent now)
+            self.replication.begin(late, self._clock.wall_ms())
         if plan:   # the collected rows are gone from the store: now from the namespace
             for chunk in self.book.collected(plan):
                 if self.book.has_chunk(chunk):
@@ -269,7 +273,25 @@ class GroupHost:
                 else:
                     self._gossip.delete_local(offsets_key(*chunk))
 
+    def send_early(self, now_ms: int) -> None:
+        """Before the turn's sync: send the rows of the commits it staged to their replicas,
+        so that the replicas' syncs run alongside this one (``mesh.groups.replication``)."""
+        fresh = self._replicated(self._held[len(self._early):])
+        if fresh and not self._doomed():   # (a doomed turn sends nothing: sent after the next good sync)
+            self._early.extend(self.replication.begin(fresh, now_ms, durable=False))
+
+    @staticmethod
+    def _replicated(held: list[tuple]) -> list[tuple]:
+        """Held commits as ``OffsetReplication.begin`` takes them."""
+        out = []
+        for ident, rid, msg, resp, persisted, _ in held:
+            rows = [(effect.group_id, t, p, o, m, wall_ms)
+                    for effect, wall_ms in persisted for t, p, o, m in effect.offsets]
+            out.append((ident, rid, msg, resp, persisted[0][0].group_id, rows))
+        return out
+
     def tick(self, now_ms: int) -> None:
+        self.send_early(now_ms)
         if self._next_tick_ms - TICK_EVERY_MS <= now_ms < self._next_tick_ms:
             return   # (a clock that jumped back does not stop the ticks)
         self._next_tick_ms = now_ms + TICK_EVERY_MS

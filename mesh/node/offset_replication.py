@@ -5,10 +5,12 @@ Theory of operation
 The rules (who the replicas are, when a commit has its quorum, whom a new coordinator
 asks) are in ``mesh.groups.replication``; this shell only persists, sends and answers.
 
-Coordinator side: ``begin`` takes the commits the turn's sync made durable here (the group
-host calls it from ``after_commit``) and sends their rows to the other replicas; a
-commit's answer is held until ``CommitQuorum`` says a majority has it (``on_ack``), or
-``tick`` finds it timed out (then COORDINATOR_NOT_AVAILABLE, retriable: not acknowledged).
+Coordinator side: ``begin`` takes the commits staged in the turn (the group host calls it
+from its tick, before the turn's sync, or from ``after_commit`` for those staged after its
+tick) and sends their rows to the other replicas; ``durable`` (the turn's sync is done) or
+``abandon`` (rolled back) follow. A commit's answer is held until ``CommitQuorum`` says a
+majority has it (``on_ack``, ``durable``), or ``tick`` finds it timed out (then
+COORDINATOR_NOT_AVAILABLE, retriable: not acknowledged).
 
 Replica side: ``on_replicate`` checks the rows and stages those newer than this node's own
 in the turn's transaction; ``after_commit`` (after the sync) records them as own offsets
@@ -62,19 +64,32 @@ class OffsetReplication:
         self.sent = self.acked = self.timed_out = 0
 
     # -- coordinator side ---------------------------------------------------------------
-    def begin(self, commits: list[tuple[Any, int, Any, Any, str, list]], now_ms: int) -> None:
-        """``commits``: (ident, rid, msg, resp, group, rows) synced here; answered when done."""
+    def begin(self, commits: list[tuple[Any, int, Any, Any, str, list]], now_ms: int,
+              durable: bool = True) -> list[int]:
+        """``commits``: (ident, rid, msg, resp, group, rows) staged (``durable``: synced)
+        here; answered when done. Their keys (for ``durable`` and ``abandon``)."""
         batch = []
         for ident, rid, msg, resp, group_id, rows in commits:
             self._next_key += 1
             self._answers[self._next_key] = (ident, rid, msg, resp)
             batch.append((self._next_key, group_id, rows))
-        sends, done, refused = self.quorum.begin(batch, self.host.coord_nodes(now_ms), now_ms)
+        sends, done, refused = self.quorum.begin(batch, self.host.coord_nodes(now_ms), now_ms, durable)
         for dest, message in sends:
             self._send(dest, message)
             self.sent += 1
         self._answer(done, ok=True)
         self._answer(refused, ok=False, why="too many commits wait for their replicas")
+        return [key for key, _, _ in batch]
+
+    def durable(self, keys: list[int]) -> None:
+        """The turn that staged ``keys`` is synced here (it counts for their quorum)."""
+        self._answer(self.quorum.durable(keys), ok=True)
+
+    def abandon(self, keys: list[int]) -> None:
+        """The turn that staged ``keys`` was rolled back: the host answers them (an error)."""
+        self.quorum.abandon(keys)
+        for key in keys:
+            self._answers.pop(key, None)
 
     def on_ack(self, src: str, msg: GroupReplicateAck) -> None:
         self._answer(self.quorum.acked(src, msg.seq), ok=True)
@@ -106,7 +121,10 @@ class OffsetReplication:
 
     def _answer(self, keys, ok: bool, why: str = "") -> None:
         for key in keys:
-            ident, rid, msg, resp = self._answers.pop(key)
+            entry = self._answers.pop(key, None)
+            if entry is None:
+                continue
+            ident, rid, msg, resp = entry
             if ident is None:
                 continue   # the host's own write (an expiry, a commit again): nobody to answer
             if ok:

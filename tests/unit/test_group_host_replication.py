@@ -179,3 +179,39 @@ def test_a_coordinator_whose_clock_is_ahead_is_still_believed_by_its_successor(w
     r2 = s.ask(GroupHeartbeat(g, r2.member_id, r2.member_epoch, ["t"], [], "", 1_000))
     assert s.ask(GroupCommit(g, r2.member_id, r2.member_epoch, [["t", 0, 930, ""]])).error == 0
     assert offsets(s, g) == {0: 930}
+
+
+def to_replicas(world, brokers):
+    """Deliver the messages in flight (to the replicas), not the answers they cause."""
+    sent, world.wire = world.wire, []
+    for src, dest, msg in sent:
+        brokers[dest].groups.handle_peer(src, msg)
+        brokers[dest].data.commit_turn()
+
+
+def test_rows_go_to_the_replicas_before_the_coordinators_own_sync_which_still_counts(world):
+    brokers = cluster(world)
+    g = "g6"
+    coord, second, third = ranked_nodes(g, NODES)
+    c = brokers[coord]
+    r = join(c, g)
+    c.replies.clear()
+    world.events.clear()
+    c.groups.handle(b"client", 1, GroupCommit(g, r.member_id, r.member_epoch, [["t", 0, 8, ""]]))
+    c.groups.tick(world.now_ms)          # the turn's steps: the rows leave before its sync
+    assert sorted(dest for _, dest, _ in world.wire) == sorted([second, third])
+    to_replicas(world, brokers)          # both replicas sync it while the coordinator has not yet
+    assert [type(m).__name__ for _, dest, m in world.wire] == ["GroupReplicateAck"] * 2
+    c.data.commit_turn()                 # its own sync, before it reads their answers
+    assert c.replies == []
+    world.deliver()
+    assert [x.error for x in c.replies] == [0]
+    # a turn rolled back after its rows left: refused (the replicas may still hold it)
+    c.replies.clear()
+    c.groups.handle(b"client", 2, GroupCommit(g, r.member_id, r.member_epoch, [["t", 0, 9, ""]]))
+    c.groups.tick(world.now_ms)
+    to_replicas(world, brokers)
+    c.data.ok = False
+    c.data.commit_turn()
+    assert [x.error for x in c.replies] == [ErrorCode.STORAGE_ERROR]
+    assert c.groups.replication.quorum.waiting == 0 and not c.groups.replication._answers
