@@ -6,16 +6,19 @@ no store, no gossip, no clock (stamps and views are passed in).
 Theory of operation
 -------------------
 Offsets are durable, then gossiped (the etcd-raft "persist, then send" order): a commit the
-coordinator core accepted is written to the coordinator's disk, answered, and only then put
-in its gossip namespace, chunked: ``mesh.cluster.keys.offsets_key(group, topic, n)`` holds
+coordinator core accepted is written to the coordinator's disk and to a majority of the
+group's replicas before it is answered (``mesh.groups.replication``), and put in the gossip
+namespaces of the coordinator and of each replica that holds it, chunked:
+``mesh.cluster.keys.offsets_key(group, topic, n)`` holds
 ``{"g": group, "t": topic, "o": {"<partition>": [offset, metadata, wall_ms]}}`` for
 partitions ``32n .. 32n+31`` (``encode_chunk``; group and topic ride in the value, so names
 containing "/" are unambiguous; commit metadata is limited to 256 characters, so 32
-partitions stay far below the 60 KB gossip entry limit). A commit is on one disk when it is
-acknowledged and on every broker a gossip round or two later. If the coordinator dies in
-between, its successor resumes from the commit before (the group re-reads a little:
-at-least-once); the newer one comes back with the old coordinator, and then wins by its
-stamp.
+partitions stay far below the 60 KB gossip entry limit). A commit is on a majority of the
+group's replicas when it is acknowledged and on every broker a gossip round or two later.
+If the coordinator dies in between, its successor is one of those replicas, or pulls from
+them at its takeover (``rows_of``, ``fold_rows``): it resumes from the last acknowledged
+commit. Replicated rows are this node's own offsets (``newer_than_own``, ``held_here``), as
+adopted ones are.
 
 The merged view: every broker folds all namespaces' ``off/`` entries into one table,
 ``(group, topic, partition) -> (offset, metadata, wall_ms)``, where the latest commit wins

@@ -13,16 +13,26 @@ node id (and, for FETCH_OFFSETS and DESCRIBE, the committed offsets this broker 
 gossip, so "where is group G on partition P" has an answer on every broker). Any broker
 answers GROUP_FIND_COORDINATOR from the same view.
 
-Offsets, durable then gossiped (the etcd-raft "persist, then send" order):
+Offsets, durable on a majority of the group's replicas, then answered (the etcd-raft
+"persist, then send" order; the rules in ``mesh.groups.replication``, carried out by
+``mesh.node.offset_replication``):
 1. the core accepts a commit and returns ``PersistOffsets``;
-2. each partition's ``[offset, metadata, commit wall ms]`` is staged in the turn's
+2. each partition's ``[offset, metadata, commit stamp]`` is staged in the turn's
    transaction, db ``offsets`` (key: msgpack ``[group, topic, partition]``), and the
    answer is held: the turn's one sync makes it durable with everything else the turn
    staged (group commit; no sync of its own);
-3. only after that sync (``after_commit``, which the node registers with the data path)
-   the member gets its answer (a failed sync answers STORAGE_ERROR and puts the core's
-   offsets back as they were, latest commit first);
-4. then the offsets go into this node's gossip namespace (``mesh.cluster.keys.offsets_key``).
+3. in the turn's tick, before that sync (``send_early``), the rows go to the group's other
+   replicas (``GROUP_REPLICATE``), whose syncs overlap this one;
+4. after the sync (``after_commit``, which the node registers with the data path) the
+   offsets go into this node's gossip namespace (``mesh.cluster.keys.offsets_key``); a
+   failed sync answers STORAGE_ERROR and puts the core's offsets back as they were,
+   latest commit first;
+5. the member gets its answer once a majority of the replicas (this one included, after
+   its sync) hold it, or COORDINATOR_NOT_AVAILABLE after ``commit_timeout_ms``.
+Rows replicated to this node are staged in its turn, answered after its sync, and kept
+as its own offsets (store, book, gossip). A group that just became coordinated here pulls
+what its replicas hold and answers "loading" (COORDINATOR_NOT_AVAILABLE) to its fetches
+and writes meanwhile (at most a second).
 Adopting offsets at a takeover (rare) still syncs on its own (``_persist``).
 
 Failover: ``on_cluster_change`` (the node calls it whenever the gossip state moved) merges
