@@ -200,12 +200,6 @@ class Dispatcher:
                 node = self.directory.node_at(src)
                 if node is not None:  # not yet known through gossip: the sender will retry
                     self.replicas.step(node, msg, payload)
-            elif self.groups.handles_peer(msg):   # offsets replication (mesh.groups.replication)
-                node = self.directory.node_at(src)
-                if node is None:   # not yet known through gossip: the coordinator times out or retries
-                    raise MeshError(ErrorCode.INVALID_REQUEST, "offsets replication from a broker gossip "
-                                                               "does not know yet")
-                self.groups.handle_peer(node, msg)
             elif isinstance(msg, _GOSSIP_MESSAGES):
                 if self.metrics is not None:
                     self.metrics.gossip_received_bytes += sum(map(len, frames))
@@ -213,6 +207,12 @@ class Dispatcher:
                 refused = self.gossip.take_refused()   # dropped whole and counted by the core
                 if refused is not None:
                     raise MeshError(ErrorCode.INVALID_REQUEST, refused)
+            elif self.groups.handles_peer(msg):   # offsets replication (mesh.groups.replication)
+                node = self.directory.node_at(src)
+                if node is None:   # not yet known through gossip: the coordinator times out or retries
+                    raise MeshError(ErrorCode.INVALID_REQUEST, "offsets replication from a broker gossip "
+                                                               "does not know yet")
+                self.groups.handle_peer(node, msg)
             else:
                 raise MeshError(ErrorCode.INVALID_REQUEST, f"unexpected peer message {type(msg).__name__}")
         except MeshError as exc:

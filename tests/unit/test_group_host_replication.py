@@ -215,3 +215,13 @@ def test_rows_go_to_the_replicas_before_the_coordinators_own_sync_which_still_co
     c.data.commit_turn()
     assert [x.error for x in c.replies] == [ErrorCode.STORAGE_ERROR]
     assert c.groups.replication.quorum.waiting == 0 and not c.groups.replication._answers
+
+
+def test_replication_messages_are_peer_only():
+    """A client cannot send them: the client path answers only GROUP_* requests."""
+    from mesh.groups.messages import GroupOffsetsPull, GroupOffsetsRows, GroupReplicateAck
+    w = World()
+    b = Broker(w, "a")
+    for msg in (GroupReplicate(1, []), GroupReplicateAck(1), GroupOffsetsPull([]), GroupOffsetsRows([])):
+        assert b.groups.handles_peer(msg) and not b.groups.handles(msg)
+    assert not b.groups.handles_peer(GroupFetchOffsets("g", None))
