@@ -59,7 +59,7 @@ from mesh.groups.rendezvous import ranked_nodes
 from mesh.groups.state import DELETED
 
 __all__ = [
-    "Row", "CommitQuorum", "replicas_for", "quorum", "pull_targets", "check_rows", "check_groups",
+    "Row", "CommitQuorum", "Loading", "replicas_for", "quorum", "pull_targets", "check_rows", "check_groups",
     "DEFAULT_REPLICAS", "MAX_ROWS_PER_MESSAGE", "MAX_PULL_GROUPS", "PULL_SPREAD", "PULL_WAIT_MS",
 ]
 
@@ -246,3 +246,40 @@ class CommitQuorum:
     def _drop_batches(self) -> None:
         live = self._waiting
         self._batches = {s: b for s, b in self._batches.items() if any(k in live for k in b[1])}
+
+
+class Loading:
+    """Groups a new coordinator is loading: it asked ``targets`` what they hold, and answers
+    "loading" until each has answered or ``wait_ms`` has passed (a target that died)."""
+
+    def __init__(self, wait_ms: int = PULL_WAIT_MS, max_groups: int = MAX_WAITING):
+        self.wait_ms = wait_ms
+        self.max_groups = max_groups
+        self._groups: dict[str, tuple[set[str], int]] = {}   # group -> (not answered yet, until)
+
+    def begin(self, group_id: str, targets: Iterable[str], now_ms: int) -> bool:
+        """False if there is nobody to ask (or too many groups load at once: not gated)."""
+        targets = set(targets)
+        if not targets or (group_id not in self._groups and len(self._groups) >= self.max_groups):
+            return False
+        self._groups[group_id] = (targets, now_ms + self.wait_ms)
+        return True
+
+    def answered(self, src: str, groups: Iterable[str]) -> None:
+        for group_id in groups:
+            entry = self._groups.get(group_id)
+            if entry is not None:
+                entry[0].discard(src)
+                if not entry[0]:
+                    del self._groups[group_id]
+
+    def loading(self, group_id: str, now_ms: int) -> bool:
+        entry = self._groups.get(group_id)
+        return entry is not None and now_ms < entry[1]
+
+    def expire(self, now_ms: int) -> None:
+        for group_id in [g for g, (_, until) in self._groups.items() if until <= now_ms]:
+            del self._groups[group_id]
+
+    def __len__(self) -> int:
+        return len(self._groups)

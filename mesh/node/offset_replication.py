@@ -33,8 +33,7 @@ from mesh.groups.messages import (
     GroupOffsetsPull, GroupOffsetsRows, GroupReplicate, GroupReplicateAck, error_response, invalid,
 )
 from mesh.groups.replication import (
-    MAX_PULL_GROUPS, MAX_ROWS_PER_MESSAGE, PULL_WAIT_MS, CommitQuorum, check_groups, check_rows,
-    pull_targets,
+    MAX_PULL_GROUPS, MAX_ROWS_PER_MESSAGE, CommitQuorum, Loading, check_groups, check_rows, pull_targets,
 )
 from mesh.wire.errors import ErrorCode
 
@@ -60,7 +59,7 @@ class OffsetReplication:
         self._next_key = 0
         self._staged: list[tuple[str, int, list]] = []   # (coordinator, seq, rows) staged this turn
         self._pulls: dict[str, list[str]] = {}   # group -> whom to ask, sent at the next tick
-        self._loading: dict[str, tuple[set[str], int]] = {}   # group -> (not answered yet, until)
+        self._loading = Loading()
         self.sent = self.acked = self.timed_out = 0
 
     # -- coordinator side ---------------------------------------------------------------
@@ -103,9 +102,7 @@ class OffsetReplication:
             self._answer(gone, ok=False, why=f"not on a majority of the group's replicas within "
                                              f"{self.quorum.timeout_ms} ms; retry")
         self.flush_pulls()
-        if self._loading:
-            for group_id in [g for g, (_, until) in self._loading.items() if until <= now_ms]:
-                del self._loading[group_id]
+        self._loading.expire(now_ms)
 
     def flush_pulls(self) -> None:
         """Send the queued pulls, one message per replica (and per ``MAX_PULL_GROUPS``)."""
@@ -169,16 +166,14 @@ class OffsetReplication:
     def want_pull(self, group_id: str, now_ms: int) -> None:
         """``group_id`` just became coordinated here: ask its replicas what they hold (at the
         next tick), and answer "loading" until they did (``loading``)."""
-        dests = pull_targets([group_id], self.host.coord_nodes(now_ms), self.host.node_id,
-                             self.replicas).keys()
-        if dests and len(self._loading) < _MAX_PULL_QUEUE:
-            self._pulls[group_id] = sorted(dests)
-            self._loading[group_id] = (set(dests), now_ms + PULL_WAIT_MS)
+        dests = sorted(pull_targets([group_id], self.host.coord_nodes(now_ms), self.host.node_id,
+                                    self.replicas))
+        if self._loading.begin(group_id, dests, now_ms) and len(self._pulls) < _MAX_PULL_QUEUE:
+            self._pulls[group_id] = dests
 
     def loading(self, group_id: str, now_ms: int) -> bool:
         """A pull of the group's offsets is not answered yet (and not timed out)."""
-        entry = self._loading.get(group_id)
-        return entry is not None and now_ms < entry[1]
+        return self._loading.loading(group_id, now_ms)
 
     def on_pull(self, src: str, msg: GroupOffsetsPull) -> None:
         groups = check_groups(msg.groups)
@@ -191,12 +186,7 @@ class OffsetReplication:
     def on_rows(self, src: str, msg: GroupOffsetsRows) -> None:
         host = self.host
         rows = check_rows(msg.rows, self._max_metadata_chars)
-        for group_id in check_groups(msg.groups):
-            entry = self._loading.get(group_id)
-            if entry is not None:
-                entry[0].discard(src)
-                if not entry[0]:
-                    del self._loading[group_id]
+        self._loading.answered(src, check_groups(msg.groups))
         changed = host.book.fold_rows(rows)
         for group_id in sorted(changed):
             if host.book.is_mine(group_id):

@@ -132,3 +132,18 @@ def test_a_replica_keeps_the_newest_row_and_a_successor_stamps_above_it():
     assert book.next_stamp(100, "g") == 5_001
     assert book.rows_of(["g", "none"]) == [row(offset=20, stamp=5_000)]
     assert book.fold_rows([row(offset=21, stamp=5_001), row(offset=1, stamp=1)]) == {"g"}
+
+
+def test_a_group_loads_until_every_target_answered_or_the_wait_is_over():
+    from mesh.groups.replication import Loading
+    loading = Loading(wait_ms=1_000)
+    assert not loading.begin("alone", [], 0) and not loading.loading("alone", 0)
+    assert loading.begin("g", ["n2", "n3"], 0) and loading.begin("h", ["n2"], 0)
+    loading.answered("n2", ["g", "h", "other"])
+    assert loading.loading("g", 10) and not loading.loading("h", 10)
+    loading.answered("n3", ["g"])
+    assert not loading.loading("g", 10) and len(loading) == 0
+    loading.begin("k", ["n9"], 0)                      # a target that died: over after the wait
+    assert loading.loading("k", 999) and not loading.loading("k", 1_000)
+    loading.expire(1_000)
+    assert len(loading) == 0
