@@ -49,6 +49,7 @@ cluster).
 """
 from __future__ import annotations
 
+import collections
 from dataclasses import dataclass, field
 from typing import Any, Hashable, Iterable
 
@@ -148,6 +149,10 @@ class CommitQuorum:
         self._seq = 0
         self._waiting: dict[Hashable, _Waiting] = {}
         self._batches: dict[int, tuple[str, list[Hashable]]] = {}   # seq -> (replica, keys)
+        # (deadline, key or seq) in the order they began: deadlines never decrease (a
+        # monotonic ``now_ms``), so expiry pops from the front
+        self._deadlines: collections.deque[tuple[int, Hashable]] = collections.deque()
+        self._batch_deadlines: collections.deque[tuple[int, int]] = collections.deque()
 
     @property
     def waiting(self) -> int:
@@ -175,6 +180,7 @@ class CommitQuorum:
                 done.append(key)
                 continue
             self._waiting[key] = waiting
+            self._deadlines.append((waiting.deadline_ms, key))
             for dest in others:
                 per_dest.setdefault(dest, []).extend((key, row) for row in rows)
         sends = []
@@ -185,6 +191,7 @@ class CommitQuorum:
                 self._seq += 1
                 keys = list(dict.fromkeys(k for k, _ in part))
                 self._batches[self._seq] = (dest, keys)
+                self._batch_deadlines.append((now_ms + self.timeout_ms, self._seq))
                 for key in keys:
                     w = self._waiting[key]
                     w.outstanding[dest] = w.outstanding.get(dest, 0) + 1
@@ -225,27 +232,30 @@ class CommitQuorum:
         return done
 
     def abandon(self, keys: Iterable[Hashable]) -> None:
-        """The turn that staged these keys was rolled back: they are answered (an error) now."""
+        """The turn that staged these keys was rolled back: they are answered (an error) now
+        (their messages are forgotten when they would have timed out)."""
         for key in keys:
             self._waiting.pop(key, None)
-        self._drop_batches()
 
     @staticmethod
     def _done(w: _Waiting) -> bool:
         return len(w.acked) >= w.needed and (w.durable or not w.mine)
 
     def expire(self, now_ms: int) -> list[Hashable]:
-        """Keys whose quorum did not come within ``timeout_ms``: answer a retriable error."""
-        gone = [k for k, w in self._waiting.items() if w.deadline_ms <= now_ms]
-        for key in gone:
-            del self._waiting[key]
-        if gone:   # answers that may still come for them are ignored
-            self._drop_batches()
+        """Keys whose quorum did not come within ``timeout_ms``: answer a retriable error.
+        ``now_ms`` must be monotonic (a timeout is about liveness, never safety)."""
+        gone = []
+        deadlines = self._deadlines
+        while deadlines and deadlines[0][0] <= now_ms:
+            _, key = deadlines.popleft()
+            w = self._waiting.get(key)
+            if w is not None and w.deadline_ms <= now_ms:
+                del self._waiting[key]
+                gone.append(key)
+        batches = self._batch_deadlines
+        while batches and batches[0][0] <= now_ms:   # answers that may still come are ignored
+            self._batches.pop(batches.popleft()[1], None)
         return gone
-
-    def _drop_batches(self) -> None:
-        live = self._waiting
-        self._batches = {s: b for s, b in self._batches.items() if any(k in live for k in b[1])}
 
 
 class Loading:

@@ -72,7 +72,7 @@ class OffsetReplication:
             self._next_key += 1
             self._answers[self._next_key] = (ident, rid, msg, resp)
             batch.append((self._next_key, group_id, rows))
-        sends, done, refused = self.quorum.begin(batch, self.host.coord_nodes(now_ms), now_ms, durable)
+        sends, done, refused = self.quorum.begin(batch, self.host.coord_nodes(now_ms), self._mono_ms(), durable)
         for dest, message in sends:
             self._send(dest, message)
             self.sent += 1
@@ -93,8 +93,13 @@ class OffsetReplication:
     def on_ack(self, src: str, msg: GroupReplicateAck) -> None:
         self._answer(self.quorum.acked(src, msg.seq), ok=True)
 
+    def _mono_ms(self) -> int:
+        return self.host._clock.now_ms()   # timeouts: the monotonic scale (a wall clock may jump)
+
     def tick(self, now_ms: int) -> None:
-        gone = self.quorum.expire(now_ms)
+        """``now_ms``: the wall clock the host ticks with (timeouts read the monotonic one)."""
+        mono_ms = self._mono_ms()
+        gone = self.quorum.expire(mono_ms)
         if gone:
             self.timed_out += len(gone)
             log.warning("%d offsets commits not acknowledged: no majority of their replicas answered within "
@@ -102,7 +107,7 @@ class OffsetReplication:
             self._answer(gone, ok=False, why=f"not on a majority of the group's replicas within "
                                              f"{self.quorum.timeout_ms} ms; retry")
         self.flush_pulls()
-        self._loading.expire(now_ms)
+        self._loading.expire(mono_ms)
 
     def flush_pulls(self) -> None:
         """Send the queued pulls, one message per replica (and per ``MAX_PULL_GROUPS``)."""
@@ -168,12 +173,12 @@ class OffsetReplication:
         next tick), and answer "loading" until they did (``loading``)."""
         dests = sorted(pull_targets([group_id], self.host.coord_nodes(now_ms), self.host.node_id,
                                     self.replicas))
-        if self._loading.begin(group_id, dests, now_ms) and len(self._pulls) < _MAX_PULL_QUEUE:
+        if self._loading.begin(group_id, dests, self._mono_ms()) and len(self._pulls) < _MAX_PULL_QUEUE:
             self._pulls[group_id] = dests
 
     def loading(self, group_id: str, now_ms: int) -> bool:
         """A pull of the group's offsets is not answered yet (and not timed out)."""
-        return self._loading.loading(group_id, now_ms)
+        return self._loading.loading(group_id, self._mono_ms())
 
     def on_pull(self, src: str, msg: GroupOffsetsPull) -> None:
         groups = check_groups(msg.groups)
