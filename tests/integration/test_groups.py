@@ -444,7 +444,8 @@ def commit_until_acknowledged(transport, address, group, offsets, deadline_s=15.
 def test_a_coordinator_killed_right_after_a_commit_returns_loses_nothing_it_acknowledged(tmp_path):
     """Issue 38: a commit was synced on the coordinator alone, answered, then gossiped; a
     coordinator killed in between took its newest commits with it (the successor resumed
-    3-12 records low). Now it is answered once a majority of the group's replicas hold it."""
+    3-12 records low; 1-12 after a SIGTERM). Now it is answered once a majority of the
+    group's replicas hold it. Two kill -9s of different brokers, then a SIGTERM."""
     from mesh.client.transport import Transport
     c = start_cluster(tmp_path)
     t = Transport()
@@ -452,12 +453,16 @@ def test_a_coordinator_killed_right_after_a_commit_returns_loses_nothing_it_ackn
         ids = [b.node_id for b in c.brokers]
         boot = ",".join(b.address for b in c.brokers)
         Admin(boot).create_topic("durable", 3)   # (a commit naming it is retried until its broker knows it)
-        for round_no, victim in enumerate(("n3", "n1")):
+        for round_no, (victim, how) in enumerate((("n3", "kill"), ("n1", "kill"), ("n2", "stop"))):
             group = next(f"d{round_no}-{i}" for i in range(1000) if coordinator_for(f"d{round_no}-{i}", ids) == victim)
             coord = next(b for b in c.brokers if b.node_id == victim)
             for n in range(1, 41):   # commits in a row, the last one answered just before the kill
                 commit_until_acknowledged(t, coord.address, group, [["durable", p, 100 * n + p, ""] for p in range(3)])
-            coord.kill()             # kill -9 right after the last commit returned
+            if how == "kill":
+                coord.kill()         # kill -9 right after the last commit returned
+            else:
+                coord.signal(signal.SIGTERM)   # a clean stop: it hands over and leaves
+                coord.wait_stopped()
             last = {p: 4000 + p for p in range(3)}
             survivors = [b for b in c.brokers if b.alive()]
 
