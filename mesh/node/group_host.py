@@ -208,7 +208,7 @@ class GroupHost:
         writes = isinstance(msg, (GroupCommit, GroupResetOffsets, GroupDelete))
         if self.book.knows(group_id) or writes or isinstance(msg, (GroupHeartbeat, GroupFetchOffsets)):
             self._carry_out(self.book.claim(group_id))   # (a query about an unknown group creates nothing)
-            self.replication.flush_pulls()
+            self.replication.flush()
         if (writes or isinstance(msg, GroupFetchOffsets)) and self.replication.loading(group_id, now_ms):
             reply(ident, rid, error_response(msg, ErrorCode.COORDINATOR_NOT_AVAILABLE,
                                              "loading the group's committed offsets from its replicas; retry"))
@@ -339,7 +339,7 @@ class GroupHost:
             self.core.begin_takeover(now_ms)
         for action in actions:
             self._carry_out(action)
-        self.replication.flush_pulls()
+        self.replication.flush()
         self._after_leaving(changed, now_ms)
 
     def _after_leaving(self, changed: set[str], now_ms: int) -> None:
@@ -452,6 +452,7 @@ class GroupHost:
                 log.info("coordinating group %s (taking over its committed offsets)", action.group_id)
             reassert, adopt = [], action.adopt
             if action.load:
+                self.replication.want_copy(action.group_id)
                 reassert = self.core.load_offsets(action.group_id, action.load, replace=True,
                                                   newest_ms=action.newest_ms)
             if reassert:   # their tombstones are not adopted: the offsets are committed again after

@@ -18,11 +18,14 @@ in the turn's transaction; ``after_commit`` (after the sync) records them as own
 nothing (the coordinator times out).
 
 Takeover: ``want_pull`` (a group just became coordinated here) queues the group;
-``flush_pulls`` (after a cluster change or a request, and every tick) asks ``pull_targets`` for their rows (``GROUP_OFFSETS_PULL``), answered at once
+``flush`` (after a cluster change or a request, and every tick) asks ``pull_targets``
+for their rows (``GROUP_OFFSETS_PULL``), answered at once
 from the merged view (``on_pull``); the answers are checked and folded (``on_rows``), and
 any newer than the core's offsets go through the ordinary takeover (``take_newer``: load,
 adopt). Until every target answered (at most ``PULL_WAIT_MS``) the group is ``loading``:
-the host answers its offset fetches and writes COORDINATOR_NOT_AVAILABLE.
+the host answers its offset fetches and writes COORDINATOR_NOT_AVAILABLE. A group whose
+offsets were loaded at a takeover is copied to its (new) replicas (``want_copy``), so a
+commit that survived a failure on one replica is on a majority again before the next.
 """
 from __future__ import annotations
 
@@ -60,6 +63,7 @@ class OffsetReplication:
         self._staged: list[tuple[str, int, list]] = []   # (coordinator, seq, rows) staged this turn
         self._pulls: dict[str, list[str]] = {}   # group -> whom to ask, sent at the next tick
         self._loading = Loading()
+        self._copies: set[str] = set()   # groups taken over: their rows go to their replicas again
         self.sent = self.acked = self.timed_out = 0
 
     # -- coordinator side ---------------------------------------------------------------
@@ -106,11 +110,16 @@ class OffsetReplication:
                         "%d ms", len(gone), self.quorum.timeout_ms)
             self._answer(gone, ok=False, why=f"not on a majority of the group's replicas within "
                                              f"{self.quorum.timeout_ms} ms; retry")
-        self.flush_pulls()
+        self.flush()
         self._loading.expire(mono_ms)
 
-    def flush_pulls(self) -> None:
-        """Send the queued pulls, one message per replica (and per ``MAX_PULL_GROUPS``)."""
+    def flush(self) -> None:
+        """Send the queued pulls (one message per replica and ``MAX_PULL_GROUPS``) and
+        copies (one ``begin``: one message per replica)."""
+        if self._copies:
+            groups, self._copies = sorted(self._copies), set()
+            copies = [(None, 0, None, None, g, self.host.book.rows_of([g])) for g in groups]
+            self.begin([c for c in copies if c[5]], self.host._clock.wall_ms())
         if self._pulls:
             per_dest: dict[str, list[str]] = {}
             for group_id, dests in sorted(self._pulls.items()):
@@ -175,6 +184,13 @@ class OffsetReplication:
                                     self.replicas))
         if self._loading.begin(group_id, dests, self._mono_ms()) and len(self._pulls) < _MAX_PULL_QUEUE:
             self._pulls[group_id] = dests
+
+    def want_copy(self, group_id: str) -> None:
+        """A group taken over here: what it holds goes to the group's replicas (now this
+        broker's ranking) at the next ``flush``, so an acknowledged commit that survived on
+        this broker alone is on a majority again (nobody is answered)."""
+        if len(self._copies) < _MAX_PULL_QUEUE:
+            self._copies.add(group_id)
 
     def loading(self, group_id: str, now_ms: int) -> bool:
         """A pull of the group's offsets is not answered yet (and not timed out)."""

@@ -220,3 +220,27 @@ def test_replication_messages_are_peer_only():
     for msg in (GroupReplicate(1, []), GroupReplicateAck(1), GroupOffsetsPull([]), GroupOffsetsRows([])):
         assert b.groups.handles_peer(msg) and not b.groups.handles(msg)
     assert not b.groups.handles_peer(GroupFetchOffsets("g", None))
+
+
+def test_a_new_coordinator_copies_what_it_took_over_to_its_replicas_before_the_next_failure(world):
+    """Acknowledged by the coordinator and the next in line only; the coordinator dies:
+    the commit is on one live broker. The successor copies it to its own replicas, so the
+    successor's death (a second failure, one at a time) does not lose it either."""
+    nodes = ["a", "b", "c", "d", "e"]
+    brokers = cluster(world, nodes)
+    g = "g7"
+    coord, second, third, fourth, _ = ranked_nodes(g, nodes)
+    c = brokers[coord]
+    r = join(c, g)
+    world.down.add(third)
+    assert c.ask(GroupCommit(g, r.member_id, r.member_epoch, [["t", 1, 55, ""]])).error == 0
+    world.down.discard(third)
+    kill(world, brokers, coord)
+    s = brokers[second]
+    s.groups.tick(world.now_ms)
+    world.deliver()
+    for n in (third, fourth):           # the successor's other replicas now hold it, durably
+        assert brokers[n].store.items("offsets"), n
+    world.ns[second] = {}
+    kill(world, brokers, second)
+    assert offsets(brokers[third], g) == {1: 55}
