@@ -45,6 +45,7 @@ __all__ = ["OffsetReplication"]
 log = logging.getLogger("mesh.node.group_host")
 
 _MAX_PULL_QUEUE = 100_000
+_COPY = "copy"   # the held "answer" of a copy (``want_copy``): retried if it times out
 
 
 class OffsetReplication:
@@ -58,7 +59,7 @@ class OffsetReplication:
         self.replicas = replicas
         self.quorum = CommitQuorum(host.node_id, replicas, timeout_ms)
         self._max_metadata_chars = max_metadata_chars
-        self._answers: dict[int, tuple] = {}   # key -> (ident, rid, msg, resp): held for the quorum
+        self._answers: dict[int, tuple] = {}   # key -> (ident, rid, msg, resp, group): held for the quorum
         self._next_key = 0
         self._staged: list[tuple[str, int, list]] = []   # (coordinator, seq, rows) staged this turn
         self._pulls: dict[str, list[str]] = {}   # group -> whom to ask, sent at the next tick
@@ -74,7 +75,7 @@ class OffsetReplication:
         batch = []
         for ident, rid, msg, resp, group_id, rows in commits:
             self._next_key += 1
-            self._answers[self._next_key] = (ident, rid, msg, resp)
+            self._answers[self._next_key] = (ident, rid, msg, resp, group_id)
             batch.append((self._next_key, group_id, rows))
         sends, done, refused = self.quorum.begin(batch, self.host.coord_nodes(now_ms), self._mono_ms(), durable)
         for dest, message in sends:
@@ -118,7 +119,8 @@ class OffsetReplication:
         copies (one ``begin``: one message per replica)."""
         if self._copies:
             groups, self._copies = sorted(self._copies), set()
-            copies = [(None, 0, None, None, g, self.host.book.rows_of([g])) for g in groups]
+            copies = [(None, 0, None, _COPY, g, self.host.book.rows_of([g])) for g in groups
+                      if self.host.book.is_mine(g)]
             self.begin([c for c in copies if c[5]], self.host._clock.wall_ms())
         if self._pulls:
             per_dest: dict[str, list[str]] = {}
@@ -135,9 +137,11 @@ class OffsetReplication:
             entry = self._answers.pop(key, None)
             if entry is None:
                 continue
-            ident, rid, msg, resp = entry
-            if ident is None:
-                continue   # the host's own write (an expiry, a commit again): nobody to answer
+            ident, rid, msg, resp, group_id = entry
+            if ident is None:   # the host's own write (an expiry, a commit again, a copy): nobody to answer
+                if resp is _COPY and not ok:
+                    self.want_copy(group_id)   # a copy is tried until a majority has it
+                continue
             if ok:
                 self.acked += 1
                 self.host._reply(ident, rid, resp)
