@@ -152,8 +152,13 @@ class OffsetReplication:
     def on_replicate(self, src: str, msg: GroupReplicate) -> None:
         if not isinstance(msg.seq, int) or isinstance(msg.seq, bool):
             raise invalid("seq must be an int")
-        rows = check_rows(msg.rows, self._max_metadata_chars)
-        newer = self.host.book.newer_than_own(rows)
+        latest: dict[tuple, tuple] = {}   # a partition twice (two commits of one turn): the newest only
+        for row in check_rows(msg.rows, self._max_metadata_chars):
+            tp = row[:3]
+            old = latest.get(tp)
+            if old is None or (old[5], old[3]) < (row[5], row[3]):
+                latest[tp] = row
+        newer = self.host.book.newer_than_own(latest[tp] for tp in sorted(latest))
         by_group: dict[str, list] = {}
         for group_id, topic, partition, offset, metadata, stamp in newer:
             by_group.setdefault(group_id, []).append((topic, partition, offset, metadata, stamp))
@@ -201,12 +206,18 @@ class OffsetReplication:
         return self._loading.loading(group_id, self._mono_ms())
 
     def on_pull(self, src: str, msg: GroupOffsetsPull) -> None:
-        groups = check_groups(msg.groups)
-        rows = [list(r) for r in self.host.book.rows_of(groups)]
-        starts = list(range(0, len(rows), MAX_ROWS_PER_MESSAGE)) or [0]
-        for start in starts:
-            last = start == starts[-1]
-            self._send(src, GroupOffsetsRows(rows[start:start + MAX_ROWS_PER_MESSAGE], groups if last else []))
+        """Answer from the merged view, at most ``MAX_ROWS_PER_MESSAGE`` rows a message, each
+        naming the groups it completes (memory: one message, whatever the groups hold)."""
+        rows: list = []
+        done: list[str] = []
+        for group_id in sorted(set(check_groups(msg.groups))):
+            for row in self.host.book.rows_of([group_id]):
+                if len(rows) >= MAX_ROWS_PER_MESSAGE:
+                    self._send(src, GroupOffsetsRows(rows, done))
+                    rows, done = [], []
+                rows.append(list(row))
+            done.append(group_id)
+        self._send(src, GroupOffsetsRows(rows, done))
 
     def on_rows(self, src: str, msg: GroupOffsetsRows) -> None:
         host = self.host

@@ -244,3 +244,28 @@ def test_a_new_coordinator_copies_what_it_took_over_to_its_replicas_before_the_n
     world.ns[second] = {}
     kill(world, brokers, second)
     assert offsets(brokers[third], g) == {1: 55}
+
+
+def test_a_pull_is_answered_in_bounded_messages_each_naming_the_groups_it_completes(world, monkeypatch):
+    import mesh.node.offset_replication as shell
+    from mesh.groups.messages import GroupOffsetsPull
+    monkeypatch.setattr(shell, "MAX_ROWS_PER_MESSAGE", 2)
+    brokers = cluster(world)
+    b = brokers["b"]
+    b.groups.handle_peer("a", GroupReplicate(1, [["g1", "t", p, 5, "", 100] for p in range(3)] +
+                                            [["g2", "t", 0, 7, "", 100]]))
+    b.data.commit_turn()
+    world.wire.clear()
+    b.groups.handle_peer("a", GroupOffsetsPull(["g2", "g1", "none"]))
+    answers = [m for _, dest, m in world.wire]
+    assert [(len(m.rows), m.groups) for m in answers] == [(2, []), (2, ["g1", "g2", "none"])]
+
+
+def test_a_partition_twice_in_one_message_keeps_the_newest(world):
+    brokers = cluster(world)
+    b = brokers["b"]
+    b.groups.handle_peer("a", GroupReplicate(1, [["g", "t", 0, 9, "", 300], ["g", "t", 0, 4, "", 200]]))
+    b.data.commit_turn()
+    assert b.groups.committed("g") == {("t", 0): (9, "", 300)}
+    again = Broker(world, "b2", store=b.store.crash())   # what the store holds is the newest too
+    assert again.groups.book.committed("g") == {("t", 0): (9, "", 300)}
