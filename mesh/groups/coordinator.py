@@ -64,8 +64,8 @@ Rules, and why they keep two members from ever holding one partition:
 Offsets: ``GROUP_COMMIT`` is accepted from a member with its current epoch that holds the
 partitions (``assigned`` or ``revoking``: members commit while revoking), or from a
 "simple" consumer (member id ``""``, epoch -1) when the group has no members, as Kafka
-allows. Success returns ``PersistOffsets``; the shell makes it durable, then replies, then
-gossips it. ``GROUP_RESET_OFFSETS`` is refused while the group has members.
+allows. Success returns ``PersistOffsets``; the shell makes it durable on a majority of
+the group's replicas, then replies, and gossips it (``mesh.groups.replication``). ``GROUP_RESET_OFFSETS`` is refused while the group has members.
 
 Deletion (Kafka's DeleteGroups and offsets.retention.minutes): ``GROUP_DELETE`` of a group
 with members is refused (GROUP_NOT_EMPTY); otherwise the group is forgotten and the answer

@@ -26,6 +26,7 @@ __all__ = [
     "GROUP_REQUESTS", "JOIN_EPOCH", "LEAVE_EPOCH", "MAX_GROUP_ID_CHARS", "MAX_TOPIC_CHARS",
     "MAX_PARTITIONS_PER_TOPIC", "error_response", "invalid", "check_group_id", "check_topic",
     "check_int", "check_list", "check_partitions", "check_offsets", "wire_partitions",
+    "GroupReplicate", "GroupReplicateAck", "GroupOffsetsPull", "GroupOffsetsRows", "GROUP_PEER_MESSAGES",
 ]
 
 JOIN_EPOCH = 0
@@ -178,6 +179,44 @@ class GroupFindCoordinatorResponse:
     message: str = ""
     node_id: str = ""
     address: str = ""
+
+
+# ---------------------------------------------------------------------------------------
+# Peer messages (broker to broker, one-way; ``mesh.groups.replication`` has the rules):
+# rows travel as ``[group, topic, partition, offset, metadata, stamp]`` (offset DELETED: a tombstone)
+
+@message("GROUP_REPLICATE")
+@dataclass(frozen=True, slots=True)
+class GroupReplicate:
+    """A coordinator asks a replica to make ``rows`` durable, then answer ``seq``."""
+    seq: int
+    rows: list
+
+
+@message("GROUP_REPLICATE_R")
+@dataclass(frozen=True, slots=True)
+class GroupReplicateAck:
+    """The rows of ``seq`` are synced on the sender (or something newer is)."""
+    seq: int
+
+
+@message("GROUP_OFFSETS_PULL")
+@dataclass(frozen=True, slots=True)
+class GroupOffsetsPull:
+    """A new coordinator asks a replica for what it holds of ``groups``."""
+    groups: list
+
+
+@message("GROUP_OFFSETS_ROWS")
+@dataclass(frozen=True, slots=True)
+class GroupOffsetsRows:
+    """The answer to a pull: the sender's newest rows of the groups asked (tombstones too);
+    ``groups``: the groups this answer completes (in its last message)."""
+    rows: list
+    groups: list = field(default_factory=list)
+
+
+GROUP_PEER_MESSAGES: tuple[type, ...] = (GroupReplicate, GroupReplicateAck, GroupOffsetsPull, GroupOffsetsRows)
 
 
 _RESPONSE_OF: dict[type, type] = {

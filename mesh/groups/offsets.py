@@ -6,16 +6,19 @@ no store, no gossip, no clock (stamps and views are passed in).
 Theory of operation
 -------------------
 Offsets are durable, then gossiped (the etcd-raft "persist, then send" order): a commit the
-coordinator core accepted is written to the coordinator's disk, answered, and only then put
-in its gossip namespace, chunked: ``mesh.cluster.keys.offsets_key(group, topic, n)`` holds
+coordinator core accepted is written to the coordinator's disk and to a majority of the
+group's replicas before it is answered (``mesh.groups.replication``), and put in the gossip
+namespaces of the coordinator and of each replica that holds it, chunked:
+``mesh.cluster.keys.offsets_key(group, topic, n)`` holds
 ``{"g": group, "t": topic, "o": {"<partition>": [offset, metadata, wall_ms]}}`` for
 partitions ``32n .. 32n+31`` (``encode_chunk``; group and topic ride in the value, so names
 containing "/" are unambiguous; commit metadata is limited to 256 characters, so 32
-partitions stay far below the 60 KB gossip entry limit). A commit is on one disk when it is
-acknowledged and on every broker a gossip round or two later. If the coordinator dies in
-between, its successor resumes from the commit before (the group re-reads a little:
-at-least-once); the newer one comes back with the old coordinator, and then wins by its
-stamp.
+partitions stay far below the 60 KB gossip entry limit). A commit is on a majority of the
+group's replicas when it is acknowledged and on every broker a gossip round or two later.
+If the coordinator dies in between, its successor is one of those replicas, or pulls from
+them at its takeover (``rows_of``, ``fold_rows``): it resumes from the last acknowledged
+commit. Replicated rows are this node's own offsets (``newer_than_own``, ``held_here``), as
+adopted ones are.
 
 The merged view: every broker folds all namespaces' ``off/`` entries into one table,
 ``(group, topic, partition) -> (offset, metadata, wall_ms)``, where the latest commit wins
@@ -370,6 +373,48 @@ class OffsetBook:
                 self._own_tombstoned.add(group_id)
             chunks.add(chunk)
         return sorted(chunks)
+
+    # -- rows from peers (``mesh.groups.replication``) ------------------------------------
+
+    def rows_of(self, group_ids: Iterable[str]) -> list[tuple]:
+        """The merged view of these groups as rows ``(group, topic, partition, offset,
+        metadata, stamp)``, tombstones included (the answer to a new coordinator's pull)."""
+        return [(g, t, p, o, m, w) for g in sorted(set(group_ids))
+                for (t, p), (o, m, w) in sorted(self._merged.get(g, {}).items())]
+
+    def fold_rows(self, rows: Iterable[tuple]) -> set[str]:
+        """Fold checked rows from a peer into the merged view; the groups that moved."""
+        changed = set()
+        for group_id, topic, partition, offset, metadata, stamp in rows:
+            if self.fold(group_id, topic, partition, offset, metadata, stamp):
+                changed.add(group_id)
+        return changed
+
+    def newer_than_own(self, rows: Iterable[tuple]) -> list[tuple]:
+        """The rows newer (stamp, then offset) than this node's own entry of their partition:
+        those a replica must persist (an older one must never overwrite a newer one)."""
+        out = []
+        for row in rows:
+            group_id, topic, partition, offset, _, stamp = row
+            own = self._own.get(chunk_of(group_id, topic, partition), {}).get(partition)
+            if own is None or (own[2], own[0]) < (stamp, offset):
+                out.append(row)
+        return out
+
+    def held_here(self, rows: Iterable[tuple]) -> tuple[list[Chunk], set[str]]:
+        """Replicated rows are durable here: own entries (as adopted ones) and folded;
+        (the chunks to gossip, the groups whose merged offsets moved)."""
+        chunks, changed = set(), set()
+        for row in self.newer_than_own(rows):
+            group_id, topic, partition, offset, metadata, stamp = row
+            chunk = chunk_of(group_id, topic, partition)
+            self._own.setdefault(chunk, {})[partition] = [offset, metadata, stamp]
+            if offset == DELETED:
+                self._own_tombstoned.add(group_id)
+            if self.fold(group_id, topic, partition, offset, metadata, stamp):
+                changed.add(group_id)
+            chunks.add(chunk)
+        return sorted(chunks), changed
 
     # -- coordination ---------------------------------------------------------------------
 

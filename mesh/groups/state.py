@@ -62,7 +62,8 @@ class GroupConfig:
 
 @dataclass(frozen=True, slots=True)
 class PersistOffsets:
-    """Make these offsets durable, then answer the request, then gossip them. An offset
+    """Make these offsets durable (on a majority of the group's replicas, the shell's
+    ``mesh.groups.replication``), then answer the request; gossip them. An offset
     of ``DELETED`` (-1) is a deletion (a tombstone: the group or partition was deleted)."""
     group_id: str
     offsets: tuple[tuple[str, int, int, str], ...]   # (topic, partition, offset, metadata)

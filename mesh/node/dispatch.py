@@ -3,7 +3,8 @@
 ``open_router`` makes the node's one ROUTER socket (DESIGN section 2: ROUTER_MANDATORY,
 bounded queues, no linger). ``Dispatcher.handle`` takes one multipart message off it: a
 peer message (first frame ``PROTOCOL_PEER``) goes to its core (gossip answers are sent at
-once; replication input is stepped, its effects staged by the replica host); a client
+once; replication input is stepped, its effects staged by the replica host; offsets
+replication goes to the group host, ``GroupHost.handle_peer``); a client
 request goes to its handler (``mesh.node.handlers``, the data path, the group host).
 
 Nothing a client or a peer sends can crash the loop: every message runs inside a guard.
@@ -244,6 +245,12 @@ class Dispatcher:
                 refused = self.gossip.take_refused()   # dropped whole and counted by the core
                 if refused is not None:
                     raise MeshError(ErrorCode.INVALID_REQUEST, refused)
+            elif self.groups.handles_peer(msg):   # offsets replication (mesh.groups.replication)
+                node = self.directory.node_at(src)
+                if node is None:   # not yet known through gossip: the coordinator times out or retries
+                    raise MeshError(ErrorCode.INVALID_REQUEST, "offsets replication from a broker gossip "
+                                                               "does not know yet")
+                self.groups.handle_peer(node, msg)
             else:
                 raise MeshError(ErrorCode.INVALID_REQUEST, f"unexpected peer message {type(msg).__name__}")
         except MeshError as exc:

@@ -13,16 +13,26 @@ node id (and, for FETCH_OFFSETS and DESCRIBE, the committed offsets this broker 
 gossip, so "where is group G on partition P" has an answer on every broker). Any broker
 answers GROUP_FIND_COORDINATOR from the same view.
 
-Offsets, durable then gossiped (the etcd-raft "persist, then send" order):
+Offsets, durable on a majority of the group's replicas, then answered (the etcd-raft
+"persist, then send" order; the rules in ``mesh.groups.replication``, carried out by
+``mesh.node.offset_replication``):
 1. the core accepts a commit and returns ``PersistOffsets``;
-2. each partition's ``[offset, metadata, commit wall ms]`` is staged in the turn's
+2. each partition's ``[offset, metadata, commit stamp]`` is staged in the turn's
    transaction, db ``offsets`` (key: msgpack ``[group, topic, partition]``), and the
    answer is held: the turn's one sync makes it durable with everything else the turn
    staged (group commit; no sync of its own);
-3. only after that sync (``after_commit``, which the node registers with the data path)
-   the member gets its answer (a failed sync answers STORAGE_ERROR and puts the core's
-   offsets back as they were, latest commit first);
-4. then the offsets go into this node's gossip namespace (``mesh.cluster.keys.offsets_key``).
+3. in the turn's tick, before that sync (``send_early``), the rows go to the group's other
+   replicas (``GROUP_REPLICATE``), whose syncs overlap this one;
+4. after the sync (``after_commit``, which the node registers with the data path) the
+   offsets go into this node's gossip namespace (``mesh.cluster.keys.offsets_key``); a
+   failed sync answers STORAGE_ERROR and puts the core's offsets back as they were,
+   latest commit first;
+5. the member gets its answer once a majority of the replicas (this one included, after
+   its sync) hold it, or COORDINATOR_NOT_AVAILABLE after ``commit_timeout_ms``.
+Rows replicated to this node are staged in its turn, answered after its sync, and kept
+as its own offsets (store, book, gossip). A group that just became coordinated here pulls
+what its replicas hold and answers "loading" (COORDINATOR_NOT_AVAILABLE) to its fetches
+and writes meanwhile (at most a second).
 Adopting offsets at a takeover (rare) still syncs on its own (``_persist``).
 
 Failover: ``on_cluster_change`` (the node calls it whenever the gossip state moved) merges
@@ -65,11 +75,14 @@ from mesh.groups import (
     GroupFindCoordinatorResponse, GroupHeartbeat, GroupList, GroupListResponse,
     GroupResetOffsets, MemberRemoved, PersistOffsets, check_group_id, error_response,
 )
+from mesh.groups.messages import GROUP_PEER_MESSAGES
 from mesh.groups.offsets import (
     MalformedOffsets, Moved, OffsetBook, Takeover, coordination_set, coordinator_among,
     sees_majority, starts_alone,
 )
 from mesh.clock import Clock
+from mesh.groups.replication import DEFAULT_REPLICAS
+from mesh.node.offset_replication import OffsetReplication
 from mesh.wire.errors import ErrorCode, MeshError
 from storage.base import LogError
 
@@ -95,6 +108,8 @@ class GroupHostConfig:
     heartbeat_interval_ms: int = 500
     offsets_retention_ms: int = 7 * 86_400_000   # empty groups are deleted after this; 0: never
     tombstone_ms: int = 86_400_000               # a deleted group's tombstones are kept this long
+    offset_replicas: int = DEFAULT_REPLICAS      # a commit is acknowledged once a majority of these hold it
+    commit_timeout_ms: int = 3_000               # ... or answered COORDINATOR_NOT_AVAILABLE after this
 
 
 def _store_key(group: str, topic: str, partition: int) -> bytes:
@@ -112,14 +127,18 @@ class GroupHost:
     transaction, False (rolled back) on failure; ``gossip``: the gossip core (``members``,
     ``node_items``, ``entry_version``, ``set_local``); ``reply(ident, rid, msg)``;
     ``address_of(node_id)``; ``topic_partitions()``: topic -> partition count; ``seeded``:
-    the node was started with seeds (else it may start alone, without a takeover grace).
+    the node was started with seeds (else it may start alone, without a takeover grace);
+    ``send_to_node(node_id, msg)``: a one-way peer message (offsets replication); ``doomed()``:
+    the turn will be rolled back (nothing is sent before its sync then).
     """
 
     def __init__(self, node_id: str, *, store, commit_turn: Callable[[], bool], gossip,
                  reply: Reply, address_of: Callable[[str], str | None],
                  topic_partitions: Callable[[], Mapping[str, int]], clock: Clock,
                  rng: random.Random, seeded: bool,
-                 config: GroupHostConfig = GroupHostConfig()):
+                 config: GroupHostConfig = GroupHostConfig(),
+                 send_to_node: Callable[[str, Any], None] = lambda node_id, msg: None,
+                 doomed: Callable[[], bool] = lambda: False):
         self.node_id = node_id
         self._store = store
         self._commit_turn = commit_turn
@@ -143,6 +162,7 @@ class GroupHost:
         self._next_tick_ms = 0
         self._next_prune_ms = 0
         self._held: list[tuple] = []   # (ident|None, rid, msg|None, resp, [(PersistOffsets, wall_ms)], previous)
+        self._early: list[int] = []    # replication keys of ``_held[:len(_early)]``, sent before the sync
         self._collecting: dict | None = None   # a ``collect`` plan whose store deletes this turn syncs
         # offsets to commit again (``_commit_again``) whose turn failed: tried again next tick
         self._again_pending: dict[str, list] = {}
@@ -150,11 +170,22 @@ class GroupHost:
         # groups dropped here while they had members: (offsets, when dropped); a tombstone
         # made before then, that arrives later, was made without knowing those members
         self._left_with_members: dict[str, tuple[dict, int]] = {}
+        self._doomed = doomed
+        self.replication = OffsetReplication(self, send_to_node, config.offset_replicas,
+                                             config.commit_timeout_ms, MAX_METADATA_CHARS)
         self._load_store()
 
     # -- node hooks ---------------------------------------------------------------------
     def handles(self, msg: Any) -> bool:
         return isinstance(msg, GROUP_REQUESTS)
+
+    def handles_peer(self, msg: Any) -> bool:
+        return isinstance(msg, GROUP_PEER_MESSAGES)
+
+    def handle_peer(self, node_id: str, msg: Any) -> None:
+        """A peer message of the offsets replication from broker ``node_id`` (authenticated
+        by the dispatcher); bad input raises ``MeshError`` (dropped and logged there)."""
+        self.replication.handle(node_id, msg)
 
     def handle(self, ident: bytes, rid: int, msg: Any) -> None:
         reply = self._reply
@@ -175,8 +206,13 @@ class GroupHost:
             reply(ident, rid, self._moved(msg, coordinator))
             return
         writes = isinstance(msg, (GroupCommit, GroupResetOffsets, GroupDelete))
-        if self.book.knows(group_id) or writes or isinstance(msg, GroupHeartbeat):
+        if self.book.knows(group_id) or writes or isinstance(msg, (GroupHeartbeat, GroupFetchOffsets)):
             self._carry_out(self.book.claim(group_id))   # (a query about an unknown group creates nothing)
+            self.replication.flush()
+        if (writes or isinstance(msg, GroupFetchOffsets)) and self.replication.loading(group_id, now_ms):
+            reply(ident, rid, error_response(msg, ErrorCode.COORDINATOR_NOT_AVAILABLE,
+                                             "loading the group's committed offsets from its replicas; retry"))
+            return
         if isinstance(msg, (GroupDelete, GroupResetOffsets)) and not self._sees_majority(now_ms):
             reply(ident, rid, error_response(msg, ErrorCode.COORDINATOR_NOT_AVAILABLE,
                                              "this broker sees fewer than half of the brokers alive: it may "
@@ -211,11 +247,15 @@ class GroupHost:
             self._reply(ident, rid, resp)
 
     def after_commit(self, ok: bool) -> None:
-        """The turn's transaction was synced (``ok``) or rolled back: answer the offsets
-        commits it held, and gossip them; or put the core's offsets back and refuse them."""
+        """The turn's transaction was synced (``ok``) or rolled back: gossip the offsets
+        commits it held and send them to the group's replicas, answered once a majority
+        holds them (``OffsetReplication``); or put the core's offsets back and refuse them."""
         held, self._held = self._held, []
+        early, self._early = self._early, []
         plan, self._collecting = self._collecting, None
+        self.replication.after_commit(ok)   # rows replicated to this node: durable now, answered
         if not ok:
+            self.replication.abandon(early)
             for _, _, msg, _, persisted, previous in reversed(held):   # latest first: the oldest value wins
                 if msg is None:   # offsets committed again (``_commit_again``): try again next tick
                     for effect, _ in persisted:
@@ -228,12 +268,14 @@ class GroupHost:
                     self._reply(ident, rid, error_response(msg, ErrorCode.STORAGE_ERROR,
                                                            "offsets could not be made durable; retry"))
             return
-        for ident, rid, _, resp, persisted, _ in held:
-            if ident is not None:
-                self._reply(ident, rid, resp)
-            for effect, wall_ms in persisted:   # durable and answered: now tell the cluster
+        for _, _, _, _, persisted, _ in held:
+            for effect, wall_ms in persisted:   # durable here: tell the cluster
                 self._gossip_chunks(effect.group_id,
                                     self.book.committed_here(effect.group_id, effect.offsets, wall_ms))
+        self.replication.durable(early)   # answered once a majority of each group's replicas holds it
+        late = self._replicated(held[len(early):])
+        if late:   # (staged after this turn's tick: sent now)
+            self.replication.begin(late, self._clock.wall_ms())
         if plan:   # the collected rows are gone from the store: now from the namespace
             for chunk in self.book.collected(plan):
                 if self.book.has_chunk(chunk):
@@ -241,10 +283,29 @@ class GroupHost:
                 else:
                     self._gossip.delete_local(offsets_key(*chunk))
 
+    def send_early(self, now_ms: int) -> None:
+        """Before the turn's sync: send the rows of the commits it staged to their replicas,
+        so that the replicas' syncs run alongside this one (``mesh.groups.replication``)."""
+        fresh = self._replicated(self._held[len(self._early):])
+        if fresh and not self._doomed():   # (a doomed turn sends nothing: sent after the next good sync)
+            self._early.extend(self.replication.begin(fresh, now_ms, durable=False))
+
+    @staticmethod
+    def _replicated(held: list[tuple]) -> list[tuple]:
+        """Held commits as ``OffsetReplication.begin`` takes them."""
+        out = []
+        for ident, rid, msg, resp, persisted, _ in held:
+            rows = [(effect.group_id, t, p, o, m, wall_ms)
+                    for effect, wall_ms in persisted for t, p, o, m in effect.offsets]
+            out.append((ident, rid, msg, resp, persisted[0][0].group_id, rows))
+        return out
+
     def tick(self, now_ms: int) -> None:
+        self.send_early(now_ms)
         if self._next_tick_ms - TICK_EVERY_MS <= now_ms < self._next_tick_ms:
             return   # (a clock that jumped back does not stop the ticks)
         self._next_tick_ms = now_ms + TICK_EVERY_MS
+        self.replication.tick(now_ms)
         if self._again_pending:
             pending, self._again_pending = self._again_pending, {}
             for group_id, offsets in sorted(pending.items()):
@@ -278,6 +339,7 @@ class GroupHost:
             self.core.begin_takeover(now_ms)
         for action in actions:
             self._carry_out(action)
+        self.replication.flush()
         self._after_leaving(changed, now_ms)
 
     def _after_leaving(self, changed: set[str], now_ms: int) -> None:
@@ -305,11 +367,13 @@ class GroupHost:
         return self.book.committed(group_id)
 
     # -- routing ------------------------------------------------------------------------
-    def _coordinator(self, group_id: str, now_ms: int) -> str | None:
+    def coord_nodes(self, now_ms: int) -> frozenset[str]:
+        """The coordination set: the book's, or gossip's before the first cluster change."""
         nodes = self.book.coord_set
-        if nodes is None:   # before the first cluster change
-            nodes = coordination_set(self._gossip.members(now_ms))
-        return coordinator_among(group_id, nodes)
+        return nodes if nodes is not None else coordination_set(self._gossip.members(now_ms))
+
+    def _coordinator(self, group_id: str, now_ms: int) -> str | None:
+        return coordinator_among(group_id, self.coord_nodes(now_ms))
 
     def _find_coordinator(self, msg: GroupFindCoordinator) -> GroupFindCoordinatorResponse:
         try:
@@ -382,10 +446,13 @@ class GroupHost:
                 while len(self._left_with_members) > MAX_LEFT_WITH_MEMBERS:
                     del self._left_with_members[next(iter(self._left_with_members))]
         elif isinstance(action, Takeover):
+            if action.claimed:   # what the group's replicas hold may be newer than this view
+                self.replication.want_pull(action.group_id, self._clock.wall_ms())
             if action.claimed and self.book.knows(action.group_id):
                 log.info("coordinating group %s (taking over its committed offsets)", action.group_id)
             reassert, adopt = [], action.adopt
             if action.load:
+                self.replication.want_copy(action.group_id)
                 reassert = self.core.load_offsets(action.group_id, action.load, replace=True,
                                                   newest_ms=action.newest_ms)
             if reassert:   # their tombstones are not adopted: the offsets are committed again after
@@ -405,7 +472,7 @@ class GroupHost:
         is synced (``after_commit``). Partitions with a write held in this turn are left
         for the next time."""
         busy = {(effect.group_id, t, p) for _, _, _, _, persisted, _ in self._held
-                for effect, _ in persisted for t, p, *_ in effect.offsets}
+                for effect, _ in persisted for t, p, *_ in effect.offsets} | self.replication.staged_partitions()
         plan = self.book.collect(now_ms, self._tombstone_ms, lambda g, t, p: (g, t, p) in busy)
         if not plan:
             return

@@ -308,7 +308,9 @@ class Node:
             config=GroupHostConfig(max_session_timeout_ms=config.group_max_session_timeout_ms,
                                    heartbeat_interval_ms=config.group_heartbeat_interval_ms,
                                    offsets_retention_ms=config.offsets_retention_ms,
-                                   tombstone_ms=config.group_tombstone_ms))
+                                   tombstone_ms=config.group_tombstone_ms),
+            send_to_node=lambda node_id, msg: self._send_to_node(node_id, msg, None),
+            doomed=lambda: self.data.doomed)
         self.data.on_commit.append(self.groups.after_commit)   # offsets commits share the turn's sync
         self.dispatch = Dispatcher(self.router, self.handlers, self.groups, self.gossip, self.replicas,
                                    self.directory, self._send, self.clock, security=self.security)
