@@ -316,6 +316,7 @@ class Node:
         self.security_sync.refresh()
         if self.security.secured:
             self.handlers.security.registry = self.security.registry
+            self.handlers.security.superusers = self.security.superusers
         self.text = None   # the telnet text gateway: a client of this node, in a process of its own
         if config.text_port is not None:
             from mesh.gateway.process import GatewayError, GatewayProcess
