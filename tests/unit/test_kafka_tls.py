@@ -1,0 +1,77 @@
+"""TLS for the Kafka listener (mesh/kafka/tls.py, mesh node --kafka-tls-cert/--kafka-tls-key):
+a self-signed certificate made with the openssl CLI serves a real TLS handshake; bad files
+fail at start with the file named."""
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import ssl
+import subprocess
+import threading
+
+import pytest
+from click.testing import CliRunner
+
+from mesh.kafka.tls import TlsError, check_tls_options, server_ssl_context
+
+pytestmark = pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl CLI")
+
+
+def self_signed(d) -> tuple[str, str]:
+    cert, key = os.path.join(d, "cert.pem"), os.path.join(d, "key.pem")
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", key, "-out", cert,
+                    "-days", "2", "-subj", "/CN=localhost", "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1"],
+                   check=True, capture_output=True)
+    os.chmod(key, 0o600)
+    return cert, key
+
+
+def test_the_context_serves_a_tls_handshake(tmp_path):
+    cert, key = self_signed(tmp_path)
+    server_ctx = server_ssl_context(cert, key)
+    assert server_ctx.minimum_version >= ssl.TLSVersion.TLSv1_2
+    a, b = socket.socketpair()
+    got = {}
+
+    def serve():
+        with server_ctx.wrap_socket(a, server_side=True) as s:
+            got["data"] = s.recv(5)
+            s.sendall(b"pong!")
+    t = threading.Thread(target=serve)
+    t.start()
+    client_ctx = ssl.create_default_context(cafile=cert)
+    with client_ctx.wrap_socket(b, server_hostname="localhost") as c:
+        c.sendall(b"ping!")
+        assert c.recv(5) == b"pong!"
+        assert c.version() in ("TLSv1.2", "TLSv1.3")
+    t.join(10)
+    assert got["data"] == b"ping!"
+
+
+def test_bad_files_fail_with_the_file_named(tmp_path):
+    cert, key = self_signed(tmp_path)
+    with pytest.raises(TlsError, match="no such file"):
+        server_ssl_context(cert, tmp_path / "missing.pem")
+    os.chmod(key, 0o644)
+    with pytest.raises(TlsError, match="readable by others"):
+        server_ssl_context(cert, key)
+    os.chmod(key, 0o600)
+    with pytest.raises(TlsError, match="cannot load"):
+        server_ssl_context(key, key)                 # a key where the certificate belongs
+    assert check_tls_options(None, None) is None and check_tls_options(cert, key) == (cert, key)
+    with pytest.raises(TlsError, match="both"):
+        check_tls_options(cert, None)
+
+
+def test_node_options(tmp_path):
+    from tools.cli import main as cli
+    cert, key = self_signed(tmp_path)
+    run = CliRunner().invoke
+    base = ["node", "--id", "n1", "--data", str(tmp_path / "d")]
+    r = run(cli, base + ["--kafka-tls-cert", cert])
+    assert r.exit_code != 0 and "both --kafka-tls-cert" in r.output
+    r = run(cli, base + ["--kafka-tls-cert", cert, "--kafka-tls-key", str(tmp_path / "nope.pem")])
+    assert r.exit_code != 0 and "no such file" in r.output
+    r = run(cli, ["node", "--help"])
+    assert "--kafka-tls-cert" in r.output and "--kafka-tls-key" in r.output
