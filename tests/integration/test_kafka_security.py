@@ -16,6 +16,7 @@ from mesh.client import Admin
 from mesh.client.transport import Transport
 from mesh.kafka.authorizer import KafkaAuthorizer, SecurityView, fetch_from_node
 from mesh.kafka.sasl import SaslSession
+from mesh.kafka.security import ListenerSecurity
 from mesh.security.creds import Secrets, init_secrets
 from mesh.testing.launcher import Cluster, wait_until
 from mesh.wire import messages as m
@@ -83,6 +84,19 @@ def test_kafka_passwords_on_a_secured_cluster(tmp_path, monkeypatch):
             a = KafkaAuthorizer(view)
             assert a.allowed("alice", "WRITE", "TOPIC", "orders") and not a.allowed("alice", "WRITE", "TOPIC", "payments")
             view.fetch.close()
+
+        # the object the listener builds at start: the same, with a poller thread
+        sec = ListenerSecurity.start(c.brokers[0].address, secrets_dir=tmp_path / "secrets", refresh_s=0.1)
+        try:
+            assert sec.secured and sec.wait_ready(20)
+            wait_until(lambda: sec.view.lookup("alice", "SCRAM-SHA-256") is not None, 20, "the listener's view")
+            session = sec.new_session()
+            assert session is not None and "PLAIN" not in session.mechanisms
+            assert login(sec.view, "alice", PASSWORD, "SCRAM-SHA-256") == (True, "alice")
+            assert sec.authorizer.allowed("alice", "READ", "TOPIC", "orders")
+            assert not sec.authorizer.allowed("alice", "READ", "TOPIC", "payments")
+        finally:
+            sec.close()
 
         # users may not read them: a superuser neither, and alice not her own
         for creds in (admin_creds, str(tmp_path / "alice.creds")):

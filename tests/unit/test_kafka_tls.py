@@ -75,3 +75,18 @@ def test_node_options(tmp_path):
     assert r.exit_code != 0 and "no such file" in r.output
     r = run(cli, ["node", "--help"])
     assert "--kafka-tls-cert" in r.output and "--kafka-tls-key" in r.output
+
+
+def test_listener_security_open_and_tls(tmp_path):
+    from mesh.kafka.security import ListenerSecurity
+    from mesh.security.creds import CredsError
+    open_ = ListenerSecurity.start("127.0.0.1:1", kafka_host="127.0.0.1")
+    assert not open_.secured and open_.new_session() is None and open_.wait_ready(0) and open_.ssl_context is None
+    assert open_.authorizer.allowed(None, "WRITE", "TOPIC", "t")
+    with pytest.raises(CredsError, match="refusing to serve without authentication"):
+        ListenerSecurity.start("127.0.0.1:1", kafka_host="192.0.2.1")       # open, not loopback
+    cert, key = self_signed(tmp_path)
+    sec = ListenerSecurity.start("127.0.0.1:1", tls_cert=cert, tls_key=key)
+    assert isinstance(sec.ssl_context, ssl.SSLContext)
+    from mesh.kafka.sasl import SaslSession
+    assert "PLAIN" in SaslSession(sec.view.lookup, tls=True).mechanisms
