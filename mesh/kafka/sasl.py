@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import hmac
 import importlib
+import time
 from typing import Any, Callable
 
 from kio.schema.errors import ErrorCode
@@ -76,6 +77,12 @@ class SaslSession:
         self.raw_tokens = False        # handshake v0: tokens come as bare frames
         self.error_message: str | None = None
         self._scram: ScramServer | None = None
+        self.started = time.monotonic()
+
+    def expired(self, now: float | None = None) -> bool:
+        """Whether the connection is still not authenticated ``AUTH_TIMEOUT_S`` after it
+        opened (the server closes it then)."""
+        return not self.done and (time.monotonic() if now is None else now) - self.started > AUTH_TIMEOUT_S
 
     # -- the sans-I/O core --------------------------------------------------------------
     def handshake(self, mechanism: Any, version: int = 1) -> ErrorCode:

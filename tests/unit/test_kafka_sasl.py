@@ -143,6 +143,11 @@ def test_the_order_of_sasl_requests():
     assert s.handshake(None) == ErrorCode.illegal_sasl_state
     s = SaslSession(lookup)
     assert s.handshake("SCRAM-SHA-512", version=0) == ErrorCode.none and s.raw_tokens
+    s = SaslSession(lookup)
+    assert not s.expired() and s.expired(s.started + sasl.AUTH_TIMEOUT_S + 1)
+    s = session()
+    exchange(s, ScramClient("alice", "s3cret pass", "SCRAM-SHA-256"))
+    assert s.done and not s.expired(s.started + 3600)
     for api, ok in ((18, True), (17, True), (36, True), (0, False), (1, False), (3, False), (19, False)):
         assert allowed_before_auth(api) is ok
 
