@@ -1,6 +1,7 @@
 """``mesh user`` and ``mesh acl``: principals and Kafka-style ACLs (registered in tools/cli.py).
 
     mesh user add alice --out alice.creds --creds secrets/admin.creds [--kafka-password]
+    mesh user kafka-password alice [--kafka-password-file FILE]   (set or change it)
     mesh user list / mesh user remove alice
     mesh acl add --principal alice --allow write,describe --topic orders [--prefix]
     mesh acl add --principal bob --deny read --group billing
@@ -102,6 +103,25 @@ def _kafka_password(prompt: bool, file) -> str | None:
     if not 1 <= len(password) <= 1024:
         raise click.UsageError("a Kafka password is 1-1024 characters")
     return password
+
+
+@user.command("kafka-password")
+@click.argument("name")
+@click.option("--kafka-password-file", type=click.File("r"), default=None,
+              help="the new password: the first line of this file ('-': stdin); default: asked for")
+@click.option("--kafka-iterations", type=click.IntRange(4096, 16384), default=None,
+              help="SCRAM iterations (4096..16384; default 8192)")
+@_client_options
+@_friendly
+def user_kafka_password(name, kafka_password_file, kafka_iterations, bootstrap) -> None:
+    """Set or change user NAME's Kafka password (SASL SCRAM; only credentials are stored)."""
+    password = _kafka_password(kafka_password_file is None, kafka_password_file)
+    with _admin(bootstrap) as admin:
+        key = next((u["public_key"] for u in admin.list_users() if u["name"] == name and not u.get("static")), None)
+        if key is None:
+            raise click.UsageError(f"no user named {name} (add it with: mesh user add {name} ...)")
+        admin.add_user(name, key, kafka_password=password, kafka_iterations=kafka_iterations)
+    click.echo(f"Kafka password of {name} set (SCRAM-SHA-256, SCRAM-SHA-512)")
 
 
 @user.command("remove")

@@ -109,9 +109,14 @@ def test_kafka_passwords_on_a_secured_cluster(tmp_path, monkeypatch):
                 t.close()
 
         # a new password replaces the old one; a removed user cannot log in any more
+        pw_file.write_text("second-" + PASSWORD + "\n")
+        r = run(cli, ["user", "kafka-password", "alice", "--kafka-password-file", str(pw_file),
+                      "--kafka-iterations", "4096", "--creds", admin_creds] + b)
+        assert r.exit_code == 0 and "Kafka password of alice set" in r.output, r.output
+        r = run(cli, ["user", "kafka-password", "nobody", "--kafka-password-file", str(pw_file),
+                      "--creds", admin_creds] + b)
+        assert r.exit_code != 0 and "no user named nobody" in r.output
         with Admin(c.bootstrap) as admin:
-            key = next(u["public_key"] for u in admin.list_users() if u["name"] == "alice")
-            admin.add_user("alice", key, kafka_password="second-" + PASSWORD, kafka_iterations=4096)
             view = SecurityView(fetch_from_node(c.brokers[2].address, broker_creds))
             wait_until(polled(view, lambda: login(view, "alice", "second-" + PASSWORD, "SCRAM-SHA-256")[0]),
                        20, "the new password")
