@@ -36,7 +36,7 @@ from kio.schema.errors import ErrorCode
 
 from mesh.kafka.scram import MECHANISMS, ScramCredential, ScramError, ScramServer, salted_password, _hmac
 
-__all__ = ["SaslSession", "allowed_before_auth", "BEFORE_AUTH_APIS", "AUTH_TIMEOUT_S", "MAX_AUTH_BYTES",
+__all__ = ["SaslSession", "allowed_before_auth", "register", "BEFORE_AUTH_APIS", "AUTH_TIMEOUT_S", "MAX_AUTH_BYTES",
            "API_SASL_HANDSHAKE", "API_SASL_AUTHENTICATE", "API_VERSIONS", "VERSIONS"]
 
 API_SASL_HANDSHAKE = 17
@@ -55,6 +55,18 @@ Lookup = Callable[[str, str], "ScramCredential | None"]
 def allowed_before_auth(api_key: int) -> bool:
     """Whether the listener may serve ``api_key`` on a connection not yet authenticated."""
     return api_key in BEFORE_AUTH_APIS
+
+
+def register(registry) -> None:
+    """Advertise SaslHandshake and SaslAuthenticate in the listener's API table (secured
+    listeners only). The handlers registered here answer ILLEGAL_SASL_STATE: the server
+    serves these APIs with each connection's own session (``SaslSession.handlers``)."""
+    def no_session(ctx, request):
+        s = SaslSession(lambda user, mechanism: None)
+        s.failed = True
+        return s.on_handshake(ctx, request) if ctx.api_key == API_SASL_HANDSHAKE else s.on_authenticate(ctx, request)
+    for key, (lo, hi) in VERSIONS.items():
+        registry.register(key, lo, hi, no_session)
 
 
 def _response(api_key: int, version: int):

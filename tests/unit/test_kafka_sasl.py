@@ -228,3 +228,17 @@ def test_credentials_are_bounded_in_the_gossip_schema():
         make_credentials("pw", iterations=100)
     with pytest.raises(ValueError):
         make_credentials("")
+
+
+def test_register_advertises_both_apis_with_a_refusing_fallback():
+    got = {}
+
+    class Reg:
+        def register(self, key, lo, hi, handler):
+            got[key] = (lo, hi, handler)
+    sasl.register(Reg())
+    assert {k: v[:2] for k, v in got.items()} == {17: (0, 1), 36: (0, 2)}
+    resp = got[17][2](SimpleNamespace(api_key=17, api_version=1), SimpleNamespace(mechanism="SCRAM-SHA-256"))
+    assert resp.error_code == ErrorCode.illegal_sasl_state
+    resp = got[36][2](SimpleNamespace(api_key=36, api_version=2), SimpleNamespace(auth_bytes=b"x"))
+    assert resp.error_code == ErrorCode.illegal_sasl_state
