@@ -24,6 +24,7 @@ Decisions (``KafkaAuthorizer.allowed``), Kafka's rules on the mesh's vocabulary
   TOPIC, GROUP, CLUSTER (any cluster name, e.g. Kafka's ``kafka-cluster``, is the mesh's one
   cluster resource). Deny wins, default deny, literal and prefixed names, implied describe:
   ``AclTable``'s evaluation;
+- CREATE on a TOPIC is also allowed by create on the cluster (Kafka's CreateTopics);
 - IDEMPOTENT_WRITE (on the cluster) as Kafka 3 grants it: write on the cluster, or write
   on some topic (an allow row not covered by a deny of the same or a wider name);
 - CLUSTER_ACTION (broker to broker), other resource types (TRANSACTIONAL_ID, USER,
@@ -215,7 +216,11 @@ class KafkaAuthorizer:
             return False
         if resource == "cluster":
             name = CLUSTER_NAME
-        return table.decide(principal, mesh_op, resource, name)[0]
+        if table.decide(principal, mesh_op, resource, name)[0]:
+            return True
+        # Kafka's CreateTopics (and auto-create) accepts create on the cluster instead
+        return (mesh_op, resource) == ("create", "topic") and table.decide(principal, "create", "cluster",
+                                                                            CLUSTER_NAME)[0]
 
 
 def _writes_some_topic(table: AclTable, principal: str) -> bool:

@@ -56,6 +56,7 @@ def test_allowed_and_denied_per_acl():
     assert not a.allowed("bob", "READ", "TOPIC", "orders")
     assert a.allowed("bob", "CREATE", "CLUSTER", "kafka-cluster")          # Kafka's cluster name
     assert not a.allowed("alice", "CREATE", "CLUSTER", "kafka-cluster")
+    assert a.allowed("bob", "CREATE", "TOPIC", "anything") and not a.allowed("alice", "CREATE", "TOPIC", "orders")
     for op, rt in (("CLUSTER_ACTION", "CLUSTER"), ("WRITE", "TRANSACTIONAL_ID"), ("READ", "USER"),
                    ("FLY", "TOPIC"), ("READ", "BOGUS")):
         assert not a.allowed("alice", op, rt, "orders")
