@@ -13,7 +13,8 @@ a client's proof and prove the server knows them, not log in. They travel as the
 ``ScramServer`` runs one exchange: client-first (``n,,n=<user>,r=<nonce>``; channel
 binding, authzid other than the user, and extensions such as ``tokenauth`` are refused) ->
 server-first (``r=<nonce+ours>,s=<salt>,i=<iterations>``) -> client-final
-(``c=biws,r=<nonce>,p=<proof>``) -> server-final (``v=<signature>``). The proof is checked
+(``c=biws,r=<nonce>,p=<proof>``; librdkafka before 2.6.1 sends its own nonce twice, and
+that exact form is accepted, as Kafka 3.8.1 does) -> server-final (``v=<signature>``). The proof is checked
 with ``hmac.compare_digest``. An unknown user gets a server-first made from a fake salt
 derived from the name with a per-process secret (so a client cannot tell unknown users
 from wrong passwords) and fails at the proof like a wrong password. Any malformed message,
@@ -159,6 +160,7 @@ class ScramServer:
         self.user: str | None = None
         self._cred: ScramCredential | None = None
         self._nonce = ""
+        self._client_nonce = ""
         self._gs2 = ""
         self._first_bare = ""
         self._server_first = ""
@@ -213,6 +215,7 @@ class ScramServer:
             iterations = DEFAULT_ITERATIONS
         else:
             salt, iterations = cred.salt, cred.iterations
+        self._client_nonce = nonce
         self._nonce = nonce + base64.b64encode(secrets.token_bytes(NONCE_BYTES)).decode("ascii")
         self._server_first = f"r={self._nonce},s={base64.b64encode(salt).decode('ascii')},i={iterations}"
         self.state = "final"
@@ -231,7 +234,11 @@ class ScramServer:
             raise ScramError("malformed SCRAM message") from None
         if gs2 != self._gs2:
             raise ScramError("channel binding differs from the client's first message")
-        if not hmac.compare_digest(nonce.encode(), self._nonce.encode()):
+        # librdkafka before 2.6.1 (kcat's today) sends its own nonce again in front of the
+        # whole nonce (confluentinc/librdkafka#4895; Kafka 3.8.1 accepts it): that exact
+        # form is taken too, it still carries this exchange's fresh part
+        if not (hmac.compare_digest(nonce.encode(), self._nonce.encode())
+                or hmac.compare_digest(nonce.encode(), (self._client_nonce + self._nonce).encode())):
             raise ScramError("the nonce is not this exchange's")
         mech = self.mechanism
         auth_message = f"{self._first_bare},{self._server_first},{without_proof}".encode("utf-8")

@@ -93,6 +93,36 @@ def test_a_replayed_client_final_fails():
     assert "nonce" in s2.error_message and s2.failed
 
 
+class OldLibrdkafkaClient(ScramClient):
+    """librdkafka before 2.6.1 (kcat's): its client nonce again before the whole nonce."""
+
+    def process_server_first_message(self, server_first_message):
+        cnonce = self.nonce
+        super().process_server_first_message(server_first_message)
+        self.nonce = cnonce + self.nonce
+        self.auth_message = self.auth_message.rsplit(b",r=", 1)[0] + b",r=" + self.nonce
+        self.client_signature = self.hmac(self.stored_key, self.auth_message)
+        self.client_proof = bytes(a ^ b for a, b in zip(self.client_key, self.client_signature))
+        self.server_signature = self.hmac(self.server_key, self.auth_message)
+
+
+@pytest.mark.parametrize("mech", sorted(MECHANISMS))
+def test_old_librdkafkas_doubled_nonce_is_accepted_and_only_that(mech):
+    s = session(mech)
+    assert exchange(s, OldLibrdkafkaClient("alice", "s3cret pass", mech))[0] == ErrorCode.none and s.done
+    s = session(mech)
+    assert exchange(s, OldLibrdkafkaClient("alice", "wrong", mech))[0] == ErrorCode.sasl_authentication_failed
+
+    class Tripled(OldLibrdkafkaClient):
+        def process_server_first_message(self, m):
+            cnonce = self.nonce
+            super().process_server_first_message(m)
+            self.nonce = cnonce + self.nonce
+    s = session(mech)
+    assert exchange(s, Tripled("alice", "s3cret pass", mech))[0] == ErrorCode.sasl_authentication_failed
+    assert "nonce" in s.error_message
+
+
 def test_a_forged_nonce_or_channel_binding_fails():
     for forge in (lambda f: f.replace(b"r=", b"r=x", 1), lambda f: f.replace(b"c=biws", b"c=eSws")):
         s = session()
