@@ -62,7 +62,9 @@ class ListenerSecurity:
         return SaslSession(self.view.lookup, tls=tls) if self.secured else None
 
     def wait_ready(self, timeout_s: float = 10.0) -> bool:
-        """Whether the first view of users and ACLs arrived (an open node: at once)."""
+        """Whether the first view of users and ACLs arrived (an open node: at once). Not
+        before the listener said it is ready: its node answers only once its loop runs,
+        after the listener started (until the view comes, every login fails, closed)."""
         return not self.secured or self.view.ready.wait(timeout_s)
 
     def close(self) -> None:
