@@ -130,17 +130,18 @@ class SaslSession:
         return reply, ErrorCode.none, self.principal
 
     def _plain(self, data: bytes) -> tuple[bytes, ErrorCode, str | None]:
-        bad = b"", self._failing(ErrorCode.sasl_authentication_failed,
-                                 "authentication failed: invalid credentials"), None
+        def bad() -> tuple[bytes, ErrorCode, None]:
+            return b"", self._failing(ErrorCode.sasl_authentication_failed,
+                                      "authentication failed: invalid credentials"), None
         parts = data.split(b"\0")
         if len(parts) != 3:
-            return bad
+            return bad()
         try:
             authzid, user, password = (p.decode("utf-8") for p in parts)
         except UnicodeDecodeError:
-            return bad
+            return bad()
         if not user or not password or (authzid and authzid != user):
-            return bad
+            return bad()
         for mech in MECHANISMS:   # the first mechanism the user has credentials for
             cred = self.lookup(user, mech)
             if cred is None:
@@ -149,8 +150,8 @@ class SaslSession:
             if hmac.compare_digest(MECHANISMS[mech](client_key).digest(), cred.stored_key):
                 self.done, self.principal = True, user
                 return b"", ErrorCode.none, user
-            return bad
-        return bad
+            return bad()
+        return bad()
 
     def _failing(self, code: ErrorCode, text: str) -> ErrorCode:
         self.failed = True

@@ -192,8 +192,10 @@ def test_plain_only_over_tls_and_checked_against_the_scram_credentials():
     assert s.handshake("PLAIN") == ErrorCode.unsupported_sasl_mechanism and "TLS" in s.error_message
     s = session("PLAIN", tls=True)
     assert s.authenticate(plain("alice", "s3cret pass")) == (b"", ErrorCode.none, "alice") and s.done
+    assert not s.failed and s.error_message is None       # the server keeps the connection
     s = session("PLAIN", tls=True)
     assert s.authenticate(plain("bob", "other", authzid="bob"))[2] == "bob"      # SCRAM-SHA-512 only
+    assert s.done and not s.failed
     for bad in (plain("alice", "wrong"), plain("ghost", "x"), plain("alice", "s3cret pass", "bob"),
                 b"alice\0s3cret pass", b"\0\0", b"\xff\0alice\0x"):
         s = session("PLAIN", tls=True)
