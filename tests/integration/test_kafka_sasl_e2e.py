@@ -4,7 +4,6 @@ on another; no SASL, a wrong password and an unknown user are refused. (Needs th
 listener, mesh.kafka.server: skipped without it.)"""
 from __future__ import annotations
 
-import shutil
 import subprocess
 
 import pytest
@@ -15,11 +14,11 @@ confluent_kafka = pytest.importorskip("confluent_kafka")
 from mesh.client import Admin, Producer                           # noqa: E402
 from mesh.security.creds import init_secrets                     # noqa: E402
 from mesh.testing.launcher import Cluster, wait_until             # noqa: E402
+from tests.unit.test_kafka_tls import need                       # noqa: E402
 
 pytestmark = pytest.mark.integration
 
 PASSWORD = "e2e-Pw-39c1"
-KCAT = shutil.which("kcat")
 
 
 @pytest.fixture(scope="module")
@@ -67,14 +66,13 @@ def sasl_conf(c, user="alice", password=PASSWORD, mech="SCRAM-SHA-256") -> dict:
 
 
 def kcat(c, *args, user="alice", password=PASSWORD, sasl=True, input_=None, timeout=60):
-    cmd = [KCAT, "-b", c.brokers[0].kafka_address, "-m", "15"]
+    cmd = [need("kcat"), "-b", c.brokers[0].kafka_address, "-m", "15"]
     if sasl:
         cmd += ["-X", "security.protocol=SASL_PLAINTEXT", "-X", "sasl.mechanisms=SCRAM-SHA-256",
                 "-X", f"sasl.username={user}", "-X", f"sasl.password={password}"]
     return subprocess.run(cmd + list(args), input=input_, capture_output=True, timeout=timeout)
 
 
-@pytest.mark.skipif(KCAT is None, reason="needs kcat")
 def test_kcat_scram_user_allowed_one_topic_refused_another(secured_kafka):
     c = secured_kafka
     r = kcat(c, "-t", "orders", "-P", "-p", "0", input_=b"k1\nk2\n")

@@ -5,7 +5,6 @@ skipped without it.)"""
 from __future__ import annotations
 
 import inspect
-import shutil
 import subprocess
 
 import pytest
@@ -14,13 +13,11 @@ server = pytest.importorskip("mesh.kafka.server")
 pytest.importorskip("confluent_kafka")
 if "ssl_context" not in inspect.signature(server.KafkaServer).parameters:
     pytest.skip("the Kafka listener does not wrap its sockets with TLS yet", allow_module_level=True)
-if shutil.which("openssl") is None:
-    pytest.skip("needs the openssl CLI", allow_module_level=True)
 
 from mesh.client import Admin                                     # noqa: E402
 from mesh.security.creds import init_secrets, new_keypair        # noqa: E402
 from mesh.testing.launcher import Cluster, wait_until             # noqa: E402
-from tests.unit.test_kafka_tls import self_signed                # noqa: E402
+from tests.unit.test_kafka_tls import need, self_signed          # noqa: E402
 
 pytestmark = pytest.mark.integration
 
@@ -63,12 +60,11 @@ def test_sasl_ssl_plain_and_scram(tmp_path, monkeypatch):
             assert p.flush(30) == 0 and errors == [None], errors
         assert not lists_topics(conf(c, cert, password="wrong"))
         assert not lists_topics(conf(c, cert, protocol="SASL_PLAINTEXT"))     # plaintext at a TLS port
-        if shutil.which("kcat"):
-            r = subprocess.run(["kcat", "-b", c.brokers[0].kafka_address, "-X", "security.protocol=SASL_SSL",
-                                "-X", f"ssl.ca.location={cert}", "-X", "sasl.mechanisms=PLAIN",
-                                "-X", "sasl.username=bob", "-X", f"sasl.password={PASSWORD}",
-                                "-t", "orders", "-C", "-o", "beginning", "-e", "-q"],
-                               capture_output=True, timeout=60)
-            assert r.returncode == 0 and r.stdout.split() == [b"PLAIN", b"SCRAM-SHA-512"], r.stderr.decode()
+        r = subprocess.run([need("kcat"), "-b", c.brokers[0].kafka_address, "-X", "security.protocol=SASL_SSL",
+                            "-X", f"ssl.ca.location={cert}", "-X", "sasl.mechanisms=PLAIN",
+                            "-X", "sasl.username=bob", "-X", f"sasl.password={PASSWORD}",
+                            "-t", "orders", "-C", "-o", "beginning", "-e", "-q"],
+                           capture_output=True, timeout=60)
+        assert r.returncode == 0 and r.stdout.split() == [b"PLAIN", b"SCRAM-SHA-512"], r.stderr.decode()
     finally:
         c.stop()

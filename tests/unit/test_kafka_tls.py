@@ -15,12 +15,21 @@ from click.testing import CliRunner
 
 from mesh.kafka.tls import TlsError, check_tls_options, server_ssl_context
 
-pytestmark = pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl CLI")
+try:
+    from tests.tooling import need       # a missing tool skips, and fails under CI
+except ImportError:                      # (before tests/tooling.py)
+    def need(tool: str, how: str = "") -> str:
+        path = shutil.which(tool)
+        if path is None:
+            pytest.skip(f"{tool} is not installed ({how or 'apt-get install ' + tool})")
+        return path
 
 
 def self_signed(d) -> tuple[str, str]:
+    """A self-signed certificate for localhost and 127.0.0.1, and its key (mode 0600)."""
+    openssl = need("openssl", "apt-get install openssl")
     cert, key = os.path.join(d, "cert.pem"), os.path.join(d, "key.pem")
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", key, "-out", cert,
+    subprocess.run([openssl, "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", key, "-out", cert,
                     "-days", "2", "-subj", "/CN=localhost", "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1"],
                    check=True, capture_output=True)
     os.chmod(key, 0o600)
