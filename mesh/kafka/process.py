@@ -88,6 +88,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--port", type=int, required=True)
     p.add_argument("--kafka-id", type=int, required=True)
     p.add_argument("--creds")
+    p.add_argument("--secrets", help="the node's secrets directory: SASL required (mesh.kafka.security)")
+    p.add_argument("--tls-cert", help="PEM certificate chain: the port speaks TLS (mesh.kafka.tls)")
+    p.add_argument("--tls-key", help="PEM private key of --tls-cert")
     p.add_argument("--max-request-bytes", type=int, default=100 << 20)
     p.add_argument("--log-level", type=int, default=logging.INFO)
     args = p.parse_args(argv)
@@ -102,14 +105,25 @@ def main(argv: list[str] | None = None) -> int:
         from mesh.kafka.handlers import core_registry
         from mesh.kafka.link import MeshLinks, MetaCache
         from mesh.kafka.server import KafkaServer, ServerLimits
-        creds = None
-        if args.creds:
+        from mesh.kafka import sasl
+        from mesh.kafka.security import ListenerSecurity
+        # security (mesh.kafka.security): on a secured node SASL with the mesh's users, every
+        # request authorized by its ACLs here, the native client with the cluster keypair
+        sec = ListenerSecurity.start(args.address, secrets_dir=args.secrets, tls_cert=args.tls_cert,
+                                     tls_key=args.tls_key)
+        creds = sec.node_creds(args.secrets)
+        if creds is None and args.creds:
             from mesh.security.creds import Creds
             creds = Creds.load(args.creds)
         links = MeshLinks(args.address, creds)
         cache = MetaCache(links, args.node, args.host, args.port, args.kafka_id)
-        server = KafkaServer(args.host, args.port, core_registry(), cache, links,
-                             limits=ServerLimits(max_request_bytes=args.max_request_bytes))
+        reg = core_registry()
+        if sec.secured:
+            sasl.register(reg)
+        server = KafkaServer(args.host, args.port, reg, cache, links, authorizer=sec.authorizer,
+                             limits=ServerLimits(max_request_bytes=args.max_request_bytes),
+                             auth=(lambda conn: sec.new_session()) if sec.secured else None,
+                             ssl_context=sec.ssl_context)
     except Exception as exc:
         print(f"Kafka listener on {args.host}:{args.port}: {type(exc).__name__}: {exc}", flush=True)
         return 1
@@ -123,6 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         server.close()
         links.close_all()
+        sec.close()
     return 0
 
 

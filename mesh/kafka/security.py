@@ -1,16 +1,15 @@
 """The Kafka listener's security, in one object the server builds at start.
 
-    sec = ListenerSecurity.start(node_address, secrets_dir=..., tls_cert=..., tls_key=...,
-                                 kafka_host=host, insecure=...)
+    sec = ListenerSecurity.start(node_address, secrets_dir=..., tls_cert=..., tls_key=...)
     sec.ssl_context            # None: plaintext; else wrap each accepted socket with it
     sec.authorizer             # RequestContext.authorizer (mesh.kafka.authorizer)
     session = sec.new_session(tls=...)   # per connection: None on an open node (no SASL)
     ...
     sec.close()
 
-- open node (no ``--secrets``): the Kafka port binds loopback only, unless ``--insecure``
-  (``mesh.security.broker.check_open_bind``, as the native port); no SASL (``new_session``
-  is None, every principal None, everything allowed);
+- open node (no ``--secrets``): no SASL (``new_session`` is None, every principal None,
+  everything allowed); the node starts such a listener on loopback only, unless
+  ``--insecure`` (``mesh.node.loop.kafka_listener_of``, as its native port);
 - secured node: every connection must authenticate (``mesh.kafka.sasl``) before anything
   but ApiVersions/SaslHandshake/SaslAuthenticate; the listener's native client connects
   to its node with the cluster keypair from the secrets directory (principal ``broker``)
@@ -41,15 +40,13 @@ class ListenerSecurity:
 
     @classmethod
     def start(cls, node_address: str, *, secrets_dir: str | os.PathLike | None = None,
-              tls_cert: str | None = None, tls_key: str | None = None, kafka_host: str = "127.0.0.1",
-              insecure: bool = False, refresh_s: float = DEFAULT_REFRESH_S) -> "ListenerSecurity":
-        """Raises ``CredsError`` (an open node on a non-loopback Kafka host, a bad secrets
-        directory) or ``TlsError`` (bad certificate or key) before anything listens."""
+              tls_cert: str | None = None, tls_key: str | None = None,
+              refresh_s: float = DEFAULT_REFRESH_S) -> "ListenerSecurity":
+        """Raises ``CredsError`` (a bad secrets directory) or ``TlsError`` (a bad
+        certificate or key) before anything listens."""
         tls = check_tls_options(tls_cert, tls_key)
         ssl_context = server_ssl_context(*tls) if tls is not None else None
         if secrets_dir is None:
-            from mesh.security.broker import check_open_bind
-            check_open_bind([f"{kafka_host}:0"], insecure)
             view = SecurityView()
             return cls(False, view, KafkaAuthorizer(view), ssl_context)
         from mesh.security.creds import Secrets
@@ -57,9 +54,18 @@ class ListenerSecurity:
         view = SecurityView(fetch_from_node(node_address, creds), refresh_s=refresh_s).start()
         return cls(True, view, KafkaAuthorizer(view), ssl_context)
 
-    def new_session(self, tls: bool = False) -> SaslSession | None:
-        """The SASL state of a new connection (None: an open node asks for no SASL)."""
-        return SaslSession(self.view.lookup, tls=tls) if self.secured else None
+    def new_session(self, tls: bool | None = None) -> SaslSession | None:
+        """The SASL state of a new connection (None: an open node asks for no SASL);
+        ``tls``: whether the connection is TLS (default: whether this listener is)."""
+        if not self.secured:
+            return None
+        return SaslSession(self.view.lookup, tls=self.ssl_context is not None if tls is None else tls)
+
+    def node_creds(self, secrets_dir: str | os.PathLike | None):
+        """The credentials of the listener's native client: the cluster keypair on a
+        secured node (principal broker: it authorizes Kafka requests itself), else None."""
+        from mesh.security.creds import Secrets
+        return Secrets.load(secrets_dir).creds() if self.secured and secrets_dir is not None else None
 
     def wait_ready(self, timeout_s: float = 10.0) -> bool:
         """Whether the first view of users and ACLs arrived (an open node: at once). Not

@@ -354,7 +354,11 @@ class Node:
         if self.kafka_listener is not None:
             from mesh.kafka.process import KafkaError, KafkaProcess
             try:
-                self.kafka = KafkaProcess.start(self.address, *self.kafka_listener, node_id=config.node_id)
+                kextra = ["--secrets", str(config.secrets_dir)] if config.secrets_dir else []
+                if config.kafka_tls_cert:
+                    kextra += ["--tls-cert", config.kafka_tls_cert, "--tls-key", config.kafka_tls_key]
+                self.kafka = KafkaProcess.start(self.address, *self.kafka_listener, node_id=config.node_id,
+                                                extra=kextra)
             except KafkaError as exc:
                 if self.text is not None:
                     self.text.close()

@@ -29,7 +29,7 @@ def secured_kafka(tmp_path_factory):
     mp.setenv("MESH_CREDS", admin_creds)
     c = Cluster(root, 3, extra=["--secrets", str(root / "secrets")], kafka=True)
     try:
-        c.start()
+        c.start(timeout_s=60)   # a loaded machine: brokers and listeners start slowly
         with Admin(c.bootstrap) as admin:
             for t in ("orders", "payments"):
                 admin.create_topic(t, partitions=2, replication_factor=3)

@@ -56,7 +56,7 @@ def test_kafka_passwords_on_a_secured_cluster(tmp_path, monkeypatch):
     monkeypatch.setenv("MESH_CREDS", admin_creds)
     c = Cluster(tmp_path, 3, extra=["--secrets", str(tmp_path / "secrets")])
     try:
-        c.start()
+        c.start(timeout_s=60)   # a loaded machine: brokers and listeners start slowly
         pw_file = tmp_path / "alice.pw"
         pw_file.write_text(PASSWORD + "\n")
         run = CliRunner().invoke

@@ -47,7 +47,7 @@ def test_sasl_ssl_plain_and_scram(tmp_path, monkeypatch):
     c = Cluster(tmp_path, 1, extra=["--secrets", str(tmp_path / "secrets"), "--kafka-tls-cert", cert,
                                     "--kafka-tls-key", key], kafka=True)
     try:
-        c.start()
+        c.start(timeout_s=60)   # a loaded machine: brokers and listeners start slowly
         with Admin(c.bootstrap) as admin:
             admin.create_topic("orders", partitions=1, replication_factor=1)
             admin.add_user("bob", new_keypair()[0], kafka_password=PASSWORD, kafka_iterations=4096)

@@ -89,11 +89,11 @@ def test_node_options(tmp_path):
 def test_listener_security_open_and_tls(tmp_path):
     from mesh.kafka.security import ListenerSecurity
     from mesh.security.creds import CredsError
-    open_ = ListenerSecurity.start("127.0.0.1:1", kafka_host="127.0.0.1")
+    open_ = ListenerSecurity.start("127.0.0.1:1")
     assert not open_.secured and open_.new_session() is None and open_.wait_ready(0) and open_.ssl_context is None
-    assert open_.authorizer.allowed(None, "WRITE", "TOPIC", "t")
-    with pytest.raises(CredsError, match="refusing to serve without authentication"):
-        ListenerSecurity.start("127.0.0.1:1", kafka_host="192.0.2.1")       # open, not loopback
+    assert open_.authorizer.allowed(None, "WRITE", "TOPIC", "t") and open_.node_creds(None) is None
+    with pytest.raises(CredsError, match="no such directory"):
+        ListenerSecurity.start("127.0.0.1:1", secrets_dir=tmp_path / "missing")
     cert, key = self_signed(tmp_path)
     sec = ListenerSecurity.start("127.0.0.1:1", tls_cert=cert, tls_key=key)
     assert isinstance(sec.ssl_context, ssl.SSLContext)
