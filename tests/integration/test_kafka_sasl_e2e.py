@@ -131,3 +131,37 @@ def test_confluent_kafka_scram_user_allowed_one_topic_refused_another(secured_ka
         admin = AdminClient({**conf, "socket.timeout.ms": 5000})
         with pytest.raises(KafkaException):
             admin.list_topics(timeout=8)
+
+
+def test_raw_sasl_order_and_bounds_on_the_wire(secured_kafka):
+    """Byte level: the SASL APIs are advertised; anything else before authentication, an
+    authenticate before the handshake, an oversize token: answered as Kafka does, then closed;
+    the listener goes on serving."""
+    import struct
+    from tests.integration.kafka_support import connect, raw_request, read_frame
+    from tests.integration.test_kafka_bad_input import _api_versions_ok, _closed
+    addr = secured_kafka.brokers[1].kafka_address
+    versions = _api_versions_ok(addr)          # ApiVersions is served before authentication
+    assert versions[17] == (0, 1) and versions[36] == (0, 2)
+    with connect(addr) as s:                   # Metadata first: closed, nothing answered
+        s.sendall(raw_request(3, 1, 1, struct.pack(">i", -1)))
+        assert _closed(s)
+    with connect(addr) as s:                   # authenticate before the handshake: ILLEGAL_SASL_STATE
+        s.sendall(raw_request(36, 0, 2, struct.pack(">i", 3) + b"abc"))
+        frame = read_frame(s)
+        assert frame is not None and struct.unpack_from(">ih", frame) == (2, 34)
+        assert _closed(s)
+    mech = b"SCRAM-SHA-256"
+    with connect(addr) as s:                   # an unknown mechanism: UNSUPPORTED_SASL_MECHANISM, the list
+        s.sendall(raw_request(17, 1, 3, struct.pack(">h", 6) + b"GSSAPI"))
+        frame = read_frame(s)
+        assert struct.unpack_from(">ih", frame) == (3, 33) and mech in frame and b"PLAIN" not in frame
+        assert _closed(s)
+    with connect(addr) as s:                   # a 4 KiB token: SASL_AUTHENTICATION_FAILED, closed
+        s.sendall(raw_request(17, 1, 4, struct.pack(">h", len(mech)) + mech))
+        assert struct.unpack_from(">ih", read_frame(s)) == (4, 0)
+        s.sendall(raw_request(36, 0, 5, struct.pack(">i", 4096) + b"n" * 4096))
+        frame = read_frame(s)
+        assert frame is not None and struct.unpack_from(">ih", frame) == (5, 58)
+        assert _closed(s)
+    assert logs_in(addr)                        # and everyone else is served
