@@ -35,7 +35,7 @@ class SecurityAdmin:
         that exists with this key, it replaces the former Kafka password."""
         scram = None
         if kafka_password is not None:
-            from mesh.kafka.scram import DEFAULT_ITERATIONS, credentials_to_register, make_credentials
+            from mesh.security.scram import DEFAULT_ITERATIONS, credentials_to_register, make_credentials
             scram = credentials_to_register(make_credentials(kafka_password,
                                                              iterations=kafka_iterations or DEFAULT_ITERATIONS))
         self._call(AddUserRequest(name, public_key, scram))

@@ -42,7 +42,7 @@ key                               kind       value (msgpack)                    
                                              replica table, partitions ``first`` and up
 ``user/<name>``                   register   ``{"name", "public_key"}`` (a principal)    ``mesh.security``     ``mesh.security``,
                                              and optionally ``"scram"``: its Kafka                            the Kafka listener
-                                             SCRAM credentials (``mesh.kafka.scram``)
+                                             SCRAM credentials (``mesh.security.scram``)
 ``acl/<id>``                      register   ``{"principal", "permission",               ``mesh.security``     ``mesh.security``
                                              "operations", "resource", "name",
                                              "pattern"}``

@@ -39,7 +39,7 @@ MAX_STORE_ID_CHARS = 64
 MAX_GROUP_CHARS = 255             # mesh.groups.messages.MAX_GROUP_ID_CHARS
 MAX_METADATA_CHARS = 256          # mesh.node.group_host.MAX_METADATA_CHARS
 FUTURE_SLACK_MS = 60_000          # a wall-clock stamp may be this far ahead of ours
-SCRAM_MIN_ITERATIONS = 4096       # mesh.kafka.scram (Kafka's bounds)
+SCRAM_MIN_ITERATIONS = 4096       # mesh.security.scram (Kafka's bounds)
 SCRAM_MAX_ITERATIONS = 16384
 _SCRAM_DIGEST = {"SCRAM-SHA-256": 32, "SCRAM-SHA-512": 64}
 
@@ -271,7 +271,7 @@ def _b64(v: Any, what: str, lo: int, hi: int) -> None:
 
 
 def _scram(v: Any) -> None:
-    """A user's Kafka SCRAM credentials (``mesh.kafka.scram``: the same bounds)."""
+    """A user's Kafka SCRAM credentials (``mesh.security.scram``: the same bounds)."""
     if type(v) is not dict or not v or not set(v) <= set(_SCRAM_DIGEST):
         raise _Bad("scram is a non-empty map keyed by SCRAM-SHA-256, SCRAM-SHA-512")
     for mech, c in v.items():

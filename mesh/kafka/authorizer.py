@@ -38,7 +38,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from mesh.kafka.scram import ScramCredential, credentials_from_register
+from mesh.security.scram import ScramCredential, credentials_from_register
 from mesh.security.acl import ANY_PRINCIPAL, CLUSTER_NAME, AclTable
 
 __all__ = ["SecurityView", "SecurityState", "KafkaAuthorizer", "OPERATION_MAP", "denied_error",

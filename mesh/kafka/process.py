@@ -25,7 +25,7 @@ import threading
 
 from mesh.gateway.process import GatewayProcess
 
-__all__ = ["KafkaProcess", "KafkaError", "main"]
+__all__ = ["KafkaProcess", "KafkaError", "main", "security_argv"]
 
 log = logging.getLogger("mesh.kafka.process")
 
@@ -43,12 +43,15 @@ class KafkaProcess(GatewayProcess):
     @classmethod
     def start(cls, address: str, host: str, port: int, kafka_id: int, *, node_id: str,
               creds_path: str | None = None, extra: list[str] | None = None,
-              start_wait_s: float = START_WAIT_S) -> "KafkaProcess":
+              start_wait_s: float = START_WAIT_S, config=None) -> "KafkaProcess":
+        """``config``: the node's ``NodeConfig``, for the listener's security (``security_argv``)."""
         argv = [sys.executable, "-m", "mesh.kafka.process", "--node", node_id, "--address", address,
                 "--host", host, "--port", str(port), "--kafka-id", str(kafka_id),
                 "--log-level", str(logging.getLogger().getEffectiveLevel())] + list(extra or [])
         if creds_path:
             argv += ["--creds", creds_path]
+        if config is not None:
+            argv += security_argv(config)
         root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         env = dict(os.environ)
         env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
@@ -77,6 +80,15 @@ class KafkaProcess(GatewayProcess):
                 pass
         if self.proc.stdout is not None:
             self.proc.stdout.close()
+
+
+def security_argv(config) -> list[str]:
+    """The listener's security arguments from its node's ``NodeConfig``: the secrets
+    directory (SASL with the mesh's users; ``mesh.kafka.security``) and the TLS files."""
+    argv = ["--secrets", str(config.secrets_dir)] if config.secrets_dir else []
+    if config.kafka_tls_cert:
+        argv += ["--tls-cert", str(config.kafka_tls_cert), "--tls-key", str(config.kafka_tls_key)]
+    return argv
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -16,7 +16,7 @@ Rules (as Kafka's ``SaslServerAuthenticator``):
 - the order is: ApiVersions (any number), one SaslHandshake, then SaslAuthenticate until
   the mechanism is done; anything else first, a second handshake, or authenticate before
   a handshake: ILLEGAL_SASL_STATE and the connection is closed;
-- mechanisms: SCRAM-SHA-256 and SCRAM-SHA-512 (``mesh.kafka.scram``), PLAIN only when the
+- mechanisms: SCRAM-SHA-256 and SCRAM-SHA-512 (``mesh.security.scram``), PLAIN only when the
   connection is TLS (it sends the password itself); the PLAIN password is checked against
   the user's SCRAM credentials (the mesh keeps no password). An unknown mechanism:
   UNSUPPORTED_SASL_MECHANISM with the enabled ones, then closed;
@@ -34,7 +34,7 @@ from typing import Any, Callable
 
 from kio.schema.errors import ErrorCode
 
-from mesh.kafka.scram import MECHANISMS, ScramCredential, ScramError, ScramServer, salted_password, _hmac
+from mesh.security.scram import MECHANISMS, ScramCredential, ScramError, ScramServer, salted_password, _hmac
 
 __all__ = ["SaslSession", "allowed_before_auth", "register", "BEFORE_AUTH_APIS", "AUTH_TIMEOUT_S", "MAX_AUTH_BYTES",
            "API_SASL_HANDSHAKE", "API_SASL_AUTHENTICATE", "API_VERSIONS", "VERSIONS"]

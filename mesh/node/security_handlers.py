@@ -14,7 +14,7 @@ Rules kept here (the shapes are ``mesh.security.acl`` / ``registry``'s):
   the name ``broker`` and the node's static (superuser) names are refused;
 - an ACL row's id is its content's hash: adding a row twice is one row;
 - removing ACLs by filters needs at least one filter (never "remove everything" by accident);
-- a user may carry Kafka SCRAM credentials (``scram``, never a password: ``mesh.kafka.scram``),
+- a user may carry Kafka SCRAM credentials (``scram``, never a password: ``mesh.security.scram``),
   given when it is added; adding it again with the same key and new credentials replaces
   them (a new Kafka password). ``USER_LIST`` names the mechanisms only; the credentials go
   to brokers only (``KAFKA_SECURITY``, for the Kafka listener beside each node), with a

@@ -145,7 +145,7 @@ class ListOffsetsResponse:
 @dataclass(frozen=True, slots=True)
 class AddUserRequest:
     """A principal ``name`` authenticated by the CURVE key ``public_key`` (40 chars Z85);
-    ``scram``: its Kafka SCRAM credentials (``mesh.kafka.scram.credentials_to_register``),
+    ``scram``: its Kafka SCRAM credentials (``mesh.security.scram.credentials_to_register``),
     which replace the user's former ones when the user exists with this key."""
     name: str
     public_key: str

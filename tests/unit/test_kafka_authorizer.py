@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from mesh.kafka.authorizer import KafkaAuthorizer, SecurityView, denied_error
-from mesh.kafka.scram import credentials_to_register, make_credentials
+from mesh.security.scram import credentials_to_register, make_credentials
 from mesh.security.acl import AclRule
 from mesh.security.authorizer import Authorizer
 from mesh.security.registry import Registry

@@ -16,7 +16,7 @@ from kio.serial import entity_writer
 from mesh.cluster.schema import validate_entry
 from mesh.kafka import sasl
 from mesh.kafka.sasl import MAX_AUTH_BYTES, SaslSession, allowed_before_auth
-from mesh.kafka.scram import (MECHANISMS, credentials_from_register, credentials_to_register,
+from mesh.security.scram import (MECHANISMS, credentials_from_register, credentials_to_register,
                               make_credentials)
 
 CREDS = {"alice": make_credentials("s3cret pass"), "bob": make_credentials("other", ("SCRAM-SHA-512",))}

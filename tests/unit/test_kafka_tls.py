@@ -78,10 +78,12 @@ def test_node_options(tmp_path):
     cert, key = self_signed(tmp_path)
     run = CliRunner().invoke
     base = ["node", "--id", "n1", "--data", str(tmp_path / "d")]
-    r = run(cli, base + ["--kafka-tls-cert", cert])
+    r = run(cli, base + ["--kafka-port", "19092", "--kafka-tls-cert", cert])
     assert r.exit_code != 0 and "both --kafka-tls-cert" in r.output
-    r = run(cli, base + ["--kafka-tls-cert", cert, "--kafka-tls-key", str(tmp_path / "nope.pem")])
-    assert r.exit_code != 0 and "no such file" in r.output
+    r = run(cli, base + ["--kafka-port", "19092", "--kafka-tls-cert", cert, "--kafka-tls-key", str(tmp_path / "nope.pem")])
+    assert r.exit_code != 0 and "does not exist" in r.output
+    r = run(cli, base + ["--kafka-tls-cert", cert, "--kafka-tls-key", key])
+    assert r.exit_code != 0 and "give --kafka-port too" in r.output
     r = run(cli, ["node", "--help"])
     assert "--kafka-tls-cert" in r.output and "--kafka-tls-key" in r.output
 
