@@ -68,3 +68,18 @@ def test_sasl_ssl_plain_and_scram(tmp_path, monkeypatch):
         assert r.returncode == 0 and r.stdout.split() == [b"PLAIN", b"SCRAM-SHA-512"], r.stderr.decode()
     finally:
         c.stop()
+
+
+def test_a_bad_tls_file_stops_the_node_at_start_with_the_reason(tmp_path):
+    import os
+    import sys
+    from mesh.testing.launcher import free_port
+    cert, key = self_signed(tmp_path)
+    os.chmod(key, 0o644)
+    for c, k, why in ((cert, key, "readable by others"), (key, key, "cannot load")):
+        if why == "cannot load":
+            os.chmod(key, 0o600)
+        r = subprocess.run([sys.executable, "-m", "tools.cli", "node", "--id", "n1", "--data", str(tmp_path / why),
+                            "--bind", f"127.0.0.1:{free_port()}", "--kafka-port", str(free_port()),
+                            "--kafka-tls-cert", c, "--kafka-tls-key", k], capture_output=True, timeout=120)
+        assert r.returncode != 0 and why in r.stderr.decode() + r.stdout.decode(), r.stderr.decode()[-2000:]
