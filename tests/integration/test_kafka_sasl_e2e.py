@@ -165,3 +165,29 @@ def test_raw_sasl_order_and_bounds_on_the_wire(secured_kafka):
         assert frame is not None and struct.unpack_from(">ih", frame) == (5, 58)
         assert _closed(s)
     assert logs_in(addr)                        # and everyone else is served
+
+
+def test_kafka_python_scram_idempotent_producer_and_consumer(secured_kafka):
+    """kafka-python (idempotence on by default: InitProducerId needs IDEMPOTENT_WRITE, which
+    write on a topic implies, as Kafka 3)."""
+    from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+    from kafka.errors import TopicAuthorizationFailedError
+    c = secured_kafka
+    sasl = dict(bootstrap_servers=c.brokers[2].kafka_address, security_protocol="SASL_PLAINTEXT",
+                sasl_mechanism="SCRAM-SHA-512", sasl_plain_username="alice", sasl_plain_password=PASSWORD)
+    p = KafkaProducer(**sasl, acks="all", request_timeout_ms=20000)
+    try:
+        md = p.send("orders", b"kp", partition=0).get(timeout=30)
+        assert md.topic == "orders" and md.offset >= 0
+        with pytest.raises(TopicAuthorizationFailedError):
+            p.send("payments", b"no", partition=0).get(timeout=30)
+    finally:
+        p.close(timeout=5)
+    cons = KafkaConsumer(**sasl, enable_auto_commit=False, consumer_timeout_ms=15000)
+    try:
+        tp = TopicPartition("orders", 0)
+        cons.assign([tp])
+        cons.seek(tp, md.offset)
+        assert next(iter(cons)).value == b"kp"
+    finally:
+        cons.close()
