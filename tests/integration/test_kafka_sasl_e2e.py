@@ -191,3 +191,58 @@ def test_kafka_python_scram_idempotent_producer_and_consumer(secured_kafka):
         assert next(iter(cons)).value == b"kp"
     finally:
         cons.close()
+
+
+KAFKAJS = r"""
+const { Kafka } = require('kafkajs');
+(async () => {
+  for (const mechanism of ['scram-sha-256', 'scram-sha-512']) {
+    const kafka = new Kafka({ brokers: [process.argv[2]], logLevel: 0,
+                              sasl: { mechanism, username: 'alice', password: process.argv[3] } });
+    const p = kafka.producer();
+    await p.connect();
+    await p.send({ topic: 'orders', messages: [{ value: 'js-' + mechanism }] });
+    console.log('sent ' + mechanism);
+    try { await p.send({ topic: 'payments', messages: [{ value: 'no' }] }); console.log('payments accepted'); }
+    catch (e) { console.log('payments refused'); }
+    await p.disconnect();
+  }
+  const bad = new Kafka({ brokers: [process.argv[2]], logLevel: 0, retry: { retries: 0 },
+                          sasl: { mechanism: 'scram-sha-256', username: 'alice', password: 'wrong' } });
+  try { await bad.producer().connect(); console.log('wrong password accepted'); }
+  catch (e) { console.log('wrong password refused ' + e.name); }
+})().catch(e => { console.log('error ' + e); process.exit(1); });
+"""
+
+
+def test_kafkajs_and_aiokafka_scram(secured_kafka, tmp_path):
+    import asyncio
+    import os
+    from aiokafka import AIOKafkaProducer
+    from aiokafka.errors import TopicAuthorizationFailedError
+    c = secured_kafka
+    addr = c.brokers[0].kafka_address
+
+    async def aio():
+        p = AIOKafkaProducer(bootstrap_servers=addr, security_protocol="SASL_PLAINTEXT", sasl_mechanism="SCRAM-SHA-256",
+                             sasl_plain_username="alice", sasl_plain_password=PASSWORD, request_timeout_ms=20000)
+        await p.start()
+        try:
+            assert (await p.send_and_wait("orders", b"aio", partition=0)).offset >= 0
+            with pytest.raises(TopicAuthorizationFailedError):
+                await p.send_and_wait("payments", b"no", partition=0)
+        finally:
+            await p.stop()
+    asyncio.run(aio())
+    try:
+        from tests.tooling import kafkajs_modules
+    except ImportError:
+        pytest.skip("no tests.tooling")
+    modules = kafkajs_modules()
+    script = tmp_path / "sasl.js"
+    script.write_text(KAFKAJS)
+    r = subprocess.run([need("node", "Node.js 20"), str(script), addr, PASSWORD], capture_output=True, text=True,
+                       timeout=120, env={**os.environ, "NODE_PATH": str(modules)})
+    assert r.stdout.split("\n")[:5] == ["sent scram-sha-256", "payments refused", "sent scram-sha-512",
+                                        "payments refused", "wrong password refused KafkaJSSASLAuthenticationError"], \
+        r.stdout + r.stderr[-2000:]
