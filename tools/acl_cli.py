@@ -1,6 +1,7 @@
 """``mesh user`` and ``mesh acl``: principals and Kafka-style ACLs (registered in tools/cli.py).
 
-    mesh user add alice --out alice.creds --creds secrets/admin.creds
+    mesh user add alice --out alice.creds --creds secrets/admin.creds [--kafka-password]
+    mesh user kafka-password alice [--kafka-password-file FILE]   (set or change it)
     mesh user list / mesh user remove alice
     mesh acl add --principal alice --allow write,describe --topic orders [--prefix]
     mesh acl add --principal bob --deny read --group billing
@@ -46,16 +47,27 @@ def user() -> None:
               help="make a keypair here and write NAME's creds file to this path (mode 0600)")
 @click.option("--public-key", default=None, help="register this CURVE public key (Z85) instead of making one")
 @click.option("--force", is_flag=True, help="with --out: overwrite an existing file")
+@click.option("--kafka-password", "kafka_prompt", is_flag=True,
+              help="also give NAME a Kafka password (SASL SCRAM), asked for here (hidden, twice)")
+@click.option("--kafka-password-file", type=click.File("r"), default=None,
+              help="the Kafka password: the first line of this file ('-': stdin)")
+@click.option("--kafka-iterations", type=click.IntRange(4096, 16384), default=None,
+              help="SCRAM iterations (4096..16384; default 8192)")
 @_client_options
 @_friendly
-def user_add(name, out, public_key, force, bootstrap) -> None:
-    """Add user NAME (then grant it ACLs with `mesh acl add --principal NAME`)."""
+def user_add(name, out, public_key, force, kafka_prompt, kafka_password_file, kafka_iterations, bootstrap) -> None:
+    """Add user NAME (then grant it ACLs with `mesh acl add --principal NAME`).
+
+    With --kafka-password(-file) NAME can also log in to the Kafka port (SASL
+    SCRAM-SHA-256/512): only SCRAM credentials are stored, never the password. Adding an
+    existing user again with its --public-key and a Kafka password changes the password."""
     from mesh.security.acl import check_user_name
     from mesh.security.creds import Creds, load_creds, new_keypair
     from mesh.security.registry import check_public_key
     check_user_name(name)
     if (out is None) == (public_key is None):
         raise click.UsageError("give exactly one of --out FILE (make a keypair) or --public-key KEY")
+    kafka_password = _kafka_password(kafka_prompt, kafka_password_file)
     new_file = None
     if out is not None:
         admin_creds = load_creds()
@@ -70,12 +82,46 @@ def user_add(name, out, public_key, force, bootstrap) -> None:
         check_public_key(public_key)
     try:
         with _admin(bootstrap) as admin:
-            admin.add_user(name, public_key)
+            admin.add_user(name, public_key, kafka_password=kafka_password, kafka_iterations=kafka_iterations)
     except BaseException:
         if new_file is not None:
             os.unlink(new_file)
         raise
-    click.echo(f"added user {name}" + (f"; creds in {new_file} (mode 0600)" if new_file else ""))
+    click.echo(f"added user {name}" + (f"; creds in {new_file} (mode 0600)" if new_file else "")
+               + ("; Kafka password set (SCRAM-SHA-256, SCRAM-SHA-512)" if kafka_password is not None else ""))
+
+
+def _kafka_password(prompt: bool, file) -> str | None:
+    if prompt and file is not None:
+        raise click.UsageError("give at most one of --kafka-password (asked for) or --kafka-password-file FILE")
+    if file is not None:
+        password = file.readline().rstrip("\r\n")
+    elif prompt:
+        password = click.prompt("Kafka password", hide_input=True, confirmation_prompt=True, err=True)
+    else:
+        return None
+    if not 1 <= len(password) <= 1024:
+        raise click.UsageError("a Kafka password is 1-1024 characters")
+    return password
+
+
+@user.command("kafka-password")
+@click.argument("name")
+@click.option("--kafka-password-file", type=click.File("r"), default=None,
+              help="the new password: the first line of this file ('-': stdin); default: asked for")
+@click.option("--kafka-iterations", type=click.IntRange(4096, 16384), default=None,
+              help="SCRAM iterations (4096..16384; default 8192)")
+@_client_options
+@_friendly
+def user_kafka_password(name, kafka_password_file, kafka_iterations, bootstrap) -> None:
+    """Set or change user NAME's Kafka password (SASL SCRAM; only credentials are stored)."""
+    password = _kafka_password(kafka_password_file is None, kafka_password_file)
+    with _admin(bootstrap) as admin:
+        key = next((u["public_key"] for u in admin.list_users() if u["name"] == name and not u.get("static")), None)
+        if key is None:
+            raise click.UsageError(f"no user named {name} (add it with: mesh user add {name} ...)")
+        admin.add_user(name, key, kafka_password=password, kafka_iterations=kafka_iterations)
+    click.echo(f"Kafka password of {name} set (SCRAM-SHA-256, SCRAM-SHA-512)")
 
 
 @user.command("remove")
@@ -101,7 +147,8 @@ def user_list(as_json, bootstrap) -> None:
         click.echo(json.dumps(users, indent=2, sort_keys=True))
         return
     for u in users:
-        click.echo(f"{u['name']:<24} {u['public_key']}" + ("  (superuser, from the secrets)" if u.get("static") else ""))
+        click.echo(f"{u['name']:<24} {u['public_key']}" + ("  (superuser, from the secrets)" if u.get("static") else "")
+                   + (f"  kafka: {','.join(u['kafka'])}" if u.get("kafka") else ""))
 
 
 # -- ACLs ------------------------------------------------------------------------------

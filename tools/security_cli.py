@@ -4,8 +4,9 @@
   first superuser ``admin`` (``secrets/admin.creds``, its key in ``secrets/superusers.json``);
   every file written 0600.
 - ``node_security_options``: ``mesh node --secrets DIR --superuser NAME --insecure
-  --max-connections N --text-creds FILE``, handed to the node function as one ``security``
-  dict of NodeConfig fields.
+  --max-connections N --text-creds FILE --kafka-tls-cert FILE --kafka-tls-key FILE``, handed
+  to the node function as one ``security`` dict of NodeConfig fields (the Kafka listener
+  loads the TLS files when it starts: a bad one stops the node's start with the reason).
 - ``creds_option``: ``--creds FILE`` (default $MESH_CREDS) on every client command; the file
   is checked at once (a missing, malformed or group/world-readable one is one clear error)
   and passed on through $MESH_CREDS, which every client (``mesh.security.load_creds``) reads.
@@ -56,10 +57,21 @@ def node_security_options(f):
     @click.option("--text-creds", type=click.Path(dir_okay=False), default=None,
                   help="secured node with --text-port: the creds file of the principal the text gateway "
                        "acts as (the gateway has no authentication of its own: loopback only)")
+    @click.option("--kafka-tls-cert", type=click.Path(exists=True, dir_okay=False), default=None,
+                  help="the Kafka port speaks TLS with this PEM certificate (chain); with --kafka-tls-key")
+    @click.option("--kafka-tls-key", type=click.Path(exists=True, dir_okay=False), default=None,
+                  help="the PEM private key of --kafka-tls-cert (mode 0600)")
     @functools.wraps(f)
-    def wrapper(*args, secrets_dir, superusers, insecure, max_connections, text_creds, **kwargs):
+    def wrapper(*args, secrets_dir, superusers, insecure, max_connections, text_creds, kafka_tls_cert,
+                kafka_tls_key, **kwargs):
+        # (the listener loads them when it starts, and the node refuses to start if it cannot)
+        if (kafka_tls_cert is None) != (kafka_tls_key is None):
+            raise click.UsageError("give both --kafka-tls-cert FILE and --kafka-tls-key FILE (or neither)")
+        if kafka_tls_cert is not None and kwargs.get("kafka_port", 0) is None:
+            raise click.UsageError("--kafka-tls-cert is for the Kafka port: give --kafka-port too")
         security = {"secrets_dir": secrets_dir, "superusers": list(superusers), "insecure": insecure,
-                    "max_connections": max_connections, "text_creds": text_creds}
+                    "max_connections": max_connections, "text_creds": text_creds,
+                    "kafka_tls_cert": kafka_tls_cert, "kafka_tls_key": kafka_tls_key}
         return f(*args, security=security, **kwargs)
     return wrapper
 

@@ -27,10 +27,21 @@ class SecurityAdmin:
     """Users (principals with a CURVE public key) and Kafka-style ACLs."""
 
     # -- users --------------------------------------------------------------------------
-    def add_user(self, name: str, public_key: str, wait_s: float = 10.0) -> None:
-        """Register principal ``name`` with its CURVE public key (Z85 text, 40 chars)."""
-        self._call(AddUserRequest(name, public_key))
-        self._wait_security(ListUsersRequest(), lambda r: any(u["name"] == name for u in r.users), wait_s)
+    def add_user(self, name: str, public_key: str, wait_s: float = 10.0, *, kafka_password: str | None = None,
+                 kafka_iterations: int | None = None) -> None:
+        """Register principal ``name`` with its CURVE public key (Z85 text, 40 chars).
+        ``kafka_password``: also give it a Kafka password (SCRAM-SHA-256 and -512
+        credentials are derived here; the password never leaves this process); for a user
+        that exists with this key, it replaces the former Kafka password."""
+        scram = None
+        if kafka_password is not None:
+            from mesh.security.scram import DEFAULT_ITERATIONS, credentials_to_register, make_credentials
+            scram = credentials_to_register(make_credentials(kafka_password,
+                                                             iterations=kafka_iterations or DEFAULT_ITERATIONS))
+        self._call(AddUserRequest(name, public_key, scram))
+        mechs = sorted(scram or {})
+        self._wait_security(ListUsersRequest(), lambda r: any(
+            u["name"] == name and (not mechs or u.get("kafka") == mechs) for u in r.users), wait_s)
 
     def remove_user(self, name: str, wait_s: float = 10.0) -> None:
         """Remove a user: every broker refuses its requests (open connections too) as soon
@@ -39,7 +50,8 @@ class SecurityAdmin:
         self._wait_security(ListUsersRequest(), lambda r: all(u["name"] != name for u in r.users), wait_s)
 
     def list_users(self) -> list[dict]:
-        """[{name, public_key}] (static superusers of the answering broker: ``static: True``)."""
+        """[{name, public_key[, kafka: the SCRAM mechanisms of its Kafka password]}] (static
+        superusers of the answering broker: ``static: True``)."""
         return self._call(ListUsersRequest()).users
 
     # -- ACLs ---------------------------------------------------------------------------

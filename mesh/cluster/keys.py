@@ -40,7 +40,9 @@ key                               kind       value (msgpack)                    
 ``tparts/<name>/<uuid>/<k>``      register   ``{"first": partition, "replicas":          catalog (create,      catalog (``reconcile``)
                                              [[node, ...], ...]}``: chunk ``k`` of the    delete)
                                              replica table, partitions ``first`` and up
-``user/<name>``                   register   ``{"name", "public_key"}`` (a principal)    ``mesh.security``     ``mesh.security``
+``user/<name>``                   register   ``{"name", "public_key"}`` (a principal)    ``mesh.security``     ``mesh.security``,
+                                             and optionally ``"scram"``: its Kafka                            the Kafka listener
+                                             SCRAM credentials (``mesh.security.scram``)
 ``acl/<id>``                      register   ``{"principal", "permission",               ``mesh.security``     ``mesh.security``
                                              "operations", "resource", "name",
                                              "pattern"}``

@@ -20,6 +20,8 @@ Rules (each a bound, so nothing checked here can grow without limit):
 """
 from __future__ import annotations
 
+import base64
+import binascii
 import re
 from typing import Any, Callable
 
@@ -37,6 +39,9 @@ MAX_STORE_ID_CHARS = 64
 MAX_GROUP_CHARS = 255             # mesh.groups.messages.MAX_GROUP_ID_CHARS
 MAX_METADATA_CHARS = 256          # mesh.node.group_host.MAX_METADATA_CHARS
 FUTURE_SLACK_MS = 60_000          # a wall-clock stamp may be this far ahead of ours
+SCRAM_MIN_ITERATIONS = 4096       # mesh.security.scram (Kafka's bounds)
+SCRAM_MAX_ITERATIONS = 16384
+_SCRAM_DIGEST = {"SCRAM-SHA-256": 32, "SCRAM-SHA-512": 64}
 
 REGISTER_PREFIXES = keys.REGISTER_PREFIXES
 
@@ -244,12 +249,37 @@ def _tparts(rest: str, v: Any, now_ms: int) -> None:
 
 def _user(rest: str, v: Any, now_ms: int) -> None:
     _str(rest, "user name", 64, _USER)
-    _map(v, ("name", "public_key"), "user")
+    _map(v, ("name", "public_key", "scram") if type(v) is dict and "scram" in v else ("name", "public_key"), "user")
     if v["name"] != rest:
         raise _Bad("the value names another user")
     key = v["public_key"]
     if type(key) is not str or len(key) != 40 or not _Z85.issuperset(key):
         raise _Bad("public_key is the 40-character Z85 text of a CURVE key")
+    if "scram" in v:
+        _scram(v["scram"])
+
+
+def _b64(v: Any, what: str, lo: int, hi: int) -> None:
+    if type(v) is not str or len(v) > 4 * hi:
+        raise _Bad(f"{what} is base64 text")
+    try:
+        n = len(base64.b64decode(v, validate=True))
+    except (binascii.Error, ValueError):
+        raise _Bad(f"{what} is base64 text") from None
+    if not lo <= n <= hi:
+        raise _Bad(f"{what} has {lo}..{hi} bytes")
+
+
+def _scram(v: Any) -> None:
+    """A user's Kafka SCRAM credentials (``mesh.security.scram``: the same bounds)."""
+    if type(v) is not dict or not v or not set(v) <= set(_SCRAM_DIGEST):
+        raise _Bad("scram is a non-empty map keyed by SCRAM-SHA-256, SCRAM-SHA-512")
+    for mech, c in v.items():
+        _map(c, ("salt", "iterations", "stored_key", "server_key"), "scram credential")
+        _int(c["iterations"], "iterations", SCRAM_MIN_ITERATIONS, SCRAM_MAX_ITERATIONS + 1)
+        _b64(c["salt"], "salt", 16, 64)
+        _b64(c["stored_key"], "stored_key", _SCRAM_DIGEST[mech], _SCRAM_DIGEST[mech])
+        _b64(c["server_key"], "server_key", _SCRAM_DIGEST[mech], _SCRAM_DIGEST[mech])
 
 
 def _acl(rest: str, v: Any, now_ms: int) -> None:

@@ -25,7 +25,7 @@ import threading
 
 from mesh.gateway.process import GatewayProcess
 
-__all__ = ["KafkaProcess", "KafkaError", "main"]
+__all__ = ["KafkaProcess", "KafkaError", "main", "security_argv"]
 
 log = logging.getLogger("mesh.kafka.process")
 
@@ -43,12 +43,15 @@ class KafkaProcess(GatewayProcess):
     @classmethod
     def start(cls, address: str, host: str, port: int, kafka_id: int, *, node_id: str,
               creds_path: str | None = None, extra: list[str] | None = None,
-              start_wait_s: float = START_WAIT_S) -> "KafkaProcess":
+              start_wait_s: float = START_WAIT_S, config=None) -> "KafkaProcess":
+        """``config``: the node's ``NodeConfig``, for the listener's security (``security_argv``)."""
         argv = [sys.executable, "-m", "mesh.kafka.process", "--node", node_id, "--address", address,
                 "--host", host, "--port", str(port), "--kafka-id", str(kafka_id),
                 "--log-level", str(logging.getLogger().getEffectiveLevel())] + list(extra or [])
         if creds_path:
             argv += ["--creds", creds_path]
+        if config is not None:
+            argv += security_argv(config)
         root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         env = dict(os.environ)
         env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
@@ -79,6 +82,15 @@ class KafkaProcess(GatewayProcess):
             self.proc.stdout.close()
 
 
+def security_argv(config) -> list[str]:
+    """The listener's security arguments from its node's ``NodeConfig``: the secrets
+    directory (SASL with the mesh's users; ``mesh.kafka.security``) and the TLS files."""
+    argv = ["--secrets", str(config.secrets_dir)] if config.secrets_dir else []
+    if config.kafka_tls_cert:
+        argv += ["--tls-cert", str(config.kafka_tls_cert), "--tls-key", str(config.kafka_tls_key)]
+    return argv
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m mesh.kafka.process",
                                 description="The Kafka wire-protocol listener of one node (started by the node).")
@@ -88,6 +100,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--port", type=int, required=True)
     p.add_argument("--kafka-id", type=int, required=True)
     p.add_argument("--creds")
+    p.add_argument("--secrets", help="the node's secrets directory: SASL required (mesh.kafka.security)")
+    p.add_argument("--tls-cert", help="PEM certificate chain: the port speaks TLS (mesh.kafka.tls)")
+    p.add_argument("--tls-key", help="PEM private key of --tls-cert")
     p.add_argument("--max-request-bytes", type=int, default=100 << 20)
     p.add_argument("--log-level", type=int, default=logging.INFO)
     args = p.parse_args(argv)
@@ -102,14 +117,25 @@ def main(argv: list[str] | None = None) -> int:
         from mesh.kafka.handlers import core_registry
         from mesh.kafka.link import MeshLinks, MetaCache
         from mesh.kafka.server import KafkaServer, ServerLimits
-        creds = None
-        if args.creds:
+        from mesh.kafka import sasl
+        from mesh.kafka.security import ListenerSecurity
+        # security (mesh.kafka.security): on a secured node SASL with the mesh's users, every
+        # request authorized by its ACLs here, the native client with the cluster keypair
+        sec = ListenerSecurity.start(args.address, secrets_dir=args.secrets, tls_cert=args.tls_cert,
+                                     tls_key=args.tls_key)
+        creds = sec.node_creds(args.secrets)
+        if creds is None and args.creds:
             from mesh.security.creds import Creds
             creds = Creds.load(args.creds)
         links = MeshLinks(args.address, creds)
         cache = MetaCache(links, args.node, args.host, args.port, args.kafka_id)
-        server = KafkaServer(args.host, args.port, core_registry(), cache, links,
-                             limits=ServerLimits(max_request_bytes=args.max_request_bytes))
+        reg = core_registry()
+        if sec.secured:
+            sasl.register(reg)
+        server = KafkaServer(args.host, args.port, reg, cache, links, authorizer=sec.authorizer,
+                             limits=ServerLimits(max_request_bytes=args.max_request_bytes),
+                             auth=(lambda conn: sec.new_session()) if sec.secured else None,
+                             ssl_context=sec.ssl_context)
     except Exception as exc:
         print(f"Kafka listener on {args.host}:{args.port}: {type(exc).__name__}: {exc}", flush=True)
         return 1
@@ -123,6 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         server.close()
         links.close_all()
+        sec.close()
     return 0
 
 

@@ -25,7 +25,12 @@ Theory of operation
   connection is closed; the listener goes on. ``None`` from a handler (acks=0) writes nothing.
 - SASL (``auth``: a factory of per-connection sessions, ``mesh.kafka.sasl``): until the
   session is ``done`` only the APIs it allows are served (others close the connection);
-  its handlers are the connection's own; ``failed`` closes the connection after the answer.
+  its handlers are the connection's own; ``failed`` closes the connection after the answer,
+  and so does a request on a connection still not authenticated ``AUTH_TIMEOUT_S`` after it
+  opened (``expired()``).
+- TLS (``ssl_context``, ``mesh.kafka.tls``): each accepted socket is wrapped without a
+  handshake, which the connection's reader does (its send timeout bounds it), so a client
+  that never finishes one holds no other connection back.
 """
 from __future__ import annotations
 
@@ -89,7 +94,8 @@ class Registry:
 
 class KafkaServer:
     def __init__(self, host: str, port: int, registry: Registry, cluster, links, *, authorizer=None,
-                 limits: ServerLimits = ServerLimits(), auth: Callable | None = None) -> None:
+                 limits: ServerLimits = ServerLimits(), auth: Callable | None = None, ssl_context=None) -> None:
+        self.ssl_context = ssl_context
         self.registry = registry
         self.cluster = cluster
         self.links = links
@@ -125,6 +131,12 @@ class KafkaServer:
                               self.limits.max_connections, peer[0])
                 sock.close()
                 continue
+            if self.ssl_context is not None:   # the handshake is the reader's (a slow client holds no one else)
+                try:
+                    sock = self.ssl_context.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
+                except OSError:
+                    sock.close()
+                    continue
             conn = _Connection(self, sock, peer[0], next(self._ids))
             with self._lock:
                 self._conns.add(conn)
@@ -228,6 +240,13 @@ class _Connection:
 
     def _read_loop(self) -> None:
         try:
+            if self.server.ssl_context is not None:
+                try:
+                    self.sock.do_handshake()
+                except (OSError, ValueError) as exc:
+                    self.server.log_once(f"tls:{self.peer}", "Kafka connection from %s: TLS handshake failed: %s",
+                                         self.peer, exc)
+                    return
             while not self._closed:
                 head = self._recv_exact(4)
                 if head is None:
@@ -283,6 +302,10 @@ class _Connection:
         handler = self.server.registry.lookup(api_key, version)   # the version range is the registry's
         if handler is not None and api_key in self.handlers:
             handler = self.handlers[api_key]   # the connection's own (SASL)
+        if self.auth is not None and not self.auth.done and getattr(self.auth, "expired", lambda: False)():
+            self.server.log_once(f"authtime:{self.peer}", "Kafka connection from %s: not authenticated in time: "
+                                 "closed", self.peer)
+            return False
         if self.auth is not None and not self.auth.done and not self._allowed_before_auth(api_key):
             self.server.log_once(f"auth:{self.peer}", "Kafka connection from %s: API %d before authentication: "
                                  "closed", self.peer, api_key)

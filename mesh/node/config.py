@@ -66,6 +66,8 @@ class NodeConfig:
     insecure: bool = False       # allow running open on a non-loopback address (a warning)
     max_connections: int = 4096  # open connections to the ROUTER; beyond: handshakes refused
     text_creds: str | None = None   # secured: the creds file the text gateway's clients use
+    kafka_tls_cert: str | None = None   # the Kafka listener speaks TLS (mesh.kafka.tls) with this PEM chain
+    kafka_tls_key: str | None = None    # ... and this PEM private key
     metrics_port: int | None = None   # /metrics (Prometheus) on the bind host: mesh.node.metrics
     metrics_per_partition: bool = True
     # an elastic cluster (issue 14: mesh.node.elastic)

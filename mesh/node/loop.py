@@ -344,7 +344,7 @@ class Node:
         self.security_sync = SecuritySync(self.gossip, self.security.registry, self.security.authorizer)
         self.security_sync.refresh()
         if self.security.secured:
-            self.handlers.security.registry = self.security.registry
+            self.handlers.security.registry, self.handlers.security.superusers = self.security.registry, self.security.superusers
         self.text = None   # the telnet text gateway: a client of this node, in a process of its own
         if config.text_port is not None:
             from mesh.gateway.process import GatewayError, GatewayProcess
@@ -364,7 +364,7 @@ class Node:
         if self.kafka_listener is not None:
             from mesh.kafka.process import KafkaError, KafkaProcess
             try:
-                self.kafka = KafkaProcess.start(self.address, *self.kafka_listener, node_id=config.node_id)
+                self.kafka = KafkaProcess.start(self.address, *self.kafka_listener, node_id=config.node_id, config=config)
             except KafkaError as exc:
                 if self.text is not None:
                     self.text.close()

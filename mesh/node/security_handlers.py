@@ -13,14 +13,21 @@ Rules kept here (the shapes are ``mesh.security.acl`` / ``registry``'s):
 - a user name is new, or re-added with the same key (idempotent); a key belongs to one user;
   the name ``broker`` and the node's static (superuser) names are refused;
 - an ACL row's id is its content's hash: adding a row twice is one row;
-- removing ACLs by filters needs at least one filter (never "remove everything" by accident).
+- removing ACLs by filters needs at least one filter (never "remove everything" by accident);
+- a user may carry Kafka SCRAM credentials (``scram``, never a password: ``mesh.security.scram``),
+  given when it is added; adding it again with the same key and new credentials replaces
+  them (a new Kafka password). ``USER_LIST`` names the mechanisms only; the credentials go
+  to brokers only (``KAFKA_SECURITY``, for the Kafka listener beside each node), with a
+  version so that a poll that finds nothing new is answered without them.
 """
 from __future__ import annotations
 
+import hashlib
 import logging
 from typing import Any, Callable
 
 from mesh.cluster.keys import ACL_PREFIX, USER_PREFIX, acl_key, user_key
+from mesh.cluster.schema import validate_entry
 from mesh.security.acl import AclRule, AclTable, check_user_name, parse_operations
 from mesh.security.registry import RESERVED_NAMES, Registry, check_public_key
 from mesh.wire import messages as m
@@ -48,6 +55,7 @@ class SecurityHandlers:
         self.apply_cluster_change = apply_cluster_change
         self.reply = reply
         self.registry = registry
+        self.superusers: frozenset[str] = frozenset()   # secured mode: the node's (for the Kafka listener)
 
     def table(self) -> dict[type, Callable]:
         return {
@@ -57,6 +65,7 @@ class SecurityHandlers:
             m.AddAclRequest: self.on_add_acl,
             m.RemoveAclRequest: self.on_remove_acl,
             m.ListAclsRequest: self.on_list_acls,
+            m.KafkaSecurityRequest: self.on_kafka_security,
         }
 
     def _persist(self, what: str) -> None:
@@ -90,11 +99,20 @@ class SecurityHandlers:
         owner = next((n for n, v in sorted(users.items()) if v.get("public_key") == key and n != name), None)
         if owner is not None or (self.registry is not None and key in self.registry.static.values()):
             raise _invalid(f"this public key is already the key of user {owner or '(static)'}")
-        if old is None:
+        value = {"name": name, "public_key": key}
+        if req.scram is not None:
+            value["scram"] = req.scram
+            why = validate_entry(user_key(name), value, 0)
+            if why is not None:
+                raise _invalid(f"bad Kafka credentials: {why}")
+        elif old is not None and "scram" in old:
+            value["scram"] = old["scram"]     # re-added without a Kafka password: it keeps its own
+        if old != value:
             self.commit_turn()
-            self.gossip.put_cluster(user_key(name), {"name": name, "public_key": key})
+            self.gossip.put_cluster(user_key(name), value)
             self._persist(f"user {name} added")
-            log.info("added user %s", name)
+            log.info("%s user %s%s", "added" if old is None else "updated", name,
+                     " (Kafka credentials)" if "scram" in value else "")
         self.reply(ident, rid, m.AddUserResponse(0))
 
     def on_remove_user(self, ident, rid, req: m.RemoveUserRequest, payload) -> None:
@@ -107,7 +125,9 @@ class SecurityHandlers:
         self.reply(ident, rid, m.RemoveUserResponse(0))
 
     def on_list_users(self, ident, rid, req: m.ListUsersRequest, payload) -> None:
-        users = [{"name": n, "public_key": v.get("public_key")} for n, v in sorted(self._users().items())]
+        users = [{"name": n, "public_key": v.get("public_key"),
+                  **({"kafka": sorted(v["scram"])} if isinstance(v.get("scram"), dict) else {})}
+                 for n, v in sorted(self._users().items())]
         if self.registry is not None:
             users += [{"name": n, "public_key": k, "static": True} for n, k in sorted(self.registry.static.items())]
         self.reply(ident, rid, m.ListUsersResponse(0, users=users))
@@ -151,6 +171,20 @@ class SecurityHandlers:
     def on_list_acls(self, ident, rid, req: m.ListAclsRequest, payload) -> None:
         rules = self._acls().select(principal=req.principal, resource=req.resource, name=req.name)
         self.reply(ident, rid, m.ListAclsResponse(0, acls=[_acl_entry(r) for r in rules]))
+
+
+    def on_kafka_security(self, ident, rid, req: m.KafkaSecurityRequest, payload) -> None:
+        """Brokers only (the authorizer refuses every user): the Kafka listener's poll."""
+        users = {n: v["scram"] for n, v in sorted(self._users().items()) if isinstance(v.get("scram"), dict)}
+        acls = self.gossip.cluster_items(ACL_PREFIX)
+        supers = sorted(self.superusers)
+        digest = hashlib.sha256(repr((sorted(users.items()), sorted(acls.items()), supers)).encode())
+        version = digest.hexdigest()[:32]
+        if req.since == version:
+            self.reply(ident, rid, m.KafkaSecurityResponse(0, version=version, superusers=supers))
+            return
+        self.reply(ident, rid, m.KafkaSecurityResponse(0, version=version, users=users, acls=acls,
+                                                       superusers=supers))
 
 
 class SecuritySync:

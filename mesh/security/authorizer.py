@@ -33,6 +33,8 @@ AddUserRequest, RemoveUserRequest alter cluster                                 
 ListUsersRequest                  describe cluster                                    DescribeUserScram...
 AddAclRequest, RemoveAclRequest   alter cluster                                       CreateAcls/DeleteAcls
 ListAclsRequest                   describe cluster                                    DescribeAcls
+KafkaSecurityRequest              refused to every user, superusers too (brokers      (none: it carries
+                                  only: the Kafka listener's SCRAM credentials)       SCRAM keys)
 AlterTopicRequest                 alter topic                                         CreatePartitions
 BrokerStateRequest                alter cluster                                       (broker decommission)
 ReassignRequest                   alter cluster                                       AlterPartitionReassignments
@@ -97,6 +99,12 @@ def _group_and_topics(group_op: str, topic_op: str, topics: Callable[[Any], list
 _CLUSTER_ALTER = lambda msg: [_one("alter", "cluster", CLUSTER_NAME)]       # noqa: E731
 _CLUSTER_DESCRIBE = lambda msg: [_one("describe", "cluster", CLUSTER_NAME)]  # noqa: E731
 
+def _brokers_only(msg) -> list[Need]:
+    """No user may have it (it is computed before the superuser pass): brokers never reach
+    the authorizer."""
+    raise MeshError(ErrorCode.UNAUTHORIZED, f"only brokers may send {type(msg).__name__}")
+
+
 REQUIREMENTS: dict[type, Callable[[Any], list[Need]]] = {
     m.ProduceRequest: lambda msg: [_one("write", "topic", msg.topic)],
     m.FetchRequest: lambda msg: [_one("read", "topic", t) for t in _topics_of(msg.parts)],
@@ -119,6 +127,7 @@ REQUIREMENTS: dict[type, Callable[[Any], list[Need]]] = {
     m.AddAclRequest: _CLUSTER_ALTER,
     m.RemoveAclRequest: _CLUSTER_ALTER,
     m.ListAclsRequest: _CLUSTER_DESCRIBE,
+    m.KafkaSecurityRequest: _brokers_only,
     m.AlterTopicRequest: lambda msg: [_one("alter", "topic", msg.name)],
     m.BrokerStateRequest: _CLUSTER_ALTER,
     m.ReassignRequest: _CLUSTER_ALTER,

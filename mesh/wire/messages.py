@@ -18,6 +18,7 @@ __all__ = [
     "AddUserRequest", "AddUserResponse", "RemoveUserRequest", "RemoveUserResponse",
     "ListUsersRequest", "ListUsersResponse", "AddAclRequest", "AddAclResponse",
     "RemoveAclRequest", "RemoveAclResponse", "ListAclsRequest", "ListAclsResponse",
+    "KafkaSecurityRequest", "KafkaSecurityResponse",
     "AlterTopicRequest", "AlterTopicResponse", "BrokerStateRequest", "BrokerStateResponse",
     "ReassignRequest", "ReassignResponse", "ListMovesRequest", "ListMovesResponse",
     "BROKER_ACTIVE", "BROKER_DRAINING",
@@ -143,9 +144,12 @@ class ListOffsetsResponse:
 @message("USER_ADD")
 @dataclass(frozen=True, slots=True)
 class AddUserRequest:
-    """A principal ``name`` authenticated by the CURVE key ``public_key`` (40 chars Z85)."""
+    """A principal ``name`` authenticated by the CURVE key ``public_key`` (40 chars Z85);
+    ``scram``: its Kafka SCRAM credentials (``mesh.security.scram.credentials_to_register``),
+    which replace the user's former ones when the user exists with this key."""
     name: str
     public_key: str
+    scram: dict | None = None
 
 
 @message("USER_ADD_R")
@@ -242,6 +246,29 @@ class ListAclsResponse:
     error: int
     message: str = ""
     acls: list = field(default_factory=list)
+
+
+@message("KAFKA_SECURITY")
+@dataclass(frozen=True, slots=True)
+class KafkaSecurityRequest:
+    """What the Kafka listener beside a node needs to authenticate and authorize Kafka
+    clients (brokers only: the cluster keypair). ``since``: the ``version`` last received
+    (unchanged: the answer carries no users and no ACLs)."""
+    since: str = ""
+
+
+@message("KAFKA_SECURITY_R")
+@dataclass(frozen=True, slots=True)
+class KafkaSecurityResponse:
+    """users: {name: scram map} of the users with Kafka credentials; acls: the ``acl/<id>``
+    registers (key -> value); superusers: this node's; both None when ``version`` is
+    ``since``."""
+    error: int
+    message: str = ""
+    version: str = ""
+    users: dict | None = None
+    acls: dict | None = None
+    superusers: list = field(default_factory=list)
 
 
 # -- an elastic cluster (``mesh.node.elastic_handlers``; decisions in ``mesh.cluster.balance``) ---
