@@ -191,6 +191,9 @@ def beat_until(members, cond, timeout_s=40, what="condition"):
     def step():
         for m in members:
             m.beat()
+        for i, m in enumerate(members):   # no partition is ever given to two members at once
+            for other in members[i + 1:]:
+                assert not (m.assignment & other.assignment), (m.assignment, other.assignment)
         return cond()
     wait_until(step, timeout_s, what, interval_s=0.1)
 
@@ -321,3 +324,58 @@ def _cluster_as(node_id: int) -> FakeCluster:
     c = FakeCluster(["n1", "n2", "n3"])
     c.brokers = [b for b in c.brokers if b.node_id == node_id] + [b for b in c.brokers if b.node_id != node_id]
     return c
+
+
+def test_cooperative_members_never_hold_one_partition_twice(cluster, groups):
+    make_topic(cluster, "kg-coop", 4)
+    every = {("kg-coop", p) for p in range(4)}
+    a = ClassicMember(groups, "kg6", ["kg-coop"], protocol="cooperative-sticky", cooperative=True).join()
+    beat_until([a], lambda: a.assignment == every, what="all 4 partitions")
+    first = a.assignment
+    b = ClassicMember(groups, "kg6", ["kg-coop"], protocol="cooperative-sticky", cooperative=True).join()
+
+    def settled():
+        assert not (a.assignment & b.assignment), (a.assignment, b.assignment)   # at every step
+        return a.assignment | b.assignment == every and len(a.assignment) == len(b.assignment) == 2
+    beat_until([a, b], settled, what="two shares of two")
+    assert a.assignment <= first
+    a.leave()
+    b.leave()
+
+
+def test_join_edge_cases(cluster, groups):
+    from kio.schema.join_group.v0.request import JoinGroupRequestProtocol as P0
+    from kio.schema.join_group.v7.request import JoinGroupRequestProtocol as P7
+    make_topic(cluster, "kg-edge", 1)
+    meta = encode_subscription(["kg-edge"], version=0)
+
+    def join(version, member_id="", protocols=None, protocol_type="consumer", session_ms=SESSION_MS):
+        kw = dict(group_id="kg7", session_timeout=_td(session_ms), member_id=member_id,
+                  protocol_type=protocol_type,
+                  protocols=protocols or ((P0 if version == 0 else P7)(name="range", metadata=meta),))
+        if version >= 1:
+            kw["rebalance_timeout"] = _td(10_000)
+        if version >= 5:
+            kw["group_instance_id"] = None
+        return groups.join_group(ctx(11, version), req("join_group", version, "JoinGroupRequest", **kw))
+    v0 = join(0)                      # before v4 a member id is made up at once
+    assert v0.error_code == K.none and v0.member_id and v0.leader == ""
+    assert join(7, member_id="made-up").error_code == K.unknown_member_id
+    assert join(7, protocols=(P7(name="custom", metadata=meta),)).error_code == K.inconsistent_group_protocol
+    assert join(7, protocols=(P7(name="range", metadata=b"\x00\x00\x7f"),)).error_code == K.inconsistent_group_protocol
+    assert join(7, protocol_type="connect").error_code == K.inconsistent_group_protocol
+    assert join(7, session_ms=10).error_code == K.invalid_session_timeout
+    other = groups.heartbeat(ctx(12, 0), req("heartbeat", 0, "HeartbeatRequest", group_id="kg-other",
+                                              generation_id=v0.generation_id, member_id=v0.member_id))
+    assert other.error_code == K.unknown_member_id      # member ids belong to their group
+    stale = groups.heartbeat(ctx(12, 0), req("heartbeat", 0, "HeartbeatRequest", group_id="kg7",
+                                              generation_id=v0.generation_id + 3, member_id=v0.member_id))
+    assert stale.error_code == K.illegal_generation
+    denied = groups.heartbeat(ctx(12, 0, Allow({("GROUP", "kg7")})), req(
+        "heartbeat", 0, "HeartbeatRequest", group_id="kg7", generation_id=v0.generation_id, member_id=v0.member_id))
+    assert denied.error_code == K.group_authorization_failed
+    left = groups.leave_group(ctx(13, 0), req("leave_group", 0, "LeaveGroupRequest", group_id="kg7",
+                                               member_id=v0.member_id))
+    assert left.error_code == K.none
+    assert groups.leave_group(ctx(13, 0), req("leave_group", 0, "LeaveGroupRequest", group_id="kg7",
+                                               member_id=v0.member_id)).error_code == K.unknown_member_id
