@@ -52,6 +52,7 @@ ASSIGNOR_OF = {
     "roundrobin": "round-robin",
     "cooperative-sticky": "cooperative-sticky",
     "sticky": "cooperative-sticky",
+    "RoundRobinAssigner": "round-robin",     # kafkajs's name for its default
 }
 KAFKA_NAME_OF = {"range": "range", "round-robin": "roundrobin", "cooperative-sticky": "cooperative-sticky"}
 
@@ -163,11 +164,14 @@ def decode_assignment(data: bytes) -> frozenset[tuple[str, int]]:
 
 
 def choose_protocol(protocols) -> tuple[str, bytes] | None:
-    """The client's first protocol (its order of preference) that names a mesh assignor."""
+    """The client's first protocol (its order of preference) that names a mesh assignor;
+    else its first protocol (a custom client-side assignor: as Kafka 4 does, the server's
+    assignor serves it, here the group's default); None if it sent none."""
+    protocols = list(protocols)
     for proto in protocols:
         if proto.name in ASSIGNOR_OF:
             return proto.name, proto.metadata
-    return None
+    return (protocols[0].name, protocols[0].metadata) if protocols else None
 
 
 def kafka_state(mesh_state: str) -> str:

@@ -80,6 +80,7 @@ class Session:
     seq_sent: int = 0
     seq_acked: int = 0
     force: bool = False
+    joining: int = 0                 # JoinGroups waiting now (the client is not idle meanwhile)
     dead: int | None = None          # the mesh error that ended it (NONE: left)
 
 
@@ -320,6 +321,8 @@ class NativeLink:
                 if sent.kind == "find":
                     self._finding.pop(sent.group, None)
                     self._boot_next += 1
+        for group in [g for g, until in self._finding.items() if until <= now]:
+            del self._finding[group]    # (failed finds wait a little; none is in flight)
         for group, calls in list(self._routing.items()):
             for call in calls:
                 if now >= call.deadline_ms:
@@ -335,7 +338,7 @@ class NativeLink:
 
     # -- sessions -----------------------------------------------------------------------
     def _drive(self, s: Session, now: int) -> None:
-        if now - s.last_seen_ms > s.kafka_session_ms:
+        if not s.joining and now - s.last_seen_ms > s.kafka_session_ms:
             log.info("group %s: member %s timed out (no request for %d ms)", s.group_id, s.kafka_id,
                      s.kafka_session_ms)
             self.end(s, ErrorCode.UNKNOWN_MEMBER)

@@ -14,7 +14,8 @@ session kept by the listener (``mesh.kafka.group_sessions``: its rules are state
   coordinator: they find the new one and rejoin.
 * JoinGroup (v4+: first MEMBER_ID_REQUIRED with a member id) decodes the subscription
   (``mesh.kafka.group_codec``) of the client's first protocol that names a mesh assignor
-  (range, roundrobin, cooperative-sticky; sticky is served by cooperative-sticky),
+  (range, roundrobin, cooperative-sticky; sticky is served by cooperative-sticky, kafkajs's
+  RoundRobinAssigner by round-robin; any other name by the group's default assignor),
   joins or updates the native member, releases what the client no longer owns, waits for
   the coordinator's answer, and answers with generation = member epoch, that protocol,
   and **no leader and no member list**: every client is a follower.
@@ -217,8 +218,12 @@ class ClassicGroups(OffsetHandlers):
             s.force = True
             want = s.seq_sent + 1
             self.link.wake()
-            answered = self.link.cond.wait_for(lambda: s.dead is not None or s.seq_acked >= want,
-                                               min(rebalance_ms, self.join_wait_ms) / 1000)
+            s.joining += 1
+            try:
+                answered = self.link.cond.wait_for(lambda: s.dead is not None or s.seq_acked >= want,
+                                                   min(rebalance_ms, self.join_wait_ms) / 1000)
+            finally:
+                s.joining -= 1
             if s.dead is not None:
                 return fail(K.unknown_member_id if s.dead in (M.NONE, M.UNKNOWN_MEMBER) else kafka_error(s.dead))
             if not answered:
@@ -240,7 +245,7 @@ class ClassicGroups(OffsetHandlers):
         self._pending[member_id] = (group_id, expires_ms)
 
     def _new_session(self, ctx, group_id, member_id, sub, protocol, session_ms, rebalance_ms, now) -> Session:
-        state = GroupMemberState(group_id, sub.topics, assignor=ASSIGNOR_OF[protocol],
+        state = GroupMemberState(group_id, sub.topics, assignor=ASSIGNOR_OF.get(protocol, ""),
                                  session_timeout_ms=min(session_ms, self.native_session_ms),
                                  rebalance_timeout_ms=rebalance_ms,
                                  request_timeout_ms=self.link.request_timeout_ms)
@@ -255,7 +260,7 @@ class ClassicGroups(OffsetHandlers):
     def _update_session(s: Session, sub, protocol, session_ms, rebalance_ms) -> None:
         s.kafka_session_ms = session_ms
         s.state.rebalance_timeout_ms = rebalance_ms
-        assignor = ASSIGNOR_OF[protocol]
+        assignor = ASSIGNOR_OF.get(protocol, "")
         if list(sub.topics) != s.state.topics or assignor != s.state.assignor:
             s.state.assignor = assignor
             s.state.subscribe(sub.topics)

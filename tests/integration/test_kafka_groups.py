@@ -361,7 +361,8 @@ def test_join_edge_cases(cluster, groups):
     v0 = join(0)                      # before v4 a member id is made up at once
     assert v0.error_code == K.none and v0.member_id and v0.leader == ""
     assert join(7, member_id="made-up").error_code == K.unknown_member_id
-    assert join(7, protocols=(P7(name="custom", metadata=meta),)).error_code == K.inconsistent_group_protocol
+    custom = join(0, protocols=(P0(name="custom", metadata=meta),))   # served by the default assignor
+    assert (custom.error_code, custom.protocol_name) == (K.none, "custom")
     assert join(7, protocols=(P7(name="range", metadata=b"\x00\x00\x7f"),)).error_code == K.inconsistent_group_protocol
     assert join(7, protocol_type="connect").error_code == K.inconsistent_group_protocol
     assert join(7, session_ms=10).error_code == K.invalid_session_timeout

@@ -80,7 +80,9 @@ class _Proto:
 def test_protocol_choice_follows_the_clients_preference():
     assert choose_protocol([_Proto("mine"), _Proto("roundrobin", b"r"), _Proto("range")]) == ("roundrobin", b"r")
     assert choose_protocol([_Proto("cooperative-sticky", b"c"), _Proto("range")]) == ("cooperative-sticky", b"c")
-    assert choose_protocol([_Proto("custom")]) is None
+    assert choose_protocol([_Proto("custom", b"x"), _Proto("mine")]) == ("custom", b"x")   # the default assignor
+    assert choose_protocol([_Proto("mine"), _Proto("RoundRobinAssigner", b"k")]) == ("RoundRobinAssigner", b"k")
+    assert choose_protocol([]) is None
 
 
 def test_states_errors_and_build():
