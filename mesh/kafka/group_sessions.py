@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import re
 import threading
 import time
 from dataclasses import dataclass, field
@@ -47,7 +48,7 @@ from mesh.groups import GroupFindCoordinator, GroupHeartbeatResponse, GroupMembe
 from mesh.wire.errors import ErrorCode, MeshError, retriable
 from mesh.wire.messages import ErrorResponse
 
-__all__ = ["NativeLink", "Session"]
+__all__ = ["NativeLink", "Session", "member_state"]
 
 log = logging.getLogger("mesh.kafka.groups")
 
@@ -55,10 +56,20 @@ _MOVED = (ErrorCode.COORDINATOR_MOVED, ErrorCode.COORDINATOR_NOT_AVAILABLE)
 _TICK_MS = 50
 _FIND_RETRY_MS = 100
 _MAX_COORDINATORS = 10_000     # group -> coordinator address entries cached
+_SESSION_BOUNDS = re.compile(r"session_timeout_ms must be in \[(\d+), (\d+)\]")
 
 
 def _ms() -> int:
     return int(time.monotonic() * 1000)
+
+
+def member_state(group_id: str, topics, assignor: str, session_ms: int, rebalance_ms: int,
+                 request_timeout_ms: int) -> GroupMemberState:
+    """The native member of one session (a heartbeat unanswered for a third of the session
+    counts as failed, so a lost one is followed by another in time)."""
+    return GroupMemberState(group_id, topics, assignor=assignor, session_timeout_ms=session_ms,
+                            rebalance_timeout_ms=rebalance_ms,
+                            request_timeout_ms=max(1, min(request_timeout_ms, session_ms // 3)))
 
 
 @dataclass(eq=False)
@@ -116,6 +127,7 @@ class NativeLink:
         self.transport = transport
         self.bootstrap = list(bootstrap)
         self.request_timeout_ms = request_timeout_ms
+        self.session_cap_ms: int | None = None    # the brokers' maximum session, once learned
         self.lock = threading.Lock()
         self.cond = threading.Condition(self.lock)
         self.sessions: dict[str, Session] = {}
@@ -182,8 +194,8 @@ class NativeLink:
             try:
                 answers = self.transport.poll(_TICK_MS)
                 gone = self.transport.take_disconnected()
-            except MeshError as exc:   # credentials refused: nothing will ever be answered
-                log.error("kafka groups: the mesh refused this listener: %s", exc)
+            except Exception as exc:   # credentials refused, a socket error: log, go on
+                log.error("kafka groups: the mesh transport failed: %s", exc)
                 answers, gone = [], set()
                 time.sleep(_TICK_MS / 1000)
             with self.cond:
@@ -366,6 +378,8 @@ class NativeLink:
             return
         if msg.error in _MOVED:
             self._moved(s.group_id, sent.addr, msg.coordinator)
+        if msg.error == ErrorCode.INVALID_CONFIG and not s.native_id and self._lower_session(s, msg.message):
+            return
         try:
             changes = s.state.on_heartbeat_response(msg, sent.sent_ms, now)
         except MeshError as exc:   # INVALID_CONFIG, INVALID_REQUEST...: this member cannot go on
@@ -376,6 +390,21 @@ class NativeLink:
             s.native_id = s.native_id or msg.member_id
             s.seq_acked = max(s.seq_acked, sent.seq)
         self._apply(s, changes)
+
+    def _lower_session(self, s: Session, text: str) -> bool:
+        """The brokers allow a shorter session than this native member asked for: join again
+        within their bounds (and start every later session there)."""
+        m = _SESSION_BOUNDS.search(text or "")
+        if m is None or int(m.group(2)) >= s.state.session_timeout_ms or int(m.group(2)) < 1:
+            return False
+        self.session_cap_ms = int(m.group(2))
+        old = s.state
+        s.state = member_state(old.group_id, old.topics, old.assignor, self.session_cap_ms,
+                               old.rebalance_timeout_ms, self.request_timeout_ms)
+        s.force = True
+        log.info("group %s: the brokers allow sessions of at most %d ms; rejoining with that",
+                 s.group_id, self.session_cap_ms)
+        return True
 
     def _apply(self, s: Session, changes: MemberChanges) -> None:
         addr = self._coord.get(s.group_id)

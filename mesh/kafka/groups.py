@@ -50,14 +50,14 @@ from typing import Callable
 from kio.schema.errors import ErrorCode as K
 
 from mesh.client.transport import Transport
-from mesh.groups import GroupFindCoordinator, GroupMemberState
+from mesh.groups import GroupFindCoordinator
 from mesh.kafka.context import RequestContext
 from mesh.kafka.group_codec import (
     ASSIGNOR_OF, ProtocolError, build, choose_protocol, decode_subscription, encode_assignment,
     kafka_error, sibling,
 )
 from mesh.kafka.group_offsets import OffsetHandlers
-from mesh.kafka.group_sessions import NativeLink, Session, _ms
+from mesh.kafka.group_sessions import NativeLink, Session, _ms, member_state
 from mesh.wire.errors import ErrorCode as M
 
 __all__ = ["ClassicGroups", "API_VERSIONS"]
@@ -245,10 +245,9 @@ class ClassicGroups(OffsetHandlers):
         self._pending[member_id] = (group_id, expires_ms)
 
     def _new_session(self, ctx, group_id, member_id, sub, protocol, session_ms, rebalance_ms, now) -> Session:
-        state = GroupMemberState(group_id, sub.topics, assignor=ASSIGNOR_OF.get(protocol, ""),
-                                 session_timeout_ms=min(session_ms, self.native_session_ms),
-                                 rebalance_timeout_ms=rebalance_ms,
-                                 request_timeout_ms=self.link.request_timeout_ms)
+        native_ms = min(session_ms, self.native_session_ms, self.link.session_cap_ms or session_ms)
+        state = member_state(group_id, sub.topics, ASSIGNOR_OF.get(protocol, ""), native_ms, rebalance_ms,
+                             self.link.request_timeout_ms)
         s = Session(member_id, group_id, state, session_ms, now, client_id=(ctx.client_id or "")[:255],
                     client_host=ctx.peer_host)
         self.link.sessions[member_id] = s

@@ -380,3 +380,23 @@ def test_join_edge_cases(cluster, groups):
     assert left.error_code == K.none
     assert groups.leave_group(ctx(13, 0), req("leave_group", 0, "LeaveGroupRequest", group_id="kg7",
                                                member_id=v0.member_id)).error_code == K.unknown_member_id
+
+
+def test_native_sessions_fit_the_brokers_bounds(cluster):
+    """A listener that asks for 10 s native sessions from brokers that allow 3 s learns
+    their bound from the refusal and joins within it (before: INVALID_SESSION_TIMEOUT for
+    every Kafka client of such a cluster)."""
+    make_topic(cluster, "kg-bounds", 1)
+    wide = ClassicGroups(None, cluster.bootstrap)    # native_session_ms: 10 s
+    try:
+        a = ClassicMember(wide, "kg8", ["kg-bounds"], session_ms=45_000).join()   # librdkafka's default
+        beat_until([a], lambda: a.assignment == {("kg-bounds", 0)}, what="the partition")
+        with GroupAdmin(cluster.bootstrap, request_timeout_ms=2000) as ga:
+            (m,) = ga.describe("kg8")["members"]
+        assert m["session_timeout_ms"] == SESSION_MS
+        b = ClassicMember(wide, "kg8", ["kg-bounds"]).join()   # later sessions start within the bound
+        assert wide.link.session_cap_ms == SESSION_MS
+        b.leave()
+        a.leave()
+    finally:
+        wide.close()
