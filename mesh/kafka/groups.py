@@ -16,7 +16,9 @@ session kept by the listener (``mesh.kafka.group_sessions``: its rules are state
   (``mesh.kafka.group_codec``) of the client's first protocol that names a mesh assignor
   (range, roundrobin, cooperative-sticky; sticky is served by cooperative-sticky, kafkajs's
   RoundRobinAssigner by round-robin; any other name by the group's default assignor),
-  joins or updates the native member, releases what the client no longer owns, waits for
+  joins or updates the native member (a member id this listener does not know is taken as
+  a new member, as Kafka 4 does: a client that asked another listener for the coordinator
+  comes back under its old id), releases what the client no longer owns, waits for
   the coordinator's answer, and answers with generation = member epoch, that protocol,
   and **no leader and no member list**: every client is a follower.
 * SyncGroup returns the member's assignment as ConsumerProtocolAssignment bytes (of the
@@ -32,7 +34,7 @@ session kept by the listener (``mesh.kafka.group_sessions``: its rules are state
   GROUP_DESCRIBE.
 * Every request is authorized first (READ on the group for members and offsets, DESCRIBE
   for finding, listing and describing; READ on topics to commit, DESCRIBE to fetch).
-  Everything is bounded: sessions per listener, pending member ids, member id and
+  Everything is bounded: sessions per listener, member id and
   metadata sizes, protocols per join, partitions per request.
 
 ``ClassicGroups(transport, bootstrap)`` takes over ``transport`` (its own thread drives
@@ -41,7 +43,6 @@ every group and closes the transport.
 """
 from __future__ import annotations
 
-import collections
 import logging
 import re
 import uuid
@@ -100,7 +101,6 @@ class ClassicGroups(OffsetHandlers):
         self.native_session_ms = native_session_ms
         self.max_sessions = max_sessions
         self.join_wait_ms = join_wait_ms
-        self._pending: collections.OrderedDict[str, tuple[str, int]] = collections.OrderedDict()
 
     # -- the listener's tables ----------------------------------------------------------
     def handlers(self) -> dict[int, Callable[[RequestContext, object], object]]:
@@ -160,7 +160,13 @@ class ClassicGroups(OffsetHandlers):
             return fail(K.coordinator_not_available, str(exc))
         if resp.error:
             return fail(kafka_error(resp.error), resp.message)
-        broker = ctx.cluster.kafka_broker_of(resp.node_id) or ctx.cluster.self_broker()
+        broker = ctx.cluster.kafka_broker_of(resp.node_id)
+        if broker is None:
+            if len(ctx.cluster.kafka_brokers()) <= 1 and resp.node_id != ctx.cluster.self_broker().mesh_id:
+                # this listener has not learned the others' Kafka addresses yet: naming itself
+                # would split the group's members over two listeners
+                return fail(K.coordinator_not_available, "the cluster's Kafka addresses are not known here yet")
+            broker = ctx.cluster.self_broker()   # the coordinator's node has no Kafka listener
         return {"error_code": K.none, "error_message": None, "node_id": broker.node_id,
                 "host": broker.host, "port": broker.port}
 
@@ -196,15 +202,12 @@ class ClassicGroups(OffsetHandlers):
             now = _ms()
             if member_id == "":
                 member_id = self._new_member_id(ctx.client_id)
-                if ctx.api_version >= 4:
-                    self._remember_pending(member_id, req.group_id, now + session_ms)
+                if ctx.api_version >= 4:   # it comes back with the id (nothing kept meanwhile)
                     return fail(K.member_id_required, member_id)
             s = self.link.sessions.get(member_id)
             if s is not None and (s.group_id != req.group_id or s.dead is not None):
                 return fail(K.unknown_member_id)
-            if s is None:
-                if req.member_id and self._pending.pop(member_id, ("", 0))[0] != req.group_id:
-                    return fail(K.unknown_member_id)
+            if s is None:   # (an id this listener does not know: created, as Kafka 4 does)
                 if len(self.link.sessions) >= self.max_sessions:
                     return fail(K.group_max_size_reached)
                 s = self._new_session(ctx, req.group_id, member_id, sub, chosen[0], session_ms, rebalance_ms, now)
@@ -236,13 +239,6 @@ class ClassicGroups(OffsetHandlers):
     def _new_member_id(self, client_id: str | None) -> str:
         prefix = _SAFE.sub("", client_id or "")[:64] or "consumer"
         return f"{prefix}-{uuid.uuid4()}"
-
-    def _remember_pending(self, member_id: str, group_id: str, expires_ms: int) -> None:
-        now = _ms()
-        while self._pending and (len(self._pending) >= self.max_sessions
-                                 or next(iter(self._pending.values()))[1] < now):
-            self._pending.popitem(last=False)
-        self._pending[member_id] = (group_id, expires_ms)
 
     def _new_session(self, ctx, group_id, member_id, sub, protocol, session_ms, rebalance_ms, now) -> Session:
         native_ms = min(session_ms, self.native_session_ms, self.link.session_cap_ms or session_ms)
