@@ -161,6 +161,10 @@ class ClassicGroups(OffsetHandlers):
         if resp.error:
             return fail(kafka_error(resp.error), resp.message)
         broker = ctx.cluster.kafka_broker_of(resp.node_id)
+        refresh = getattr(ctx.cluster, "refresh", None)   # (not in the ClusterInfo contract yet)
+        if broker is None and callable(refresh):
+            refresh()   # a listener that has served no Metadata request yet knows only itself
+            broker = ctx.cluster.kafka_broker_of(resp.node_id)
         if broker is None:
             if len(ctx.cluster.kafka_brokers()) <= 1 and resp.node_id != ctx.cluster.self_broker().mesh_id:
                 # this listener has not learned the others' Kafka addresses yet: naming itself

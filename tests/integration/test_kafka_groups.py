@@ -306,6 +306,13 @@ def test_find_list_describe(cluster, groups):
     blind = groups.find_coordinator(ctx(10, 0, cluster=alone), req("find_coordinator", 0, "FindCoordinatorRequest",
                                                                    key="kg5"))
     assert blind.error_code == K.coordinator_not_available
+    learning = FakeCluster(["n1", "n2", "n3"])
+    everyone, learning.brokers = learning.brokers, learning.brokers[:0] + [
+        b for b in learning.brokers if b.node_id != coord.node_id][:1]
+    learning.refresh = lambda: setattr(learning, "brokers", everyone)   # a listener's cache, refreshed on demand
+    found = groups.find_coordinator(ctx(10, 0, cluster=learning), req("find_coordinator", 0,
+                                                                      "FindCoordinatorRequest", key="kg5"))
+    assert (found.error_code, found.node_id) == (K.none, coord.node_id)
     d = groups.describe_groups(ctx(15, 5), req("describe_groups", 5, "DescribeGroupsRequest", groups=("kg5",),
                                                 include_authorized_operations=False))
     (g,) = d.groups
