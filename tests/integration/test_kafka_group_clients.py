@@ -147,8 +147,11 @@ def test_kcat_consumers_share_and_the_survivor_takes_over(gcluster):
         wait_until(lambda: a.values | b.values >= sent, 60, "every record read by the two")
         time.sleep(0.5)   # (one auto-commit interval, so the survivor does not start from zero)
         a.kill()
+        killed = time.monotonic()
         sent |= produce(gcluster, topic, 4, 200, 200)
         wait_until(lambda: b.assigned == every, 60, "the survivor to hold every partition")
+        print(f"kcat: the survivor held every partition {time.monotonic() - killed:.1f} s after the SIGKILL "
+              f"(session.timeout.ms {KAFKA_SESSION_MS})")
         wait_until(lambda: a.values | b.values >= sent, 60, "every record, the killed member's too")
     finally:
         a.stop()
@@ -326,3 +329,36 @@ def test_kafkajs_group_of_two(gcluster, tmp_path):
     assert {v.encode() for v in result["seen"]} >= sent
     shares = [set(h) for h in result["held"]]
     assert all(shares) and not (shares[0] & shares[1]) and len(shares[0] | shares[1]) == 4
+
+
+def test_one_offsets_namespace_with_metadata(gcluster):
+    """confluent-kafka commits with metadata, `mesh group describe` shows them; a native member
+    commits, confluent-kafka's committed() reads it back with its metadata."""
+    from confluent_kafka import Consumer, TopicPartition as KTP
+    from mesh.client import Consumer as MeshConsumer
+    from mesh.client.cluster import TopicPartition
+    topic, _ = topic_with_records(gcluster, "kgc-ns", 2, 20)
+    conf = {"bootstrap.servers": gcluster.kafka_bootstrap, "group.id": "ns-g", "enable.auto.commit": False,
+            "session.timeout.ms": KAFKA_SESSION_MS}
+    c = Consumer(conf)
+    try:
+        c.commit(offsets=[KTP(topic, 0, 7, metadata="from-kafka"), KTP(topic, 1, 3)], asynchronous=False)
+    finally:
+        c.close()
+    with GroupAdmin(gcluster.bootstrap, request_timeout_ms=2000) as ga:
+        # (librdkafka sends the metadata string with its C terminator; Kafka stores what is sent)
+        assert sorted((t, p, o, m.rstrip("\x00")) for t, p, o, m in ga.describe("ns-g")["offsets"]) == \
+            [(topic, 0, 7, "from-kafka"), (topic, 1, 3, "")]
+    native = MeshConsumer(bootstrap=gcluster.bootstrap, group_id="ns-g", auto_offset_reset="earliest",
+                          session_timeout_ms=SESSION_MS, enable_auto_commit=False)
+    native.subscribe([topic])
+    wait_until(lambda: native.poll(50) is not None and len(native.assignment()) == 2, 30, "the native member")
+    native.commit({TopicPartition(topic, 1): (11, "from-mesh")})
+    native.close()
+    c = Consumer(conf)
+    try:
+        got = wait_until(lambda: c.committed([KTP(topic, 0), KTP(topic, 1)], timeout=10), 20, "committed offsets")
+        assert [(p.partition, p.offset, (p.metadata or "").rstrip("\x00")) for p in got] == \
+            [(0, 7, "from-kafka"), (1, 11, "from-mesh")]
+    finally:
+        c.close()
