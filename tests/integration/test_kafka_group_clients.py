@@ -223,7 +223,14 @@ def test_confluent_kafka_group(gcluster, strategy):
         wait_until(lambda: a.values | b.values >= sent, 60, "every record")
         with GroupAdmin(gcluster.bootstrap, request_timeout_ms=2000) as ga:
             d = ga.describe(group)
-        assert len(d["members"]) == 2 and d["assignor"] == strategy.replace("roundrobin", "round-robin")
+        assert len(d["members"]) == 2 and d["assignor"] == strategy
+        from confluent_kafka.admin import AdminClient   # ListGroups and DescribeGroups, as Kafka tools see them
+        admin = AdminClient({"bootstrap.servers": gcluster.kafka_bootstrap})
+        assert group in [g.group_id for g in admin.list_consumer_groups().result(30).valid]
+        described = admin.describe_consumer_groups([group])[group].result(30)
+        assert described.partition_assignor == strategy and len(described.members) == 2
+        assert sorted((p.topic, p.partition) for m in described.members
+                      for p in m.assignment.topic_partitions) == sorted(every)
         b.stop()    # close: commit, leave
         wait_until(lambda: a.held == every, 60, "the remaining member to hold everything")
     finally:
