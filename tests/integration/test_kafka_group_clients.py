@@ -369,3 +369,52 @@ def test_one_offsets_namespace_with_metadata(gcluster):
             [(0, 7, "from-kafka"), (1, 11, "from-mesh")]
     finally:
         c.close()
+
+
+def test_confluent_group_survives_its_coordinators_death(tmp_path):
+    """SIGKILL of the group's coordinator (and so of the listener holding the members'
+    sessions): the members find the new coordinator, rejoin, and read what comes next."""
+    if "kafka" not in inspect.signature(Cluster).parameters:
+        pytest.skip("no Kafka listener in this tree yet")
+    from mesh.groups.rendezvous import coordinator_for
+    old = os.environ.get("MESH_GROUP_MAX_SESSION_MS")
+    os.environ["MESH_GROUP_MAX_SESSION_MS"] = str(SESSION_MS)
+    try:
+        c = Cluster(tmp_path, 3, kafka=True).start(60)
+    finally:
+        if old is None:
+            del os.environ["MESH_GROUP_MAX_SESSION_MS"]
+        else:
+            os.environ["MESH_GROUP_MAX_SESSION_MS"] = old
+    try:
+        if not _serves_groups(c.brokers[0].kafka_address):
+            pytest.skip("the Kafka listener does not serve the group APIs yet")
+        topic, sent = topic_with_records(c, "kgc-coord", 4, 100)
+        every = {(topic, p) for p in range(4)}
+        group = "ck-coord"
+        doomed = next(b for b in c.brokers if b.node_id == coordinator_for(group, ["n1", "n2", "n3"]))
+        survivors = ",".join(b.kafka_address for b in c.brokers if b is not doomed)
+        members = [confluent_member(survivors, group, topic, "cooperative-sticky") for _ in range(2)]
+        for m in members:
+            m.start()
+        wait_until(lambda: disjoint_cover([m.held for m in members], every), 60, "two members sharing")
+        wait_until(lambda: members[0].values | members[1].values >= sent, 60, "every record")
+        doomed.kill()
+        killed = time.monotonic()
+        more = produce(c, topic, 4, 100, 100)
+        wait_until(lambda: members[0].values | members[1].values >= more, 90, "the records after the kill")
+        print(f"coordinator SIGKILL: reading again {time.monotonic() - killed:.1f} s later")
+        alive = ",".join(b.address for b in c.brokers if b is not doomed)
+
+        def regrouped():   # both members rejoined at the new coordinator, sharing everything
+            with GroupAdmin(alive, request_timeout_ms=2000) as ga:
+                d = ga.describe(group)
+            return len(d["members"]) == 2 and sorted(tuple(tp) for m in d["members"] for tp in m["assigned"]) \
+                == sorted(every)
+        wait_until(regrouped, 90, "the group at its new coordinator")
+        print(f"coordinator SIGKILL: the group re-formed {time.monotonic() - killed:.1f} s later")
+        wait_until(lambda: disjoint_cover([m.held for m in members], every), 60, "two members sharing again")
+        for m in members:
+            m.stop()
+    finally:
+        c.stop()
