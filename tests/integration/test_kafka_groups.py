@@ -415,3 +415,50 @@ def test_native_sessions_fit_the_brokers_bounds(cluster):
         a.leave()
     finally:
         wide.close()
+
+
+def test_members_rejoin_when_the_coordinator_dies(tmp_path):
+    """SIGKILL of the group's coordinator: the native sessions end (the new coordinator does
+    not know them), the classic members are told UNKNOWN_MEMBER_ID, rejoin under new ids and
+    share the partitions again; a commit after that goes to the new coordinator."""
+    from mesh.groups.rendezvous import coordinator_for
+    old = os.environ.get("MESH_GROUP_MAX_SESSION_MS")
+    os.environ["MESH_GROUP_MAX_SESSION_MS"] = str(SESSION_MS)
+    try:
+        c = Cluster(tmp_path, 3).start()
+    finally:
+        if old is None:
+            del os.environ["MESH_GROUP_MAX_SESSION_MS"]
+        else:
+            os.environ["MESH_GROUP_MAX_SESSION_MS"] = old
+    try:
+        make_topic(c, "kg-fail", 4)
+        every = {("kg-fail", p) for p in range(4)}
+        doomed = next(b for b in c.brokers if b.node_id == coordinator_for("kg9", ["n1", "n2", "n3"]))
+        g = ClassicGroups(None, [b.address for b in c.brokers if b is not doomed], native_session_ms=SESSION_MS)
+        try:
+            a, b = (ClassicMember(g, "kg9", ["kg-fail"]).join() for _ in range(2))
+            beat_until([a, b], lambda: disjoint_cover(a, b, every), what="two shares")
+            ids = {a.member_id, b.member_id}
+            doomed.kill()
+
+            def step():
+                for m in (a, b):
+                    if m.beat() == K.unknown_member_id:
+                        m.member_id = ""
+                        m.assignment = frozenset()
+                        m.join()
+                return disjoint_cover(a, b, every) and not ids & {a.member_id, b.member_id}
+            wait_until(step, 60, "the members to rejoin at the new coordinator", interval_s=0.1)
+            tp = sorted(a.assignment)[0]
+            assert set(a.commit({tp: (1, "after")}).values()) == {K.none}
+            assert fetch_offsets(g, "kg9", "kg-fail", [tp[1]])[tp] == (1, "after", K.none)
+        finally:
+            g.close()
+    finally:
+        c.stop()
+
+
+def disjoint_cover(a, b, every) -> bool:
+    return bool(a.assignment) and bool(b.assignment) and not (a.assignment & b.assignment) \
+        and a.assignment | b.assignment == every
