@@ -8,10 +8,14 @@ STAMP := $(VENV)/.installed
 
 .PHONY: run test test-fast bench clean java-check
 
+NODE_MODULES := $(VENV)/node/node_modules
+
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -e '.[test,spark,peer]'
+	@# kafkajs (npm) is one of the Kafka clients the tests drive; skipped where node is missing
+	@if command -v npm >/dev/null 2>&1; then npm install -s --no-audit --no-fund --prefix $(VENV)/node kafkajs@2.2.4 >/dev/null || echo "note: could not install kafkajs; its tests will skip"; fi
 	@touch $(STAMP)
 
 run: $(STAMP)

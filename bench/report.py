@@ -8,7 +8,6 @@ from __future__ import annotations
 import csv
 import math
 import os
-import time
 
 from bench import plots as charts
 from bench.calibrate import describe
@@ -419,6 +418,3 @@ def compare_runs(a_dir: str, b_dir: str) -> str:
         out += ["", f"only in B: {', '.join(only_b)}"]
     return "\n".join(out) + "\n"
 
-
-def now_stamp() -> str:
-    return time.strftime("%Y%m%d-%H%M%S")

@@ -47,6 +47,15 @@ def main(verbose: int) -> None:
               help="text gateway: a connection without a command for this long is closed")
 @click.option("--text-max-subscriptions", type=click.IntRange(min=1), default=256, show_default=True,
               help="text gateway: SUBS held at once by all connections (16 per connection)")
+@click.option("--kafka-port", type=click.IntRange(1, 65535), default=None,
+              help="also serve the Kafka wire protocol on this port (a process of its own beside the node); "
+                   "off by default")
+@click.option("--kafka-host", default=None,
+              help="host the Kafka listener binds and advertises (default: the --bind host; an open node: "
+                   "loopback only)")
+@click.option("--kafka-node-id", type=click.IntRange(0, 2 ** 31 - 1), default=None,
+              help="this broker's Kafka node id (default: the trailing number of --id, e.g. n3 -> 3, else a "
+                   "hash of it)")
 @click.option("--max-storage-bytes", type=int, default=64 << 30, show_default=True,
               help="size limit of the LMDB log (a full store refuses writes, keeps serving reads)")
 @click.option("--retention-check-ms", type=int, default=5_000, show_default=True,
@@ -66,7 +75,7 @@ def main(verbose: int) -> None:
 @node_bound_options
 @click.pass_context
 def node(ctx, node_id, data_dir, bind, seeds, text_port, text_max_connections, text_evict_idle_ms,
-         text_idle_timeout_ms, text_max_subscriptions, max_storage_bytes, retention_check_ms,
+         text_idle_timeout_ms, text_max_subscriptions, kafka_port, kafka_host, kafka_node_id, max_storage_bytes, retention_check_ms,
          group_max_session_ms, offsets_retention_ms, rejoin_empty, security, bounds) -> None:
     """Run a broker node in the foreground (SIGTERM/SIGINT stop it cleanly): `mesh node --id
     n1 --data DIR ...`; or drain a broker (`mesh node decommission ID`) or undo it
@@ -93,6 +102,7 @@ def node(ctx, node_id, data_dir, bind, seeds, text_port, text_max_connections, t
                             text_evict_idle_ms=text_evict_idle_ms,
                             text_idle_timeout_ms=text_idle_timeout_ms,
                             text_max_subscriptions=text_max_subscriptions,
+                            kafka_port=kafka_port, kafka_host=kafka_host, kafka_node_id=kafka_node_id,
                             retention_check_ms=retention_check_ms,
                             group_max_session_timeout_ms=group_max_session_ms,
                             offsets_retention_ms=offsets_retention_ms, rejoin_empty=rejoin_empty,

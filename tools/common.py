@@ -24,7 +24,8 @@ def bootstrap_option(f):
 
 
 def friendly(f):
-    """MeshError and bad input (ValueError, OSError, CredsError) as one line and exit code 1."""
+    """MeshError and bad input (ValueError, OSError, CredsError) as one line and exit code 1;
+    a closed pipe on stdout ends the command quietly."""
     @functools.wraps(f)
     def wrapper(*args, **kwargs):
         try:
@@ -32,6 +33,11 @@ def friendly(f):
         except MeshError as exc:
             click.echo(f"error: {exc.code.name}: {exc.message}", err=True)
             sys.exit(1)
+        except BrokenPipeError:
+            # the reader went away (`mesh topic describe orders | head`): not an error of ours;
+            # Python's advice: point stdout at devnull so the exit's flush does not fail again
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            sys.exit(0)
         except (ValueError, OSError) as exc:
             click.echo(f"error: {exc}", err=True)
             sys.exit(1)

@@ -54,20 +54,30 @@ def _names(v: Any) -> str:
     return "-" if v in (None, "") else str(v)
 
 
+def _kafka_of(b: dict) -> str:
+    """"<id>@host:port" of a broker's Kafka listener (``mesh.kafka``), "-" without one."""
+    k = b.get("kafka")
+    if not isinstance(k, dict):
+        return "-"
+    return f"{k.get('id')}@{k.get('host')}:{k.get('port')}"
+
+
 def status_rows(md) -> list[dict]:
     """One row per broker of a MetadataResponse: liveness (``status``: alive, suspect, dead,
     left), operator ``state`` (active, draining, drained = draining with no replica left),
-    and its ``replicas`` and ``leaders``: from the broker entry when the broker reports
-    them, else counted from the partitions of the same answer."""
+    and its ``replicas`` and ``leaders``: from the broker entry when a live broker reports
+    them, else (none reported, or the broker is dead or left: its last report is stale)
+    counted from the partitions of the same answer."""
     parts = [p for t in md.topics for p in t.get("partitions", []) or []]
     rows = []
     for b in md.brokers:
         bid = b["id"]
+        live = b.get("status", "alive") in ("alive", "suspect")
         replicas = b.get("replicas")
-        if not isinstance(replicas, int):
+        if not live or not isinstance(replicas, int):
             replicas = sum(1 for p in parts if bid in (p.get("replicas") or []))
         leaders = b.get("leaders")
-        if not isinstance(leaders, int):
+        if not live or not isinstance(leaders, int):
             leaders = sum(1 for p in parts if p.get("leader") == bid)
         state = b.get("state") or "active"
         if state == "draining" and replicas == 0:
@@ -76,16 +86,16 @@ def status_rows(md) -> list[dict]:
                      "state": state, "generation": b.get("generation", 0),
                      "heartbeat_age_ms": b.get("heartbeat_age_ms", 0), "leaders": leaders,
                      "replicas": replicas, "recovering": b.get("recovering", 0),
-                     "store_id": b.get("store_id")})
+                     "store_id": b.get("store_id"), "kafka": _kafka_of(b)})
     return rows
 
 
 def status_table(rows: list[dict]) -> list[str]:
     age = (lambda r: "-" if r["heartbeat_age_ms"] is None else r["heartbeat_age_ms"])
     return _table(["id", "address", "status", "state", "gen", "hb_age_ms", "leaders", "replicas", "recovering",
-                   "store"],
+                   "store", "kafka"],
                   ([r["id"], r["address"], r["status"], r["state"], r["generation"], age(r), r["leaders"],
-                    r["replicas"], r["recovering"], r["store_id"] or "-"] for r in rows),
+                    r["replicas"], r["recovering"], r["store_id"] or "-", r.get("kafka", "-")] for r in rows),
                   right={4, 5, 6, 7, 8})
 
 

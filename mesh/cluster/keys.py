@@ -18,6 +18,9 @@ key                               kind       value (msgpack)                    
 ``member``                        namespace  ``{"address": str, "text_port": int |      node loop, at start   metadata (cluster
                                              None, "store_id": str}``: the store id                            status)
                                              names the data directory's store
+``kafka``                         namespace  ``{"host": str, "port": int, "id": int}``:  node loop, at start   the Kafka listeners
+                                             this node's Kafka listener and its int32    (with --kafka-port)   (Metadata), cluster
+                                             Kafka node id                                                     status
 ``recovering/<topic>/<k>``        namespace  ``[partition, ...]`` (ascending) of chunk   ``mesh.node.publish``  metadata (cluster
                                              ``k``: replicas on this node refilling      every                 status, topic
                                              lost state; deleted when none               ``stats_every_ms``    describe)
@@ -65,7 +68,7 @@ Names may contain "/" (topics cannot, groups can): readers take the group and to
 from __future__ import annotations
 
 __all__ = [
-    "MEMBER_KEY", "RECOVERING_PREFIX", "LEAD_PREFIX", "STATS_PREFIX", "TOPIC_PREFIX", "TPARTS_PREFIX",
+    "MEMBER_KEY", "KAFKA_KEY", "RECOVERING_PREFIX", "LEAD_PREFIX", "STATS_PREFIX", "TOPIC_PREFIX", "TPARTS_PREFIX",
     "OFFSETS_PREFIX", "USER_PREFIX", "ACL_PREFIX", "PARTITION_CHUNK", "TPARTS_CHUNK_PARTITIONS",
     "TPARTS_CHUNK_BYTES", "OFFSETS_CHUNK_PARTITIONS", "REGISTER_PREFIXES",
     "lead_key", "stats_key", "recovering_key", "topic_key", "tparts_key", "topic_of_key", "chunk_of",
@@ -75,6 +78,7 @@ __all__ = [
 ]
 
 MEMBER_KEY = "member"
+KAFKA_KEY = "kafka"
 RECOVERING_PREFIX = "recovering/"
 LEAD_PREFIX = "lead/"
 STATS_PREFIX = "stats/"

@@ -129,6 +129,13 @@ def _member(rest: str, v: Any, now_ms: int) -> None:
     _str(v["store_id"], "store_id", MAX_STORE_ID_CHARS)
 
 
+def _kafka(rest: str, v: Any, now_ms: int) -> None:
+    _map(v, ("host", "port", "id"), "kafka listener")
+    _str(v["host"], "host", MAX_ADDRESS_CHARS)
+    _int(v["port"], "port", 1, 65536)
+    _int(v["id"], "id", 0, 2 ** 31)
+
+
 def _lead(rest: str, v: Any, now_ms: int) -> None:
     _, chunk = _topic_chunk(rest)
     if type(v) is not dict or not 1 <= len(v) <= keys.PARTITION_CHUNK:
@@ -312,6 +319,7 @@ def _load(rest: str, v: Any, now_ms: int) -> None:
 _Check = Callable[[str, Any, int], None]
 _CHECKS: tuple[tuple[str, _Check], ...] = (
     (keys.MEMBER_KEY, _member),
+    (keys.KAFKA_KEY, _kafka),
     (keys.LEAD_PREFIX, _lead),
     (keys.STATS_PREFIX, _stats),
     (keys.RECOVERING_PREFIX, _recovering),

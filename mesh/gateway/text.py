@@ -86,7 +86,7 @@ from typing import Callable
 import zmq
 
 from mesh.gateway.session import Limits, Session
-from mesh.node.clock import now_ms as _monotonic_ms
+from mesh.clock import now_ms as _monotonic_ms
 
 __all__ = ["TextGateway", "DEFAULT_MAX_CONNECTIONS", "DEFAULT_IDLE_TIMEOUT_MS", "DEFAULT_EVICT_IDLE_MS",
            "DEFAULT_MAX_SUBSCRIPTIONS", "DEFAULT_MAX_SUBSCRIPTIONS_PER_CONNECTION"]

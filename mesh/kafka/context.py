@@ -11,11 +11,16 @@ for its API key as a plain blocking function::
 worker thread, never on the thread that reads sockets); it raises nothing for a bad
 request: it answers the Kafka error code (``kio.static.constants.ErrorCode``). Handlers
 authorize through ``ctx.authorizer`` before doing anything expensive.
+
+Extensions (fields with defaults, after the lead's): ``mesh`` is the calling thread's
+native client (``mesh.kafka.link.MeshLink``: ``.transport``, ``.cluster`` a
+``ClusterView``, ``.address`` the node's); ``session`` a dict private to the connection
+(per-connection state a handler keeps between requests).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Protocol
+from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 __all__ = ["Authorizer", "ClusterInfo", "KafkaBroker", "RequestContext"]
 
@@ -55,3 +60,5 @@ class RequestContext:
     peer_host: str              # the client's address (for logs, per-IP limits)
     cluster: ClusterInfo
     authorizer: Authorizer
+    mesh: Any = None            # mesh.kafka.link.MeshLink of the calling thread
+    session: dict = field(default_factory=dict)   # the connection's own state

@@ -32,6 +32,9 @@ class NodeConfig:
     text_idle_timeout_ms: int = 300_000
     text_evict_idle_ms: int = 10_000
     text_max_subscriptions: int = 256
+    kafka_port: int | None = None          # the Kafka wire-protocol listener (mesh.kafka), off by default
+    kafka_host: str | None = None          # its host (default: the --bind host)
+    kafka_node_id: int | None = None       # its Kafka node id (default: mesh.kafka.ids.derive_node_id)
     group_max_session_timeout_ms: int = 10_000   # also the takeover grace of a new coordinator
     group_heartbeat_interval_ms: int = 500
     offsets_retention_ms: int = 7 * 86_400_000   # empty groups deleted after this (offsets.retention.minutes); 0: never

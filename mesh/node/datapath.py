@@ -69,8 +69,8 @@ from dataclasses import dataclass, field
 from typing import Callable, NamedTuple
 
 from mesh.cluster.catalog import Topic
-from mesh.node.clock import now_ms as _monotonic_ms
-from mesh.node.clock import wall_ms as _wall_ms
+from mesh.clock import now_ms as _monotonic_ms
+from mesh.clock import wall_ms as _wall_ms
 from mesh.node.ratelog import RateLimitedLog
 from mesh.wire import messages as m
 from mesh.wire import records

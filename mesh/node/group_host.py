@@ -34,7 +34,7 @@ offsets of the groups taken over. The takeover grace is the node's maximum sessi
 Pacing: members are asked to heartbeat every ``heartbeat_interval_ms`` (500 ms), every
 100 ms while their group is reconciling.
 
-Time: one clock (``mesh.node.clock.Clock``), its wall scale for the core's ``now_ms`` and
+Time: one clock (``mesh.clock.Clock``), its wall scale for the core's ``now_ms`` and
 for commit stamps (they are compared across nodes and outlive the process); the node
 passes readings of the same scale to ``tick`` and ``on_cluster_change``.
 
@@ -69,7 +69,7 @@ from mesh.groups.offsets import (
     MalformedOffsets, Moved, OffsetBook, Takeover, coordination_set, coordinator_among,
     sees_majority, starts_alone,
 )
-from mesh.node.clock import Clock
+from mesh.clock import Clock
 from mesh.wire.errors import ErrorCode, MeshError
 from storage.base import LogError
 

@@ -30,7 +30,7 @@ from typing import Any, Callable
 from mesh.cluster import keys
 from mesh.cluster.catalog import Catalog, Topic
 from mesh.groups.offsets import coordination_set, coordinator_among
-from mesh.node.clock import Clock
+from mesh.clock import Clock
 from mesh.node.datapath import DataPath
 from mesh.node.directory import Directory
 from mesh.node.security_handlers import SecurityHandlers
@@ -152,6 +152,8 @@ class ClientHandlers:
                      "generation": mem.generation, "heartbeat": mem.heartbeat, "heartbeat_age_ms": age,
                      "store_id": member.get("store_id") if isinstance(member, dict) else None,
                      "recovering": sum(len(v) for v in recovering[mem.node_id].values() if isinstance(v, list))}
+            kafka = self.gossip.node_items(mem.node_id, keys.KAFKA_KEY).get(keys.KAFKA_KEY)
+            entry["kafka"] = kafka if isinstance(kafka, dict) else None   # {host, port, id}: mesh.kafka
             entry.update(self._elastic_entry(mem.node_id))
             if mem.node_id == self.node_id:
                 entry.update(identity=self.identity(), recovering=sum(

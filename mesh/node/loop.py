@@ -98,7 +98,7 @@ from mesh.cluster import keys, schema
 from mesh.cluster.catalog import Catalog
 from mesh.gossip import ALIVE, SUSPECT, Gossip, GossipConfig
 from mesh.gossip.snapshot import ForeignSnapshot
-from mesh.node.clock import SYSTEM_CLOCK, Clock
+from mesh.clock import SYSTEM_CLOCK, Clock
 from mesh.node.config import NodeConfig
 from mesh.node.bounds import StartupError, check_bounds, raise_nofile_limit, router_options
 from mesh.node.datapath import DataLimits, DataPath
@@ -115,7 +115,7 @@ from mesh.node.producer_state import ProducerStates
 from mesh.node.publish import Publisher
 from mesh.node.raft_host import ReplicaHost
 from mesh.node.security_handlers import SecuritySync
-from mesh.security.broker import BrokerSecurity, check_text_gateway
+from mesh.security.broker import BrokerSecurity, check_text_gateway, is_loopback
 from mesh.raft import ReplicationConfig
 from mesh.wire.codec import DecodeLimits
 from storage.base import LogError
@@ -149,6 +149,20 @@ _DAMAGE_MARKS = ("MDB_CORRUPTED", "MDB_PAGE_NOTFOUND")
 _SNAPSHOT_COST_FACTOR = 10
 
 
+def kafka_listener_of(config: NodeConfig, secured: bool) -> tuple[str, int, int] | None:
+    """(host, port, Kafka node id) of this node's Kafka listener, or None (no --kafka-port).
+    An open node serves Kafka clients on loopback only, as its own port (unless --insecure)."""
+    if config.kafka_port is None:
+        return None
+    from mesh.kafka.ids import derive_node_id
+    host = config.kafka_host or config.bind.rpartition(":")[0]
+    if not secured and not config.insecure and not is_loopback(host):
+        raise StartupError(f"the Kafka listener of an open node binds loopback only, not {host}: bind "
+                           f"127.0.0.1 (--kafka-host), or pass --insecure to run open on purpose")
+    kid = config.kafka_node_id if config.kafka_node_id is not None else derive_node_id(config.node_id)
+    return host, config.kafka_port, kid
+
+
 def _seeded_rng() -> random.Random:
     return random.Random(int.from_bytes(os.urandom(8), "big"))
 
@@ -170,6 +184,7 @@ class Node:
                                        max_connections=config.max_connections, binds=[config.bind],
                                        insecure=config.insecure, topic_names=lambda: self.catalog.topics)
         text_creds = check_text_gateway(self.security, config.bind, config.text_port, config.text_creds)
+        self.kafka_listener = kafka_listener_of(config, self.security.secured)   # (host, port, id) or None
         # lock, check, and a new life: the generation bumped and synced before saying anything
         self.disk = open_data_dir(config.data_dir, config.node_id, rejoin_empty=config.rejoin_empty,
                                   map_size=config.map_size_bytes, sync=config.sync)
@@ -221,6 +236,9 @@ class Node:
                 "the cluster from peers; raft state and logs are kept") from exc
         self.gossip.set_local(keys.MEMBER_KEY, {"address": self.address, "text_port": config.text_port,
                                                 "store_id": self.store_id})
+        if self.kafka_listener is not None:
+            host, kport, kid = self.kafka_listener
+            self.gossip.set_local(keys.KAFKA_KEY, {"host": host, "port": kport, "id": kid})
         self.gossip.hold_heartbeat = True   # heartbeat 0 until a peer is heard: see identity_conflict
         # unconfirmed until a peer shows its view of us; at once if there is nobody to ask
         alone = not seeds and len(self.gossip.members(clock.wall_ms())) <= 1
@@ -331,11 +349,24 @@ class Node:
                 self.router.close(linger=0)
                 self.disk.data_dir.unlock()
                 raise StartupError(f"text gateway: {exc}") from exc
+        self.kafka = None   # the Kafka listener: a client of this node too, in a process of its own
+        if self.kafka_listener is not None:
+            from mesh.kafka.process import KafkaError, KafkaProcess
+            try:
+                self.kafka = KafkaProcess.start(self.address, *self.kafka_listener, node_id=config.node_id)
+            except KafkaError as exc:
+                if self.text is not None:
+                    self.text.close()
+                self.router.close(linger=0)
+                self.disk.data_dir.unlock()
+                raise StartupError(f"kafka listener: {exc}") from exc
         try:
             self._reconcile()
         except Exception as exc:
             if self.text is not None:
                 self.text.close()
+            if self.kafka is not None:
+                self.kafka.close()
             self.router.close(linger=0)
             self.disk.data_dir.unlock()
             raise StartupError(
@@ -424,6 +455,9 @@ class Node:
             if self.text is not None:
                 self.text.close()  # subscriptions commit and leave their groups first
                 self.text = None
+            if self.kafka is not None:
+                self.kafka.close()
+                self.kafka = None
             self._send(self.gossip.leave(self.clock.wall_ms()))  # graceful: peers see LEFT at once
             log.info("node %s leaving the cluster", self.node_id)
         finally:
@@ -432,6 +466,8 @@ class Node:
     def close(self) -> None:
         if self.text is not None:
             self.text.close()
+        if getattr(self, "kafka", None) is not None:
+            self.kafka.close()
         try:
             self.data.refuse_held()   # held through a handover whose winner is not known yet
         except Exception as exc:      # closing anyway

@@ -69,7 +69,7 @@ from mesh.raft.manager import NOT_HOSTED
 from mesh.raft.membership import Config
 from mesh.raft.messages import parse_rows
 from mesh.raft.outbox import split_payload
-from mesh.node.clock import now_ms as _monotonic_ms
+from mesh.clock import now_ms as _monotonic_ms
 from mesh.node.producer_state import ProducerStates
 from mesh.node.raft_store import StoreReader, check_append_payload, pack_state, unpack_state
 from storage.base import LogError, StoreBase

@@ -73,8 +73,9 @@ class BrokerProcess:
                  seeds: list[str] | None = None, extra: list[str] | None = None,
                  log_path: str | None = None, new_session: bool = False, host: str = "127.0.0.1",
                  prefix: list[str] | None = None, secrets: str | None = None, creds=None,
-                 metrics_port: int | None = None):
-        """``metrics_port``: ``mesh node --metrics-port`` (``metrics_url``). ``secrets``: a
+                 metrics_port: int | None = None, kafka_port: int | None = None):
+        """``metrics_port``: ``mesh node --metrics-port`` (``metrics_url``); ``kafka_port``:
+        ``mesh node --kafka-port`` (``kafka_address``). ``secrets``: a
         secrets directory (``mesh node --secrets``); ``creds``: what this launcher's own
         requests (readiness, metadata) use with it. Without secrets, a non-loopback ``host``
         runs the node with ``--insecure``."""
@@ -89,6 +90,7 @@ class BrokerProcess:
         self.seeds = seeds or []
         self.extra = extra or []
         self.metrics_port = metrics_port
+        self.kafka_port = kafka_port
         self.log_path = log_path or self.data_dir.rstrip("/") + ".log"
         self.new_session = new_session  # own process group: a Ctrl-C at the terminal does not reach it
         self.proc: subprocess.Popen | None = None
@@ -104,7 +106,13 @@ class BrokerProcess:
             cmd += ["--insecure"]   # open on a non-loopback address (network namespace tests)
         if self.metrics_port:
             cmd += ["--metrics-port", str(self.metrics_port)]
+        if self.kafka_port:
+            cmd += ["--kafka-port", str(self.kafka_port)]
         return cmd + self.extra
+
+    @property
+    def kafka_address(self) -> str:
+        return f"{self.host}:{self.kafka_port}"
 
     @property
     def metrics_url(self) -> str:
@@ -214,12 +222,13 @@ class Cluster:
     def __init__(self, root, n: int = 1, extra: list[str] | None = None, log_dir: str | None = None,
                  new_session: bool = False, hosts: list[str] | None = None,
                  prefixes: list[list[str]] | None = None, secrets: str | None = None, creds=None,
-                 metrics: bool = False):
+                 metrics: bool = False, kafka: bool = False):
         """``hosts[i]`` / ``prefixes[i]``, when given, are node i+1's listen host and command
         prefix (``BrokerProcess``): brokers in network namespaces (``mesh.testing.netns``).
         ``secrets`` / ``creds``: every broker secured with that secrets directory, and the
         credentials the launcher's own requests use (``BrokerProcess``). ``metrics``: every
-        broker serves /metrics on a free port (``BrokerProcess.metrics_url``)."""
+        broker serves /metrics on a free port (``BrokerProcess.metrics_url``). ``kafka``: every
+        broker runs a Kafka listener on a free port (``kafka_bootstrap``)."""
         self.root = str(root)
         self.brokers: list[BrokerProcess] = []
         first = None
@@ -230,13 +239,18 @@ class Cluster:
                               extra=extra, log_path=log_path, new_session=new_session,
                               host=hosts[i - 1] if hosts else "127.0.0.1",
                               prefix=prefixes[i - 1] if prefixes else None, secrets=secrets, creds=creds,
-                              metrics_port=free_port() if metrics else None)
+                              metrics_port=free_port() if metrics else None,
+                              kafka_port=free_port() if kafka else None)
             first = first or b.address
             self.brokers.append(b)
 
     @property
     def bootstrap(self) -> str:
         return ",".join(b.address for b in self.brokers)
+
+    @property
+    def kafka_bootstrap(self) -> str:
+        return ",".join(b.kafka_address for b in self.brokers if b.kafka_port)
 
     def start(self, timeout_s: float = 20.0) -> "Cluster":
         """Start every broker; return once each one sees all of them alive. On failure,

@@ -177,10 +177,18 @@ def test_status_takes_what_brokers_report():
     assert [(r["state"], r["leaders"], r["replicas"]) for r in rows] == [("draining", 0, 7), ("active", 5, 5)]
     lines = status_table(rows)
     assert lines[0].split() == ["id", "address", "status", "state", "gen", "hb_age_ms", "leaders", "replicas",
-                                "recovering", "store"]
-    assert lines[1].split() == ["n1", "a:1", "alive", "draining", "0", "0", "0", "7", "0", "-"]
+                                "recovering", "store", "kafka"]
+    assert lines[1].split() == ["n1", "a:1", "alive", "draining", "0", "0", "0", "7", "0", "-", "-"]
     assert lines[2].split()[5] == "-"                            # no heartbeat age known
     assert len({line.index("leaders") if i == 0 else None for i, line in enumerate(lines)}) == 2
+
+
+def test_status_does_not_show_a_dead_brokers_last_report():
+    """A dead broker's gossiped stats are its last ones: the partitions of the answer say
+    what it leads and holds now (README tour: n4 dead showed `leaders 14 replicas 18`)."""
+    rows = status_rows(_md([{"id": "n1", "address": "a:1", "status": "alive", "replicas": 3, "leaders": 2},
+                            {"id": "n2", "address": "a:2", "status": "dead", "replicas": 18, "leaders": 14}]))
+    assert [(r["id"], r["leaders"], r["replicas"]) for r in rows] == [("n1", 2, 3), ("n2", 1, 3)]
 
 
 def test_status_command(admin):

@@ -1,4 +1,4 @@
-"""The node's one clock source: every shell module reads time here, never from ``time``.
+"""The one clock source of the broker and its gateways: shell modules read time here, never from ``time``.
 
 Two scales, both in integer milliseconds:
 

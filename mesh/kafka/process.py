@@ -1,0 +1,130 @@
+"""The Kafka listener in a process of its own, beside its node (as the text gateway).
+
+Why a process: a Kafka client's records are converted one by one (Kafka v2 batches to the
+mesh's columns and back), Python work that in the node's process would hold the GIL the
+node loop needs (``mesh.gateway.process`` measured what that costs). The listener is one
+more client of its node: it needs the node's address, its Kafka host, port and node id.
+
+- ``KafkaProcess.start`` runs ``python -m mesh.kafka.process`` and waits (at most
+  ``START_WAIT_S``) for its first line on stdout: ``ready`` once it listens, else the
+  reason it could not (a port in use), raised as ``KafkaError``. Its log lines go to the
+  node's stderr, named ``[<node>/kafka]``.
+- The child ends on SIGTERM/SIGINT, and on its own when its parent is gone (``getppid``
+  every ``PARENT_POLL_S``), so a node killed with -9 leaves no listener on its port.
+- ``close``: SIGTERM, then SIGKILL after ``CLOSE_WAIT_S``. Idempotent.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+
+from mesh.gateway.process import GatewayProcess
+
+__all__ = ["KafkaProcess", "KafkaError", "main"]
+
+log = logging.getLogger("mesh.kafka.process")
+
+START_WAIT_S = 20.0
+PARENT_POLL_S = 0.5
+CLOSE_WAIT_S = 3.0
+_READY = "ready"
+
+
+class KafkaError(Exception):
+    """The Kafka listener process could not start (the reason is the message)."""
+
+
+class KafkaProcess(GatewayProcess):
+    @classmethod
+    def start(cls, address: str, host: str, port: int, kafka_id: int, *, node_id: str,
+              creds_path: str | None = None, extra: list[str] | None = None,
+              start_wait_s: float = START_WAIT_S) -> "KafkaProcess":
+        argv = [sys.executable, "-m", "mesh.kafka.process", "--node", node_id, "--address", address,
+                "--host", host, "--port", str(port), "--kafka-id", str(kafka_id),
+                "--log-level", str(logging.getLogger().getEffectiveLevel())] + list(extra or [])
+        if creds_path:
+            argv += ["--creds", creds_path]
+        root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        env = dict(os.environ)
+        env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        try:
+            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=None,
+                                    env=env, text=True)
+        except OSError as exc:
+            raise KafkaError(f"cannot start the Kafka listener process: {exc}") from exc
+        self = cls(proc)
+        line = self._first_line(start_wait_s)
+        if line != _READY:
+            self.close()
+            raise KafkaError(line or f"the Kafka listener process ended (exit code {proc.returncode})")
+        return self
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                self.proc.send_signal(signal.SIGTERM)
+                self.proc.wait(CLOSE_WAIT_S)
+            except subprocess.TimeoutExpired:
+                log.warning("the Kafka listener process did not stop in time: killed")
+                self.proc.kill()
+                self.proc.wait()
+            except ProcessLookupError:
+                pass
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m mesh.kafka.process",
+                                description="The Kafka wire-protocol listener of one node (started by the node).")
+    p.add_argument("--node", required=True)
+    p.add_argument("--address", required=True, help="the node's HOST:PORT")
+    p.add_argument("--host", required=True)
+    p.add_argument("--port", type=int, required=True)
+    p.add_argument("--kafka-id", type=int, required=True)
+    p.add_argument("--creds")
+    p.add_argument("--max-request-bytes", type=int, default=100 << 20)
+    p.add_argument("--log-level", type=int, default=logging.INFO)
+    args = p.parse_args(argv)
+    h = logging.StreamHandler(sys.stderr)
+    h.setFormatter(logging.Formatter(f"%(asctime)s %(levelname)s [{args.node}/kafka] %(name)s: %(message)s"))
+    logging.basicConfig(level=args.log_level, handlers=[h])
+    parent = os.getppid()
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    try:
+        from mesh.kafka.handlers import core_registry
+        from mesh.kafka.link import MeshLinks, MetaCache
+        from mesh.kafka.server import KafkaServer, ServerLimits
+        creds = None
+        if args.creds:
+            from mesh.security.creds import Creds
+            creds = Creds.load(args.creds)
+        links = MeshLinks(args.address, creds)
+        cache = MetaCache(links, args.node, args.host, args.port, args.kafka_id)
+        server = KafkaServer(args.host, args.port, core_registry(), cache, links,
+                             limits=ServerLimits(max_request_bytes=args.max_request_bytes))
+    except Exception as exc:
+        print(f"Kafka listener on {args.host}:{args.port}: {type(exc).__name__}: {exc}", flush=True)
+        return 1
+    print(_READY, flush=True)
+    log.info("Kafka listener of %s on %s:%d (Kafka node id %d)", args.node, args.host, server.port, args.kafka_id)
+    try:
+        while not stop.wait(PARENT_POLL_S):
+            if os.getppid() != parent:
+                log.warning("the node (pid %d) is gone: the Kafka listener stops", parent)
+                break
+    finally:
+        server.close()
+        links.close_all()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,196 @@
+"""Produce (API 0, v3-9) and InitProducerId (API 22, v0-4).
+
+Produce: each partition's Kafka batch is converted (``convert.to_mesh``) and sent to the
+partition's mesh leader as a native ProduceRequest with the same acks (0: nothing is
+answered, 1: the leader stored it, -1: a quorum did, as the mesh means them), all
+partitions at once, then the answers gathered within the request's timeout. A leader that
+moved is followed once at once (its NOT_LEADER names the new one); otherwise the client
+gets NOT_LEADER_OR_FOLLOWER or REQUEST_TIMED_OUT and retries, which the idempotent
+producer makes harmless. ``max.message.bytes`` (the topic's, the Kafka batch as sent)
+is MESSAGE_TOO_LARGE.
+
+Idempotence: InitProducerId hands out a random producer id below 2**47 with epoch 0 (no
+state: any listener may answer; a collision of two random 47-bit ids is as unlikely as
+Kafka's id blocks going wrong); a request naming its current id and epoch (KIP-360, v3+)
+gets the epoch bumped. The mesh dedups by (partition, producer id) with sequences
+(``mesh.node.producer_state``): ``convert.mesh_producer_id`` makes one mesh producer per
+(Kafka id, epoch), so Kafka's rules follow: a retried batch the leader remembers is
+answered with its original offset; an older one DUPLICATE_SEQUENCE_NUMBER; a gap
+OUT_OF_ORDER_SEQUENCE_NUMBER. No transactions: a transactional id is refused.
+"""
+from __future__ import annotations
+
+import logging
+import random
+import time
+
+from kio.schema.errors import ErrorCode as K
+
+from mesh.kafka.build import make, ms
+from mesh.kafka.codec import response_class
+from mesh.kafka.convert import MAX_KAFKA_PRODUCER_ID, ConvertError, to_mesh
+from mesh.kafka.meta import kafka_error
+from mesh.wire.errors import ErrorCode, MeshError
+from mesh.wire.messages import ErrorResponse, ProduceRequest, ProduceResponse
+from mesh.wire.topic_config import TOPIC_DEFAULTS
+
+__all__ = ["ProduceApi"]
+
+log = logging.getLogger("mesh.kafka.produce")
+_rng = random.SystemRandom()
+_BACKOFF_S = 0.05   # before asking again for a leader (an election takes about a second)
+
+
+class ProduceApi:
+    def __init__(self, max_message_bytes: int | None = None) -> None:
+        self.default_max_message_bytes = max_message_bytes or TOPIC_DEFAULTS["max.message.bytes"]
+
+    # -- InitProducerId ---------------------------------------------------------------------
+    def on_init_producer_id(self, ctx, req):
+        out = {"throttle_time": 0, "error_code": K.none, "producer_id": -1, "producer_epoch": -1}
+        if req.transactional_id is not None:
+            out["error_code"] = K.transactional_id_authorization_failed   # no transactions here
+        elif not ctx.authorizer.allowed(ctx.principal, "IDEMPOTENT_WRITE", "CLUSTER", "kafka-cluster"):
+            out["error_code"] = K.cluster_authorization_failed
+        else:
+            pid, epoch = getattr(req, "producer_id", -1), getattr(req, "producer_epoch", -1)
+            if 0 <= pid <= MAX_KAFKA_PRODUCER_ID and 0 <= epoch < 32766:
+                out.update(producer_id=pid, producer_epoch=epoch + 1)
+            else:
+                out.update(producer_id=_rng.randrange(1, MAX_KAFKA_PRODUCER_ID), producer_epoch=0)
+        return make(response_class(22, ctx.api_version), out)
+
+    # -- Produce ----------------------------------------------------------------------------
+    def on_produce(self, ctx, req):
+        acks = req.acks
+        timeout_ms = max(1, min(ms(req.timeout), 300_000))
+        results: dict[tuple[str, int], dict] = {}
+        sends = []   # (topic, partition, mesh batch)
+        order = []
+        cache = ctx.cluster.fresh()
+        for t in req.topic_data:
+            for p in t.partition_data:
+                key = (t.name, p.index)
+                order.append(key)
+                res = results[key] = {"index": p.index, "error_code": K.none, "base_offset": -1,
+                                      "log_start_offset": -1, "error_message": None}
+                if acks not in (0, 1, -1):
+                    res["error_code"] = K.invalid_required_acks
+                    continue
+                if req.transactional_id is not None:
+                    res["error_code"] = K.transactional_id_authorization_failed
+                    continue
+                if not ctx.authorizer.allowed(ctx.principal, "WRITE", "TOPIC", t.name):
+                    res["error_code"] = K.topic_authorization_failed
+                    continue
+                topic = cache.topic(t.name)
+                if topic is None:
+                    cache.refresh()
+                    topic = cache.topic(t.name)
+                if topic is None or not 0 <= p.index < len(topic.get("partitions") or []):
+                    res["error_code"] = K.unknown_topic_or_partition
+                    continue
+                limit = (topic.get("config") or {}).get("max.message.bytes", self.default_max_message_bytes)
+                records = p.records or b""
+                if len(records) > limit:
+                    res.update(error_code=K.message_too_large,
+                               error_message=f"batch of {len(records)} bytes, max.message.bytes={limit}")
+                    continue
+                try:
+                    batch, _info = to_mesh(records)
+                except ConvertError as exc:
+                    res.update(error_code=getattr(K, exc.code), error_message=str(exc)[:300])
+                    continue
+                sends.append((t.name, p.index, batch))
+        self._send_all(ctx, sends, acks, timeout_ms, results)
+        if acks == 0:
+            return None
+        by_topic: dict[str, list] = {}
+        for name, index in order:
+            by_topic.setdefault(name, []).append(results[(name, index)])
+        return make(response_class(0, ctx.api_version), {
+            "responses": [{"name": n, "partition_responses": ps} for n, ps in by_topic.items()],
+            "throttle_time": 0})
+
+    def _send_all(self, ctx, sends, acks: int, timeout_ms: int, results: dict) -> None:
+        """Send every batch to its partition's mesh leader and collect the answers until
+        ``timeout_ms`` (less a margin, so the client hears before it gives up). A leader
+        that moved (NOT_LEADER naming the new one: at once; without a name, or none
+        elected yet: after ``_BACKOFF_S`` and a metadata refresh) or whose connection
+        dropped (killed, paused) gets the same batch again: with a producer id the
+        mesh stores it once whichever leader had it (``mesh.node.producer_state``)."""
+        link = ctx.mesh
+        view, transport = link.cluster, link.transport
+        deadline = time.monotonic() + timeout_ms * 0.9 / 1000
+        inflight: dict[int, tuple] = {}   # rid -> (topic, partition, batch, address)
+        waiting: list[tuple] = []         # (not before, topic, partition, batch)
+
+        def send(topic, partition, batch) -> None:
+            res = results[(topic, partition)]
+            try:
+                addr = view.leader_address(topic, partition)
+            except MeshError as exc:
+                res["error_code"] = kafka_error(exc.code)
+                if exc.retriable:
+                    waiting.append((time.monotonic() + _BACKOFF_S, topic, partition, batch))
+                return
+            if addr is None or transport.is_down(addr):
+                res["error_code"] = K.leader_not_available
+                waiting.append((time.monotonic() + _BACKOFF_S, topic, partition, batch))
+                return
+            rid = transport.send(addr, ProduceRequest(topic, partition, acks, timeout_ms), batch)
+            if acks != 0:
+                inflight[rid] = (topic, partition, batch, addr)
+
+        for topic, partition, batch in sends:
+            send(topic, partition, batch)
+        refreshed_at = 0.0
+        while (inflight or waiting) and time.monotonic() < deadline:
+            if waiting and not inflight:
+                pause = min(w[0] for w in waiting) - time.monotonic()
+                if pause > 0:
+                    time.sleep(min(pause, max(0.0, deadline - time.monotonic())))
+            for _addr, rid, resp, _payload in transport.poll(50 if inflight else 0):
+                item = inflight.pop(rid, None)
+                if item is None:
+                    continue
+                topic, partition, batch, addr = item
+                res = results[(topic, partition)]
+                if isinstance(resp, ProduceResponse) and not resp.error:
+                    res.update(error_code=K.none, base_offset=resp.base_offset, log_start_offset=resp.log_start,
+                               error_message=None)
+                    continue
+                code = getattr(resp, "error", ErrorCode.UNKNOWN)
+                leader = getattr(resp, "leader", None)
+                res["error_code"] = kafka_error(code)
+                msg = getattr(resp, "message", "") if isinstance(resp, (ProduceResponse, ErrorResponse)) else ""
+                res["error_message"] = msg[:300] or None
+                if code in (ErrorCode.NOT_LEADER, ErrorCode.LEADER_NOT_AVAILABLE, ErrorCode.BROKER_UNAVAILABLE):
+                    if leader and leader != addr:
+                        view.set_leader(topic, partition, leader)
+                        send(topic, partition, batch)
+                    else:
+                        waiting.append((time.monotonic() + _BACKOFF_S, topic, partition, batch))
+            gone = transport.take_disconnected()
+            for rid, (topic, partition, batch, addr) in list(inflight.items()):
+                if addr in gone:
+                    del inflight[rid]
+                    transport.abandon([rid])
+                    results[(topic, partition)]["error_code"] = K.not_leader_or_follower
+                    waiting.append((time.monotonic() + _BACKOFF_S, topic, partition, batch))
+            now = time.monotonic()
+            due = [w for w in waiting if w[0] <= now]
+            if due:
+                waiting[:] = [w for w in waiting if w[0] > now]
+                if now - refreshed_at > _BACKOFF_S:
+                    refreshed_at = now
+                    try:
+                        view.refresh(sorted({w[1] for w in due}))
+                    except MeshError:
+                        pass
+                for _t, topic, partition, batch in due:
+                    send(topic, partition, batch)
+        for rid, (topic, partition, _b, _a) in inflight.items():
+            results[(topic, partition)]["error_code"] = K.request_timed_out
+        if inflight:
+            transport.abandon(list(inflight))
