@@ -14,7 +14,6 @@ import inspect
 import json
 import os
 import re
-import shutil
 import signal
 import socket
 import struct
@@ -27,12 +26,12 @@ import pytest
 from mesh.client import Admin, Producer
 from mesh.client.group_admin import GroupAdmin
 from mesh.testing.launcher import Cluster, wait_until
+from tests.tooling import kafkajs_modules, need
 
 pytestmark = pytest.mark.integration
 
 SESSION_MS = 3000          # the brokers' maximum native session (also their takeover grace)
 KAFKA_SESSION_MS = 6000    # what the Kafka clients ask for
-KJS = "/tmp/kjs/node_modules"
 _names = iter(range(1, 1_000_000))
 
 
@@ -136,8 +135,8 @@ class Kcat:
                 self.proc.kill()
 
 
-@pytest.mark.skipif(shutil.which("kcat") is None, reason="kcat is not installed")
 def test_kcat_consumers_share_and_the_survivor_takes_over(gcluster):
+    need("kcat")
     topic, sent = topic_with_records(gcluster, "kgc-kcat", 4, 200)
     every = {(topic, p) for p in range(4)}
     a, b = Kcat(gcluster.kafka_bootstrap, "kcat-g", topic), Kcat(gcluster.kafka_bootstrap, "kcat-g", topic)
@@ -324,13 +323,13 @@ main().catch(e => { console.error(e); process.exit(1) })
 """
 
 
-@pytest.mark.skipif(shutil.which("node") is None or not os.path.isdir(f"{KJS}/kafkajs"), reason="no kafkajs")
 def test_kafkajs_group_of_two(gcluster, tmp_path):
+    modules = kafkajs_modules()
     topic, sent = topic_with_records(gcluster, "kgc-kjs", 4, 100)
     script = tmp_path / "group.js"
     script.write_text(_KJS_SCRIPT)
     out = subprocess.run(["node", str(script), gcluster.kafka_bootstrap, topic, "kjs-g", str(len(sent))],
-                         capture_output=True, timeout=150, env=dict(os.environ, NODE_PATH=KJS))
+                         capture_output=True, timeout=150, env=dict(os.environ, NODE_PATH=modules))
     assert out.returncode == 0, out.stderr.decode()[-2000:]
     result = json.loads(out.stdout.decode().strip().splitlines()[-1])
     assert {v.encode() for v in result["seen"]} >= sent
