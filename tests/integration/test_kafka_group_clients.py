@@ -417,3 +417,91 @@ def test_confluent_group_survives_its_coordinators_death(tmp_path):
             m.stop()
     finally:
         c.stop()
+
+
+@pytest.mark.parametrize("strategy", ["range", "cooperative-sticky"])
+def test_confluent_churn_never_two_owners(gcluster, strategy):
+    """Members join and leave while records flow: from the clients' own rebalance callbacks,
+    no partition is ever held by two members at once; every record is read; the committed
+    offsets end at the log end."""
+    from confluent_kafka import Consumer
+    topic, _ = topic_with_records(gcluster, f"kgc-churn-{strategy}", 6, 0)
+    group = f"churn-{strategy}"
+    events, seen, lock = [], set(), threading.Lock()
+
+    def member(k, stop):
+        c = Consumer({"bootstrap.servers": gcluster.kafka_bootstrap, "group.id": group,
+                      "auto.offset.reset": "earliest", "session.timeout.ms": KAFKA_SESSION_MS,
+                      "heartbeat.interval.ms": 300, "partition.assignment.strategy": strategy,
+                      "auto.commit.interval.ms": 200})
+
+        def change(sign):
+            def callback(_, parts):
+                with lock:
+                    events.extend((time.monotonic(), k, sign, (p.topic, p.partition)) for p in parts)
+            return callback
+        c.subscribe([topic], on_assign=change("+"), on_revoke=change("-"), on_lost=change("-"))
+        while not stop.is_set():
+            m = c.poll(0.1)
+            if m is not None and not m.error():
+                with lock:
+                    seen.add(m.value())
+        c.close()
+    sent: set[bytes] = set()
+    feeding = threading.Event()
+
+    def feed():
+        i = 0
+        with Producer(gcluster.bootstrap) as p:
+            while not feeding.is_set():
+                for _ in range(10):
+                    p.send(topic, b"%d" % i, partition=i % 6)
+                    sent.add(b"%d" % i)
+                    i += 1
+                feeding.wait(0.1)   # (pacing the feed, not waiting for a condition)
+            p.flush()
+    feeder = threading.Thread(target=feed)
+    feeder.start()
+    stops, threads = {}, {}
+
+    def start(k):
+        stops[k] = threading.Event()
+        threads[k] = threading.Thread(target=member, args=(k, stops[k]), daemon=True)
+        threads[k].start()
+
+    def stop(k):
+        stops[k].set()
+        threads[k].join(30)
+
+    def holders() -> dict:
+        owner: dict = {}
+        with lock:
+            for _, k, sign, tp in sorted(events, key=lambda e: e[0]):
+                if sign == "+":
+                    assert owner.get(tp, k) == k, f"{tp} given to {k} while {owner[tp]} holds it"
+                    owner[tp] = k
+                elif owner.get(tp) == k:
+                    del owner[tp]
+        return owner
+
+    def all_held_by(ks) -> bool:
+        return set(holders().values()) == set(ks) and len(holders()) == 6
+    try:
+        start(0)
+        wait_until(lambda: all_held_by({0}), 60, "the first member to hold everything")
+        start(1)
+        wait_until(lambda: all_held_by({0, 1}), 60, "two members sharing")
+        start(2)
+        wait_until(lambda: all_held_by({0, 1, 2}), 60, "three members sharing")
+        stop(1)
+        wait_until(lambda: all_held_by({0, 2}), 60, "two members after a leave")
+        stop(0)
+        wait_until(lambda: all_held_by({2}), 60, "the last member holding everything")
+    finally:
+        feeding.set()
+        feeder.join()
+    wait_until(lambda: sent <= seen, 60, "every record read")
+    stop(2)
+    holders()   # (checks the whole history once more)
+    with GroupAdmin(gcluster.bootstrap, request_timeout_ms=2000) as ga:
+        wait_until(lambda: sum(ga.committed(group).values()) == len(sent), 20, "offsets committed to the log end")
