@@ -182,8 +182,13 @@ def groups(cluster):
 
 
 def make_topic(cluster, name, partitions):
+    from mesh.wire.errors import ErrorCode, MeshError
     with Admin(cluster.bootstrap) as a:
-        a.create_topic(name, partitions, replication_factor=3)
+        try:
+            a.create_topic(name, partitions, replication_factor=3)
+        except MeshError as exc:
+            if exc.code != ErrorCode.TOPIC_EXISTS:
+                raise
         wait_until(lambda: len(a.metadata([name]).topics[0].get("partitions", [])) == partitions, 20, "topic")
 
 
@@ -462,3 +467,106 @@ def test_members_rejoin_when_the_coordinator_dies(tmp_path):
 def disjoint_cover(a, b, every) -> bool:
     return bool(a.assignment) and bool(b.assignment) and not (a.assignment & b.assignment) \
         and a.assignment | b.assignment == every
+
+
+def _request(api: str, version: int, cls: str, **values):
+    """A request of any version from the values its schema has (nested ones built the same)."""
+    import importlib
+    from mesh.kafka.group_codec import build
+    mod = importlib.import_module(f"kio.schema.{api}.v{version}.request")
+    return build(getattr(mod, cls), **values), mod
+
+
+def _encodes(api_key: int, version: int, response) -> None:
+    from mesh.kafka.codec import encode_response, response_class
+    assert type(response) is response_class(api_key, version)
+    encode_response(api_key, version, 7, response)   # what the listener sends: every field encodable
+
+
+@pytest.mark.parametrize("join_version", range(8))
+def test_every_version_of_the_member_apis(cluster, groups, join_version):
+    """Join (0-7), then Sync, Heartbeat and Leave of the matching versions: each answer is of
+    its request's version and encodes."""
+    from mesh.kafka.group_codec import build
+    make_topic(cluster, "kg-all", 1)
+    group, meta = f"kg-all-{join_version}", encode_subscription(["kg-all"], version=min(join_version, 3))
+    req0, mod = _request("join_group", join_version, "JoinGroupRequest")
+    proto = build(mod.JoinGroupRequestProtocol, name="range", metadata=meta)
+
+    def join(member_id):
+        r, _ = _request("join_group", join_version, "JoinGroupRequest", group_id=group, session_timeout=_td(SESSION_MS),
+                        rebalance_timeout=_td(10_000), member_id=member_id, group_instance_id=None,
+                        protocol_type="consumer", protocols=(proto,))
+        resp = groups.join_group(ctx(11, join_version), r)
+        _encodes(11, join_version, resp)
+        return resp
+    resp = join("")
+    if join_version >= 4:
+        assert resp.error_code == K.member_id_required
+        resp = join(resp.member_id)
+    assert resp.error_code == K.none, resp
+    member, generation = resp.member_id, resp.generation_id
+    v = min(join_version, 5)
+    sync, _ = _request("sync_group", v, "SyncGroupRequest", group_id=group, generation_id=generation, member_id=member,
+                       group_instance_id=None, protocol_type="consumer", protocol_name="range", assignments=())
+    resp = groups.sync_group(ctx(14, v), sync)
+    _encodes(14, v, resp)
+    assert resp.error_code == K.none
+    v = min(join_version, 4)
+    beat, _ = _request("heartbeat", v, "HeartbeatRequest", group_id=group, generation_id=generation, member_id=member,
+                       group_instance_id=None)
+    resp = groups.heartbeat(ctx(12, v), beat)
+    _encodes(12, v, resp)
+    assert resp.error_code in (K.none, K.rebalance_in_progress)
+    leave, mod = _request("leave_group", v, "LeaveGroupRequest", group_id=group, member_id=member)
+    if v >= 3:
+        leave, _ = _request("leave_group", v, "LeaveGroupRequest", group_id=group,
+                            members=(build(mod.MemberIdentity, member_id=member, group_instance_id=None),))
+    resp = groups.leave_group(ctx(13, v), leave)
+    _encodes(13, v, resp)
+    assert resp.error_code == K.none
+
+
+def test_every_version_of_the_offset_and_listing_apis(cluster, groups):
+    from mesh.kafka.group_codec import build
+    make_topic(cluster, "kg-every", 1)
+    for v in range(2, 9):
+        r, mod = _request("offset_commit", v, "OffsetCommitRequest")
+        part = build(mod.OffsetCommitRequestPartition, partition_index=0, committed_offset=10 + v,
+                     committed_leader_epoch=-1, committed_metadata=f"v{v}")
+        r, _ = _request("offset_commit", v, "OffsetCommitRequest", group_id="kg-every", generation_id_or_member_epoch=-1,
+                        member_id="", group_instance_id=None, retention_time=datetime.timedelta(milliseconds=-1),
+                        topics=(build(mod.OffsetCommitRequestTopic, name="kg-every", partitions=(part,)),))
+        resp = groups.offset_commit(ctx(8, v), r)
+        _encodes(8, v, resp)
+        assert resp.topics[0].partitions[0].error_code == K.none
+    for v in range(1, 9):
+        if v < 8:
+            r, mod = _request("offset_fetch", v, "OffsetFetchRequest")
+            r, _ = _request("offset_fetch", v, "OffsetFetchRequest", group_id="kg-every", require_stable=False,
+                            topics=(build(mod.OffsetFetchRequestTopic, name="kg-every", partition_indexes=(0,)),))
+        else:
+            r, mod = _request("offset_fetch", 8, "OffsetFetchRequest")
+            r, _ = _request("offset_fetch", 8, "OffsetFetchRequest", require_stable=False, groups=(build(
+                mod.OffsetFetchRequestGroup, group_id="kg-every", topics=(build(
+                    mod.OffsetFetchRequestTopics, name="kg-every", partition_indexes=(0,)),)),))
+        resp = groups.offset_fetch(ctx(9, v), r)
+        _encodes(9, v, resp)
+        topics = resp.groups[0].topics if v >= 8 else resp.topics
+        assert (topics[0].partitions[0].committed_offset, topics[0].partitions[0].metadata) == (18, "v8")
+    for v in range(5):
+        r, _ = _request("find_coordinator", v, "FindCoordinatorRequest", key="kg-every", key_type=0,
+                        coordinator_keys=("kg-every",))
+        resp = groups.find_coordinator(ctx(10, v), r)
+        _encodes(10, v, resp)
+        assert (resp.coordinators[0] if v >= 4 else resp).error_code == K.none
+        r, _ = _request("list_groups", v, "ListGroupsRequest", states_filter=())
+        resp = groups.list_groups(ctx(16, v), r)
+        _encodes(16, v, resp)
+        assert resp.error_code == K.none
+    for v in range(6):
+        r, _ = _request("describe_groups", v, "DescribeGroupsRequest", groups=("kg-every",),
+                        include_authorized_operations=False)
+        resp = groups.describe_groups(ctx(15, v), r)
+        _encodes(15, v, resp)
+        assert resp.groups[0].error_code == K.none and resp.groups[0].group_state == "Empty"
