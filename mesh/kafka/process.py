@@ -132,6 +132,13 @@ def main(argv: list[str] | None = None) -> int:
         reg = core_registry()
         if sec.secured:
             sasl.register(reg)
+        from mesh.client.transport import Transport
+        from mesh.kafka.groups import ClassicGroups
+        # classic consumer groups on the mesh's server-side assignor (mesh.kafka.groups)
+        groups = ClassicGroups(Transport(creds=creds), [args.address])
+        versions = groups.versions()
+        for key, fn in groups.handlers().items():
+            reg.register(key, *versions[key], fn)
         server = KafkaServer(args.host, args.port, reg, cache, links, authorizer=sec.authorizer,
                              limits=ServerLimits(max_request_bytes=args.max_request_bytes),
                              auth=(lambda conn: sec.new_session()) if sec.secured else None,
@@ -148,6 +155,7 @@ def main(argv: list[str] | None = None) -> int:
                 break
     finally:
         server.close()
+        groups.close()
         links.close_all()
         sec.close()
     return 0
