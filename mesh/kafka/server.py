@@ -21,6 +21,11 @@ Theory of operation
   not registered, a version outside the advertised range, a request that does not decode.
   ApiVersions is the exception (KIP-511): a version it does not know is answered in v0
   with UNSUPPORTED_VERSION and the supported ranges, so the client can retry with one.
+- Produce requests are pipelined (``max_pipelined``, 8): a produce handler sends its batches
+  and returns a ``Deferred``; while it waits for the mesh the worker starts the next queued
+  produce request, so the node group-commits several of one connection's batches in one
+  turn (as the native producer's requests in flight); the answers are written in request
+  order. Any other request waits until every earlier answer is written.
 - A handler that raises is a bug, not the client's: it is logged (rate-limited) and the
   connection is closed; the listener goes on. ``None`` from a handler (acks=0) writes nothing.
 - SASL (``auth``: a factory of per-connection sessions, ``mesh.kafka.sasl``): until the
@@ -29,6 +34,7 @@ Theory of operation
 """
 from __future__ import annotations
 
+import collections
 import itertools
 import logging
 import queue
@@ -42,13 +48,14 @@ from kio.schema.errors import ErrorCode
 
 from mesh.kafka.build import make
 from mesh.kafka.codec import BadRequest, decode_request, encode_response, peek_header, response_class
-from mesh.kafka.context import RequestContext
+from mesh.kafka.context import Deferred, RequestContext
 
 __all__ = ["KafkaServer", "ServerLimits", "Registry", "OpenAuthorizer"]
 
 log = logging.getLogger("mesh.kafka.server")
 
 API_VERSIONS = 18
+_PRODUCE_KEY = b"\0\0"   # a frame's first two bytes: API key 0
 _CLOSE = object()
 
 
@@ -59,6 +66,7 @@ class ServerLimits:
     max_connections: int = 1024
     send_timeout_s: float = 30.0
     idle_timeout_s: float = 600.0          # connections.max.idle.ms
+    max_pipelined: int = 8                 # produce requests of one connection in flight at once
 
 
 class OpenAuthorizer:
@@ -259,22 +267,55 @@ class _Connection:
 
     # -- working ----------------------------------------------------------------------------
     def _work_loop(self) -> None:
+        pending: collections.deque = collections.deque()   # (api key, version, corr, Deferred), in order
         try:
             while True:
+                if pending and (len(pending) >= self.limits.max_pipelined or self.queue.empty()):
+                    if not self._finish(pending.popleft()):
+                        break
+                    continue
                 frame = self.queue.get()
                 if frame is _CLOSE:
+                    while pending and self._finish(pending.popleft()):
+                        pass
                     break
                 with self._room:
                     self._bytes -= len(frame)
                     self._room.notify_all()
-                if not self._serve(frame):
+                if pending and frame[:2] != _PRODUCE_KEY:   # only produce requests overlap
+                    while pending:
+                        if not self._finish(pending.popleft()):
+                            return
+                if not self._serve(frame, pending):
                     break
         finally:
             self.close()
             self.server.links.release()
 
-    def _serve(self, frame: bytes) -> bool:
-        """Answer one request; False: close the connection."""
+    def _finish(self, item) -> bool:
+        api_key, version, corr, deferred = item
+        try:
+            response = deferred.finish()
+        except Exception as exc:
+            self.server.log_once(f"handler:{api_key}", "Kafka API %d v%d handler failed: %s: %s", api_key,
+                                 version, type(exc).__name__, exc, level=logging.ERROR)
+            return False
+        return self._answer(api_key, version, corr, response)
+
+    def _answer(self, api_key: int, version: int, corr: int, response) -> bool:
+        if response is None:
+            return True
+        try:
+            out = encode_response(api_key, version, corr, response)
+        except Exception as exc:
+            self.server.log_once(f"encode:{api_key}", "Kafka API %d v%d answer does not encode: %s: %s",
+                                 api_key, version, type(exc).__name__, exc, level=logging.ERROR)
+            return False
+        return self._send(out)
+
+    def _serve(self, frame: bytes, pending: collections.deque) -> bool:
+        """Answer one request (or queue its ``Deferred`` answer on ``pending``); False:
+        close the connection."""
         try:
             api_key, version, corr = peek_header(frame)
         except BadRequest as exc:
@@ -312,15 +353,11 @@ class _Connection:
                                  version, type(exc).__name__, exc, level=logging.ERROR)
             log.debug("handler failure", exc_info=True)
             return False
-        if response is not None:
-            try:
-                out = encode_response(api_key, version, corr, response)
-            except Exception as exc:
-                self.server.log_once(f"encode:{api_key}", "Kafka API %d v%d answer does not encode: %s: %s",
-                                     api_key, version, type(exc).__name__, exc, level=logging.ERROR)
-                return False
-            if not self._send(out):
-                return False
+        if isinstance(response, Deferred):
+            pending.append((api_key, version, corr, response))
+            return True
+        if not self._answer(api_key, version, corr, response):
+            return False
         if self.auth is not None and getattr(self.auth, "failed", False):
             return False
         return True
