@@ -108,7 +108,8 @@ def main(argv: list[str] | None = None) -> int:
             creds = Creds.load(args.creds)
         links = MeshLinks(args.address, creds)
         cache = MetaCache(links, args.node, args.host, args.port, args.kafka_id)
-        server = KafkaServer(args.host, args.port, core_registry(), cache, links,
+        registry = core_registry()   # the hook: more APIs are registered here (handlers.register_all)
+        server = KafkaServer(args.host, args.port, registry, cache, links,
                              limits=ServerLimits(max_request_bytes=args.max_request_bytes))
     except Exception as exc:
         print(f"Kafka listener on {args.host}:{args.port}: {type(exc).__name__}: {exc}", flush=True)
