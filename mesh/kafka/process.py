@@ -25,7 +25,7 @@ import threading
 
 from mesh.gateway.process import GatewayProcess
 
-__all__ = ["KafkaProcess", "KafkaError", "main"]
+__all__ = ["KafkaProcess", "KafkaError", "kafka_listener_of", "main"]
 
 log = logging.getLogger("mesh.kafka.process")
 
@@ -77,6 +77,26 @@ class KafkaProcess(GatewayProcess):
                 pass
         if self.proc.stdout is not None:
             self.proc.stdout.close()
+
+
+def kafka_listener_of(config, secured: bool, insecure: bool) -> tuple[str, int, int] | None:
+    """(host, port, Kafka node id) of a node's Kafka listener (``NodeConfig``), or None (no
+    --kafka-port). An open node serves Kafka clients on loopback only, as its own port
+    (unless --insecure); a secured one not yet (SASL on the Kafka port is not wired)."""
+    from mesh.kafka.ids import derive_node_id
+    from mesh.node.bounds import StartupError
+    from mesh.security.broker import is_loopback
+    if config.kafka_port is None:
+        return None
+    host = config.kafka_host or config.bind.rpartition(":")[0]
+    if secured:
+        raise StartupError("the Kafka listener does not run on a secured node yet (it needs SASL on the Kafka "
+                           "port): drop --kafka-port, or run the node open on loopback")
+    if not insecure and not is_loopback(host):
+        raise StartupError(f"the Kafka listener of an open node binds loopback only, not {host}: bind "
+                           f"127.0.0.1 (--kafka-host), or pass --insecure to run open on purpose")
+    kid = config.kafka_node_id if config.kafka_node_id is not None else derive_node_id(config.node_id)
+    return host, config.kafka_port, kid
 
 
 def main(argv: list[str] | None = None) -> int:
