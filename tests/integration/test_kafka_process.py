@@ -41,3 +41,19 @@ def test_open_node_refuses_a_non_loopback_kafka_host(tmp_path):
                           "--kafka-host", "0.0.0.0"], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert out.returncode == 1
     assert "binds loopback only" in out.stderr
+
+
+def test_a_node_restarted_without_its_listener_stops_advertising_it(tmp_path):
+    from mesh.client.admin import Admin
+    b = BrokerProcess("n4", str(tmp_path / "n4"), kafka_port=free_port()).start()
+    try:
+        with Admin(b.address) as a:
+            assert a.metadata([]).brokers[0]["kafka"] == {"host": "127.0.0.1", "port": b.kafka_port, "id": 4}
+        b.stop()
+        b.kafka_port = None
+        b.start()
+        with Admin(b.address) as a:
+            assert a.metadata([]).brokers[0]["kafka"] is None
+    finally:
+        if b.alive():
+            b.kill()
