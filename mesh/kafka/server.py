@@ -15,7 +15,9 @@ Theory of operation
   beyond which the reader stops reading (TCP pushes back on the client); an answer the
   client does not read within ``send_timeout_s`` closes the connection, so a client that
   never reads holds one answer and a bounded queue, never more; at most
-  ``max_connections`` connections (one more is closed at once); a connection idle for
+  ``max_connections`` connections (one more is closed at once); at most
+  ``max_queued_bytes`` (256 MiB) of requests read or queued by all connections together
+  (memory grows with the bytes that arrive, never with what a size prefix claims); a connection idle for
   ``idle_timeout_s`` is closed (Kafka's ``connections.max.idle.ms``).
 - What cannot be served closes the connection, as Kafka's broker does: an API key that is
   not registered, a version outside the advertised range, a request that does not decode.
@@ -64,9 +66,34 @@ class ServerLimits:
     max_request_bytes: int = 100 << 20     # socket.request.max.bytes
     max_queued_requests: int = 16          # per connection (queued.max.requests)
     max_connections: int = 1024
+    max_queued_bytes: int = 256 << 20      # requests read or queued, all connections (queued.max.request.bytes)
     send_timeout_s: float = 30.0
     idle_timeout_s: float = 600.0          # connections.max.idle.ms
     max_pipelined: int = 8                 # produce requests of one connection in flight at once
+
+
+class _Budget:
+    """Bytes of requests being read or queued, all connections together (Kafka's
+    ``queued.max.request.bytes``): a reader waits for room before it reads a request's body,
+    so many connections each announcing a large request cannot together exhaust memory."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit, self.used = limit, 0
+        self._cond = threading.Condition()
+
+    def take(self, n: int, gone) -> bool:
+        with self._cond:
+            while self.used and self.used + n > self.limit:
+                if gone():
+                    return False
+                self._cond.wait(0.5)
+            self.used += n
+            return True
+
+    def give(self, n: int) -> None:
+        with self._cond:
+            self.used -= n
+            self._cond.notify_all()
 
 
 class OpenAuthorizer:
@@ -104,6 +131,7 @@ class KafkaServer:
         self.authorizer = authorizer or OpenAuthorizer()
         self.limits = limits
         self.auth = auth
+        self.memory = _Budget(max(limits.max_queued_bytes, limits.max_request_bytes))
         self._sock = socket.create_server((host, port), reuse_port=False, backlog=128)
         self._sock.settimeout(0.5)
         self.port = self._sock.getsockname()[1]
@@ -215,24 +243,26 @@ class _Connection:
 
     # -- reading ----------------------------------------------------------------------------
     def _recv_exact(self, n: int) -> bytes | None:
-        buf = bytearray(n)
-        view = memoryview(buf)
+        """``n`` bytes, read in chunks of at most 1 MiB: memory grows with what arrives,
+        not with what a size prefix claims."""
+        chunks = []
         got = 0
         idle_since = time.monotonic()
         while got < n:
             try:
-                k = self.sock.recv_into(view[got:], min(n - got, 1 << 20))
+                chunk = self.sock.recv(min(n - got, 1 << 20))
             except socket.timeout:
                 if self._closed or time.monotonic() - idle_since > self.limits.idle_timeout_s:
                     return None
                 continue
             except OSError:
                 return None
-            if k == 0:
+            if not chunk:
                 return None
-            got += k
+            chunks.append(chunk)
+            got += len(chunk)
             idle_since = time.monotonic()
-        return bytes(buf)
+        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
     def _read_loop(self) -> None:
         try:
@@ -250,15 +280,21 @@ class _Connection:
                     while not self._closed and self._bytes and self._bytes + size > self.limits.max_request_bytes:
                         self._room.wait(0.5)
                     self._bytes += size
+                if not self.server.memory.take(size, lambda: self._closed):
+                    break
                 frame = self._recv_exact(size)
                 if frame is None:
+                    self.server.memory.give(size)
                     break
-                while not self._closed:
+                queued = False
+                while not self._closed and not queued:
                     try:
                         self.queue.put(frame, timeout=0.5)
-                        break
+                        queued = True
                     except queue.Full:
                         continue
+                if not queued:
+                    self.server.memory.give(size)
         finally:
             try:
                 self.queue.put(_CLOSE, timeout=self.limits.send_timeout_s)
@@ -282,6 +318,7 @@ class _Connection:
                 with self._room:
                     self._bytes -= len(frame)
                     self._room.notify_all()
+                self.server.memory.give(len(frame))
                 if pending and frame[:2] != _PRODUCE_KEY:   # only produce requests overlap
                     while pending:
                         if not self._finish(pending.popleft()):
@@ -291,6 +328,13 @@ class _Connection:
         finally:
             self.close()
             self.server.links.release()
+            while True:   # what the reader queued and nobody will serve: its bytes back to the budget
+                try:
+                    left = self.queue.get_nowait()
+                except queue.Empty:
+                    break
+                if left is not _CLOSE:
+                    self.server.memory.give(len(left))
 
     def _finish(self, item) -> bool:
         api_key, version, corr, deferred = item

@@ -102,3 +102,32 @@ def test_api_versions_follow_the_registry_and_bad_frames_close_one_connection():
         assert [struct.unpack_from(">hhh", frame, 10 + 6 * i) for i in range(n)] == [(1, 4, 12), (18, 0, 3)]
     finally:
         srv.close()
+
+
+def test_large_size_prefixes_share_one_memory_budget_and_give_it_back():
+    from mesh.kafka.server import ServerLimits
+    reg = Registry()
+    reg.register(18, 0, 3, lambda ctx, req: make(response_class(18, ctx.api_version), {
+        "error_code": 0, "api_keys": [], "throttle_time": 0}))
+    srv = KafkaServer("127.0.0.1", 0, reg, cluster=None, links=MeshLinks("127.0.0.1:1"),
+                      limits=ServerLimits(max_request_bytes=1 << 20, max_queued_bytes=1 << 20))
+    try:
+        hogs = [socket.create_connection(("127.0.0.1", srv.port), timeout=10) for _ in range(5)]
+        for h in hogs:   # each announces 1 MiB and sends 10 bytes of it
+            h.sendall(struct.pack(">i", 1 << 20) + b"x" * 10)
+        deadline = time.monotonic() + 5
+        while srv.memory.used < 1 << 20 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert srv.memory.used == 1 << 20   # one reserved; the others wait for room, allocating nothing
+        for h in hogs:
+            h.close()
+        deadline = time.monotonic() + 5
+        while srv.memory.used and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert srv.memory.used == 0
+        v0 = struct.pack(">hhih", 18, 0, 3, 1) + b"t"
+        with socket.create_connection(("127.0.0.1", srv.port), timeout=10) as s:
+            s.sendall(struct.pack(">i", len(v0)) + v0)
+            assert struct.unpack_from(">ih", _read(s)) == (3, 0)
+    finally:
+        srv.close()
