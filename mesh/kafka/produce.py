@@ -69,6 +69,7 @@ class ProduceApi:
         sends = []   # (topic, partition, mesh batch)
         order = []
         cache = ctx.cluster.fresh()
+        refreshed = False
         for t in req.topic_data:
             for p in t.partition_data:
                 key = (t.name, p.index)
@@ -85,8 +86,9 @@ class ProduceApi:
                     res["error_code"] = K.topic_authorization_failed
                     continue
                 topic = cache.topic(t.name)
-                if topic is None:
+                if topic is None and not refreshed:   # created a moment ago? (once per request)
                     cache.refresh()
+                    refreshed = True
                     topic = cache.topic(t.name)
                 if topic is None or not 0 <= p.index < len(topic.get("partitions") or []):
                     res["error_code"] = K.unknown_topic_or_partition
