@@ -16,7 +16,8 @@ gets the epoch bumped. The mesh dedups by (partition, producer id) with sequence
 (``mesh.node.producer_state``): ``convert.mesh_producer_id`` makes one mesh producer per
 (Kafka id, epoch), so Kafka's rules follow: a retried batch the leader remembers is
 answered with its original offset; an older one DUPLICATE_SEQUENCE_NUMBER; a gap
-OUT_OF_ORDER_SEQUENCE_NUMBER. No transactions: a transactional id is refused.
+OUT_OF_ORDER_SEQUENCE_NUMBER; a sequence other than 0 from a producer the leader keeps no
+state of UNKNOWN_PRODUCER_ID. No transactions: a transactional id is refused.
 """
 from __future__ import annotations
 
@@ -208,6 +209,11 @@ class _Flight:
         res["error_code"] = kafka_error(code)
         msg = getattr(resp, "message", "") if isinstance(resp, (ProduceResponse, ErrorResponse)) else ""
         res["error_message"] = msg[:300] or None
+        if code == ErrorCode.OUT_OF_ORDER_SEQUENCE and "is new here" in msg:
+            # the leader keeps no state of this producer (expired, or the topic was made again):
+            # Kafka's UNKNOWN_PRODUCER_ID, which its clients answer with an epoch bump (KIP-360);
+            # the words are mesh.node.producer_state's
+            res["error_code"] = K.unknown_producer_id
         if code in (ErrorCode.NOT_LEADER, ErrorCode.LEADER_NOT_AVAILABLE, ErrorCode.BROKER_UNAVAILABLE):
             if leader and leader != addr:
                 self.link.cluster.set_leader(topic, partition, leader)

@@ -108,6 +108,8 @@ def test_produce_limits_acks0_and_sequences(kcluster):
         assert r2.responses[0].partition_responses[0].base_offset == p1.base_offset   # stored once
         r3 = kio_call(s, _produce(topic, _batch([b"c"], pid, 0, 5)), correlation_id=53)
         assert r3.responses[0].partition_responses[0].error_code == K.out_of_order_sequence_number
+        r5 = kio_call(s, _produce(topic, _batch([b"c"], pid + 1, 0, 3)), correlation_id=56)   # no state, seq 3
+        assert r5.responses[0].partition_responses[0].error_code == K.unknown_producer_id
         r4 = kio_call(s, _produce(topic, _batch([b"c"], pid, 1, 0)), correlation_id=54)   # epoch bumped: seq 0
         assert r4.responses[0].partition_responses[0].error_code == K.none
         assert r4.responses[0].partition_responses[0].base_offset == p1.base_offset + 2
