@@ -143,6 +143,11 @@ def run(scenario, bootstrap, brokers, out_dir, master, skip_analysis, keep_topic
     from bench.events import environment, now_iso, write_run_json
 
     sc = get_scenario(scenario).with_overrides(_overrides(kw))
+    if sc.runner == "kafka":
+        if bootstrap:
+            raise BenchError("the kafka scenario starts its own cluster (with Kafka ports): drop --bootstrap")
+        _run_kafka(sc, out_dir)
+        return
     if sc.runner == "peer-nats":
         if bootstrap:
             raise BenchError("peer-nats starts its own mesh and NATS clusters (so that neither shares the "
@@ -217,6 +222,17 @@ def run(scenario, bootstrap, brokers, out_dir, master, skip_analysis, keep_topic
         click.echo(f"bench: analyse with `bench analyze {out_dir}`")
         return
     _analyze_and_report(out_dir, master)
+
+
+def _run_kafka(sc, out_dir: str | None) -> None:
+    """The kafka scenario: native client and confluent-kafka side by side (``bench.peer_kafka``)."""
+    from bench.peer_kafka import run_kafka_bench
+    out_dir = out_dir or os.path.join("results", f"{time.strftime('%Y%m%d-%H%M%S')}-{sc.name}")
+    os.makedirs(out_dir, exist_ok=True)
+    command = "bench " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    click.echo(f"bench: scenario {sc.name} -> {out_dir}")
+    path = run_kafka_bench(out_dir, sc.base.message_bytes, sc.base.messages, command=command, echo=click.echo)
+    click.echo(f"bench: report: {path}")
 
 
 def _run_peer(sc, out_dir: str | None) -> None:

@@ -85,13 +85,13 @@ class LocalCluster(Cluster):
     ``stop()``), logs in ``log_dir``, each broker in its own session (a Ctrl-C reaches
     bench, which stops them). Failures to come up are ``BenchError``s."""
 
-    def __init__(self, n: int, log_dir: str, extra_args: list[str] | None = None):
+    def __init__(self, n: int, log_dir: str, extra_args: list[str] | None = None, kafka: bool = False):
         if n < 1:
             raise BenchError("--brokers must be at least 1")
         self.n = n
         self.log_dir = log_dir
         self.data_root: str | None = tempfile.mkdtemp(prefix="mesh-bench-")
-        super().__init__(self.data_root, n, extra_args, log_dir=log_dir, new_session=True)
+        super().__init__(self.data_root, n, extra_args, log_dir=log_dir, new_session=True, kafka=kafka)
 
     def start(self, timeout_s: float = 30.0) -> "LocalCluster":
         try:

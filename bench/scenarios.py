@@ -123,7 +123,7 @@ class Scenario:
     sweeps: tuple = ()                       # tuple of {knob: [values]}
     notes: str = ""
     paper: bool = False                      # compare with the DSBS paper's tables
-    runner: str = ""                         # "" = cells through bench.cell; "peer-nats" = bench.peer
+    runner: str = ""                         # "" = cells through bench.cell; "peer-nats" = bench.peer; "kafka" = bench.peer_kafka
 
     def with_overrides(self, overrides: dict) -> "Scenario":
         """Flags win. ``overrides`` maps a knob to a list of values: one value sets the
@@ -307,6 +307,11 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in [
                    "(`pip install .[peer]`). --size and --messages change the workload; --rate and "
                    "--duration-s the end-to-end phase.",
              runner="peer-nats"),
+    Scenario("kafka", "the same 100 B workload through the native client and through confluent-kafka against "
+             "the Kafka port of one 3-broker cluster (RF 3, acks=all): blocking send p50/p99, async send and "
+             "consume records/s, side by side (bench/peer_kafka.py)",
+             Workload(message_bytes=100, messages=100_000, acks="all", partitions=1, replication_factor=3),
+             runner="kafka"),
 ]}
 
 

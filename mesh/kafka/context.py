@@ -7,7 +7,8 @@ for its API key as a plain blocking function::
     handler(ctx: RequestContext, request) -> response | None
 
 ``request`` and ``response`` are ``kio.schema`` dataclasses of version ``ctx.api_version``;
-``None`` means "no response" (Produce with acks=0). A handler may block (it runs on a
+``None`` means "no response" (Produce with acks=0); a ``Deferred`` an answer still on its
+way (below). A handler may block (it runs on a
 worker thread, never on the thread that reads sockets); it raises nothing for a bad
 request: it answers the Kafka error code (``kio.static.constants.ErrorCode``). Handlers
 authorize through ``ctx.authorizer`` before doing anything expensive.
@@ -22,7 +23,18 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-__all__ = ["Authorizer", "ClusterInfo", "KafkaBroker", "RequestContext"]
+__all__ = ["Authorizer", "ClusterInfo", "Deferred", "KafkaBroker", "RequestContext"]
+
+
+class Deferred:
+    """A handler's answer that is not ready yet: ``finish()`` (blocking) returns the
+    response. The server may read and start the connection's next request of the same API
+    meanwhile (pipelined Produce), and writes the answers in request order."""
+
+    __slots__ = ("finish",)
+
+    def __init__(self, finish) -> None:
+        self.finish = finish
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,9 +19,12 @@ columns. Python touches each record once, to move its fields from one to the oth
 """
 from __future__ import annotations
 
+import operator
 import time
+from itertools import repeat
 
 from aiokafka.record.default_records import DefaultRecordBatchBuilder
+from crc32c import crc32c
 from aiokafka.record.memory_records import MemoryRecords
 
 from mesh.wire.records import decode_batch, encode_batch, iter_batches
@@ -30,6 +33,8 @@ __all__ = ["ConvertError", "to_mesh", "to_kafka", "mesh_producer_id", "MAX_KAFKA
 
 MAX_KAFKA_PRODUCER_ID = (1 << 47) - 1   # (id << 16 | epoch) stays a positive int64
 _BIG = 1 << 30
+_VALUE, _KEY, _TIMESTAMP, _HEADERS = (operator.attrgetter(a) for a in ("value", "key", "timestamp", "headers"))
+_NO_HEADERS: list = []
 
 
 class ConvertError(Exception):
@@ -56,7 +61,8 @@ def to_mesh(records: bytes) -> tuple[bytes, KafkaBatchInfo]:
     if not records:
         raise ConvertError("invalid_request", "no records")
     try:
-        mr = MemoryRecords(bytes(records))
+        records = bytes(records)
+        mr = MemoryRecords(records)
         batch = mr.next_batch()
         if batch is None:
             raise ConvertError("corrupt_message", "no complete record batch")
@@ -64,24 +70,24 @@ def to_mesh(records: bytes) -> tuple[bytes, KafkaBatchInfo]:
             raise ConvertError("unsupported_for_message_format", f"record batch magic {batch.magic}: only v2")
         if mr.has_next():
             raise ConvertError("invalid_request", "one record batch per partition (Produce v3+)")
-        if not batch.validate_crc():
+        end = 12 + int.from_bytes(records[8:12], "big")   # the CRC covers attributes .. the batch's end
+        if end > len(records) or crc32c(memoryview(records)[21:end]) != batch.crc:   # (hardware CRC32C)
             raise ConvertError("corrupt_message", "record batch CRC32C mismatch")
         if batch.is_control_batch or batch.is_transactional:
             raise ConvertError("invalid_request", "transactional and control batches are not supported")
-        keys, values, timestamps, headers = [], [], [], []
-        now_ms = None
-        expect = 0
-        for r in batch:
-            if r.offset - batch.base_offset != expect:
-                raise ConvertError("invalid_request", "record offset deltas must be 0, 1, 2, ...")
-            expect += 1
-            keys.append(r.key)
-            values.append(r.value)
-            ts = r.timestamp
-            if ts is None or ts < 0:
-                ts = now_ms = now_ms or int(time.time() * 1000)
-            timestamps.append(ts)
-            headers.append([[k, v] for k, v in r.headers] if r.headers else None)
+        recs = list(batch)   # (decompressed and parsed in C)
+        n = len(recs)
+        if n and (recs[-1].offset - batch.base_offset != n - 1 or batch.last_offset_delta != n - 1):
+            raise ConvertError("invalid_request", "record offset deltas must be 0, 1, 2, ...")
+        values = list(map(_VALUE, recs))   # (map with attrgetter: no Python frame per record)
+        keys = list(map(_KEY, recs))
+        timestamps = list(map(_TIMESTAMP, recs))
+        if n and (min(timestamps) < 0):   # "no timestamp": the arrival time
+            now_ms = int(time.time() * 1000)
+            timestamps = [now_ms if t < 0 else t for t in timestamps]
+        headers = list(map(_HEADERS, recs))
+        if not any(headers):
+            headers = None
     except ConvertError:
         raise
     except Exception as exc:   # aiokafka's errors for truncated or malformed batches
@@ -96,6 +102,8 @@ def to_mesh(records: bytes) -> tuple[bytes, KafkaBatchInfo]:
         mesh_pid, mesh_seq = mesh_producer_id(pid, epoch), seq
     else:
         mesh_pid, mesh_seq = -1, -1
+    if keys.count(None) == len(keys):
+        keys = None   # (encode_batch would look at each key in Python)
     return encode_batch(values, keys, timestamps, headers, producer_id=mesh_pid, base_sequence=mesh_seq), info
 
 
@@ -113,11 +121,11 @@ def to_kafka(payload, first_offset: int = 0) -> tuple[bytes, int]:
         b = DefaultRecordBatchBuilder(magic=2, compression_type=0, is_transactional=0, producer_id=-1,
                                       producer_epoch=-1, base_sequence=-1, batch_size=_BIG)
         ts0 = h.first_timestamp_ms
-        append = b.append
-        for i in range(n):
-            hs = headers[i] if headers else None
-            append(i, ts0 + deltas[i] if deltas else ts0, keys[i] if keys else None, values[i],
-                   [(k, v) for k, v in hs] if hs else [])
+        # one C call per record through map (no Python frame per record)
+        tss = [ts0 + d for d in deltas] if deltas else repeat(ts0, n)
+        hs = [[(k, v) for k, v in x] if x else _NO_HEADERS for x in headers] if headers else repeat(_NO_HEADERS, n)
+        for _ in map(b.append, range(n), tss, keys if keys else repeat(None, n), values, hs):
+            pass
         buf = b.build()
         buf[0:8] = h.base_offset.to_bytes(8, "big")
         out.append(bytes(buf))

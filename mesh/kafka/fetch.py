@@ -12,8 +12,8 @@ are not kept: every answer has session id 0, which tells the client to send full
 
 ListOffsets: -2 earliest, -1 latest (the high watermark) through the native
 ``ClusterView.list_offsets``; a timestamp >= 0 through ``ClusterView.offsets_for_times``
-where the native client has it (else UNSUPPORTED_VERSION for that partition); -3 (the
-record with the largest timestamp, v7) is not supported (UNSUPPORTED_VERSION).
+where the native client has it (else UNSUPPORTED_FOR_MESSAGE_FORMAT for that partition,
+which clients do not retry); -3 (the record with the largest timestamp, v7) likewise.
 """
 from __future__ import annotations
 
@@ -140,8 +140,8 @@ class FetchApi:
                     wanted.setdefault(p.timestamp, []).append(TopicPartition(*key))
                 elif p.timestamp >= 0 and hasattr(view, "offsets_for_times"):
                     by_time[TopicPartition(*key)] = p.timestamp
-                else:
-                    res["error_code"] = K.unsupported_version
+                else:   # (not retriable: what Kafka answered where its log could not say)
+                    res["error_code"] = K.unsupported_for_message_format
         for spec, tps in wanted.items():
             try:
                 got = view.list_offsets(tps, spec, timeout_ms=5_000, partial=True)

@@ -17,7 +17,7 @@ from mesh.kafka.produce import ProduceApi
 from mesh.kafka.server import Registry
 from mesh.kafka.topics import TopicsApi
 
-__all__ = ["core_registry", "API_VERSIONS", "CORE_VERSIONS"]
+__all__ = ["core_registry", "register_all", "API_VERSIONS", "CORE_VERSIONS"]
 
 API_VERSIONS = 18
 CORE_VERSIONS = {   # api key: (min, max) served by this package
@@ -48,3 +48,12 @@ def core_registry(defaults: TopicDefaults = TopicDefaults(), max_message_bytes: 
     for key, (lo, hi) in CORE_VERSIONS.items():
         reg.register(key, lo, hi, handlers[key])
     return reg
+
+
+def register_all(reg: Registry, handlers: dict, versions: dict) -> None:
+    """Register another module's APIs (``{api key: handler}``, ``{api key: (min, max)}``),
+    e.g. ``mesh.kafka.groups.ClassicGroups``' or the SASL session's: they are advertised
+    from then on."""
+    for key, handler in handlers.items():
+        lo, hi = versions[key]
+        reg.register(key, lo, hi, handler)

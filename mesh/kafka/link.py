@@ -29,10 +29,24 @@ log = logging.getLogger("mesh.kafka.link")
 
 
 class MeshLink:
+    """Also the meeting point of several requests of one connection in flight at once
+    (pipelined produce requests): ``collect`` moves every answer that arrived into
+    ``inbox`` (rid -> (address, message, payload)), where each waiter takes its own, and
+    records when each address was last seen going down (``down_at``)."""
+
     def __init__(self, address: str, creds=None, timeout_ms: int = 5_000) -> None:
         self.address = address
         self.transport = Transport(creds=creds)
         self.cluster = ClusterView(self.transport, address, timeout_ms=timeout_ms)
+        self.inbox: dict[int, tuple] = {}
+        self.down_at: dict[str, float] = {}
+
+    def collect(self, timeout_ms: int) -> None:
+        for addr, rid, msg, payload in self.transport.poll(timeout_ms):
+            self.inbox[rid] = (addr, msg, payload)
+        now = time.monotonic()
+        for addr in self.transport.take_disconnected():
+            self.down_at[addr] = now
 
     def close(self) -> None:
         self.transport.close()

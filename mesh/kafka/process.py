@@ -25,7 +25,7 @@ import threading
 
 from mesh.gateway.process import GatewayProcess
 
-__all__ = ["KafkaProcess", "KafkaError", "main", "security_argv"]
+__all__ = ["KafkaProcess", "KafkaError", "kafka_listener_of", "main", "security_argv"]
 
 log = logging.getLogger("mesh.kafka.process")
 
@@ -89,6 +89,23 @@ def security_argv(config) -> list[str]:
     if config.kafka_tls_cert:
         argv += ["--tls-cert", str(config.kafka_tls_cert), "--tls-key", str(config.kafka_tls_key)]
     return argv
+
+
+def kafka_listener_of(config, secured: bool, insecure: bool) -> tuple[str, int, int] | None:
+    """(host, port, Kafka node id) of a node's Kafka listener (``NodeConfig``), or None (no
+    --kafka-port). An open node serves Kafka clients on loopback only, as its own port
+    (unless --insecure); a secured one requires SASL on it (mesh.kafka.security)."""
+    from mesh.kafka.ids import derive_node_id
+    from mesh.node.bounds import StartupError
+    from mesh.security.broker import is_loopback
+    if config.kafka_port is None:
+        return None
+    host = config.kafka_host or config.bind.rpartition(":")[0]
+    if not secured and not insecure and not is_loopback(host):
+        raise StartupError(f"the Kafka listener of an open node binds loopback only, not {host}: bind "
+                           f"127.0.0.1 (--kafka-host), or pass --insecure to run open on purpose")
+    kid = config.kafka_node_id if config.kafka_node_id is not None else derive_node_id(config.node_id)
+    return host, config.kafka_port, kid
 
 
 def main(argv: list[str] | None = None) -> int:

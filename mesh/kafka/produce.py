@@ -16,7 +16,8 @@ gets the epoch bumped. The mesh dedups by (partition, producer id) with sequence
 (``mesh.node.producer_state``): ``convert.mesh_producer_id`` makes one mesh producer per
 (Kafka id, epoch), so Kafka's rules follow: a retried batch the leader remembers is
 answered with its original offset; an older one DUPLICATE_SEQUENCE_NUMBER; a gap
-OUT_OF_ORDER_SEQUENCE_NUMBER. No transactions: a transactional id is refused.
+OUT_OF_ORDER_SEQUENCE_NUMBER; a sequence other than 0 from a producer the leader keeps no
+state of UNKNOWN_PRODUCER_ID. No transactions: a transactional id is refused.
 """
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ from kio.schema.errors import ErrorCode as K
 
 from mesh.kafka.build import make, ms
 from mesh.kafka.codec import response_class
+from mesh.kafka.context import Deferred
 from mesh.kafka.convert import MAX_KAFKA_PRODUCER_ID, ConvertError, to_mesh
 from mesh.kafka.meta import kafka_error
 from mesh.wire.errors import ErrorCode, MeshError
@@ -68,6 +70,7 @@ class ProduceApi:
         sends = []   # (topic, partition, mesh batch)
         order = []
         cache = ctx.cluster.fresh()
+        refreshed = False
         for t in req.topic_data:
             for p in t.partition_data:
                 key = (t.name, p.index)
@@ -84,8 +87,9 @@ class ProduceApi:
                     res["error_code"] = K.topic_authorization_failed
                     continue
                 topic = cache.topic(t.name)
-                if topic is None:
+                if topic is None and not refreshed:   # created a moment ago? (once per request)
                     cache.refresh()
+                    refreshed = True
                     topic = cache.topic(t.name)
                 if topic is None or not 0 <= p.index < len(topic.get("partitions") or []):
                     res["error_code"] = K.unknown_topic_or_partition
@@ -102,81 +106,77 @@ class ProduceApi:
                     res.update(error_code=getattr(K, exc.code), error_message=str(exc)[:300])
                     continue
                 sends.append((t.name, p.index, batch))
-        self._send_all(ctx, sends, acks, timeout_ms, results)
+        flight = _Flight(ctx.mesh, acks, timeout_ms, results)
+        for topic, partition, batch in sends:
+            flight.send(topic, partition, batch)
         if acks == 0:
             return None
         by_topic: dict[str, list] = {}
         for name, index in order:
             by_topic.setdefault(name, []).append(results[(name, index)])
-        return make(response_class(0, ctx.api_version), {
-            "responses": [{"name": n, "partition_responses": ps} for n, ps in by_topic.items()],
-            "throttle_time": 0})
+        cls = response_class(0, ctx.api_version)
 
-    def _send_all(self, ctx, sends, acks: int, timeout_ms: int, results: dict) -> None:
-        """Send every batch to its partition's mesh leader and collect the answers until
-        ``timeout_ms`` (less a margin, so the client hears before it gives up). A leader
-        that moved (NOT_LEADER naming the new one: at once; without a name, or none
-        elected yet: after ``_BACKOFF_S`` and a metadata refresh) or whose connection
-        dropped (killed, paused) gets the same batch again: with a producer id the
-        mesh stores it once whichever leader had it (``mesh.node.producer_state``)."""
-        link = ctx.mesh
-        view, transport = link.cluster, link.transport
-        deadline = time.monotonic() + timeout_ms * 0.9 / 1000
-        inflight: dict[int, tuple] = {}   # rid -> (topic, partition, batch, address)
-        waiting: list[tuple] = []         # (not before, topic, partition, batch)
+        def finish():
+            flight.wait()
+            return make(cls, {"responses": [{"name": n, "partition_responses": ps} for n, ps in by_topic.items()],
+                              "throttle_time": 0})
+        return Deferred(finish)
 
-        def send(topic, partition, batch) -> None:
-            res = results[(topic, partition)]
-            try:
-                addr = view.leader_address(topic, partition)
-            except MeshError as exc:
-                res["error_code"] = kafka_error(exc.code)
-                if exc.retriable:
-                    waiting.append((time.monotonic() + _BACKOFF_S, topic, partition, batch))
-                return
-            if addr is None or transport.is_down(addr):
-                res["error_code"] = K.leader_not_available
-                waiting.append((time.monotonic() + _BACKOFF_S, topic, partition, batch))
-                return
-            rid = transport.send(addr, ProduceRequest(topic, partition, acks, timeout_ms), batch)
-            if acks != 0:
-                inflight[rid] = (topic, partition, batch, addr)
 
-        for topic, partition, batch in sends:
-            send(topic, partition, batch)
+class _Flight:
+    """One Produce request's batches on their way to the mesh leaders, until ``timeout_ms``
+    (less a margin, so the client hears before it gives up). Several flights of one
+    connection may be out at once (the server pipelines produce requests); each takes its
+    own answers from the link's inbox. A leader that moved (NOT_LEADER naming the new one:
+    at once; without a name, or none elected yet: after ``_BACKOFF_S`` and a metadata
+    refresh) or whose connection dropped (killed, paused) gets the same batch again: with a
+    producer id the mesh stores it once whichever leader had it (``producer_state``)."""
+
+    def __init__(self, link, acks: int, timeout_ms: int, results: dict) -> None:
+        self.link, self.acks, self.timeout_ms, self.results = link, acks, timeout_ms, results
+        self.deadline = time.monotonic() + timeout_ms * 0.9 / 1000
+        self.inflight: dict[int, tuple] = {}   # rid -> (topic, partition, batch, address, sent at)
+        self.waiting: list[tuple] = []         # (not before, topic, partition, batch)
+
+    def send(self, topic: str, partition: int, batch: bytes) -> None:
+        view, transport = self.link.cluster, self.link.transport
+        res = self.results[(topic, partition)]
+        try:
+            addr = view.leader_address(topic, partition)
+        except MeshError as exc:
+            res["error_code"] = kafka_error(exc.code)
+            if exc.retriable:
+                self.waiting.append((time.monotonic() + _BACKOFF_S, topic, partition, batch))
+            return
+        if addr is None or transport.is_down(addr):
+            res["error_code"] = K.leader_not_available
+            self.waiting.append((time.monotonic() + _BACKOFF_S, topic, partition, batch))
+            return
+        rid = transport.send(addr, ProduceRequest(topic, partition, self.acks, self.timeout_ms), batch)
+        if self.acks != 0:
+            self.inflight[rid] = (topic, partition, batch, addr, time.monotonic())
+
+    def wait(self) -> None:
+        link, view = self.link, self.link.cluster
+        inflight, waiting = self.inflight, self.waiting
         refreshed_at = 0.0
-        while (inflight or waiting) and time.monotonic() < deadline:
-            if waiting and not inflight:
-                pause = min(w[0] for w in waiting) - time.monotonic()
-                if pause > 0:
-                    time.sleep(min(pause, max(0.0, deadline - time.monotonic())))
-            for _addr, rid, resp, _payload in transport.poll(50 if inflight else 0):
-                item = inflight.pop(rid, None)
-                if item is None:
-                    continue
-                topic, partition, batch, addr = item
-                res = results[(topic, partition)]
-                if isinstance(resp, ProduceResponse) and not resp.error:
-                    res.update(error_code=K.none, base_offset=resp.base_offset, log_start_offset=resp.log_start,
-                               error_message=None)
-                    continue
-                code = getattr(resp, "error", ErrorCode.UNKNOWN)
-                leader = getattr(resp, "leader", None)
-                res["error_code"] = kafka_error(code)
-                msg = getattr(resp, "message", "") if isinstance(resp, (ProduceResponse, ErrorResponse)) else ""
-                res["error_message"] = msg[:300] or None
-                if code in (ErrorCode.NOT_LEADER, ErrorCode.LEADER_NOT_AVAILABLE, ErrorCode.BROKER_UNAVAILABLE):
-                    if leader and leader != addr:
-                        view.set_leader(topic, partition, leader)
-                        send(topic, partition, batch)
-                    else:
-                        waiting.append((time.monotonic() + _BACKOFF_S, topic, partition, batch))
-            gone = transport.take_disconnected()
-            for rid, (topic, partition, batch, addr) in list(inflight.items()):
-                if addr in gone:
+        while (inflight or waiting) and time.monotonic() < self.deadline:
+            mine = [rid for rid in inflight if rid in link.inbox]
+            if not mine:
+                if inflight:
+                    link.collect(50)
+                elif waiting:
+                    pause = min(w[0] for w in waiting) - time.monotonic()
+                    if pause > 0:
+                        time.sleep(min(pause, max(0.0, self.deadline - time.monotonic())))
+            for rid in mine:
+                _a, resp, _p = link.inbox.pop(rid)
+                self._answer(inflight.pop(rid), resp)
+            for rid, (topic, partition, batch, addr, sent) in list(inflight.items()):
+                if link.down_at.get(addr, 0.0) > sent:   # its connection dropped: never answered
                     del inflight[rid]
-                    transport.abandon([rid])
-                    results[(topic, partition)]["error_code"] = K.not_leader_or_follower
+                    link.transport.abandon([rid])
+                    self.results[(topic, partition)]["error_code"] = K.not_leader_or_follower
                     waiting.append((time.monotonic() + _BACKOFF_S, topic, partition, batch))
             now = time.monotonic()
             due = [w for w in waiting if w[0] <= now]
@@ -189,8 +189,34 @@ class ProduceApi:
                     except MeshError:
                         pass
                 for _t, topic, partition, batch in due:
-                    send(topic, partition, batch)
-        for rid, (topic, partition, _b, _a) in inflight.items():
-            results[(topic, partition)]["error_code"] = K.request_timed_out
+                    self.send(topic, partition, batch)
+        for rid, (topic, partition, _b, _a, _s) in inflight.items():
+            self.results[(topic, partition)]["error_code"] = K.request_timed_out
+            link.inbox.pop(rid, None)
         if inflight:
-            transport.abandon(list(inflight))
+            link.transport.abandon(list(inflight))
+            inflight.clear()
+
+    def _answer(self, item: tuple, resp) -> None:
+        topic, partition, batch, addr, _sent = item
+        res = self.results[(topic, partition)]
+        if isinstance(resp, ProduceResponse) and not resp.error:
+            res.update(error_code=K.none, base_offset=resp.base_offset, log_start_offset=resp.log_start,
+                       error_message=None)
+            return
+        code = getattr(resp, "error", ErrorCode.UNKNOWN)
+        leader = getattr(resp, "leader", None)
+        res["error_code"] = kafka_error(code)
+        msg = getattr(resp, "message", "") if isinstance(resp, (ProduceResponse, ErrorResponse)) else ""
+        res["error_message"] = msg[:300] or None
+        if code == ErrorCode.OUT_OF_ORDER_SEQUENCE and "is new here" in msg:
+            # the leader keeps no state of this producer (expired, or the topic was made again):
+            # Kafka's UNKNOWN_PRODUCER_ID, which its clients answer with an epoch bump (KIP-360);
+            # the words are mesh.node.producer_state's
+            res["error_code"] = K.unknown_producer_id
+        if code in (ErrorCode.NOT_LEADER, ErrorCode.LEADER_NOT_AVAILABLE, ErrorCode.BROKER_UNAVAILABLE):
+            if leader and leader != addr:
+                self.link.cluster.set_leader(topic, partition, leader)
+                self.send(topic, partition, batch)
+            else:
+                self.waiting.append((time.monotonic() + _BACKOFF_S, topic, partition, batch))

@@ -9,7 +9,7 @@
 
 - open node (no ``--secrets``): no SASL (``new_session`` is None, every principal None,
   everything allowed); the node starts such a listener on loopback only, unless
-  ``--insecure`` (``mesh.node.loop.kafka_listener_of``, as its native port);
+  ``--insecure`` (``mesh.kafka.process.kafka_listener_of``, as its native port);
 - secured node: every connection must authenticate (``mesh.kafka.sasl``) before anything
   but ApiVersions/SaslHandshake/SaslAuthenticate; the listener's native client connects
   to its node with the cluster keypair from the secrets directory (principal ``broker``)

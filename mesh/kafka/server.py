@@ -15,12 +15,19 @@ Theory of operation
   beyond which the reader stops reading (TCP pushes back on the client); an answer the
   client does not read within ``send_timeout_s`` closes the connection, so a client that
   never reads holds one answer and a bounded queue, never more; at most
-  ``max_connections`` connections (one more is closed at once); a connection idle for
+  ``max_connections`` connections (one more is closed at once); at most
+  ``max_queued_bytes`` (256 MiB) of requests read or queued by all connections together
+  (memory grows with the bytes that arrive, never with what a size prefix claims); a connection idle for
   ``idle_timeout_s`` is closed (Kafka's ``connections.max.idle.ms``).
 - What cannot be served closes the connection, as Kafka's broker does: an API key that is
   not registered, a version outside the advertised range, a request that does not decode.
   ApiVersions is the exception (KIP-511): a version it does not know is answered in v0
   with UNSUPPORTED_VERSION and the supported ranges, so the client can retry with one.
+- Produce requests are pipelined (``max_pipelined``, 8): a produce handler sends its batches
+  and returns a ``Deferred``; while it waits for the mesh the worker starts the next queued
+  produce request, so the node group-commits several of one connection's batches in one
+  turn (as the native producer's requests in flight); the answers are written in request
+  order. Any other request waits until every earlier answer is written.
 - A handler that raises is a bug, not the client's: it is logged (rate-limited) and the
   connection is closed; the listener goes on. ``None`` from a handler (acks=0) writes nothing.
 - SASL (``auth``: a factory of per-connection sessions, ``mesh.kafka.sasl``): until the
@@ -34,6 +41,7 @@ Theory of operation
 """
 from __future__ import annotations
 
+import collections
 import itertools
 import logging
 import queue
@@ -47,13 +55,14 @@ from kio.schema.errors import ErrorCode
 
 from mesh.kafka.build import make
 from mesh.kafka.codec import BadRequest, decode_request, encode_response, peek_header, response_class
-from mesh.kafka.context import RequestContext
+from mesh.kafka.context import Deferred, RequestContext
 
 __all__ = ["KafkaServer", "ServerLimits", "Registry", "OpenAuthorizer"]
 
 log = logging.getLogger("mesh.kafka.server")
 
 API_VERSIONS = 18
+_PRODUCE_KEY = b"\0\0"   # a frame's first two bytes: API key 0
 _CLOSE = object()
 
 
@@ -62,8 +71,34 @@ class ServerLimits:
     max_request_bytes: int = 100 << 20     # socket.request.max.bytes
     max_queued_requests: int = 16          # per connection (queued.max.requests)
     max_connections: int = 1024
+    max_queued_bytes: int = 256 << 20      # requests read or queued, all connections (queued.max.request.bytes)
     send_timeout_s: float = 30.0
     idle_timeout_s: float = 600.0          # connections.max.idle.ms
+    max_pipelined: int = 8                 # produce requests of one connection in flight at once
+
+
+class _Budget:
+    """Bytes of requests being read or queued, all connections together (Kafka's
+    ``queued.max.request.bytes``): a reader waits for room before it reads a request's body,
+    so many connections each announcing a large request cannot together exhaust memory."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit, self.used = limit, 0
+        self._cond = threading.Condition()
+
+    def take(self, n: int, gone) -> bool:
+        with self._cond:
+            while self.used and self.used + n > self.limit:
+                if gone():
+                    return False
+                self._cond.wait(0.5)
+            self.used += n
+            return True
+
+    def give(self, n: int) -> None:
+        with self._cond:
+            self.used -= n
+            self._cond.notify_all()
 
 
 class OpenAuthorizer:
@@ -102,6 +137,7 @@ class KafkaServer:
         self.authorizer = authorizer or OpenAuthorizer()
         self.limits = limits
         self.auth = auth
+        self.memory = _Budget(max(limits.max_queued_bytes, limits.max_request_bytes))
         self._sock = socket.create_server((host, port), reuse_port=False, backlog=128)
         self._sock.settimeout(0.5)
         self.port = self._sock.getsockname()[1]
@@ -219,24 +255,26 @@ class _Connection:
 
     # -- reading ----------------------------------------------------------------------------
     def _recv_exact(self, n: int) -> bytes | None:
-        buf = bytearray(n)
-        view = memoryview(buf)
+        """``n`` bytes, read in chunks of at most 1 MiB: memory grows with what arrives,
+        not with what a size prefix claims."""
+        chunks = []
         got = 0
         idle_since = time.monotonic()
         while got < n:
             try:
-                k = self.sock.recv_into(view[got:], min(n - got, 1 << 20))
+                chunk = self.sock.recv(min(n - got, 1 << 20))
             except socket.timeout:
                 if self._closed or time.monotonic() - idle_since > self.limits.idle_timeout_s:
                     return None
                 continue
             except OSError:
                 return None
-            if k == 0:
+            if not chunk:
                 return None
-            got += k
+            chunks.append(chunk)
+            got += len(chunk)
             idle_since = time.monotonic()
-        return bytes(buf)
+        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
     def _read_loop(self) -> None:
         try:
@@ -261,15 +299,21 @@ class _Connection:
                     while not self._closed and self._bytes and self._bytes + size > self.limits.max_request_bytes:
                         self._room.wait(0.5)
                     self._bytes += size
+                if not self.server.memory.take(size, lambda: self._closed):
+                    break
                 frame = self._recv_exact(size)
                 if frame is None:
+                    self.server.memory.give(size)
                     break
-                while not self._closed:
+                queued = False
+                while not self._closed and not queued:
                     try:
                         self.queue.put(frame, timeout=0.5)
-                        break
+                        queued = True
                     except queue.Full:
                         continue
+                if not queued:
+                    self.server.memory.give(size)
         finally:
             try:
                 self.queue.put(_CLOSE, timeout=self.limits.send_timeout_s)
@@ -278,22 +322,63 @@ class _Connection:
 
     # -- working ----------------------------------------------------------------------------
     def _work_loop(self) -> None:
+        pending: collections.deque = collections.deque()   # (api key, version, corr, Deferred), in order
         try:
             while True:
+                if pending and (len(pending) >= self.limits.max_pipelined or self.queue.empty()):
+                    if not self._finish(pending.popleft()):
+                        break
+                    continue
                 frame = self.queue.get()
                 if frame is _CLOSE:
+                    while pending and self._finish(pending.popleft()):
+                        pass
                     break
                 with self._room:
                     self._bytes -= len(frame)
                     self._room.notify_all()
-                if not self._serve(frame):
+                self.server.memory.give(len(frame))
+                if pending and frame[:2] != _PRODUCE_KEY:   # only produce requests overlap
+                    while pending:
+                        if not self._finish(pending.popleft()):
+                            return
+                if not self._serve(frame, pending):
                     break
         finally:
             self.close()
             self.server.links.release()
+            while True:   # what the reader queued and nobody will serve: its bytes back to the budget
+                try:
+                    left = self.queue.get_nowait()
+                except queue.Empty:
+                    break
+                if left is not _CLOSE:
+                    self.server.memory.give(len(left))
 
-    def _serve(self, frame: bytes) -> bool:
-        """Answer one request; False: close the connection."""
+    def _finish(self, item) -> bool:
+        api_key, version, corr, deferred = item
+        try:
+            response = deferred.finish()
+        except Exception as exc:
+            self.server.log_once(f"handler:{api_key}", "Kafka API %d v%d handler failed: %s: %s", api_key,
+                                 version, type(exc).__name__, exc, level=logging.ERROR)
+            return False
+        return self._answer(api_key, version, corr, response)
+
+    def _answer(self, api_key: int, version: int, corr: int, response) -> bool:
+        if response is None:
+            return True
+        try:
+            out = encode_response(api_key, version, corr, response)
+        except Exception as exc:
+            self.server.log_once(f"encode:{api_key}", "Kafka API %d v%d answer does not encode: %s: %s",
+                                 api_key, version, type(exc).__name__, exc, level=logging.ERROR)
+            return False
+        return self._send(out)
+
+    def _serve(self, frame: bytes, pending: collections.deque) -> bool:
+        """Answer one request (or queue its ``Deferred`` answer on ``pending``); False:
+        close the connection."""
         try:
             api_key, version, corr = peek_header(frame)
         except BadRequest as exc:
@@ -335,15 +420,11 @@ class _Connection:
                                  version, type(exc).__name__, exc, level=logging.ERROR)
             log.debug("handler failure", exc_info=True)
             return False
-        if response is not None:
-            try:
-                out = encode_response(api_key, version, corr, response)
-            except Exception as exc:
-                self.server.log_once(f"encode:{api_key}", "Kafka API %d v%d answer does not encode: %s: %s",
-                                     api_key, version, type(exc).__name__, exc, level=logging.ERROR)
-                return False
-            if not self._send(out):
-                return False
+        if isinstance(response, Deferred):
+            pending.append((api_key, version, corr, response))
+            return True
+        if not self._answer(api_key, version, corr, response):
+            return False
         if self.auth is not None and getattr(self.auth, "failed", False):
             return False
         return True

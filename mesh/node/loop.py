@@ -117,7 +117,7 @@ from mesh.node.answer_budget import AnswerBudget
 from mesh.node.publish import Publisher
 from mesh.node.raft_host import ReplicaHost
 from mesh.node.security_handlers import SecuritySync
-from mesh.security.broker import BrokerSecurity, check_text_gateway, is_loopback
+from mesh.security.broker import BrokerSecurity, check_text_gateway
 from mesh.raft import ReplicationConfig
 from mesh.wire.codec import DecodeLimits
 from storage.base import LogError
@@ -151,20 +151,6 @@ _DAMAGE_MARKS = ("MDB_CORRUPTED", "MDB_PAGE_NOTFOUND")
 _SNAPSHOT_COST_FACTOR = 10
 
 
-def kafka_listener_of(config: NodeConfig, secured: bool) -> tuple[str, int, int] | None:
-    """(host, port, Kafka node id) of this node's Kafka listener, or None (no --kafka-port).
-    An open node serves Kafka clients on loopback only, as its own port (unless --insecure)."""
-    if config.kafka_port is None:
-        return None
-    from mesh.kafka.ids import derive_node_id
-    host = config.kafka_host or config.bind.rpartition(":")[0]
-    if not secured and not config.insecure and not is_loopback(host):
-        raise StartupError(f"the Kafka listener of an open node binds loopback only, not {host}: bind "
-                           f"127.0.0.1 (--kafka-host), or pass --insecure to run open on purpose")
-    kid = config.kafka_node_id if config.kafka_node_id is not None else derive_node_id(config.node_id)
-    return host, config.kafka_port, kid
-
-
 def _seeded_rng() -> random.Random:
     return random.Random(int.from_bytes(os.urandom(8), "big"))
 
@@ -186,7 +172,10 @@ class Node:
                                        max_connections=config.max_connections, binds=[config.bind],
                                        insecure=config.insecure, topic_names=lambda: self.catalog.topics)
         text_creds = check_text_gateway(self.security, config.bind, config.text_port, config.text_creds)
-        self.kafka_listener = kafka_listener_of(config, self.security.secured)   # (host, port, id) or None
+        self.kafka_listener = None   # (host, port, Kafka node id) with --kafka-port: mesh.kafka.process
+        if config.kafka_port is not None:
+            from mesh.kafka.process import kafka_listener_of
+            self.kafka_listener = kafka_listener_of(config, self.security.secured, config.insecure)
         # lock, check, and a new life: the generation bumped and synced before saying anything
         self.disk = open_data_dir(config.data_dir, config.node_id, rejoin_empty=config.rejoin_empty,
                                   map_size=config.map_size_bytes, sync=config.sync)

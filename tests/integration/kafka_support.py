@@ -61,3 +61,27 @@ def read_frame(sock: socket.socket) -> bytes | None:
 def connect(address: str, timeout_s: float = 20.0) -> socket.socket:
     host, port = address.rsplit(":", 1)
     return socket.create_connection((host, int(port)), timeout=timeout_s)
+
+
+def kio_call(sock: socket.socket, request, correlation_id: int = 1, client_id: str = "test"):
+    """Send a kio request dataclass, return the decoded kio response (None: closed)."""
+    import io
+
+    from kio.index import load_response_schema
+    from kio.serial import entity_reader, entity_writer
+    from kio.static.primitive import i16, i32
+
+    header_cls = request.__header_schema__
+    buf = io.BytesIO()
+    entity_writer(header_cls)(buf, header_cls(request_api_key=i16(request.__api_key__),
+                                              request_api_version=i16(request.__version__),
+                                              correlation_id=i32(correlation_id), client_id=client_id))
+    entity_writer(type(request))(buf, request)
+    body = buf.getvalue()
+    sock.sendall(struct.pack(">i", len(body)) + body)
+    frame = read_frame(sock)
+    if frame is None:
+        return None
+    resp_cls = load_response_schema(request.__api_key__, request.__version__)
+    _h, used = entity_reader(resp_cls.__header_schema__)(frame, 0)
+    return entity_reader(resp_cls)(frame, used)[0]

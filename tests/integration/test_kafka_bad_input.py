@@ -45,7 +45,8 @@ def test_advertised_versions_are_exactly_the_served_set(kcluster):
 
 def test_unknown_api_key_and_version_close_the_connection(kcluster):
     addr = kcluster.brokers[0].kafka_address
-    for key, version in ((999, 0), (3, 13), (1, 3), (26, 0)):   # unknown key, too new, too old, transactions
+    # unknown key, too new, too old, transactions, Produce v2 (advertised from 0, refused when used)
+    for key, version in ((999, 0), (3, 13), (1, 3), (26, 0), (0, 2)):
         with connect(addr) as s:
             s.sendall(raw_request(key, version, 7))
             assert _closed(s), (key, version)

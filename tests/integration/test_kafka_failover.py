@@ -1,5 +1,6 @@
-"""An idempotent Kafka producer while the leader of its partition is killed with SIGKILL:
-every acknowledged record is read back exactly once, in send order."""
+"""An idempotent Kafka producer while the leader of its partition is killed with SIGKILL, or
+paused with SIGSTOP and resumed: every acknowledged record is read back exactly once, in
+send order."""
 from __future__ import annotations
 
 import threading
@@ -19,7 +20,8 @@ def _leader_of(cluster, topic: str) -> str:
         return a.metadata([topic]).topics[0]["partitions"][0]["leader"]
 
 
-def test_idempotent_producer_survives_a_leader_kill(tmp_path):
+@pytest.mark.parametrize("fault", ["kill", "pause"])
+def test_idempotent_producer_survives_a_leader_kill(tmp_path, fault):
     c = Cluster(tmp_path, 3, kafka=True).start(60)
     try:
         topic = "fo"
@@ -57,9 +59,14 @@ def test_idempotent_producer_survives_a_leader_kill(tmp_path):
         wait_until(lambda: len(acked) > 500, 60, "records acknowledged before the kill")
         leader = _leader_of(c, topic)
         victim = next(b for b in c.brokers if b.node_id == leader)
-        victim.kill()
+        if fault == "kill":
+            victim.kill()
+        else:
+            victim.pause()   # SIGSTOP: its connections stay open, nothing answers
         before = len(acked)
-        wait_until(lambda: len(acked) > before + 500, 90, "records acknowledged after the kill")
+        wait_until(lambda: len(acked) > before + 500, 90, f"records acknowledged after the {fault}")
+        if fault == "pause":
+            victim.resume()
         stop.set()
         t.join(10)
         assert p.flush(120) == 0

@@ -68,3 +68,16 @@ def test_produce_and_consume_every_codec_byte_for_byte(kcluster, codec):
         assert [list(map(tuple, r.headers)) for r in got] == [[("trace", b"abc"), ("empty", b"")]] * 50
     finally:
         c.close()
+
+
+def test_producing_to_an_unknown_topic_creates_it(kcluster):
+    topic = "auto-created-topic"
+    out = kcat("-b", kcluster.kafka_bootstrap, "-P", "-t", topic, input=b"one\ntwo\n")
+    assert out.returncode == 0, out.stderr.decode()
+    out = kcat("-b", kcluster.brokers[2].kafka_address, "-C", "-t", topic, "-o", "beginning", "-e", "-f", "%s\\n")
+    assert out.returncode == 0, out.stderr.decode()
+    assert sorted(out.stdout.split()) == [b"one", b"two"]
+    from mesh.client.admin import Admin
+    with Admin(kcluster.bootstrap) as a:
+        t = a.describe_topic(topic)
+    assert len(t["partitions"]) == 1 and t["replication_factor"] == 3

@@ -98,3 +98,16 @@ def test_bad_batches_are_refused_with_a_code():
         with pytest.raises(ConvertError) as exc:
             to_mesh(raw)
         assert exc.value.code == code
+
+
+def test_meta_cache_lists_live_listeners_with_distinct_ids():
+    from mesh.kafka.link import MetaCache
+    cache = MetaCache(links=None, mesh_id="n1", host="127.0.0.1", port=9092, kafka_id=1)
+    cache._apply({"n1": {"status": "alive", "kafka": {"host": "127.0.0.1", "port": 9092, "id": 1}},
+                  "x1": {"status": "alive", "kafka": {"host": "127.0.0.1", "port": 9093, "id": 1}},
+                  "n3": {"status": "dead", "kafka": {"host": "127.0.0.1", "port": 9094, "id": 3}},
+                  "n4": {"status": "alive", "kafka": None}}, {})
+    brokers = cache.kafka_brokers()
+    assert [(b.mesh_id, b.port) for b in brokers] == [("n1", 9092), ("x1", 9093)]   # n3 dead, n4 has none
+    assert len({b.node_id for b in brokers}) == 2 and cache.self_broker().node_id == 1
+    assert cache.kafka_broker_of("n3").node_id == 3 and cache.kafka_broker_of("n4") is None
