@@ -94,15 +94,15 @@ def security_argv(config) -> list[str]:
 def kafka_listener_of(config, secured: bool, insecure: bool) -> tuple[str, int, int] | None:
     """(host, port, Kafka node id) of a node's Kafka listener (``NodeConfig``), or None (no
     --kafka-port). An open node serves Kafka clients on loopback only, as its own port
-    (unless --insecure); a secured one requires SASL on it (mesh.kafka.security)."""
+    (unless --insecure); a secured one requires SASL on it (mesh.kafka.security). A
+    listener that may not run is a KafkaError (the node stops at start with it)."""
     from mesh.kafka.ids import derive_node_id
-    from mesh.node.bounds import StartupError
     from mesh.security.broker import is_loopback
     if config.kafka_port is None:
         return None
     host = config.kafka_host or config.bind.rpartition(":")[0]
     if not secured and not insecure and not is_loopback(host):
-        raise StartupError(f"the Kafka listener of an open node binds loopback only, not {host}: bind "
+        raise KafkaError(f"the Kafka listener of an open node binds loopback only, not {host}: bind "
                            f"127.0.0.1 (--kafka-host), or pass --insecure to run open on purpose")
     kid = config.kafka_node_id if config.kafka_node_id is not None else derive_node_id(config.node_id)
     return host, config.kafka_port, kid

@@ -174,8 +174,11 @@ class Node:
         text_creds = check_text_gateway(self.security, config.bind, config.text_port, config.text_creds)
         self.kafka_listener = None   # (host, port, Kafka node id) with --kafka-port: mesh.kafka.process
         if config.kafka_port is not None:
-            from mesh.kafka.process import kafka_listener_of
-            self.kafka_listener = kafka_listener_of(config, self.security.secured, config.insecure)
+            from mesh.kafka.process import KafkaError, kafka_listener_of
+            try:
+                self.kafka_listener = kafka_listener_of(config, self.security.secured, config.insecure)
+            except KafkaError as exc:
+                raise StartupError(str(exc)) from None
         # lock, check, and a new life: the generation bumped and synced before saying anything
         self.disk = open_data_dir(config.data_dir, config.node_id, rejoin_empty=config.rejoin_empty,
                                   map_size=config.map_size_bytes, sync=config.sync)

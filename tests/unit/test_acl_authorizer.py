@@ -21,11 +21,12 @@ KEY_ROOT = "HH{M:(SbA!]Dk1bT&E5<^O*)n>S[5Tn(tP-=tr7H"
 
 
 def client_request_types() -> set[type]:
-    """Every request a client can send: the client and group messages that are not answers."""
+    """Every request a client can send: the client and group messages that are not answers
+    (the groups' peer messages, GROUP_PEER_MESSAGES, travel between brokers only)."""
     out = set()
     for cls in REGISTRY.values():
         if cls.__module__ in ("mesh.wire.messages", "mesh.groups.messages") \
-                and not cls.__name__.endswith("Response"):
+                and not cls.__name__.endswith("Response") and cls not in g.GROUP_PEER_MESSAGES:
             out.add(cls)
     return out
 
