@@ -98,6 +98,7 @@ from mesh.cluster import keys, schema
 from mesh.cluster.catalog import Catalog
 from mesh.gossip import ALIVE, SUSPECT, Gossip, GossipConfig
 from mesh.gossip.snapshot import ForeignSnapshot
+from mesh.node.peer_clock import PeerClock
 from mesh.node.clock import SYSTEM_CLOCK, Clock
 from mesh.node.config import NodeConfig
 from mesh.node.bounds import StartupError, check_bounds, raise_nofile_limit, router_options
@@ -157,6 +158,8 @@ class Node:
     def __init__(self, config: NodeConfig, clock: Clock = SYSTEM_CLOCK):
         self.cfg = config
         self.clock = clock
+        # the clock checked against the peers' (gossip stamps): mesh.node.peer_clock
+        self.peer_clock = PeerClock(clock, bound_ms=config.clock_offset_bound_ms)
         self.node_id = config.node_id
         self.address = config.bind
         check_bounds(config)
@@ -226,6 +229,7 @@ class Node:
         alone = not seeds and len(self.gossip.members(clock.wall_ms())) <= 1
         self._identity = "lost" if self.disk.lost is not None else ("confirmed" if alone else "unconfirmed")
         self._identity_write_failed = False
+        self.peer_clock.alone = lambda: self.gossip.isolated
         self.catalog = Catalog(config.node_id, self.gossip, self.store)
         self.producers = ProducerStates(self.store, now_ms=clock.wall_ms,
                                         expiration_ms=config.producer_id_expiration_ms,
@@ -245,7 +249,8 @@ class Node:
         self.directory = Directory(config.node_id, self.address, self.gossip, clock.wall_ms,
                                    self._local_leader)
         self.data = DataPath(self.store, self.catalog, self.replicas, self.producers, self._reply,
-                             self.directory.leader_address, now_ms=clock.now_ms, wall_ms=clock.wall_ms,
+                             self.directory.leader_address, now_ms=clock.now_ms,
+                             wall_ms=self.peer_clock.agreed_wall_ms,   # record timestamps: the peers' time
                              address_of=self.directory.address_of,
                              limits=DataLimits(fetch_max_bytes=config.fetch_max_bytes,
                                                partition_fetch_max_bytes=config.partition_fetch_max_bytes,
@@ -289,6 +294,7 @@ class Node:
                                    heartbeat_interval_ms=config.group_heartbeat_interval_ms,
                                    offsets_retention_ms=config.offsets_retention_ms,
                                    tombstone_ms=config.group_tombstone_ms))
+        self.groups.clock_trusted = self.peer_clock.trusted    # no group expiry on a wrong clock
         self.data.on_commit.append(self.groups.after_commit)   # offsets commits share the turn's sync
         self.dispatch = Dispatcher(self.router, self.handlers, self.groups, self.gossip, self.replicas,
                                    self.directory, self._send, self.clock, security=self.security)
@@ -297,6 +303,7 @@ class Node:
                                                  max_bin_len=config.max_frame_bytes, max_array_len=1 << 22,
                                                  max_map_len=1 << 22)
         self.dispatch.on_doom = self.data.doom
+        self.dispatch.peer_clock = self.peer_clock
         self.outbox = Outbox(self.router, clock.now_ms, max_backlog_bytes=config.client_backlog_bytes,
                              produce_bytes_per_s=config.produce_quota_bytes_per_s,
                              fetch_bytes_per_s=config.fetch_quota_bytes_per_s)
@@ -479,6 +486,7 @@ class Node:
         if self.dispatch.gossip_suspect:   # a gossip message raised inside the core this turn
             self.dispatch.gossip_suspect = False
             self._gossip_suspect = True
+        self._step("clock", self._check_clock)
         self._step("gossip tick", self._tick_gossip, now_ms)
         self._step("replication tick", self.replicas.tick_due)
         self._step("held produces", self.data.release_held)   # a handover that ended: run them again
@@ -514,8 +522,9 @@ class Node:
         mono_ms = self.clock.now_ms()
         if mono_ms >= self._next_retention_ms:
             self._next_retention_ms = mono_ms + self.cfg.retention_check_ms
-            self._step("retention", self.data.enforce_retention, self.clock.wall_ms())
-        if mono_ms >= self._next_producer_expiry_ms:
+            # by time only while this clock agrees with the peers' (DESIGN.md section 11)
+            self._step("retention", self.data.enforce_retention, self.clock.wall_ms(), self.peer_clock.trusted())
+        if mono_ms >= self._next_producer_expiry_ms and self.peer_clock.trusted():
             self._next_producer_expiry_ms = mono_ms + min(_PRODUCER_EXPIRY_CHECK_MS, self.cfg.producer_id_expiration_ms)
             self._step("producer expiry", self.producers.expire, self.clock.wall_ms())
         if not self._relearning:
@@ -655,10 +664,16 @@ class Node:
             else:
                 self.store.corrupt.get(pid, set()).discard(offset)  # found again when hosted and read
 
+    def _check_clock(self) -> None:
+        """Log a change of the clock's state once; judge gossip stamps by the peers' time."""
+        self.peer_clock.check()
+        self.gossip.set_clock_offset(self.peer_clock.correction_ms())
+
     def _send(self, effects) -> None:
         before = self.peers.bytes_sent
+        stamp = self.peer_clock.stamp
         for e in effects:
-            self.peers.send(e.dest, e.msg, e.payload)
+            self.peers.send(e.dest, stamp(e.dest, e.msg), e.payload)
         if self.metrics is not None:   # gossip effects only come this way
             self.metrics.gossip_sent_bytes += self.peers.bytes_sent - before
 

@@ -62,7 +62,8 @@ from mesh.wire.effects import Send
 from mesh.wire.errors import ErrorCode
 from mesh.wire.records import iter_batches, patch_batch
 from mesh.raft import (
-    PEER_MESSAGES, Append, PersistState, Ready, ReplAppend, ReplicaManager, ReplicationConfig, ResetLog, Truncate,
+    PEER_MESSAGES, Append, CutHead, PersistState, Ready, ReplAppend, ReplicaManager, ReplicationConfig, ResetLog,
+    Truncate,
 )
 from mesh.raft.log import NO_READY
 from mesh.raft.manager import NOT_HOSTED
@@ -302,7 +303,12 @@ class ReplicaHost:
         if ready is NO_READY or not (ready.log_ops or ready.persist or ready.messages or ready.committed
                                      or ready.leadership or ready.configs):
             return   # most calls (a flush, a tick with nothing due): nothing to do
+        cuts = None
         for op in ready.log_ops:
+            if type(op) is CutHead:
+                cuts = cuts or []
+                cuts.append(op)
+                continue
             self.reader.tail.pop(op.pid, None)   # (a leader's log ops: none; never serve around one)
             self._hard.add(op.pid)
             if isinstance(op, Append):   # its batches as step walked and checked them
@@ -334,6 +340,8 @@ class ReplicaHost:
                 self._lazy[st.pid] = st
                 continue
             self._write_state(st)
+        for op in cuts or ():
+            self._cut_head(op)
         if ready.messages:
             self._held.extend(ready.messages)
         if ready.committed:
@@ -342,6 +350,18 @@ class ReplicaHost:
             self._leadership.update(ready.leadership)
         if ready.configs:
             self._cfg_turn.update(ready.configs)
+
+    def _cut_head(self, op: CutHead) -> None:
+        """Follow the leader's log start (``CutHead``), up to the commit offset on disk (a
+        commit written lazily is written now: the log start never passes it on disk)."""
+        lazy = self._lazy.get(op.pid)
+        if lazy is not None:
+            self._write_state(lazy)
+        before = self.store.log_start(op.pid)
+        after = self.store.stage_cut_head(op.pid, min(op.offset, self.persisted_commit(op.pid)))
+        if after > before:
+            self._hard.add(op.pid)
+            log.debug("partition %d: log start %d -> %d, as its leader's", op.pid, before, after)
 
     def _write_state(self, st: PersistState) -> None:
         self._hard.add(st.pid)
@@ -598,6 +618,10 @@ class ReplicaHost:
             self.core.declare_lost_state()
         for pid, reps in sorted(self._replicas.items()):
             self.core.add_partition(pid, reps, self._load_state(pid), self.store.log_end(pid))
+
+    def log_start_moved(self, pid: int) -> None:
+        """Retention moved this leader's log start: its heartbeats carry it to the followers."""
+        self.core.log_start_moved(pid)
 
     # -- queries ------------------------------------------------------------------------
     def leader(self, pid: int) -> tuple[str | None, int]:
