@@ -68,6 +68,11 @@ class ClockOffsets:
         horizon = mono_ms - self.max_age_ms
         return sorted(off for off, at in self._samples.values() if at >= horizon)
 
+    def sample_ms(self, peer: str, mono_ms: int) -> int | None:
+        """``peer``'s fresh sample (its clock minus ours), None if none."""
+        got = self._samples.get(peer)
+        return got[0] if got is not None and got[1] >= mono_ms - self.max_age_ms else None
+
     def peers(self, mono_ms: int) -> int:
         """How many peers the estimate rests on."""
         return len(self._fresh(mono_ms))

@@ -269,6 +269,7 @@ class Node:
                                        apply_cluster_change=self._apply_cluster_change,
                                        identity=lambda: self._identity,
                                        learning=lambda: self._relearning or self._identity == "unconfirmed")
+        self.handlers.peer_clock = self.peer_clock
         self._running = False
         self.fatal: str | None = None     # why the node stopped by itself (a damaged store), if it did
         self._bumps: collections.deque[int] = collections.deque()   # when lost state raised the generation

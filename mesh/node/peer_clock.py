@@ -47,6 +47,10 @@ class PeerClock:
     def offset_ms(self) -> int | None:
         return self.offsets.estimate_ms(self.base.now_ms())
 
+    def sample_ms(self, peer: str) -> int | None:
+        """``peer``'s clock minus ours by its last fresh stamp (None: none)."""
+        return self.offsets.sample_ms(peer, self.base.now_ms())
+
     def state(self) -> str:
         return self.offsets.state(self.base.now_ms(), self.alone())
 

@@ -80,6 +80,7 @@ __all__ = ["ReplicaHost", "StoreReader", "REPLICATION_MESSAGES", "pack_state", "
 
 log = logging.getLogger("mesh.node.raft_host")
 _STATE_KEY = struct.Struct(">Q")
+_DROPPED = b"dropped:%d"   # meta: this pid's replica was dropped here (its raft state with it)
 
 
 REPLICATION_MESSAGES: tuple[type, ...] = PEER_MESSAGES  # what the node loop routes to ``step``
@@ -171,6 +172,12 @@ class ReplicaHost:
             replicas = tuple(replicas)
         self.core.add_partition(pid, replicas, state, self.store.log_end(pid))
         self._replicas[pid] = replicas
+        if self.store.get("meta", _DROPPED % pid) is not None:
+            self.store.delete("meta", _DROPPED % pid)
+            if state is None:
+                log.warning("partition %d: its replica here was dropped before (log and raft state): "
+                            "recovering, not voting or counted in sync until refilled from the leader", pid)
+                self.apply(self.core.forgot_replica(pid))
         if self.core.config(pid).voters[0] == self.node_id:
             # the preferred replica campaigns at once (pre-vote: a healthy leader's
             # followers ignore it), so a new or restarted partition has a leader in one round trip
@@ -186,6 +193,9 @@ class ReplicaHost:
         self._fail_waiters(pid, ErrorCode.UNKNOWN_TOPIC, "the partition was deleted")
         if self.store.get("repl", _STATE_KEY.pack(pid)) is not None:
             self.store.delete("repl", _STATE_KEY.pack(pid))
+            # hosted here again later (the metadata changed back): recovering, as after a
+            # wiped disk; its acknowledgements went with the data
+            self.store.put("meta", _DROPPED % pid, b"1")
 
     def hosts(self, pid: int) -> bool:
         return pid in self._replicas

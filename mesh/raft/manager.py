@@ -505,6 +505,15 @@ class ReplicaManager:
             p.become_recovering()
         return self._ready()
 
+    def forgot_replica(self, pid: int) -> Ready:
+        """This node dropped its replica of ``pid`` (log and state) and hosts it again: it is
+        recovering, as after a wiped disk (not voting, not counted toward commit or the
+        ISR) until refilled; its old acknowledgements are gone with the data."""
+        p = self._parts.get(pid)
+        if p is not None:
+            p.become_recovering()
+        return self._ready()
+
     def report_corrupt(self, pid: int, offset: int) -> Ready:
         """A stored batch of ``pid`` at ``offset`` failed its CRC check: cut the log there and
         refill it (a leader hands over first). Repeated reports are harmless."""

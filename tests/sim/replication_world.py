@@ -384,8 +384,9 @@ class Sim(Checkers):
                 node.pending[pid] = []
             elif type(op) is CutHead:
                 self.counts["cuts"] += 1
-                if op.offset > node.commit_seen[pid]:
-                    self.fail(f"{node.id} p{pid}: CutHead to {op.offset} above its commit {node.commit_seen[pid]}")
+                commit = max(node.commit_seen[pid], rd.committed.get(pid, 0), turn.committed.get(pid, 0))
+                if op.offset > commit or op.offset > self.canon[pid].end:
+                    self.fail(f"{node.id} p{pid}: CutHead to {op.offset} above its commit {commit}")
                 store.stage_cut_head(pid, op.offset)
             else:
                 self.fail(f"unknown log op {op!r}")
