@@ -15,7 +15,10 @@ Rules, in the order ``step`` applies them:
    timeout) and is not a transfer: that one is ignored, so a node returning from a
    partition cannot depose a healthy leader. Pre-vote requests and granted pre-vote
    responses never change our term. A row from a lower term is dropped; if it was an
-   append or heartbeat we answer FENCED_EPOCH with our term, so a stale leader steps down.
+   append or heartbeat we answer FENCED_EPOCH with our term, so a stale leader steps down;
+   a leader woken by a recovering replica's heartbeat answer of a lower term (a replica
+   dropped and hosted again knows no term or leader: it tells every peer on each beat)
+   heartbeats again, which tells it who leads.
 2. Votes. Grant if we have not voted for someone else this term (or it is a pre-vote for a
    later term) and the candidate's log is at least as up to date: (last epoch, end offset)
    compared as a pair. A vote is persisted (PersistState) in the same Ready as the grant,
@@ -337,6 +340,11 @@ class Partition(Leading, Configuring):
         elif (self.recovering and self.leader is not None
               and self.host.now_tick - self.leader_tick > self.cfg.heartbeat_ticks):
             self._send(self.leader, row)
+        elif self.recovering and self.leader is None:
+            # (a replica dropped and hosted again forgot the term too: whoever leads a
+            # quiet partition wakes on it and heartbeats, and so tells it who leads)
+            for peer in self.peers:
+                self._send(peer, row)
 
     def _tick_election(self) -> None:
         self.election_elapsed_ticks += 1
@@ -509,6 +517,8 @@ class Partition(Leading, Configuring):
                                                  *self.history.latest().ident))
             elif kind is VoteRow:
                 self._send(src, VoteRespRow(self.pid, self.term, _FENCED, 0, row.pre_vote))
+            elif kind is HeartbeatRespRow and row.recovering and self.role is Role.LEADER:
+                self.wake()   # a replica that forgot our term asks to be refilled: heartbeat it
             return
         if kind is VoteRow:
             self._handle_vote(src, row)
