@@ -9,10 +9,13 @@ Theory of operation
   ahead of ours; ``rtt_ms`` is the round trip when the message answers one of ours, an ACK
   to our SYN, else 0: an error of one transit, milliseconds against a bound of seconds).
   Only the newest sample of each peer is kept, at most ``max_peers`` peers.
-- **Estimate.** The median over peers of their samples younger than ``max_age_ms``
-  (monotonic ``mono_ms``): one peer with a wrong clock moves it by at most the gap to its
-  neighbour. The estimate is the *peers' time minus ours*: ``wall + estimate`` is the
-  peer-agreed time.
+- **Estimate.** The median of the samples younger than ``max_age_ms`` (monotonic
+  ``mono_ms``) and of our own clock (0): the cluster's clocks, ours among them. With three
+  brokers and one of them two hours ahead, it says -2 h there and 0 on the other two (a
+  median of the peers alone said 1 h on those, each seeing one right and one wrong peer);
+  with two brokers whose clocks disagree, both are off by half the gap, beyond the bound,
+  so neither deletes by time (which one is wrong cannot be told). The estimate is the
+  *cluster's time minus ours*: ``wall + estimate`` is the peer-agreed time.
 - **States** (``state``): ``alone`` (no other live node to compare with: our clock is all
   there is), ``unknown`` (peers, but no fresh sample yet: a node that just started),
   ``agrees`` (the estimate within ``bound_ms``), ``off`` (beyond it). Only ``alone`` and
@@ -78,10 +81,12 @@ class ClockOffsets:
         return len(self._fresh(mono_ms))
 
     def estimate_ms(self, mono_ms: int) -> int | None:
-        """Median of the fresh samples (peers' clock minus ours), None without one."""
+        """Median of the fresh samples (peers' clock minus ours) and our own 0; None without
+        a fresh sample."""
         s = self._fresh(mono_ms)
         if not s:
             return None
+        s = sorted(s + [0])
         mid = len(s) // 2
         return s[mid] if len(s) % 2 else (s[mid - 1] + s[mid]) // 2
 

@@ -30,24 +30,38 @@ def test_the_offset_is_the_median_of_fresh_samples_and_says_whose_clock_is_off()
     c = ClockOffsets(bound_ms=30_000, max_age_ms=60_000)
     assert c.state(0, alone=True) == ALONE and c.trusted(0, alone=True)
     assert c.state(0, alone=False) == UNKNOWN and not c.trusted(0, alone=False)   # peers, none heard yet
-    me = T0 + 2 * HOUR_MS                       # this clock is two hours ahead of three peers
-    for i, (peer, lag) in enumerate((("a", 3), ("b", -2), ("c", 400_000_000))):
+    me = T0 + 2 * HOUR_MS                       # this clock is two hours ahead of four peers
+    for i, (peer, lag) in enumerate((("a", 3), ("b", -2), ("d", 1), ("c", 400_000_000))):
         ours_at_receive = me + i
         theirs = T0 + i + lag if peer != "c" else T0 + lag   # c: a wrong clock of its own
         assert c.observe(peer, theirs, ours_at_receive, mono_ms=1_000, rtt_ms=4)
     est = c.estimate_ms(1_000)
-    assert abs(est + 2 * HOUR_MS) <= 10         # the median ignores c
+    assert abs(est + 2 * HOUR_MS) <= 10         # the median ignores c (and our own clock)
     assert c.state(1_000, alone=False) == OFF and not c.trusted(1_000, alone=False)
     assert abs(c.correction_ms(1_000) - est) == 0
-    assert c.peers(1_000) == 3 and c.sample_ms("c", 1_000) > 0
+    assert c.peers(1_000) == 4 and c.sample_ms("c", 1_000) > 0
     # samples age out: with none fresh, the state is unknown again (not trusted)
     assert c.estimate_ms(1_000 + 60_001) is None and c.state(61_001, alone=False) == UNKNOWN
+
+
+def test_one_wrong_clock_of_three_is_found_by_itself_and_by_nobody_else():
+    good, bad = ClockOffsets(), ClockOffsets()
+    good.observe("right", T0 + 1, T0, 0)
+    good.observe("bad", T0 + 2 * HOUR_MS, T0, 0)
+    assert good.estimate_ms(0) == 1 and good.trusted(0, alone=False)
+    bad.observe("right", T0, T0 + 2 * HOUR_MS, 0)
+    bad.observe("right2", T0 + 1, T0 + 2 * HOUR_MS, 0)
+    assert bad.estimate_ms(0) == -2 * HOUR_MS + 1 and not bad.trusted(0, alone=False)
+    two = ClockOffsets()                          # two brokers that disagree: neither is trusted
+    two.observe("other", T0 + 2 * HOUR_MS, T0, 0)
+    assert two.estimate_ms(0) == HOUR_MS and not two.trusted(0, alone=False)
 
 
 def test_within_the_bound_the_clock_agrees_and_nothing_is_corrected():
     c = ClockOffsets(bound_ms=30_000)
     c.observe("a", T0 + 29_000, T0, 5)
     c.observe("b", T0 + 20_000, T0, 5)
+    c.observe("e", T0 + 25_000, T0, 5)
     assert c.state(5, alone=False) == AGREES and c.trusted(5, alone=False) and c.correction_ms(5) == 0
 
 
@@ -99,7 +113,8 @@ def test_peer_clock_stamps_gossip_takes_samples_and_logs_once_per_state_change(c
     fast.wall += 4
     peer.observe("a:1", syn)                     # and the peer learns of us the other way round
     pc.observe("b:1", ack)
-    assert pc.offset_ms() == -2 * HOUR_MS and peer.offset_ms() == 2 * HOUR_MS - 2
+    pc.observe("c:1", dataclasses.replace(ack, node_id="c"))   # a third broker, its clock right too
+    assert pc.offset_ms() == -2 * HOUR_MS and peer.sample_ms("a:1") == 2 * HOUR_MS - 2
     assert pc.state() == OFF and not pc.trusted() and pc.correction_ms() == -2 * HOUR_MS
     assert pc.agreed_wall_ms() == fast.wall - 2 * HOUR_MS and pc.wall_ms() == fast.wall
     with caplog.at_level(logging.INFO, logger="mesh.node.clock"):
@@ -164,9 +179,11 @@ class SkewNet:
 
 
 def _pair(skew_b: int) -> tuple[Gossip, Gossip, SkewNet]:
-    net = SkewNet({"a": 0, "b": skew_b})
+    """a and c with clocks right, b ``skew_b`` off."""
+    net = SkewNet({"a": 0, "b": skew_b, "c": 0})
     a = net.add(Gossip("a", "addr-a", 1, [], random.Random("a"), CFG, net.now("a")), "a")
     b = net.add(Gossip("b", "addr-b", 1, ["addr-a"], random.Random("b"), CFG, net.now("b")), "b")
+    net.add(Gossip("c", "addr-c", 1, ["addr-a"], random.Random("c"), CFG, net.now("c")), "c")
     return a, b, net
 
 
@@ -181,7 +198,8 @@ def test_a_broker_a_day_behind_takes_its_peers_registers():
         assert ("topic/orders" in b.cluster_items()) is taken, shell
         if not shell:
             assert b.stats["malformed_stamp"] > 0
-    assert net.peer_clocks["b"].offset_ms() == DAY_MS and net.peer_clocks["a"].offset_ms() == -DAY_MS
+    assert net.peer_clocks["b"].offset_ms() == DAY_MS and net.peer_clocks["a"].offset_ms() == 0
+    assert net.peer_clocks["a"].sample_ms("addr-b") == -DAY_MS
 
 
 def test_a_broker_ahead_still_refuses_a_forged_stamp_by_its_peers_time():

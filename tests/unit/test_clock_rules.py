@@ -163,14 +163,16 @@ def test_a_node_whose_clock_is_off_expires_no_producer_id_and_retains_by_size_on
     monkeypatch.setattr(n.data, "enforce_retention", lambda now, by_time=True: calls.append(("retention", by_time)))
     monkeypatch.setattr(n.producers, "expire", lambda now: calls.append(("expire", now)))
     n.peer_clock.alone = lambda: False                   # it has peers ...
-    n.peer_clock.offsets.observe("127.0.0.1:1", T0, clock.wall, clock.mono)   # ... two hours behind it
+    for peer in ("127.0.0.1:1", "127.0.0.1:2"):         # ... two hours behind it
+        n.peer_clock.offsets.observe(peer, T0, clock.wall, clock.mono)
     n._after_turn()
     assert calls == [("retention", False)]
     assert n.peer_clock.offset_ms() == -2 * HOUR_MS
     assert n.data.wall_ms() == T0                        # record timestamps judged by the peers' time
     # the clock is fixed: the peers agree again
     clock.wall, clock.mono = T0 + 10, clock.mono + 60_000
-    n.peer_clock.offsets.observe("127.0.0.1:1", T0 + 12, clock.wall, clock.mono)
+    for peer in ("127.0.0.1:1", "127.0.0.1:2"):
+        n.peer_clock.offsets.observe(peer, T0 + 12, clock.wall, clock.mono)
     calls.clear()
     n._after_turn()
     assert calls == [("retention", True), ("expire", clock.wall)]
