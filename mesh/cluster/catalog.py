@@ -26,7 +26,11 @@ rows, reusing a row whose registers are the very same values as last time, so a 
 holding 100,000 partitions does not rebuild them for every heartbeat of metadata), then,
 only if the table changed, registers a local partition id for every partition this node
 replicates and forgets local partitions that no topic wants any more (deleted topics, or
-a re-created name), all in one store commit (one sync, however many partitions).
+a re-created name), all in one store commit (one sync, however many partitions). Only the
+metadata decides that: the topic's header is a tombstone or names another uuid. A local
+partition whose topic this node holds no header of is kept (logged once): a view that
+lost registers (a broker restarted with its clock a day behind once dropped its
+snapshot's) must not delete data.
 """
 from __future__ import annotations
 
