@@ -19,7 +19,7 @@ order each turn (``run``, then ``_after_turn``):
    for produce, staged in the turn's transaction, and fetch; the group host for GROUP_*).
    Peer messages go to their core: gossip answers are sent at once (gossip keeps nothing
    that must be durable first), replication effects are staged and their sends held;
-3. tick the gossip core (it starts a round when one is due) and send its effects; tick
+3. log a change of the clock's state (``mesh.node.peer_clock``), tick the gossip core (it starts a round when one is due) and send its effects; tick
    the replication cores that are due (effects staged, sends held);
 4. if the gossip state moved (not on mere heartbeats): reconcile the topic catalog
    (create/drop local partitions), tell the group host (coordination and offsets may
@@ -28,8 +28,9 @@ order each turn (``run``, then ``_after_turn``):
 5. publish this node's partition stats to gossip (every ``stats_every_ms``;
    ``mesh.node.publish``);
 6. tick the group host;
-7. every ``retention_check_ms``, stage retention (``DataPath.enforce_retention``) into
-   the turn's transaction (a failure there dooms the turn like any other write);
+7. every ``retention_check_ms``, stage retention (``DataPath.enforce_retention``: the
+   partitions led here; by time only while ``PeerClock.trusted``, as producer-id expiry)
+   into the turn's transaction (a failure there dooms the turn like any other write);
 8. commit the turn's LMDB transaction with one sync (group commit), then answer the
    staged produce requests, send the held replication messages, note leadership
    changes and answer acks=all requests now committed (``DataPath.commit_turn``), and
