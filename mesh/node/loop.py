@@ -19,8 +19,9 @@ order each turn (``run``, then ``_after_turn``):
    for produce, staged in the turn's transaction, and fetch; the group host for GROUP_*).
    Peer messages go to their core: gossip answers are sent at once (gossip keeps nothing
    that must be durable first), replication effects are staged and their sends held;
-3. log a change of the clock's state (``mesh.node.peer_clock``), tick the gossip core (it starts a round when one is due) and send its effects; tick
-   the replication cores that are due (effects staged, sends held);
+3. log a change of the clock's state (``mesh.node.peer_clock``); tick the gossip core
+   (it starts a round when one is due) and send its effects; tick the replication cores
+   that are due (effects staged, sends held);
 4. if the gossip state moved (not on mere heartbeats): reconcile the topic catalog
    (create/drop local partitions), tell the group host (coordination and offsets may
    have moved) and stage the gossip snapshot (at most once per ten times its last cost:
