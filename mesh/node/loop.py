@@ -233,7 +233,7 @@ class Node:
         self._identity_write_failed = False
         self.peer_clock.alone = lambda: self.gossip.isolated
         self.catalog = Catalog(config.node_id, self.gossip, self.store)
-        self.producers = ProducerStates(self.store, now_ms=clock.wall_ms,
+        self.producers = ProducerStates(self.store, now_ms=self.peer_clock.agreed_wall_ms,   # (peers' time)
                                         expiration_ms=config.producer_id_expiration_ms,
                                         max_ids=config.max_producer_ids)
         self._next_producer_expiry_ms = 0
@@ -292,7 +292,7 @@ class Node:
             config.node_id, store=self.store, commit_turn=self.data.commit_turn, gossip=self.gossip,
             reply=self._reply, address_of=self.directory.address_of,
             topic_partitions=lambda: {name: t.partitions for name, t in self.catalog.topics.items()},
-            clock=clock, rng=_seeded_rng(), seeded=bool(config.seeds),
+            clock=self.peer_clock.agreed, rng=_seeded_rng(), seeded=bool(config.seeds),   # commit stamps peers take
             config=GroupHostConfig(max_session_timeout_ms=config.group_max_session_timeout_ms,
                                    heartbeat_interval_ms=config.group_heartbeat_interval_ms,
                                    offsets_retention_ms=config.offsets_retention_ms,

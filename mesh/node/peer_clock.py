@@ -8,7 +8,7 @@ From them: ``offset_ms()`` (the peers' clock minus ours: the gauge
 beyond ``bound_ms``: the node then takes no time-based destructive action: retention by
 time, producer-id expiry, group expiry) and ``agreed_wall_ms()`` (the local clock, or the
 peers' time while ours is off: what checks that would refuse a peer's data because of time
-judge by). ``check()`` (every loop turn) logs each change of state once: an error when the
+judge by; ``agreed`` is a ``Clock`` on that time). ``check()`` (every loop turn) logs each change of state once: an error when the
 clock leaves the bound, a warning when it comes back.
 """
 from __future__ import annotations
@@ -63,6 +63,13 @@ class PeerClock:
     def agreed_wall_ms(self) -> int:
         return self.base.wall_ms() + self.offsets.correction_ms(self.base.now_ms())
 
+    @property
+    def agreed(self) -> "_Agreed":
+        """A ``Clock`` whose wall clock is ``agreed_wall_ms``: for stamps that peers judge
+        (committed offsets, idempotent-producer state), so a wrong clock writes none they
+        would refuse, nor one that expires at once when the clock is fixed."""
+        return _Agreed(self)
+
     def stamp(self, dest: str, msg):
         """``msg`` as it leaves for ``dest``: gossip SYN and ACK carry our wall clock."""
         kind = type(msg)
@@ -110,3 +117,16 @@ class PeerClock:
         elif new == ALONE and old == OFF:
             log.warning("clock: no peer to compare with any more; going by the local clock")
         return new
+
+
+class _Agreed:
+    __slots__ = ("_pc",)
+
+    def __init__(self, pc: PeerClock) -> None:
+        self._pc = pc
+
+    def now_ms(self) -> int:
+        return self._pc.base.now_ms()
+
+    def wall_ms(self) -> int:
+        return self._pc.agreed_wall_ms()
