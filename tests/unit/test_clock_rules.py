@@ -176,3 +176,27 @@ def test_a_node_whose_clock_is_off_expires_no_producer_id_and_retains_by_size_on
     calls.clear()
     n._after_turn()
     assert calls == [("retention", True), ("expire", clock.wall)]
+
+
+# -- the log start on the wire --------------------------------------------------------------------
+def test_appends_and_heartbeats_carry_the_log_start_and_older_rows_read_as_0():
+    import msgpack
+
+    from mesh.raft.messages import AppendRow, HeartbeatRow, ReplAppend, ReplHeartbeat, parse_rows
+    from mesh.wire.codec import decode_body, encode_body
+    from mesh.wire.errors import MeshError
+    row = AppendRow(1, 2, 4, 2, 4, 0, 0, 9, 0, 0, 0, 0, [], 3)
+    (got,) = parse_rows(decode_body(b"REPL_APPEND", encode_body(ReplAppend([row]))))
+    assert got.log_start == 3
+    older = list(row)[:-1]                       # a broker before the field: 0, nothing to cut
+    (got,) = parse_rows(decode_body(b"REPL_APPEND", msgpack.packb([[older], "", 0])))
+    assert got.log_start == 0 and got.commit == 9
+    with pytest.raises(MeshError, match="log start above the leader's commit"):
+        parse_rows(ReplAppend([row._replace(log_start=10)]))
+    hb = HeartbeatRow(1, 2, 5, 0, 0, 0, 7)
+    (got,) = parse_rows(decode_body(b"REPL_HEARTBEAT", encode_body(ReplHeartbeat([hb]))))
+    assert got.log_start == 7
+    (got,) = parse_rows(decode_body(b"REPL_HEARTBEAT", msgpack.packb([[list(hb)[:-1]], "", 0])))
+    assert got.log_start == 0
+    with pytest.raises(MeshError):
+        parse_rows(ReplHeartbeat([hb._replace(log_start=-1)]))
