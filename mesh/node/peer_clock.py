@@ -8,8 +8,10 @@ From them: ``offset_ms()`` (the peers' clock minus ours: the gauge
 beyond ``bound_ms``: the node then takes no time-based destructive action: retention by
 time, producer-id expiry, group expiry) and ``agreed_wall_ms()`` (the local clock, or the
 peers' time while ours is off: what checks that would refuse a peer's data because of time
-judge by; ``agreed`` is a ``Clock`` on that time). ``check()`` (every loop turn) logs each change of state once: an error when the
-clock leaves the bound, a warning when it comes back.
+judge by; ``agreed`` is a ``Clock`` on that time). ``check()`` (every loop turn) logs each
+change of state once: an error when the clock leaves the bound (again if, still off, the
+estimate moves by more than the bound: the first peer heard alone gives half the gap), a
+warning when it comes back.
 """
 from __future__ import annotations
 
@@ -35,6 +37,7 @@ class PeerClock:
         self.offsets = ClockOffsets(bound_ms=bound_ms)
         self.alone = alone          # the node sets it: no other live node to compare with
         self._syn_sent: dict[str, int] = {}   # address -> mono ms our last SYN to it left
+        self._logged_ms: int | None = None    # the estimate last logged while off
 
     # -- the Clock protocol: the local clock, unchanged ----------------------------------
     def now_ms(self) -> int:
@@ -97,10 +100,17 @@ class PeerClock:
         """Log a change of state once; returns the new state when it changed."""
         mono = self.base.now_ms()
         change = self.offsets.update(mono, self.alone())
+        est = self.offsets.estimate_ms(mono)
         if change is None:
+            # still off, but the estimate moved by more than the bound (the first peer heard
+            # alone makes half the gap with our own 0; the next ones the whole): say it again
+            if self._logged_ms is not None and est is not None and abs(est - self._logged_ms) > self.offsets.bound_ms:
+                self._logged_ms = est
+                log.error("clock offset now %+.3f s from %d peer(s): still beyond the %.0f s bound",
+                          est / 1000, self.offsets.peers(mono), self.offsets.bound_ms / 1000)
             return None
         old, new = change
-        est = self.offsets.estimate_ms(mono)
+        self._logged_ms = est if new == OFF else None
         n = self.offsets.peers(mono)
         bound_s = self.offsets.bound_ms / 1000
         if new == OFF:

@@ -113,14 +113,26 @@ def test_peer_clock_stamps_gossip_takes_samples_and_logs_once_per_state_change(c
     fast.wall += 4
     peer.observe("a:1", syn)                     # and the peer learns of us the other way round
     pc.observe("b:1", ack)
+    with caplog.at_level(logging.INFO, logger="mesh.node.clock"):
+        assert pc.check() == OFF                 # one peer heard: half the gap (our own clock is 0)
+    assert "-3600.000 s from 1 peer(s)" in caplog.records[-1].getMessage()
     pc.observe("c:1", dataclasses.replace(ack, node_id="c"))   # a third broker, its clock right too
+    with caplog.at_level(logging.INFO, logger="mesh.node.clock"):
+        assert pc.check() is None                # no change of state, but the estimate moved: said again
+    assert "now -7200.000 s from 2 peer(s)" in caplog.records[-1].getMessage()
+    caplog.clear()
     assert pc.offset_ms() == -2 * HOUR_MS and peer.sample_ms("a:1") == 2 * HOUR_MS - 2
     assert pc.state() == OFF and not pc.trusted() and pc.correction_ms() == -2 * HOUR_MS
     assert pc.agreed_wall_ms() == fast.wall - 2 * HOUR_MS and pc.wall_ms() == fast.wall
     with caplog.at_level(logging.INFO, logger="mesh.node.clock"):
-        assert pc.check() == OFF and pc.check() is None
+        assert pc.check() is None and pc.check() is None
+        assert [r for r in caplog.records if r.levelno == logging.ERROR] == []     # said once
+        pc2 = PeerClock(fast, bound_ms=30_000, alone=lambda: False)
+        pc2.observe("b:1", ack)
+        pc2.observe("c:1", dataclasses.replace(ack, node_id="c"))
+        assert pc2.check() == OFF
         errors = [r for r in caplog.records if r.levelno == logging.ERROR]
-        assert len(errors) == 1 and "-7200.000 s" in errors[0].getMessage() and "no retention by time" in \
+        assert len(errors) == 1 and "-7200.00" in errors[0].getMessage() and "no retention by time" in \
             errors[0].getMessage()
         fast.wall -= 2 * HOUR_MS                 # the operator fixed the clock
         pc.observe("b:1", dataclasses.replace(ack, wall_ms=fast.wall))
