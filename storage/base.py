@@ -357,12 +357,21 @@ class StoreBase:
                 del self.corrupt[pid]
 
     # -- retention ----------------------------------------------------------------------
+    def stage_cut_head(self, pid: int, offset: int, max_batches: int = 1000) -> int:
+        """Delete the whole batches from the head that end at or before ``offset`` (never
+        the last batch): a follower following its leader's log start. Returns the new log
+        start."""
+        st = self._parts.get(pid)
+        if st is None or st[2] == 0 or offset <= st[0]:
+            return self.log_start(pid)
+        return self.stage_retention(pid, 0, None, None, keep_from=offset, max_batches=max_batches, cut_all=True)
+
     def stage_retention(self, pid: int, now_ms: int, retention_ms: int | None,
                         retention_bytes: int | None, keep_from: int | None = None,
-                        max_batches: int = 1000) -> int:
+                        max_batches: int = 1000, cut_all: bool = False) -> int:
         """Delete whole batches from the head that are older than retention_ms or beyond
-        retention_bytes; never the last batch, never at or beyond ``keep_from``.
-        Returns the new log start."""
+        retention_bytes (``cut_all``: every one); never the last batch, never at or beyond
+        ``keep_from``. Returns the new log start."""
         st = self._parts.get(pid)
         if st is None or st[2] == 0:
             return self.log_start(pid)
@@ -378,7 +387,7 @@ class StoreBase:
             too_old = retention_ms is not None and retention_ms >= 0 and max_ts < now_ms - retention_ms
             too_big = (retention_bytes is not None and retention_bytes >= 0
                        and st[2] - sum(n for _, n in doomed) > retention_bytes)
-            if not (too_old or too_big):
+            if not (too_old or too_big or cut_all):
                 break
             doomed.append((base, len(v)))
             new_start = end

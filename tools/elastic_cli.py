@@ -86,17 +86,24 @@ def status_rows(md) -> list[dict]:
                      "state": state, "generation": b.get("generation", 0),
                      "heartbeat_age_ms": b.get("heartbeat_age_ms", 0), "leaders": leaders,
                      "replicas": replicas, "recovering": b.get("recovering", 0),
-                     "store_id": b.get("store_id"), "kafka": _kafka_of(b)})
+                     "store_id": b.get("store_id"), "clock_offset_ms": b.get("clock_offset_ms"),
+                     "kafka": _kafka_of(b)})
     return rows
+
+
+def _clock(r: dict) -> str:
+    """The peers' clock minus the broker's, in seconds ('-': not known)."""
+    off = r.get("clock_offset_ms")
+    return "-" if not isinstance(off, int) else f"{off / 1000:+.3f}"
 
 
 def status_table(rows: list[dict]) -> list[str]:
     age = (lambda r: "-" if r["heartbeat_age_ms"] is None else r["heartbeat_age_ms"])
     return _table(["id", "address", "status", "state", "gen", "hb_age_ms", "leaders", "replicas", "recovering",
-                   "store", "kafka"],
+                   "clock_s", "store", "kafka"],
                   ([r["id"], r["address"], r["status"], r["state"], r["generation"], age(r), r["leaders"],
-                    r["replicas"], r["recovering"], r["store_id"] or "-", r.get("kafka", "-")] for r in rows),
-                  right={4, 5, 6, 7, 8})
+                    r["replicas"], r["recovering"], _clock(r), r["store_id"] or "-", r.get("kafka", "-")] for r in rows),
+                  right={4, 5, 6, 7, 8, 9})
 
 
 def moves_table(moves: list[dict]) -> list[str]:

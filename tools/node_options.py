@@ -45,6 +45,9 @@ BOUND_OPTIONS: list[tuple[str, int, int, str]] = [
                                    "0 = off (Kafka consumer_byte_rate)"),
     ("producer_id_expiration_ms", 1, 86_400_000, "idempotent-producer state idle this long is deleted "
                                      "(Kafka producer.id.expiration.ms)"),
+    ("clock_offset_bound_ms", 1, 30_000, "this broker's clock offset from its peers' (estimated from gossip "
+                                  "stamps) beyond which it logs an error and deletes nothing by time "
+                                  "(retention.ms, producer-id and group expiry) until it agrees again"),
     ("max_producer_ids", 1, 1_000_000, "idempotent-producer states kept; the longest idle beyond go first"),
     ("move_rate_bytes", 0, 32 << 20, "catch-up bytes/s this broker sends to replicas being added by a move, "
                                     "0 = no cap (Kafka leader.replication.throttled.rate)"),

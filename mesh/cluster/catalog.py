@@ -26,7 +26,11 @@ rows, reusing a row whose registers are the very same values as last time, so a 
 holding 100,000 partitions does not rebuild them for every heartbeat of metadata), then,
 only if the table changed, registers a local partition id for every partition this node
 replicates and forgets local partitions that no topic wants any more (deleted topics, or
-a re-created name), all in one store commit (one sync, however many partitions).
+a re-created name), all in one store commit (one sync, however many partitions). Only the
+metadata decides that: the topic's header is a tombstone or names another uuid. A local
+partition whose topic this node holds no header of is kept (logged once): a view that
+lost registers (a broker restarted with its clock a day behind once dropped its
+snapshot's) must not delete data.
 """
 from __future__ import annotations
 
@@ -243,6 +247,7 @@ class Catalog:
         self.local: dict[int, tuple[str, int]] = {}   # pid -> (topic name, partition)
         self._memo: dict[str, tuple] = {}
         self._loaded = False
+        self._kept: set[tuple[str, int]] = set()   # local partitions kept for want of metadata (logged once)
         self._signature = None      # the registers' bucket hashes at the last rebuild
         self._calls = 0
         self._overlaid: dict[str, tuple] = {}   # name -> (base row, pconf values, overlaid row)
@@ -333,7 +338,14 @@ class Catalog:
                 wanted[(tkey, p)] = (t.name, p, pid)     # configs rule 3: a stray goes by drop_stray
         for tkey, p, pid in self.store.partitions():
             if (tkey, p) not in wanted and tkey not in pending:
-                log.info("dropping local partition %s/%d (topic deleted or replaced)", tkey, p)
+                why = self._gone(tkey, registers)
+                if why is None:
+                    if (tkey, p) not in self._kept:
+                        self._kept.add((tkey, p))
+                        log.warning("keeping local partition %s/%d: the cluster metadata this node holds does "
+                                    "not name its topic (not deleted, not replaced: not learned yet?)", tkey, p)
+                    continue
+                log.info("dropping local partition %s/%d (topic %s)", tkey, p, why)
                 self.store.forget_partition(tkey, p)
         self.store.register_partitions([(tkey, p, pid) for (tkey, p), (_, _, pid) in wanted.items()])
         self.store.commit()                         # one sync for the whole change
@@ -342,6 +354,24 @@ class Catalog:
         self._loaded = True
         now = set(self.local)
         return now - before, before - now
+
+    def _gone(self, store_key: str, registers: Mapping[str, Any]) -> str | None:
+        """Why the cluster's metadata says local data ``<name>#<uuid>`` is no topic's any more
+        ("deleted": the header is a tombstone; "replaced": a header of another uuid), or None
+        when it does not say (no header held: a view that lost registers, as a broker whose
+        clock went back once dropped its snapshot's, must not delete data). A gossip view
+        without stamps (tests) goes by the live registers alone."""
+        name, _, uuid = store_key.rpartition("#")
+        header = registers.get(TOPIC_PREFIX + name)
+        if isinstance(header, dict) and header.get("uuid") != uuid:
+            return "replaced"
+        stamp = getattr(self.gossip, "cluster_stamp", None)
+        if stamp is None:
+            return "deleted or replaced"
+        held = stamp(TOPIC_PREFIX + name)
+        if held is not None and held[2]:
+            return "deleted"
+        return None if header is None else "deleted or replaced"
 
     def topic(self, name: str) -> Topic:
         t = self.topics.get(name)

@@ -42,7 +42,8 @@ Modules, one per mechanism: ``messages`` (wire dataclasses), ``rows`` (typed row
 sizes), ``parsing`` (validation), ``checks`` (what a peer may write), ``namespaces`` (per-origin state and deltas),
 ``registers`` (cluster registers), ``membership`` (generations, liveness, graveyard),
 ``detector`` (phi accrual), ``rounds`` (peer selection and the exchange), ``snapshot``
-(persistence), ``config`` (``GossipConfig``), and ``core`` (the ``Gossip`` facade).
+(persistence), ``config`` (``GossipConfig``), ``clock_offset`` (this node's clock offset
+from its peers' stamps), and ``core`` (the ``Gossip`` facade).
 """
 from __future__ import annotations
 

@@ -17,6 +17,11 @@ policy that depends on the application and on time, applied to every entry of a 
   every register forever. A *kill* (R6) claims the sender collected the key's tombstone,
   which happens ``tombstone_gc_ms`` after it was written: a kill of a stamp younger than
   that (give or take two clock skews) is refused.
+- Whose clock. Every limit above, and the ``now_ms`` handed to the validator, is this
+  node's clock plus ``offset_ms``: the correction ``mesh.gossip.clock_offset`` estimated
+  from the peers' stamps (0 while this clock agrees with theirs). A node whose clock is a
+  day behind judges its peers' stamps by their time, not its own, and refuses nothing
+  they all consider live (``Gossip.set_clock_offset``).
 
 Without a validator and prefixes (the simulator, most unit tests), only the stamp bounds
 apply. A failing entry fails its whole message (``Malformed``; counted, never applied).
@@ -33,7 +38,7 @@ Validator = Callable[[str, Any, int], "str | None"]
 class EntryCheck:
     """The per-entry policy of one node (see the module docstring)."""
 
-    __slots__ = ("validate_entry", "register_prefixes", "max_clock_skew_ms", "tombstone_gc_ms")
+    __slots__ = ("validate_entry", "register_prefixes", "max_clock_skew_ms", "tombstone_gc_ms", "offset_ms")
 
     def __init__(self, validate_entry: Validator | None, register_prefixes: tuple[str, ...] | None,
                  max_clock_skew_ms: int, tombstone_gc_ms: int) -> None:
@@ -47,15 +52,16 @@ class EntryCheck:
         self.register_prefixes = register_prefixes
         self.max_clock_skew_ms = max_clock_skew_ms
         self.tombstone_gc_ms = tombstone_gc_ms
+        self.offset_ms = 0          # peers' clock minus ours, when ours is off (see the docstring)
 
     def stamp_limit(self, now_ms: int) -> int:
         """The latest stamp (or gc clock) a peer may show at ``now_ms``."""
-        return now_ms + self.max_clock_skew_ms
+        return now_ms + self.offset_ms + self.max_clock_skew_ms
 
     def kill_limit(self, now_ms: int) -> int:
         """The latest stamp a kill may name: its tombstone was collected ``tombstone_gc_ms``
         after it was written (two skews of slack: the writer's and the collector's clocks)."""
-        return now_ms - self.tombstone_gc_ms + 2 * self.max_clock_skew_ms
+        return now_ms + self.offset_ms - self.tombstone_gc_ms + 2 * self.max_clock_skew_ms
 
     def node_entry(self, key: str, value: Any, deleted: bool, now_ms: int) -> str | None:
         """Why a node namespace entry is refused (None: accepted)."""
@@ -75,7 +81,7 @@ class EntryCheck:
         if self.validate_entry is None:
             return None
         try:
-            why = self.validate_entry(key, value, now_ms)
+            why = self.validate_entry(key, value, now_ms + self.offset_ms)
         except Exception as exc:  # a validator bug must not let the entry in, nor raise out
             return f"{key[:80]!r}: the validator failed: {exc!r}"[:300]
         if why is None:

@@ -263,6 +263,11 @@ class Gossip:
     def seeds(self) -> list[str]:
         return list(self._rounds.seeds)
 
+    def set_clock_offset(self, offset_ms: int) -> None:
+        """Judge peers' stamps and values by this clock plus ``offset_ms`` (the peers' time
+        when ours is off: ``mesh.gossip.clock_offset``; ``mesh.gossip.checks``)."""
+        self._check.offset_ms = int(offset_ms)
+
     def cluster_items(self, prefix: str = "") -> dict[str, Any]:
         """Live cluster registers whose key starts with ``prefix``, sorted by key."""
         return self._registers.items(prefix)

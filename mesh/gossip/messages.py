@@ -8,6 +8,10 @@ Flat lists of fields keep them compact and cheap to validate (``mesh.gossip.pars
     cluster         16 bucket hashes (uint32), or [] when the store is empty / matched
     cluster_entries [key, clock, writer, value, deleted, ...]
 
+SYN and ACK end with ``wall_ms``, the sender's wall clock when the message left (the node
+shell stamps it; 0 when not stamped): what ``mesh.gossip.clock_offset`` estimates this
+node's clock offset from.
+
 Digest rows and deltas are built as ``mesh.gossip.rows.Row`` and ``Delta`` (NamedTuples,
 which msgpack encodes as exactly these arrays); decoded messages hold plain lists.
 """
@@ -27,6 +31,7 @@ class GossipSyn:
     digest: list
     cluster: list
     cluster_gc: int
+    wall_ms: int = 0    # the sender's wall clock when it left (0: not stamped); see clock_offset
 
 
 @message("GOSSIP_ACK")
@@ -38,6 +43,7 @@ class GossipAck:
     cluster: list
     cluster_entries: list
     cluster_gc: int
+    wall_ms: int = 0    # as in GossipSyn
 
 
 @message("GOSSIP_ACK2")

@@ -7,13 +7,13 @@ what it still holds). Restored origins start SUSPECT, unconfirmed, until their h
 moves (R4), so a long-dead node is never shown alive after a restart.
 
 A snapshot is checked like a message (R8, ``mesh.gossip.checks``) but dropped piece by
-piece, so the node always starts: a cluster entry that fails (shape, a stamp later than
-now plus the clock skew, a key of the wrong kind, a value the validator refuses) is
-dropped; a node row that fails is dropped with its namespace; a namespace with one bad
+piece, so the node always starts: a cluster entry that fails (shape, a stamp beyond
+2**53, a key of the wrong kind, a value the validator refuses) is dropped (a stamp later
+than now plus the clock skew is kept with a warning: this node wrote it, so its clock went
+back, and dropping the topics made it drop every local partition); a node row that fails is dropped with its namespace; a namespace with one bad
 entry is dropped and its row's versions go back to 0, so peers send it again whole (a
 namespace must stay a prefix of its origin's history, R1). Each drop is a warning
-(logged, and returned for ``Gossip.load_warnings``). A stored clock or gc clock in the
-future is ignored. Stamps of the old Lamport scheme are small: simply older.
+(logged, and returned for ``Gossip.load_warnings``). Stamps of the old Lamport scheme are small: simply older.
 
 Layout (``format`` 1)::
 
@@ -119,7 +119,12 @@ def restore_snapshot(snap: dict, members: Membership, registers: ClusterRegister
         raise ValueError(f"generation must increase across restarts: snapshot has "
                          f"{snap.get('generation')}, starting with {members.generation}")
     warnings: list[str] = []
-    limit = min(MAX_COUNTER, check.stamp_limit(now_ms))
+    # This node wrote its snapshot: a stamp later than its clock says the clock went back
+    # (a restart with a wrong clock), not that the stamp is forged. Dropping those registers
+    # emptied the topic table of a broker started a day behind, and it dropped every local
+    # partition as "topic deleted or replaced"; they are kept (and counted in one warning).
+    limit = MAX_COUNTER
+    ahead = 0
     try:
         registers.clock = max(registers.clock, _count(snap.get("clock"), "clock", limit))
     except _Bad as exc:
@@ -138,6 +143,7 @@ def restore_snapshot(snap: dict, members: Membership, registers: ClusterRegister
         try:
             _name(key, "key", MAX_KEY_CHARS)
             _count(clock, f"{key!r}: stamp", limit)
+            ahead += clock > check.stamp_limit(now_ms)
             _name(writer, f"{key!r}: writer")
             deleted = _flag(deleted, f"{key!r}: deleted")
             _count(stored, f"{key!r}: stored_ms")
@@ -149,6 +155,9 @@ def restore_snapshot(snap: dict, members: Membership, registers: ClusterRegister
             warnings.append(f"cluster entry dropped: {exc}"[:300])
             continue
         registers.store(key, clock, writer, value, deleted, size, min(stored, now_ms))
+    if ahead:
+        log.warning("gossip snapshot of %s: %d cluster entries are stamped more than %d ms after this "
+                    "node's clock (kept: is the clock behind?)", members.node_id, ahead, check.max_clock_skew_ms)
     nodes = snap.get("nodes")
     if not isinstance(nodes, (list, tuple)):
         warnings.append("every node dropped: 'nodes' is not a list")

@@ -58,6 +58,7 @@ class NodeConfig:
     fetch_quota_bytes_per_s: int = 0         # per client, 0 = off (quota consumer_byte_rate)
     producer_id_expiration_ms: int = 86_400_000  # producer.id.expiration.ms
     max_producer_ids: int = 1_000_000        # idempotent-producer states kept (longest idle go first)
+    clock_offset_bound_ms: int = 30_000      # beyond: the clock is off (mesh.node.peer_clock)
     reset_gossip: bool = False               # start without the gossip snapshot, relearn from peers
     rejoin_empty: bool = False   # a refused data directory is moved aside; start empty (lost state)
     # security (mesh.security): CURVE + ZAP with the secrets directory; open only on loopback

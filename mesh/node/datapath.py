@@ -572,13 +572,21 @@ class DataPath:
         self._wake(pids)
 
     # -- retention ----------------------------------------------------------------------
-    def enforce_retention(self, now_ms: int) -> None:
+    def enforce_retention(self, now_ms: int, by_time: bool = True) -> None:
+        """The leader decides where each partition's log starts (by ``retention.bytes``, and
+        by ``retention.ms`` only when ``by_time``: its clock agrees with its peers'); its
+        appends and heartbeats carry the new start to the followers, which cut to it
+        (``mesh.raft.partition``, rule 11). A follower never cuts on its own clock."""
+        store, replicas = self.store, self.replicas
         try:
             for t in self.catalog.topics.values():
                 c = t.config
+                retention_ms = c["retention.ms"] if by_time else None
                 for pid in t.pids:
-                    if pid is not None and self.replicas.hosts(pid):
-                        self.store.stage_retention(pid, now_ms, c["retention.ms"], c["retention.bytes"],
-                                                   keep_from=self.replicas.persisted_commit(pid))
+                    if pid is not None and replicas.hosts(pid) and replicas.is_leader(pid):
+                        before = store.log_start(pid)
+                        if store.stage_retention(pid, now_ms, retention_ms, c["retention.bytes"],
+                                                 keep_from=replicas.persisted_commit(pid)) > before:
+                            replicas.log_start_moved(pid)
         except LogError as exc:  # the turn is doomed: commit_turn rolls it back and says so
             log.error("retention pass failed: %s", exc)

@@ -92,6 +92,7 @@ class Dispatcher:
         self.replicas = replicas
         self.directory = directory
         self._send = send
+        self.peer_clock = None   # mesh.node.peer_clock.PeerClock (the node sets it)
         self.clock = clock
         self._rlog = RateLimitedLog(log)
         self.limits = None        # DecodeLimits for client bodies, set by the node
@@ -241,6 +242,10 @@ class Dispatcher:
             elif isinstance(msg, _GOSSIP_MESSAGES):
                 if self.metrics is not None:
                     self.metrics.gossip_received_bytes += sum(map(len, frames))
+                pc = self.peer_clock
+                if pc is not None:   # its stamp first: judged by the peers' time if ours is off
+                    pc.observe(src, msg)
+                    self.gossip.set_clock_offset(pc.correction_ms())
                 self._send(self.gossip.receive(src, msg, self.clock.wall_ms()))
                 refused = self.gossip.take_refused()   # dropped whole and counted by the core
                 if refused is not None:

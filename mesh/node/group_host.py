@@ -130,7 +130,10 @@ class GroupHost:
     the node was started with seeds (else it may start alone, without a takeover grace);
     ``send_to_node(node_id, msg)``: a one-way peer message (offsets replication); ``doomed()``:
     the turn will be rolled back (nothing is sent before its sync then).
+    ``clock_trusted()`` (the node sets it; None: always): groups expire only while it is True.
     """
+
+    clock_trusted: Callable[[], bool] | None = None
 
     def __init__(self, node_id: str, *, store, commit_turn: Callable[[], bool], gossip,
                  reply: Reply, address_of: Callable[[str], str | None],
@@ -318,7 +321,9 @@ class GroupHost:
                 log.info("group %s: member %s removed (%s)", effect.group_id, effect.member_id, effect.reason)
         if not self._next_prune_ms - PRUNE_EVERY_MS <= now_ms < self._next_prune_ms:
             self._next_prune_ms = now_ms + PRUNE_EVERY_MS
-            if self._sees_majority(now_ms):   # (a broker cut off from the others may not know the members)
+            # (a broker cut off from the others may not know the members; one whose clock is
+            # off from its peers' would expire groups that are live: DESIGN.md section 11)
+            if self._sees_majority(now_ms) and (self.clock_trusted is None or self.clock_trusted()):
                 budget = EXPIRE_OFFSETS_PER_PRUNE
                 for group_id in self.core.expired(now_ms, limit=EXPIRE_PER_PRUNE):
                     if budget <= 0:

@@ -65,6 +65,7 @@ class ClientHandlers:
         self.apply_cluster_change = apply_cluster_change
         self.identity = identity   # "unconfirmed" | "confirmed" | "lost" (see mesh.node.loop)
         self.learning = learning   # the cluster is still being learned (no peer heard yet, relearning)
+        self.peer_clock = None     # mesh.node.peer_clock.PeerClock (the node sets it): clock offsets
         self._table: dict[type, Callable] = {
             m.ProduceRequest: data.on_produce,
             m.FetchRequest: data.on_fetch,
@@ -162,6 +163,9 @@ class ClientHandlers:
                              peer_bytes_sent=self.peers.bytes_sent, peer_messages_dropped=self.peers.dropped)
             brokers.append(entry)
             stats[mem.node_id] = self.gossip.node_items(mem.node_id, keys.STATS_PREFIX)
+        pc = self.peer_clock
+        if pc is not None:
+            self._clock_offsets(brokers, pc)
         addresses = {mem.node_id: mem.address for mem in members}
         addresses[self.node_id] = self.directory.address
         if req.topics is None:
@@ -182,6 +186,18 @@ class ClientHandlers:
                            "partitions": [self._partition_entry(t, p, live, stats, recovering, addresses)
                                           for p in range(len(t.replicas))]})
         self.reply(ident, rid, m.MetadataResponse(0, brokers, topics, self.node_id))
+
+    def _clock_offsets(self, brokers: list[dict], pc) -> None:
+        """Each broker's ``clock_offset_ms``, as the metric ``mesh_clock_offset_seconds``
+        (the peers' clock minus the broker's): ours is our estimate; a peer's is our
+        estimate minus its clock's lead on ours (its last stamp), None when not heard."""
+        own = pc.offset_ms()
+        for entry in brokers:
+            if entry["id"] == self.node_id:
+                entry.update(clock_offset_ms=own, clock=pc.state())
+                continue
+            lead = pc.sample_ms(entry["address"])
+            entry["clock_offset_ms"] = None if lead is None else (own or 0) - lead
 
     def _elastic_entry(self, node: str) -> dict:
         """A broker's operator state (active, draining, drained) and the load it reports."""

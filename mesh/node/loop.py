@@ -19,8 +19,9 @@ order each turn (``run``, then ``_after_turn``):
    for produce, staged in the turn's transaction, and fetch; the group host for GROUP_*).
    Peer messages go to their core: gossip answers are sent at once (gossip keeps nothing
    that must be durable first), replication effects are staged and their sends held;
-3. tick the gossip core (it starts a round when one is due) and send its effects; tick
-   the replication cores that are due (effects staged, sends held);
+3. log a change of the clock's state (``mesh.node.peer_clock``); tick the gossip core
+   (it starts a round when one is due) and send its effects; tick the replication cores
+   that are due (effects staged, sends held);
 4. if the gossip state moved (not on mere heartbeats): reconcile the topic catalog
    (create/drop local partitions), tell the group host (coordination and offsets may
    have moved) and stage the gossip snapshot (at most once per ten times its last cost:
@@ -28,8 +29,9 @@ order each turn (``run``, then ``_after_turn``):
 5. publish this node's partition stats to gossip (every ``stats_every_ms``;
    ``mesh.node.publish``);
 6. tick the group host;
-7. every ``retention_check_ms``, stage retention (``DataPath.enforce_retention``) into
-   the turn's transaction (a failure there dooms the turn like any other write);
+7. every ``retention_check_ms``, stage retention (``DataPath.enforce_retention``: the
+   partitions led here; by time only while ``PeerClock.trusted``, as producer-id expiry)
+   into the turn's transaction (a failure there dooms the turn like any other write);
 8. commit the turn's LMDB transaction with one sync (group commit), then answer the
    staged produce requests, send the held replication messages, note leadership
    changes and answer acks=all requests now committed (``DataPath.commit_turn``), and
@@ -99,6 +101,7 @@ from mesh.cluster.catalog import Catalog
 from mesh.gossip import ALIVE, SUSPECT, Gossip, GossipConfig
 from mesh.gossip.snapshot import ForeignSnapshot
 from mesh.clock import SYSTEM_CLOCK, Clock
+from mesh.node.peer_clock import PeerClock
 from mesh.node.config import NodeConfig
 from mesh.node.bounds import StartupError, check_bounds, raise_nofile_limit, router_options
 from mesh.node.datapath import DataLimits, DataPath
@@ -159,6 +162,8 @@ class Node:
     def __init__(self, config: NodeConfig, clock: Clock = SYSTEM_CLOCK):
         self.cfg = config
         self.clock = clock
+        # the clock checked against the peers' (gossip stamps): mesh.node.peer_clock
+        self.peer_clock = PeerClock(clock, bound_ms=config.clock_offset_bound_ms)
         self.node_id = config.node_id
         self.address = config.bind
         check_bounds(config)
@@ -238,8 +243,9 @@ class Node:
         alone = not seeds and len(self.gossip.members(clock.wall_ms())) <= 1
         self._identity = "lost" if self.disk.lost is not None else ("confirmed" if alone else "unconfirmed")
         self._identity_write_failed = False
+        self.peer_clock.alone = lambda: self.gossip.isolated
         self.catalog = Catalog(config.node_id, self.gossip, self.store)
-        self.producers = ProducerStates(self.store, now_ms=clock.wall_ms,
+        self.producers = ProducerStates(self.store, now_ms=self.peer_clock.agreed_wall_ms,   # (peers' time)
                                         expiration_ms=config.producer_id_expiration_ms,
                                         max_ids=config.max_producer_ids)
         self._next_producer_expiry_ms = 0
@@ -257,7 +263,8 @@ class Node:
         self.directory = Directory(config.node_id, self.address, self.gossip, clock.wall_ms,
                                    self._local_leader)
         self.data = DataPath(self.store, self.catalog, self.replicas, self.producers, self._reply,
-                             self.directory.leader_address, now_ms=clock.now_ms, wall_ms=clock.wall_ms,
+                             self.directory.leader_address, now_ms=clock.now_ms,
+                             wall_ms=self.peer_clock.agreed_wall_ms,   # record timestamps: the peers' time
                              address_of=self.directory.address_of,
                              limits=DataLimits(fetch_max_bytes=config.fetch_max_bytes,
                                                partition_fetch_max_bytes=config.partition_fetch_max_bytes,
@@ -276,6 +283,7 @@ class Node:
                                        apply_cluster_change=self._apply_cluster_change,
                                        identity=lambda: self._identity,
                                        learning=lambda: self._relearning or self._identity == "unconfirmed")
+        self.handlers.peer_clock = self.peer_clock
         self._running = False
         self.fatal: str | None = None     # why the node stopped by itself (a damaged store), if it did
         self._bumps: collections.deque[int] = collections.deque()   # when lost state raised the generation
@@ -296,13 +304,14 @@ class Node:
             config.node_id, store=self.store, commit_turn=self.data.commit_turn, gossip=self.gossip,
             reply=self._reply, address_of=self.directory.address_of,
             topic_partitions=lambda: {name: t.partitions for name, t in self.catalog.topics.items()},
-            clock=clock, rng=_seeded_rng(), seeded=bool(config.seeds),
+            clock=self.peer_clock.agreed, rng=_seeded_rng(), seeded=bool(config.seeds),   # commit stamps peers take
             config=GroupHostConfig(max_session_timeout_ms=config.group_max_session_timeout_ms,
                                    heartbeat_interval_ms=config.group_heartbeat_interval_ms,
                                    offsets_retention_ms=config.offsets_retention_ms,
                                    tombstone_ms=config.group_tombstone_ms),
             send_to_node=lambda node_id, msg: self._send_to_node(node_id, msg, None),
             doomed=lambda: self.data.doomed)
+        self.groups.clock_trusted = self.peer_clock.trusted    # no group expiry on a wrong clock
         self.data.on_commit.append(self.groups.after_commit)   # offsets commits share the turn's sync
         self.dispatch = Dispatcher(self.router, self.handlers, self.groups, self.gossip, self.replicas,
                                    self.directory, self._send, self.clock, security=self.security)
@@ -315,6 +324,7 @@ class Node:
         self.data.writer_tag = lambda: self.dispatch.writer_tag   # producer ids belong to their first writer
         if config.request_percentage:
             self.dispatch.request_quota = RequestTimeQuota(config.request_percentage)
+        self.dispatch.peer_clock = self.peer_clock
         self.outbox = Outbox(self.router, clock.now_ms, max_backlog_bytes=config.client_backlog_bytes,
                              produce_bytes_per_s=config.produce_quota_bytes_per_s,
                              fetch_bytes_per_s=config.fetch_quota_bytes_per_s,
@@ -523,6 +533,7 @@ class Node:
         if self.dispatch.gossip_suspect:   # a gossip message raised inside the core this turn
             self.dispatch.gossip_suspect = False
             self._gossip_suspect = True
+        self._step("clock", self._check_clock)
         self._step("gossip tick", self._tick_gossip, now_ms)
         self._step("replication tick", self.replicas.tick_due)
         self._step("held produces", self.data.release_held)   # a handover that ended: run them again
@@ -558,8 +569,9 @@ class Node:
         mono_ms = self.clock.now_ms()
         if mono_ms >= self._next_retention_ms:
             self._next_retention_ms = mono_ms + self.cfg.retention_check_ms
-            self._step("retention", self.data.enforce_retention, self.clock.wall_ms())
-        if mono_ms >= self._next_producer_expiry_ms:
+            # by time only while this clock agrees with the peers' (DESIGN.md section 11)
+            self._step("retention", self.data.enforce_retention, self.clock.wall_ms(), self.peer_clock.trusted())
+        if mono_ms >= self._next_producer_expiry_ms and self.peer_clock.trusted():
             self._next_producer_expiry_ms = mono_ms + min(_PRODUCER_EXPIRY_CHECK_MS, self.cfg.producer_id_expiration_ms)
             self._step("producer expiry", self.producers.expire, self.clock.wall_ms())
         if not self._relearning:
@@ -699,10 +711,16 @@ class Node:
             else:
                 self.store.corrupt.get(pid, set()).discard(offset)  # found again when hosted and read
 
+    def _check_clock(self) -> None:
+        """Log a change of the clock's state once; judge gossip stamps by the peers' time."""
+        self.peer_clock.check()
+        self.gossip.set_clock_offset(self.peer_clock.correction_ms())
+
     def _send(self, effects) -> None:
         before = self.peers.bytes_sent
+        stamp = self.peer_clock.stamp
         for e in effects:
-            self.peers.send(e.dest, e.msg, e.payload)
+            self.peers.send(e.dest, stamp(e.dest, e.msg), e.payload)
         if self.metrics is not None:   # gossip effects only come this way
             self.metrics.gossip_sent_bytes += self.peers.bytes_sent - before
 

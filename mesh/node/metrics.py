@@ -53,7 +53,11 @@ Families (Prometheus conventions, base units; labels in braces):
   mesh_group_rebalances_total{group} (generation bumps seen here; group series only for
   the ``GROUP_SERIES_MAX`` (500) groups with the most lag, each with at most
   ``GROUP_PARTITION_SERIES_MAX`` partitions), mesh_groups_coordinated (all of them),
-  mesh_broker_info{node,address,generation} (1), and process_* (CPU, memory, fds).
+  mesh_broker_info{node,address,generation} (1),
+  mesh_clock_offset_seconds (the peers' clock minus this one, median over peers; absent
+  until a peer's stamp arrived), mesh_clock_trusted (0 while the offset is beyond
+  ``--clock-offset-bound-ms`` or unknown: no time-based deletion), and process_* (CPU,
+  memory, fds).
 """
 from __future__ import annotations
 
@@ -321,7 +325,21 @@ def _build_snapshot(mx: NodeMetrics, node) -> dict[str, list]:
     out.extend(_group_families(mx, node))
     out.append(_gauge("mesh_broker_info", "This broker", ("node", "address", "generation"),
                       [((node.node_id, node.address, str(node.generation)), 1)]))
+    out.extend(_clock_families(node))
     return {"families": out}
+
+
+def _clock_families(node) -> list[list]:
+    """This clock against the peers' (``mesh.node.peer_clock``): no series without an estimate."""
+    pc = getattr(node, "peer_clock", None)
+    if pc is None:
+        return []
+    est = pc.offset_ms()
+    rows = [((), est / 1000)] if est is not None else []
+    return [_gauge("mesh_clock_offset_seconds", "The peers' clock minus this broker's (median over peers, "
+                   "from gossip stamps)", rows=rows),
+            _gauge("mesh_clock_trusted", "1 while this clock agrees with its peers' (time-based deletion allowed)",
+                   rows=[((), int(pc.trusted()))])]
 
 
 def _partition_families(mx: NodeMetrics, node) -> list[list]:

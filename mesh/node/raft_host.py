@@ -62,7 +62,8 @@ from mesh.wire.effects import Send
 from mesh.wire.errors import ErrorCode
 from mesh.wire.records import iter_batches, patch_batch
 from mesh.raft import (
-    PEER_MESSAGES, Append, PersistState, Ready, ReplAppend, ReplicaManager, ReplicationConfig, ResetLog, Truncate,
+    PEER_MESSAGES, Append, CutHead, PersistState, Ready, ReplAppend, ReplicaManager, ReplicationConfig, ResetLog,
+    Truncate,
 )
 from mesh.raft.log import NO_READY
 from mesh.raft.manager import NOT_HOSTED
@@ -79,6 +80,7 @@ __all__ = ["ReplicaHost", "StoreReader", "REPLICATION_MESSAGES", "pack_state", "
 
 log = logging.getLogger("mesh.node.raft_host")
 _STATE_KEY = struct.Struct(">Q")
+_DROPPED = b"dropped:%d"   # meta: this pid's replica was dropped here (its raft state with it)
 
 
 REPLICATION_MESSAGES: tuple[type, ...] = PEER_MESSAGES  # what the node loop routes to ``step``
@@ -170,6 +172,12 @@ class ReplicaHost:
             replicas = tuple(replicas)
         self.core.add_partition(pid, replicas, state, self.store.log_end(pid))
         self._replicas[pid] = replicas
+        if self.store.get("meta", _DROPPED % pid) is not None:
+            self.store.delete("meta", _DROPPED % pid)
+            if state is None:
+                log.warning("partition %d: its replica here was dropped before (log and raft state): "
+                            "recovering, not voting or counted in sync until refilled from the leader", pid)
+                self.apply(self.core.forgot_replica(pid))
         if self.core.config(pid).voters[0] == self.node_id:
             # the preferred replica campaigns at once (pre-vote: a healthy leader's
             # followers ignore it), so a new or restarted partition has a leader in one round trip
@@ -185,6 +193,9 @@ class ReplicaHost:
         self._fail_waiters(pid, ErrorCode.UNKNOWN_TOPIC, "the partition was deleted")
         if self.store.get("repl", _STATE_KEY.pack(pid)) is not None:
             self.store.delete("repl", _STATE_KEY.pack(pid))
+            # hosted here again later (the metadata changed back): recovering, as after a
+            # wiped disk; its acknowledgements went with the data
+            self.store.put("meta", _DROPPED % pid, b"1")
 
     def hosts(self, pid: int) -> bool:
         return pid in self._replicas
@@ -302,7 +313,12 @@ class ReplicaHost:
         if ready is NO_READY or not (ready.log_ops or ready.persist or ready.messages or ready.committed
                                      or ready.leadership or ready.configs):
             return   # most calls (a flush, a tick with nothing due): nothing to do
+        cuts = None
         for op in ready.log_ops:
+            if type(op) is CutHead:
+                cuts = cuts or []
+                cuts.append(op)
+                continue
             self.reader.tail.pop(op.pid, None)   # (a leader's log ops: none; never serve around one)
             self._hard.add(op.pid)
             if isinstance(op, Append):   # its batches as step walked and checked them
@@ -334,6 +350,8 @@ class ReplicaHost:
                 self._lazy[st.pid] = st
                 continue
             self._write_state(st)
+        for op in cuts or ():
+            self._cut_head(op)
         if ready.messages:
             self._held.extend(ready.messages)
         if ready.committed:
@@ -342,6 +360,18 @@ class ReplicaHost:
             self._leadership.update(ready.leadership)
         if ready.configs:
             self._cfg_turn.update(ready.configs)
+
+    def _cut_head(self, op: CutHead) -> None:
+        """Follow the leader's log start (``CutHead``), up to the commit offset on disk (a
+        commit written lazily is written now: the log start never passes it on disk)."""
+        lazy = self._lazy.get(op.pid)
+        if lazy is not None:
+            self._write_state(lazy)
+        before = self.store.log_start(op.pid)
+        after = self.store.stage_cut_head(op.pid, min(op.offset, self.persisted_commit(op.pid)))
+        if after > before:
+            self._hard.add(op.pid)
+            log.debug("partition %d: log start %d -> %d, as its leader's", op.pid, before, after)
 
     def _write_state(self, st: PersistState) -> None:
         self._hard.add(st.pid)
@@ -598,6 +628,10 @@ class ReplicaHost:
             self.core.declare_lost_state()
         for pid, reps in sorted(self._replicas.items()):
             self.core.add_partition(pid, reps, self._load_state(pid), self.store.log_end(pid))
+
+    def log_start_moved(self, pid: int) -> None:
+        """Retention moved this leader's log start: its heartbeats carry it to the followers."""
+        self.core.log_start_moved(pid)
 
     # -- queries ------------------------------------------------------------------------
     def leader(self, pid: int) -> tuple[str | None, int]:

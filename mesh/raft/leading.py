@@ -178,7 +178,8 @@ class Leading:
                 pr.become_probe(prev)
                 return -1
             row = AppendRow(self.pid, self.term, start, self.cache.epoch_at(start - 1), start, 0,
-                            self.epoch_start, self.commit, 0, 1, cv, ct, self.history.window(start, start))
+                            self.epoch_start, self.commit, 0, 1, cv, ct, self.history.window(start, start),
+                            min(start, self.commit))
             self._send(peer, row)
             return start
         prev_epoch = self.cache.epoch_at(prev - 1) if prev > 0 else 0
@@ -199,7 +200,7 @@ class Leading:
             payload = bytes(payload)
         row = AppendRow(self.pid, self.term, prev, prev_epoch, end, epoch, self.epoch_start,
                         self.commit, len(payload), 0, cv, ct,
-                        self.history.window(prev, end) if pr.config_id != latest else [])
+                        self.history.window(prev, end) if pr.config_id != latest else [], min(start, self.commit))
         self._send(peer, row, payload)
         if payload and self.cfg.learner_bytes_per_tick > 0 and peer not in self.voters:
             self.host.learner_budget -= len(payload)   # may go below 0: repaid by the next ticks
@@ -211,9 +212,11 @@ class Leading:
         """The node-wide beat; the last one before going quiet says so (rule 10)."""
         cv, ct = self.cfg_commit_ident()
         quiesce = self._may_quiesce()
+        start = self.host.reader.start_offset(self.pid)
         for peer in self.peers:
             pr = self.progress[peer]
-            self._send(peer, HeartbeatRow(self.pid, self.term, min(self.commit, pr.match), cv, ct, int(quiesce)))
+            self._send(peer, HeartbeatRow(self.pid, self.term, min(self.commit, pr.match), cv, ct, int(quiesce),
+                                          start))
         if quiesce:
             self._quiesce()
 
@@ -222,9 +225,10 @@ class Leading:
         nothing a tick would do (catch-up, commit, transfer, config change, hand-back)."""
         if not self.cfg.quiesce_after_beats:
             return False
-        if self.end != self.beat_end:
-            self.beat_end, self.idle_beats = self.end, 0
-            return False
+        start = self.host.reader.start_offset(self.pid)
+        if self.end != self.beat_end or start != self.beat_start:
+            self.beat_end, self.beat_start, self.idle_beats = self.end, start, 0
+            return False   # (a moved log start too: the followers hear it for a few beats)
         self.idle_beats += 1
         if (self.idle_beats < self.cfg.quiesce_after_beats or self.transfer_to is not None
                 or self.commit != self.end or self.synced != self.end or not self.epoch_committed

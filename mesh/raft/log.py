@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from mesh.raft.membership import Config
     from mesh.wire.effects import Send
 
-__all__ = ["EpochCache", "Append", "Truncate", "ResetLog", "LogOp", "PersistState", "LogReader", "Ready",
+__all__ = ["EpochCache", "Append", "Truncate", "ResetLog", "CutHead", "LogOp", "PersistState", "LogReader", "Ready",
            "NO_READY"]
 
 
@@ -161,7 +161,16 @@ class ResetLog:
     start_offset: int
 
 
-LogOp: TypeAlias = Append | Truncate | ResetLog  # a storage effect, applied in order
+@dataclass(frozen=True, slots=True)
+class CutHead:
+    """A follower follows its leader's log start: delete the whole batches that end at or
+    before ``offset`` (never the last one), at most up to the commit offset on disk. Only
+    retention on the leader moves a log start; followers never cut on their own clock."""
+    pid: int
+    offset: int
+
+
+LogOp: TypeAlias = Append | Truncate | ResetLog | CutHead  # a storage effect, applied in order
 
 
 class PersistState(NamedTuple):

@@ -186,7 +186,9 @@ One loop turn of the node (single-threaded), for this core:
    again: ``log_ops`` (``Append``: store the payload's batches as they are at
    ``base_offset``, which is the log end; all carry epoch ``epoch``. ``Truncate``: delete
    batches at/after ``to_offset``. ``ResetLog``: delete all batches; log start = end =
-   ``start_offset``), then ``persist`` (``PersistState``: one record per partition -
+   ``start_offset``. ``CutHead``: delete the whole batches ending at or before ``offset``,
+   at most up to the commit offset on disk: a follower following its leader's log start),
+   then ``persist`` (``PersistState``: one record per partition -
    term, vote, commit, epoch cache, config history). Hold its ``messages``,
    ``committed``, ``leadership`` and ``configs`` for step 6.
 4. Commit the write transaction with one fsync (group commit). Then call
@@ -503,6 +505,15 @@ class ReplicaManager:
             p.become_recovering()
         return self._ready()
 
+    def forgot_replica(self, pid: int) -> Ready:
+        """This node dropped its replica of ``pid`` (log and state) and hosts it again: it is
+        recovering, as after a wiped disk (not voting, not counted toward commit or the
+        ISR) until refilled; its old acknowledgements are gone with the data."""
+        p = self._parts.get(pid)
+        if p is not None:
+            p.become_recovering()
+        return self._ready()
+
     def report_corrupt(self, pid: int, offset: int) -> Ready:
         """A stored batch of ``pid`` at ``offset`` failed its CRC check: cut the log there and
         refill it (a leader hands over first). Repeated reports are harmless."""
@@ -519,6 +530,13 @@ class ReplicaManager:
         leads; since start if none ever did)."""
         p = self._part(pid)
         return 0 if p.role is Role.LEADER else self.now_tick - max(p.leader_tick, 0)
+
+    def log_start_moved(self, pid: int) -> None:
+        """Retention moved this leader's log start: tick again, so the heartbeats carry it
+        to the followers (rule 11 of ``mesh.raft.partition``)."""
+        p = self._parts.get(pid)
+        if p is not None and p.role is Role.LEADER:
+            p.wake()
 
     def wake_quiet_follower(self, pid: int) -> bool:
         """Wake ``pid``'s replica if it is a quiet follower (True then). A quiet follower

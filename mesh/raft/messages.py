@@ -33,7 +33,11 @@ Membership (``mesh.raft.membership``, peer protocol 4): appends may carry config
 ``[[offset, version, term, [voters], [learners]], ...]`` (at most ``MAX_MARKERS``,
 ascending, versions strictly increasing and below 2**40, terms at most the row's, at most
 ``max_replicas`` distinct node ids of at most 255 characters per config); ``parse_rows``
-turns them into ``(offset, Config)`` pairs. Appends and heartbeats carry the leader's
+turns them into ``(offset, Config)`` pairs.
+
+Retention: appends and heartbeats end with the leader's log start (``log_start``; at most
+the row's commit in an append), which followers follow (``mesh.raft.partition``, rule
+11). A row without it (from a broker before this field) is taken with 0: nothing to cut. Appends and heartbeats carry the leader's
 committed config id; their answers the follower's latest config id; votes the
 candidate's latest config version (part of the log comparison).
 """
@@ -79,6 +83,7 @@ class AppendRow(NamedTuple):
     cfg_commit: int = 0   # the leader's committed config id: (version, term)
     cfg_commit_term: int = 0
     configs: list = ()    # config markers from the one in force at prev_offset ([] when not carried)
+    log_start: int = 0    # the leader's log start: followers cut their head to it once committed
 
 
 class AppendRespRow(NamedTuple):
@@ -105,6 +110,7 @@ class HeartbeatRow(NamedTuple):
     cfg_commit: int = 0   # the leader's committed config id: (version, term)
     cfg_commit_term: int = 0
     quiesce: int = 0      # 1: the leader goes quiet (idle, every live follower caught up); see manager
+    log_start: int = 0    # as in AppendRow
 
 
 class HeartbeatRespRow(NamedTuple):
@@ -255,8 +261,15 @@ def parse_rows(msg: object, max_replicas: int = 9) -> list[PeerRow]:
     return rows
 
 
+# Trailing fields a row may lack (added after ``mesh-peer/6``; their defaults apply).
+_OPTIONAL_TAIL: dict[type, int] = {AppendRow: 1, HeartbeatRow: 1}
+
+
 def _typed(raw: object, row_type: type, kinds: tuple[type, ...], msg_name: str) -> PeerRow:
     n = len(kinds)
+    if isinstance(raw, (list, tuple)) and n - _OPTIONAL_TAIL.get(row_type, 0) <= len(raw) < n:
+        kinds = kinds[:len(raw)]
+        n = len(raw)
     if not isinstance(raw, (list, tuple)) or len(raw) < n:
         raise MeshError(ErrorCode.INVALID_REQUEST, f"{msg_name}: each row needs {n} fields {row_type._fields}")
     for value, kind, name in zip(raw, kinds, row_type._fields):
@@ -265,7 +278,7 @@ def _typed(raw: object, row_type: type, kinds: tuple[type, ...], msg_name: str) 
                             f"{row_type.__name__}.{name}: expected {kind.__name__}, got {type(value).__name__}")
         if kind is int and not (-1 <= value < 1 << 63):
             raise MeshError(ErrorCode.INVALID_REQUEST, f"{row_type.__name__}.{name}: {value} out of range")
-    return row_type._make(raw[:n])
+    return row_type._make(raw[:n]) if n == len(row_type._fields) else row_type(*raw[:n])
 
 
 def _parse_configs(r: AppendRow, max_replicas: int) -> tuple[AppendRow, str | None]:
@@ -314,6 +327,8 @@ def _check_row(r: PeerRow) -> str | None:
             return "a log start above the leader's commit"
         if not (0 <= r.cfg_commit < MAX_VERSION and 0 <= r.cfg_commit_term <= r.term):
             return "config id out of range"
+        if not 0 <= r.log_start <= r.commit:
+            return "a log start above the leader's commit"
     elif kind is AppendRespRow:
         if not (0 <= r.offset < MAX_OFFSET and 0 <= r.hint_end < MAX_OFFSET and 0 <= r.hint_epoch < MAX_TERM
                 and r.ok in (0, 1) and r.recovering in (0, 1) and r.code >= 0
@@ -321,7 +336,8 @@ def _check_row(r: PeerRow) -> str | None:
             return "fields out of range"
     elif kind is HeartbeatRow:
         if (r.term < 1 or not 0 <= r.commit < MAX_OFFSET or not 0 <= r.cfg_commit < MAX_VERSION
-                or not 0 <= r.cfg_commit_term <= r.term or r.quiesce not in (0, 1)):
+                or not 0 <= r.cfg_commit_term <= r.term or r.quiesce not in (0, 1)
+                or not 0 <= r.log_start < MAX_OFFSET):
             return "commit out of range"
     elif kind is HeartbeatRespRow:
         if (r.recovering not in (0, 1) or r.code < 0 or not 0 <= r.cfg_version < MAX_VERSION

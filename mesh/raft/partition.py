@@ -15,7 +15,10 @@ Rules, in the order ``step`` applies them:
    timeout) and is not a transfer: that one is ignored, so a node returning from a
    partition cannot depose a healthy leader. Pre-vote requests and granted pre-vote
    responses never change our term. A row from a lower term is dropped; if it was an
-   append or heartbeat we answer FENCED_EPOCH with our term, so a stale leader steps down.
+   append or heartbeat we answer FENCED_EPOCH with our term, so a stale leader steps down;
+   a leader woken by a recovering replica's heartbeat answer of a lower term (a replica
+   dropped and hosted again knows no term or leader: it tells every peer on each beat)
+   heartbeats again, which tells it who leads.
 2. Votes. Grant if we have not voted for someone else this term (or it is a pre-vote for a
    later term) and the candidate's log is at least as up to date: (last epoch, end offset)
    compared as a pair. A vote is persisted (PersistState) in the same Ready as the grant,
@@ -91,6 +94,13 @@ Rules, in the order ``step`` applies them:
    election timeout, and a recovering replica whose leader has been silent for a beat
    tells its leader, which wakes and refills it. Safety never depends on quiescence:
    quiet replicas only skip timers and keep a lease their leader's broker still holds.
+11. Log start (retention). Only the leader decides where its log starts (the node's
+   retention pass: by size, and by time only while its clock agrees with its peers'); a
+   cut is always below its commit offset. Every append and heartbeat carries the leader's
+   log start; a follower cuts its head to it, up to its own commit offset (``CutHead``),
+   and never by its own clock, so all replicas agree on the log start (a follower behind
+   it restarts there: rule 3's ``reset``). A leader whose log start moved is woken and
+   does not go quiet until it has beaten with the new start for a few beats.
 """
 from __future__ import annotations
 
@@ -102,7 +112,7 @@ from mesh.wire.errors import ErrorCode
 from mesh.raft.config import ReplicationConfig
 from mesh.raft.configuring import Configuring
 from mesh.raft.leading import Leading
-from mesh.raft.log import Append, EpochCache, LogOp, LogReader, ResetLog, Truncate
+from mesh.raft.log import Append, CutHead, EpochCache, LogOp, LogReader, ResetLog, Truncate
 from mesh.raft.membership import History
 from mesh.raft.messages import (
     MAX_TERM, AppendRespRow, AppendRow, HeartbeatRespRow, HeartbeatRow, PeerRow, TimeoutNowRow, VoteRespRow,
@@ -212,6 +222,7 @@ class Partition(Leading, Configuring):
         self.quiesced = False               # rule 10 (the manager keeps who is quiet)
         self.idle_beats = 0                 # leader: beats since the log end last moved
         self.beat_end = -1                  # leader: the log end at the last beat
+        self.beat_start = -1                # leader: the log start at the last beat
         self.quiet_peers: tuple[str, ...] = ()   # quiet leader: its followers, as the manager indexed them
         self.quiet_leader: str | None = None     # quiet follower: its leader, as the manager indexed it
         self.stepdown_beats = 0             # beats left to tell the followers we stopped leading (rule 10)
@@ -329,6 +340,11 @@ class Partition(Leading, Configuring):
         elif (self.recovering and self.leader is not None
               and self.host.now_tick - self.leader_tick > self.cfg.heartbeat_ticks):
             self._send(self.leader, row)
+        elif self.recovering and self.leader is None:
+            # (a replica dropped and hosted again forgot the term too: whoever leads a
+            # quiet partition wakes on it and heartbeats, and so tells it who leads)
+            for peer in self.peers:
+                self._send(peer, row)
 
     def _tick_election(self) -> None:
         self.election_elapsed_ticks += 1
@@ -501,6 +517,8 @@ class Partition(Leading, Configuring):
                                                  *self.history.latest().ident))
             elif kind is VoteRow:
                 self._send(src, VoteRespRow(self.pid, self.term, _FENCED, 0, row.pre_vote))
+            elif kind is HeartbeatRespRow and row.recovering and self.role is Role.LEADER:
+                self.wake()   # a replica that forgot our term asks to be refilled: heartbeat it
             return
         if kind is VoteRow:
             self._handle_vote(src, row)
@@ -568,6 +586,7 @@ class Partition(Leading, Configuring):
         elif kind is HeartbeatRow:
             self._set_commit(min(row.commit, self.end, self.agreed))
             self._note_cfg_commit(row.cfg_commit, row.cfg_commit_term)
+            self._follow_start(row.log_start)
             self._send(src, HeartbeatRespRow(self.pid, self.term, _NONE, int(self.recovering),
                                              *self.history.latest().ident))
             if row.quiesce and self.commit >= row.commit and not self.recovering and self.cfg.quiesce_after_beats:
@@ -625,6 +644,7 @@ class Partition(Leading, Configuring):
         self.agreed = max(self.agreed, match)
         self._set_commit(min(row.commit, match))
         self._note_cfg_commit(row.cfg_commit, row.cfg_commit_term)
+        self._follow_start(row.log_start)
         if self.recovering:
             if self.recover_term != self.term:
                 # Where this leader's epoch starts in its log: it held every entry committed
@@ -684,6 +704,13 @@ class Partition(Leading, Configuring):
         self.cache.reset(epoch, start)
         self._state_changed()
         self._set_commit(start)  # everything below the leader's log start is committed
+
+    def _follow_start(self, start: int) -> None:
+        """Rule 11: cut our head to the leader's log start, as far as our commit goes (the
+        shell: as far as the commit on disk goes; the next row carries it again)."""
+        cut = min(start, self.commit)
+        if cut > self.host.reader.start_offset(self.pid):
+            self.host.log_op(CutHead(self.pid, cut))
 
     def _reject(self, src: str, row: AppendRow) -> None:
         p = min(row.prev_offset, self.end)

@@ -143,6 +143,17 @@ class SimDisk:
             raise SimFailure(f"p{pid}: retention to {new_start} left the log starting at {got}")
         self._agree(pid)
 
+    def stage_cut_head(self, pid: int, offset: int) -> int:
+        """A follower follows its leader's log start (``CutHead``), up to the commit on disk."""
+        saved = self.durable_state.get(pid)
+        limit = min(offset, saved.commit if saved is not None else 0)
+        got = self.mem.stage_cut_head(pid, limit)
+        if got > self.live[pid].start:
+            self.live[pid].trim_head(got)
+            self.dirty.add(pid)
+            self._agree(pid)
+        return got
+
     # -- disk faults (the broker is down: nothing is staged) ---------------------------------
     def snapshot(self) -> tuple:
         """What the disk holds now (durable), to roll back to later."""

@@ -12,7 +12,7 @@ import hashlib
 import random
 from dataclasses import dataclass
 
-from mesh.raft import Append, ReplicaManager, ReplicationConfig, ResetLog, Role, Truncate
+from mesh.raft import Append, CutHead, ReplicaManager, ReplicationConfig, ResetLog, Role, Truncate
 from mesh.testing.simnet import DELIVER, SimNet
 from mesh.wire.codec import decode_body, encode_body, op_of
 from mesh.wire.errors import MeshError
@@ -143,7 +143,7 @@ class Sim(Checkers):
         self.sent_messages: dict[str, int] = {nid: 0 for nid in self.node_ids}
         self.sent_rows: dict[str, int] = {nid: 0 for nid in self.node_ids}
         self.counts = {"crash": 0, "mid_turn_crash": 0, "pause": 0, "partition": 0, "retention": 0,
-                       "resets": 0, "truncates": 0, "elections": 0, "wipe": 0, "rollback": 0, "corrupt": 0}
+                       "resets": 0, "truncates": 0, "cuts": 0, "elections": 0, "wipe": 0, "rollback": 0, "corrupt": 0}
         self.disk_faulted: str | None = None  # at most one broker's disk at a time
         for nid in self.node_ids:
             self._start(self.nodes[nid])
@@ -382,6 +382,12 @@ class Sim(Checkers):
                               f"{node.commit_seen[pid]}, committed log ends {self.canon[pid].end}")
                 store.stage_reset(pid, op.start_offset)
                 node.pending[pid] = []
+            elif type(op) is CutHead:
+                self.counts["cuts"] += 1
+                commit = max(node.commit_seen[pid], rd.committed.get(pid, 0), turn.committed.get(pid, 0))
+                if op.offset > commit or op.offset > self.canon[pid].end:
+                    self.fail(f"{node.id} p{pid}: CutHead to {op.offset} above its commit {commit}")
+                store.stage_cut_head(pid, op.offset)
             else:
                 self.fail(f"unknown log op {op!r}")
         for st in rd.persist:
@@ -602,14 +608,17 @@ class Sim(Checkers):
         self._at(self._ms(100, 3000), "restart", node.id)
 
     def _retention(self) -> None:
-        """Time-based retention on every live replica of a partition: each deletes head
-        batches below its persisted commit (to its newest committed batch, half the time)."""
+        """Retention on the leader of a partition (the node's rule: followers follow its log
+        start, ``CutHead``): it deletes head batches below its persisted commit (to its
+        newest committed batch, half the time)."""
         pid = self.rng.choice(self.pids)
         newest = self.rng.random() < 0.5
         for nid in self.replicas[pid]:
             node = self.nodes[nid]
+            if not node.up or node.core is None or node.core.role(pid) is not Role.LEADER:
+                continue
             saved = node.store.durable_state[pid]
-            if not node.up or saved is None or pid in node.store.dirty:
+            if saved is None or pid in node.store.dirty:
                 continue
             log = node.store.live[pid]
             limit = min(saved.commit, node.commit_seen[pid])
@@ -618,6 +627,7 @@ class Sim(Checkers):
                 continue
             new_start = cands[-1] if newest else self.rng.choice(cands)
             node.store.retain_from(pid, new_start)
+            node.core.log_start_moved(pid)
             self.counts["retention"] += 1
 
     # -- the final phase: heal, converge, check ---------------------------------------------------

@@ -173,13 +173,14 @@ def test_status_takes_what_brokers_report():
     rows = status_rows(_md([{"id": "n1", "address": "a:1", "status": "alive", "state": "draining",
                              "replicas": 7, "leaders": 0},
                             {"id": "n2", "address": "a:2", "status": "alive", "state": "active",
-                             "replicas": 5, "leaders": 5, "heartbeat_age_ms": None}]))
+                             "replicas": 5, "leaders": 5, "heartbeat_age_ms": None, "clock_offset_ms": -7_200_012}]))
     assert [(r["state"], r["leaders"], r["replicas"]) for r in rows] == [("draining", 0, 7), ("active", 5, 5)]
     lines = status_table(rows)
     assert lines[0].split() == ["id", "address", "status", "state", "gen", "hb_age_ms", "leaders", "replicas",
-                                "recovering", "store", "kafka"]
-    assert lines[1].split() == ["n1", "a:1", "alive", "draining", "0", "0", "0", "7", "0", "-", "-"]
+                                "recovering", "clock_s", "store", "kafka"]
+    assert lines[1].split() == ["n1", "a:1", "alive", "draining", "0", "0", "0", "7", "0", "-", "-", "-"]
     assert lines[2].split()[5] == "-"                            # no heartbeat age known
+    assert lines[2].split()[9] == "-7200.012"                    # the peers' clock minus n2's
     assert len({line.index("leaders") if i == 0 else None for i, line in enumerate(lines)}) == 2
 
 

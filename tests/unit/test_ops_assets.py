@@ -39,7 +39,7 @@ GAUGES = {
     "mesh_partition_high_watermark", "mesh_partition_follower_lag_records", "mesh_under_replicated_partitions",
     "mesh_offline_partitions", "mesh_quiet_replicas", "mesh_gossip_members", "mesh_gossip_convergence_lag_seconds",
     "mesh_group_members", "mesh_group_generation", "mesh_group_committed_offset", "mesh_group_lag_records",
-    "mesh_broker_info", "process_resident_memory_bytes", "process_virtual_memory_bytes",
+    "mesh_broker_info", "mesh_clock_offset_seconds", "mesh_clock_trusted", "process_resident_memory_bytes", "process_virtual_memory_bytes",
     "process_open_fds", "process_max_fds", "process_start_time_seconds",
 }
 # every series name a broker's /metrics can show; "up" is Prometheus's own
@@ -171,7 +171,7 @@ def test_every_metric_in_the_assets_is_exported():
 def test_alert_rules_cover_the_issue_and_are_annotated():
     rules = {r["alert"]: r for r in alert_rules()}
     assert {"MeshUnderReplicatedPartitions", "MeshOfflinePartitions", "MeshBrokerDown", "MeshBrokerDeadInGossip",
-            "MeshConsumerLagGrowing", "MeshStorageNearFull", "MeshRequestErrors"} <= set(rules)
+            "MeshConsumerLagGrowing", "MeshStorageNearFull", "MeshRequestErrors", "MeshClockOffset"} <= set(rules)
     for name, r in rules.items():
         assert r.get("expr") and r.get("summary") and r.get("description"), name
         assert r.get("severity") in ("warning", "critical"), name
@@ -248,6 +248,8 @@ def test_promtool_alerts_fire(tmp_path):
                 {"series": 'mesh_storage_map_size_bytes{instance="a:9101", job="mesh"}', "values": "100x40"},
                 {"series": 'mesh_group_lag_records{instance="a:9101", job="mesh", group="g", topic="t", '
                            'partition="0"}', "values": "2000+100x100"},
+                {"series": 'mesh_clock_offset_seconds{instance="c:9103", job="mesh"}', "values": "-7200x20"},
+                {"series": 'mesh_clock_offset_seconds{instance="a:9101", job="mesh"}', "values": "0.002x20"},
             ],
             "alert_rule_test": [
                 {"eval_time": "45s", "alertname": "MeshUnderReplicatedPartitions", "exp_alerts": []},
@@ -259,6 +261,9 @@ def test_promtool_alerts_fire(tmp_path):
                  "exp_alerts": [{"exp_labels": {"severity": "critical", "instance": "b:9102", "job": "mesh"}}]},
                 {"eval_time": "6m", "alertname": "MeshStorageNearFull",
                  "exp_alerts": [{"exp_labels": {"severity": "warning", "instance": "a:9101", "job": "mesh"}}]},
+                {"eval_time": "30s", "alertname": "MeshClockOffset", "exp_alerts": []},
+                {"eval_time": "2m", "alertname": "MeshClockOffset",
+                 "exp_alerts": [{"exp_labels": {"severity": "critical", "instance": "c:9103"}}]},
                 {"eval_time": "22m", "alertname": "MeshConsumerLagGrowing",
                  "exp_alerts": [{"exp_labels": {"severity": "warning", "group": "g", "topic": "t",
                                                 "partition": "0"}}]},

@@ -14,7 +14,7 @@ import pytest
 
 from mesh.wire.errors import ErrorCode, MeshError
 from mesh.raft import (
-    PEER_MESSAGES, Append, EpochCache, PersistState, ReplAppend, ReplAppendResp, ReplHeartbeat, ReplHeartbeatResp,
+    PEER_MESSAGES, Append, CutHead, EpochCache, PersistState, ReplAppend, ReplAppendResp, ReplHeartbeat, ReplHeartbeatResp,
     ReplVote, ReplicaManager, ReplicationConfig, ResetLog, Role, Truncate,
 )
 from mesh.raft.messages import AppendRespRow, AppendRow, HeartbeatRespRow, HeartbeatRow, VoteRow
@@ -64,6 +64,8 @@ class Net:
                 store.stage_append(op.pid, op.payload, batches_of(op.payload))
             elif type(op) is Truncate:
                 store.stage_truncate(op.pid, op.to_offset)
+            elif type(op) is CutHead:
+                store.stage_cut_head(op.pid, op.offset)
             else:
                 store.stage_reset(op.pid, op.start_offset)
         for st in rd.persist:
