@@ -11,10 +11,11 @@ text gateway runs such consumers inside the broker).
 Records come back in offset order per partition; batches are checked (length, CRC) once,
 when a fetch answer is walked (``mesh.wire.records.iter_batches``), and decoded in bulk
 later from the header that walk parsed (``records_from``). A batch that cannot be decoded
-(a client wrote bad columns; the broker never decodes records) stops its partition where
-it is, as Kafka's consumer does: ``poll`` first returns what came before it, then raises
+or whose columns are not records (keys that are ints...: a batch stored by an older broker,
+which did not check columns; ``mesh.wire.record_check``) stops its partition where it is,
+as Kafka's consumer does: ``poll`` first returns what came before it, then raises
 ``CORRUPT_MESSAGE`` naming the batch until the caller seeks past it; nothing before it is
-skipped.
+skipped. A group member raises it once and skips the batch (``_poison``).
 """
 from __future__ import annotations
 
@@ -311,13 +312,10 @@ class Consumer:
             else:
                 try:
                     recs = records_from(*item)
-                except Exception as exc:   # stored by a client that wrote bad columns (the CRC holds)
+                except Exception as exc:   # stored unchecked by an older broker (the CRC holds)
                     if out:
                         break   # what came before it first; the next poll stops at this batch
-                    raise MeshError(ErrorCode.CORRUPT_MESSAGE,
-                                    f"{item[0]}/{item[1]}: the batch at offset {item[4].base_offset} cannot be "
-                                    f"decoded ({type(exc).__name__}: {exc}); seek past offset "
-                                    f"{item[4].base_offset + item[4].record_count - 1} to go on") from exc
+                    self._poison(item, exc)
                 self._buffered_bytes -= len(item[2])
             self._buffer.popleft()
             if n + len(recs) > limit:
@@ -330,6 +328,24 @@ class Consumer:
         if self._group is not None:
             self._group.on_consumed(out)
         return out
+
+    def _poison(self, item, exc: Exception) -> None:
+        """A batch at the head of the buffer whose columns are not records: raise
+        CORRUPT_MESSAGE naming it. A consumer without a group stays on it until the caller
+        seeks (Kafka's consumer does the same); a group member skips it (its position and
+        the offset a commit sends move past it), so one bad batch cannot stop the group for
+        good: the error is raised once, the next poll goes on after it."""
+        topic, partition, _, start, h = item
+        first, last = max(start, h.base_offset), h.base_offset + h.record_count - 1
+        why = exc.message if isinstance(exc, MeshError) else f"{type(exc).__name__}: {exc}"
+        where = f"{topic}/{partition}: the batch of offsets {first}..{last} cannot be decoded ({why})"
+        if self._group is None:
+            raise MeshError(ErrorCode.CORRUPT_MESSAGE, f"{where}; seek past offset {last} to go on") from exc
+        self._buffer.popleft()
+        self._buffered_bytes -= len(item[2])
+        self._group.on_seek(TopicPartition(topic, partition), last + 1)
+        log.error("%s: skipped (a group member does not stop on it)", where)
+        raise MeshError(ErrorCode.CORRUPT_MESSAGE, f"{where}; skipped: the next poll goes on at {last + 1}") from exc
 
     def _expire_fetches(self) -> None:
         now = time.monotonic()
