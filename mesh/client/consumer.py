@@ -22,6 +22,7 @@ from __future__ import annotations
 import collections
 import logging
 import time
+from typing import NamedTuple
 
 from mesh.client.cluster import ClusterView, TopicPartition
 from mesh.client.transport import Transport
@@ -29,7 +30,13 @@ from mesh.wire.errors import ErrorCode, MeshError, retriable
 from mesh.wire.messages import EARLIEST, LATEST, ErrorResponse, FetchRequest
 from mesh.wire.records import Record, iter_batches, records_from
 
-__all__ = ["Consumer", "TopicPartition"]
+__all__ = ["Consumer", "TopicPartition", "OffsetAndTimestamp"]
+
+
+class OffsetAndTimestamp(NamedTuple):
+    """An answer of ``Consumer.offsets_for_times`` (as kafka-python's)."""
+    offset: int
+    timestamp: int
 
 log = logging.getLogger("mesh.consumer")
 _tuple_new = tuple.__new__
@@ -139,6 +146,14 @@ class Consumer:
 
     def beginning_offsets(self, tps) -> dict[TopicPartition, int]:
         return self._list_offsets([TopicPartition(*tp) for tp in tps], EARLIEST)
+
+    def offsets_for_times(self, timestamps: dict) -> dict[TopicPartition, "OffsetAndTimestamp | None"]:
+        """{tp: OffsetAndTimestamp(offset, timestamp) of the earliest record whose timestamp
+        is >= ``timestamps[tp]`` (ms), or None if no record reaches it} (kafka-python's
+        ``offsets_for_times``); seek to the offset to read from that time on."""
+        got = self.cluster.offsets_for_times({TopicPartition(*tp): ts for tp, ts in timestamps.items()},
+                                             timeout_ms=int(self.request_timeout_s * 1000))
+        return {tp: None if v is None else OffsetAndTimestamp(*v) for tp, v in got.items()}
 
     def _drop_buffered(self, pred) -> None:
         self._buffer = collections.deque(r for r in self._buffer if r and not pred(self._tp_of(r)))
