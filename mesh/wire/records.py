@@ -176,8 +176,8 @@ def validate_batch(buf: bytes, max_bytes: int) -> BatchHeader:
     if h.attributes or h.reserved:   # a control batch is the broker's to write, never a client's
         raise MeshError(ErrorCode.INVALID_RECORD, f"batch attributes {h.attributes:#x} / reserved {h.reserved:#x}: "
                                                   "a client batch has no flags (unknown or control)")
-    cols = unpack_columns(buf[HEADER_SIZE:] if n <= _COPY_CRC_MAX else memoryview(buf)[HEADER_SIZE:])
-    check_columns(cols, count, h.first_timestamp_ms, h.max_timestamp_ms)
+    cols = unpack_columns(buf[HEADER_SIZE:] if n <= _COPY_CRC_MAX else memoryview(buf)[HEADER_SIZE:], False)
+    check_columns(cols, count, h.first_timestamp_ms, h.max_timestamp_ms, tuple)
     return h
 
 
@@ -226,7 +226,7 @@ def decode_batch(batch, header: BatchHeader | None = None) -> tuple[BatchHeader,
     cols = unpack_columns(batch[HEADER_SIZE:])
     # the columns' types, checked again (in C): a batch stored by a broker that did not check
     # them must not hand an int for a key to the application (MeshError INVALID_RECORD)
-    check_columns(cols, h.record_count, h.first_timestamp_ms, h.max_timestamp_ms)
+    check_columns(cols, h.record_count, None, None)
     values, keys, deltas, headers = cols
     return h, values, keys, deltas, headers
 
