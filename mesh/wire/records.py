@@ -28,7 +28,7 @@ distinct from an empty value (``b""``); a header value may be nil too.
 
 The broker's check (``validate_batch``): header fields, length and CRC in O(1) Python
 steps, then the columns' types in C (``mesh.wire.record_check``: one msgpack unpack of the
-payload and C-level type checks, as Kafka's LogValidator checks records before it appends):
+payload with the columns' types as its schema, as Kafka's LogValidator checks records before it appends):
 a batch that would hand a consumer an int for a key, or trailing bytes, is not stored.
 """
 from __future__ import annotations
@@ -43,7 +43,7 @@ from typing import Iterator, NamedTuple, Sequence
 import msgpack
 
 from mesh.wire.errors import ErrorCode, MeshError
-from mesh.wire.record_check import check_columns, unpack_columns
+from mesh.wire.record_check import check_columns, decode_columns
 
 __all__ = [
     "HEADER_SIZE", "BatchHeader", "Record", "encode_batch", "decode_batch", "parse_header",
@@ -176,8 +176,8 @@ def validate_batch(buf: bytes, max_bytes: int) -> BatchHeader:
     if h.attributes or h.reserved:   # a control batch is the broker's to write, never a client's
         raise MeshError(ErrorCode.INVALID_RECORD, f"batch attributes {h.attributes:#x} / reserved {h.reserved:#x}: "
                                                   "a client batch has no flags (unknown or control)")
-    cols = unpack_columns(buf[HEADER_SIZE:] if n <= _COPY_CRC_MAX else memoryview(buf)[HEADER_SIZE:], False)
-    check_columns(cols, count, h.first_timestamp_ms, h.max_timestamp_ms, tuple)
+    cols = decode_columns(buf[HEADER_SIZE:] if n <= _COPY_CRC_MAX else memoryview(buf)[HEADER_SIZE:])
+    check_columns(cols, count, h.first_timestamp_ms, h.max_timestamp_ms)
     return h
 
 
@@ -223,10 +223,10 @@ def decode_batch(batch, header: BatchHeader | None = None) -> tuple[BatchHeader,
     as ``iter_batches`` gave it (that walk checked length and CRC), not parsed again.
     Raises MeshError(INVALID_RECORD) for columns that are not records."""
     h = parse_header(batch) if header is None else header
-    cols = unpack_columns(batch[HEADER_SIZE:])
-    # the columns' types, checked again (in C): a batch stored by a broker that did not check
-    # them must not hand an int for a key to the application (MeshError INVALID_RECORD)
-    check_columns(cols, h.record_count, None, None)
+    # the columns' types are checked as they are decoded (in C): a batch stored by a broker
+    # that did not check them must not hand an int for a key to the application
+    cols = decode_columns(batch[HEADER_SIZE:])
+    check_columns(cols, h.record_count)
     values, keys, deltas, headers = cols
     return h, values, keys, deltas, headers
 

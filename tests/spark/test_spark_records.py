@@ -76,7 +76,7 @@ def test_a_batch_that_is_not_records_is_a_clear_error_or_skipped():
     seen = []
     rb = to_arrow(pa, arrow_schema(), "t", 0, batches, 0, 4, lambda h, exc: seen.append((h.base_offset, exc.message)))
     assert rb.column(1).to_pylist() == [b"a", b"d"] and rb.column(4).to_pylist() == [0, 3]
-    assert seen == [(1, "record keys must be bytes or nil, not int")]
+    assert [off for off, _ in seen] == [1] and "record keys" in seen[0][1] and "int" in seen[0][1]
     from mesh.wire.errors import MeshError
-    with pytest.raises(MeshError, match="keys must be bytes"):
+    with pytest.raises(MeshError, match="record keys"):
         to_arrow(pa, arrow_schema(), "t", 0, batches, 0, 4)

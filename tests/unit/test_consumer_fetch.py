@@ -119,7 +119,7 @@ def test_a_poison_batch_is_reported_clearly_and_a_group_member_is_not_stuck_on_i
         with pytest.raises(MeshError) as e:
             c._take(100)
         assert e.value.code == ErrorCode.CORRUPT_MESSAGE and "offsets 1..2" in e.value.message
-        assert "keys must be bytes or nil, not int" in e.value.message
+        assert "record keys" in e.value.message and "int" in e.value.message   # the reason, named
         if not in_group:
             with pytest.raises(MeshError):
                 c._take(100)          # still there: nothing skipped without the caller's say
