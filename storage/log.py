@@ -376,25 +376,25 @@ class Store(StoreBase):
                 size += len(v)
         return chunks
 
-    def _first_batch_reaching(self, pid: int, timestamp_ms: int, from_offset: int, limit_offset: int) -> int | None:
-        """Base offset of the first committed batch of ``pid`` holding offsets in
-        [from_offset, limit_offset) whose max timestamp is >= ``timestamp_ms``: a walk of
-        the headers (8 bytes read from each value, zero-copy), no record decoded."""
+    def _walk_headers(self, pid: int, from_offset: int, limit_offset: int):
+        """(base, record count, max timestamp) of each committed batch of ``pid`` holding
+        offsets in [from_offset, limit_offset), in order: 12 bytes read from each value,
+        zero-copy, no record decoded (``storage.timestamps``)."""
         with self.env.begin(db=self._log, buffers=True) as txn:
             cur = txn.cursor()
             start_key = key_of(pid, from_offset)
             if not (cur.prev() if cur.set_range(start_key) else cur.last()) or unkey(bytes(cur.key()))[0] != pid:
                 if not cur.set_range(start_key):
-                    return None
+                    return
             for k, v in cur:   # (from the batch before from_offset, which may hold it)
                 p, base = unkey(bytes(k))
                 if p != pid or base >= limit_offset:
-                    return None
-                if len(v) < HEADER_SIZE or base + _COUNT.unpack_from(v, 20)[0] <= from_offset:
+                    return
+                if len(v) < HEADER_SIZE:
                     continue
-                if _MAX_TS.unpack_from(v, 32)[0] >= timestamp_ms:
-                    return base
-        return None
+                count = _COUNT.unpack_from(v, 20)[0]
+                if base + count > from_offset:
+                    yield base, count, _MAX_TS.unpack_from(v, 32)[0]
 
     def _batch_before(self, pid: int, offset: int) -> tuple[int, int] | None:
         """(base, record count) of the last committed batch of ``pid`` whose base < offset."""

@@ -116,17 +116,17 @@ class MemoryStore(StoreBase):
             size += len(v)
         return out
 
-    def _first_batch_reaching(self, pid, timestamp_ms, from_offset, limit_offset):
+    def _walk_headers(self, pid, from_offset, limit_offset):
         from storage.base import key_of
-        for base in self._bases.get(pid, []):
+        for base in list(self._bases.get(pid, [])):
             v = self._durable["log"].get(key_of(pid, base))
-            if v is None or base + int.from_bytes(v[20:24], "big") <= from_offset:
+            if v is None:
                 continue
             if base >= limit_offset:
-                return None
-            if int.from_bytes(v[32:40], "big") >= timestamp_ms:
-                return base
-        return None
+                return
+            count = int.from_bytes(v[20:24], "big")
+            if base + count > from_offset:
+                yield base, count, int.from_bytes(v[32:40], "big")
 
     def _batch_before(self, pid, offset):
         from storage.base import key_of

@@ -45,3 +45,43 @@ def test_the_log_start_bounds_it_and_empty_logs_answer_none(store):
     store.commit()
     assert store.offset_for_time(pid, 0, 52) == (50, 10)
     assert store.offset_for_time(pid, 15, 52) == (51, 20)
+
+
+def test_the_index_follows_appends_truncations_and_retention(store, monkeypatch):
+    """Runs of 2 batches (RUN_BATCHES patched) so a few batches make several runs; the
+    answers stay those of a scan of the whole log after each change."""
+    import storage.timestamps as ts_mod
+    monkeypatch.setattr(ts_mod, "RUN_BATCHES", 2)
+    pid = store.partition_id("t", 2)
+
+    def put(tss):
+        store.stage_append(pid, encode_batch([b"v"] * len(tss), timestamps_ms=tss), 0, len(tss))
+        store.commit()
+
+    def scan(ts, hw):   # the truth: every record in offset order
+        from mesh.wire.records import iter_batches, records_from
+        for c in store.read(pid, store.log_start(pid), 1 << 30, hw) if hw > store.log_start(pid) else []:
+            for r in records_from("t", 0, c, store.log_start(pid)):
+                if r.offset < hw and r.timestamp >= ts:
+                    return r.offset, r.timestamp
+        return None
+
+    def check(hw):
+        for ts in range(0, 1000, 25):
+            assert store.offset_for_time(pid, ts, hw) == scan(ts, hw), (ts, hw)
+
+    for tss in ([100], [50, 300], [200], [400, 120], [10], [500]):   # offsets 0, 1-2, 3, 4-5, 6, 7
+        put(tss)
+    check(8)
+    check(5)                       # a high watermark inside the runs
+    store.stage_truncate(pid, 4)   # a diverged suffix: offsets 4.. go
+    check(4)                       # (staged: a lookup in the same turn)
+    store.commit()
+    put([900, 600])                # offsets 4-5 again, other timestamps
+    check(6)
+    store.stage_retention(pid, now_ms=10**9, retention_ms=1, retention_bytes=None, keep_from=3)
+    store.commit()
+    assert store.log_start(pid) == 3
+    check(6)
+    put([950])
+    check(7)
