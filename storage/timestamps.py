@@ -15,7 +15,10 @@ whose max reaches the target, then that run's headers (at most ``RUN_BATCHES``),
 reads that one batch (CRC checked) and, only if its records' timestamps differ and its
 first is below the target, decodes its delta column. The first run may be partly deleted
 by retention (its max may be a deleted batch's): a run that does not hold the answer is
-simply passed. Truncation cuts the runs at the cut (again at the commit: a lookup in the
+simply passed. One lookup adds at most ``MAX_WALK_BATCHES`` headers to the index; if
+the answer is not in what is indexed yet it raises ``StillIndexing`` (the node answers
+TIMEOUT, retriable, and the client asks again), so a first lookup of a long partition is
+spread over several requests instead of holding the node loop. Truncation cuts the runs at the cut (again at the commit: a lookup in the
 same turn saw the batches still there); a reset, a deleted partition or a rolled-back
 turn drops a partition's runs. Memory: two ints per run, only for partitions asked by
 time (100,000 batches: about 400 runs). Kafka keeps a time index per segment on disk.
@@ -29,9 +32,15 @@ import msgpack
 
 from mesh.wire.records import HEADER_SIZE
 
-__all__ = ["TimeIndex", "records_at_time", "RUN_BATCHES"]
+__all__ = ["TimeIndex", "StillIndexing", "records_at_time", "RUN_BATCHES", "MAX_WALK_BATCHES"]
 
 RUN_BATCHES = 256
+MAX_WALK_BATCHES = 20_000   # headers one lookup may add to the index (~60 ms): the loop is not held
+
+
+class StillIndexing(Exception):
+    """The answer is not in the part of the partition indexed so far; the next lookup goes
+    on from there (the node answers a retriable error: the client asks again)."""
 _TS = struct.Struct(">QQ")   # first, max timestamp at byte 24
 _COUNT = struct.Struct(">I")  # record count at byte 20
 
@@ -55,7 +64,7 @@ class TimeIndex:
         runs = self._parts.get(pid)
         if runs is None:
             runs = self._parts[pid] = _Runs()
-        self._extend(store, pid, runs, max(runs.walked, log_start), limit_offset)
+        complete = self._extend(store, pid, runs, max(runs.walked, log_start), limit_offset)
         self._prune(runs, log_start)
         starts, maxes, n = runs.starts, runs.maxes, len(runs.starts)
         for i in range(n):
@@ -69,12 +78,19 @@ class TimeIndex:
                 found = records_at_time(got[0], timestamp_ms, max(base, log_start), limit_offset) if got else None
                 if found is not None:
                     return found
+        if not complete:   # (what is indexed comes first in offset order: an answer there is final)
+            raise StillIndexing(f"partition {pid}: indexing timestamps, {runs.walked} of {limit_offset} offsets")
         return None
 
     @staticmethod
-    def _extend(store, pid: int, runs: _Runs, from_offset: int, limit_offset: int) -> None:
+    def _extend(store, pid: int, runs: _Runs, from_offset: int, limit_offset: int) -> bool:
+        """Index up to MAX_WALK_BATCHES more batches; whether the index reaches the limit."""
         starts, maxes, sizes = runs.starts, runs.maxes, runs.sizes
+        left = MAX_WALK_BATCHES
         for base, count, mx in store._walk_headers(pid, from_offset, limit_offset):
+            if left == 0:
+                return False
+            left -= 1
             if sizes and sizes[-1] < RUN_BATCHES:
                 sizes[-1] += 1
                 if mx > maxes[-1]:
@@ -84,6 +100,7 @@ class TimeIndex:
                 maxes.append(mx)
                 sizes.append(1)
             runs.walked = base + count
+        return True
 
     @staticmethod
     def _prune(runs: _Runs, log_start: int) -> None:

@@ -37,6 +37,7 @@ from mesh.node.security_handlers import SecurityHandlers
 from mesh.wire import messages as m
 from mesh.wire.errors import ErrorCode, MeshError
 from storage.base import CorruptBatch, LogError
+from storage.timestamps import StillIndexing
 
 __all__ = ["ClientHandlers"]
 
@@ -244,6 +245,9 @@ class ClientHandlers:
                 out.append([topic, partition, 0, off, None])
             except MeshError as exc:
                 out.append([topic, partition, int(exc.code), -1, exc.leader] + ([-1] if by_time else []))
+            except StillIndexing as exc:   # bounded work per request: the client asks again
+                out.append([topic, partition, int(ErrorCode.TIMEOUT), -1, None, -1])
+                log.debug("%s/%s: %s", topic, partition, exc)
             except LogError as exc:   # a damaged batch (CorruptBatch: noted for repair) or a failed read
                 out.append([topic, partition, int(ErrorCode.STORAGE_ERROR if not isinstance(exc, CorruptBatch)
                                                   else ErrorCode.CORRUPT_MESSAGE), -1, None, -1])

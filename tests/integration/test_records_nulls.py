@@ -84,7 +84,7 @@ def test_the_cli_produces_and_prints_null_values(broker):
 
 def test_the_text_gateway_keeps_null_values(broker):
     t = create(broker, "text-nulls")
-    with socket.create_connection(("127.0.0.1", broker.text_port), timeout=10) as s:
+    with socket.create_connection(("127.0.0.1", broker.text_port), timeout=60) as s:
         f = s.makefile("rwb")
 
         def cmd(line: str) -> str:

@@ -85,3 +85,26 @@ def test_the_index_follows_appends_truncations_and_retention(store, monkeypatch)
     check(6)
     put([950])
     check(7)
+
+
+def test_a_long_partition_is_indexed_over_several_lookups(store, monkeypatch):
+    """One lookup adds at most MAX_WALK_BATCHES headers: an answer beyond them is
+    StillIndexing (the node answers TIMEOUT, retriable), and the next lookup goes on."""
+    import storage.timestamps as ts_mod
+    monkeypatch.setattr(ts_mod, "MAX_WALK_BATCHES", 3)
+    monkeypatch.setattr(ts_mod, "RUN_BATCHES", 2)
+    pid = store.partition_id("t", 3)
+    for i in range(10):
+        store.stage_append(pid, encode_batch([b"v"], timestamps_ms=100 * i), 0, 1)
+    store.commit()
+    assert store.offset_for_time(pid, 0, 10) == (0, 0)     # in the first walk: answered at once
+    tries = 0
+    while True:
+        tries += 1
+        try:
+            got = store.offset_for_time(pid, 850, 10)
+            break
+        except ts_mod.StillIndexing:
+            assert tries < 10
+    assert got == (9, 900) and tries == 3                   # 10 headers, 3 more per lookup
+    assert store.offset_for_time(pid, 950, 10) is None      # indexed to the end: a final "none"
