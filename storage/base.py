@@ -324,12 +324,13 @@ class StoreBase:
             raise CorruptBatch(f"partition {pid}: {why}", pid, at)
         return out
 
-    def offset_for_time(self, pid: int, timestamp_ms: int, limit_offset: int) -> tuple[int, int] | None:
+    def offset_for_time(self, pid: int, timestamp_ms: int, limit_offset: int,
+                        budget: list[int] | None = None) -> tuple[int, int] | None:
         """(offset, timestamp) of the first committed record of ``pid`` below ``limit_offset``
         (the high watermark) whose timestamp is >= ``timestamp_ms``, or None (Kafka's
-        ListOffsets by timestamp): see ``storage.timestamps.TimeIndex``. Raises
-        ``CorruptBatch`` as ``read`` does."""
-        return self.time_index.find(self, pid, timestamp_ms, self.log_start(pid), limit_offset)
+        ListOffsets by timestamp): see ``storage.timestamps.TimeIndex`` (``budget``, and
+        ``StillIndexing`` when it runs out). Raises ``CorruptBatch`` as ``read`` does."""
+        return self.time_index.find(self, pid, timestamp_ms, self.log_start(pid), limit_offset, budget)
 
     def _gap_start(self, pid: int, offset: int) -> int:
         """Where the committed batches stop holding every offset before the missing

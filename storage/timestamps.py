@@ -15,10 +15,11 @@ whose max reaches the target, then that run's headers (at most ``RUN_BATCHES``),
 reads that one batch (CRC checked) and, only if its records' timestamps differ and its
 first is below the target, decodes its delta column. The first run may be partly deleted
 by retention (its max may be a deleted batch's): a run that does not hold the answer is
-simply passed. One lookup adds at most ``MAX_WALK_BATCHES`` headers to the index; if
-the answer is not in what is indexed yet it raises ``StillIndexing`` (the node answers
-TIMEOUT, retriable, and the client asks again), so a first lookup of a long partition is
-spread over several requests instead of holding the node loop. Truncation cuts the runs at the cut (again at the commit: a lookup in the
+simply passed. The lookups of one request share a budget of ``MAX_WALK_BATCHES`` header
+reads (a batch read counts ``READ_COST``); a lookup the budget does not cover raises
+``StillIndexing`` (the node answers TIMEOUT, retriable, and the client asks again), so
+indexing a long partition, or a request for thousands of partitions, is spread over
+several requests instead of holding the node loop. Truncation cuts the runs at the cut (again at the commit: a lookup in the
 same turn saw the batches still there); a reset, a deleted partition or a rolled-back
 turn drops a partition's runs. Memory: two ints per run, only for partitions asked by
 time (100,000 batches: about 400 runs). Kafka keeps a time index per segment on disk.
@@ -32,10 +33,11 @@ import msgpack
 
 from mesh.wire.records import HEADER_SIZE
 
-__all__ = ["TimeIndex", "StillIndexing", "records_at_time", "RUN_BATCHES", "MAX_WALK_BATCHES"]
+__all__ = ["TimeIndex", "StillIndexing", "records_at_time", "RUN_BATCHES", "MAX_WALK_BATCHES", "READ_COST"]
 
 RUN_BATCHES = 256
-MAX_WALK_BATCHES = 20_000   # headers one lookup may add to the index (~60 ms): the loop is not held
+MAX_WALK_BATCHES = 20_000   # header reads one request may make (~60 ms): the loop is not held
+READ_COST = 64              # a batch read (and maybe a delta column decoded), in header reads
 
 
 class StillIndexing(Exception):
@@ -60,11 +62,17 @@ class TimeIndex:
         self._parts: dict[int, _Runs] = {}
         self._cuts: list[tuple[int, int]] = []   # this turn's truncations (``committed``)
 
-    def find(self, store, pid: int, timestamp_ms: int, log_start: int, limit_offset: int) -> tuple[int, int] | None:
+    def find(self, store, pid: int, timestamp_ms: int, log_start: int, limit_offset: int,
+             budget: list[int] | None = None) -> tuple[int, int] | None:
+        """See the module docstring. ``budget``: [header reads left], shared by the lookups
+        of one request (a batch read counts as ``READ_COST``); when it runs out, the lookup
+        raises StillIndexing unless what the index holds already answers it."""
+        if budget is None:
+            budget = [MAX_WALK_BATCHES]
         runs = self._parts.get(pid)
         if runs is None:
             runs = self._parts[pid] = _Runs()
-        complete = self._extend(store, pid, runs, max(runs.walked, log_start), limit_offset)
+        complete = self._extend(store, pid, runs, max(runs.walked, log_start), limit_offset, budget)
         self._prune(runs, log_start)
         starts, maxes, n = runs.starts, runs.maxes, len(runs.starts)
         for i in range(n):
@@ -72,25 +80,28 @@ class TimeIndex:
                 continue
             end = min(starts[i + 1] if i + 1 < n else runs.walked, limit_offset)
             for base, _count, mx in store._walk_headers(pid, max(starts[i], log_start), end):
+                budget[0] -= 1
                 if mx < timestamp_ms:
                     continue
+                budget[0] -= READ_COST
                 got = store.read(pid, max(base, log_start), 1, limit_offset)
                 found = records_at_time(got[0], timestamp_ms, max(base, log_start), limit_offset) if got else None
                 if found is not None:
                     return found
+            if budget[0] <= 0:
+                raise StillIndexing(f"partition {pid}: this request's lookups are done for now")
         if not complete:   # (what is indexed comes first in offset order: an answer there is final)
             raise StillIndexing(f"partition {pid}: indexing timestamps, {runs.walked} of {limit_offset} offsets")
         return None
 
     @staticmethod
-    def _extend(store, pid: int, runs: _Runs, from_offset: int, limit_offset: int) -> bool:
-        """Index up to MAX_WALK_BATCHES more batches; whether the index reaches the limit."""
+    def _extend(store, pid: int, runs: _Runs, from_offset: int, limit_offset: int, budget: list[int]) -> bool:
+        """Index more batches while the budget lasts; whether the index reaches the limit."""
         starts, maxes, sizes = runs.starts, runs.maxes, runs.sizes
-        left = MAX_WALK_BATCHES
         for base, count, mx in store._walk_headers(pid, from_offset, limit_offset):
-            if left == 0:
+            if budget[0] <= 0:
                 return False
-            left -= 1
+            budget[0] -= 1
             if sizes and sizes[-1] < RUN_BATCHES:
                 sizes[-1] += 1
                 if mx > maxes[-1]:

@@ -37,7 +37,7 @@ from mesh.node.security_handlers import SecurityHandlers
 from mesh.wire import messages as m
 from mesh.wire.errors import ErrorCode, MeshError
 from storage.base import CorruptBatch, LogError
-from storage.timestamps import StillIndexing
+from storage.timestamps import MAX_WALK_BATCHES, StillIndexing
 
 __all__ = ["ClientHandlers"]
 
@@ -233,12 +233,14 @@ class ClientHandlers:
                 raise MeshError(ErrorCode.INVALID_REQUEST, f"each part must be [topic, partition, {m.EARLIEST} "
                                                            f"(earliest), {m.LATEST} (latest) or a timestamp in ms "
                                                            f"(>= 0)], not {part!r:.80}")
+        budget = [MAX_WALK_BATCHES]   # header reads all lookups by time of this request may make
         for topic, partition, which in req.parts:
             by_time = which >= 0   # a timestamp: the answer carries the record's timestamp too
             try:
                 _, pid = self.data.local_partition(topic, partition)
                 if by_time:   # Kafka's answer when no record reaches it: offset -1, timestamp -1
-                    off, ts = self.store.offset_for_time(pid, which, self.replicas.commit_offset(pid)) or (-1, -1)
+                    off, ts = self.store.offset_for_time(pid, which, self.replicas.commit_offset(pid),
+                                                         budget) or (-1, -1)
                     out.append([topic, partition, 0, off, None, ts])
                     continue
                 off = self.store.log_start(pid) if which == m.EARLIEST else self.replicas.commit_offset(pid)

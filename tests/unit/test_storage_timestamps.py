@@ -88,7 +88,7 @@ def test_the_index_follows_appends_truncations_and_retention(store, monkeypatch)
 
 
 def test_a_long_partition_is_indexed_over_several_lookups(store, monkeypatch):
-    """One lookup adds at most MAX_WALK_BATCHES headers: an answer beyond them is
+    """A lookup reads at most MAX_WALK_BATCHES headers: an answer beyond them is
     StillIndexing (the node answers TIMEOUT, retriable), and the next lookup goes on."""
     import storage.timestamps as ts_mod
     monkeypatch.setattr(ts_mod, "MAX_WALK_BATCHES", 3)
@@ -108,3 +108,22 @@ def test_a_long_partition_is_indexed_over_several_lookups(store, monkeypatch):
             assert tries < 10
     assert got == (9, 900) and tries == 3                   # 10 headers, 3 more per lookup
     assert store.offset_for_time(pid, 950, 10) is None      # indexed to the end: a final "none"
+
+
+def test_the_lookups_of_one_request_share_one_budget(store):
+    """Thousands of partitions asked at once cannot hold the loop either: once the shared
+    budget is spent, the rest are StillIndexing (retriable) and answered by a later ask."""
+    import storage.timestamps as ts_mod
+    pids = [store.partition_id("many", p) for p in range(5)]
+    for pid in pids:
+        store.stage_append(pid, encode_batch([b"v"], timestamps_ms=[50]), 0, 1)
+    store.commit()
+    budget = [2 * ts_mod.READ_COST]
+    answered, later = [], []
+    for pid in pids:
+        try:
+            answered.append(store.offset_for_time(pid, 10, 1, budget))
+        except ts_mod.StillIndexing:
+            later.append(pid)
+    assert answered == [(0, 50), (0, 50)] and len(later) == 3
+    assert [store.offset_for_time(pid, 10, 1) for pid in later] == [(0, 50)] * 3
