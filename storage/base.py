@@ -22,6 +22,7 @@ import struct
 import zlib
 
 from mesh.wire.records import HEADER_SIZE, patch_batch
+from storage.timestamps import TimeIndex
 
 __all__ = ["StoreBase", "LogError", "StorageFull", "CorruptBatch", "batch_problem", "key_of", "unkey"]
 
@@ -81,6 +82,7 @@ class StoreBase:
         self.pre_commit: list = []    # callables run at the start of every commit (module doc)
         self.post_commit: list = []   # callables run after every commit that succeeded
         self.on_rollback: list = []   # callables run after every rollback
+        self.time_index = TimeIndex()   # per partition, max timestamps of runs of batches (in memory)
 
     # -- partition registry -----------------------------------------------------------
     def partition_id(self, topic: str, partition: int, create: bool = True,
@@ -135,6 +137,7 @@ class StoreBase:
         if pid is None:
             return
         self._save_undo(pid)
+        self.time_index.drop(pid)
         for base in self._bases_from(pid, 0):
             self._del_batch(pid, base)
         self.delete("meta", b"pid:" + topic.encode() + b"\x00" + str(partition).encode())
@@ -225,6 +228,7 @@ class StoreBase:
     def stage_truncate(self, pid: int, offset: int) -> None:
         """Drop batches at or after ``offset`` (a batch boundary): a diverged suffix."""
         self._save_undo(pid)
+        self.time_index.cut(pid, offset)
         st = self._parts.setdefault(pid, [0, 0, 0])
         for base in self._bases_from(pid, offset):
             self._del_batch_sized(pid, base, st)
@@ -237,6 +241,7 @@ class StoreBase:
         """Drop every batch; the log now starts and ends at ``start_offset`` (a replica
         that fell behind the leader's log start)."""
         self._save_undo(pid)
+        self.time_index.drop(pid)
         for base in self._bases_from(pid, 0):
             self._del_batch(pid, base)
         self._parts[pid] = [start_offset, start_offset, 0]
@@ -259,11 +264,13 @@ class StoreBase:
             self.rollback()
             raise
         self._undo = None
+        self.time_index.committed()   # cuts of this turn again: a lookup meanwhile saw the old batches
         for fn in self.post_commit:   # (any commit: one made in the middle of a turn too)
             fn()
 
     def rollback(self) -> None:
         self._abort_txn()
+        self.time_index.clear()   # (rebuilt when asked: cheaper than knowing what a turn undid)
         if self._undo:
             for pid, st in self._undo.items():
                 if st is None:
@@ -316,6 +323,14 @@ class StoreBase:
             self.note_corrupt(pid, at, why)
             raise CorruptBatch(f"partition {pid}: {why}", pid, at)
         return out
+
+    def offset_for_time(self, pid: int, timestamp_ms: int, limit_offset: int,
+                        budget: list[int] | None = None) -> tuple[int, int] | None:
+        """(offset, timestamp) of the first committed record of ``pid`` below ``limit_offset``
+        (the high watermark) whose timestamp is >= ``timestamp_ms``, or None (Kafka's
+        ListOffsets by timestamp): see ``storage.timestamps.TimeIndex`` (``budget``, and
+        ``StillIndexing`` when it runs out). Raises ``CorruptBatch`` as ``read`` does."""
+        return self.time_index.find(self, pid, timestamp_ms, self.log_start(pid), limit_offset, budget)
 
     def _gap_start(self, pid: int, offset: int) -> int:
         """Where the committed batches stop holding every offset before the missing

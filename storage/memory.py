@@ -116,6 +116,18 @@ class MemoryStore(StoreBase):
             size += len(v)
         return out
 
+    def _walk_headers(self, pid, from_offset, limit_offset):
+        from storage.base import key_of
+        for base in list(self._bases.get(pid, [])):
+            v = self._durable["log"].get(key_of(pid, base))
+            if v is None:
+                continue
+            if base >= limit_offset:
+                return
+            count = int.from_bytes(v[20:24], "big")
+            if base + count > from_offset:
+                yield base, count, int.from_bytes(v[32:40], "big")
+
     def _batch_before(self, pid, offset):
         from storage.base import key_of
         lst = [b for b in self._bases.get(pid, []) if key_of(pid, b) in self._durable["log"]]

@@ -200,12 +200,19 @@ def topic_delete(name, bootstrap) -> None:
               help="all: a quorum of replicas synced it; 1: the leader did; 0: no answer")
 @click.option("--header", "-H", "headers", multiple=True, help="name=value header on every record")
 @click.option("--linger-ms", type=int, default=5, show_default=True)
+@click.option("--null-value", default=None, metavar="TEXT",
+              help="a line (value) equal to TEXT is sent as a null value (a tombstone), not as TEXT")
+@click.option("--empty-is-null", "-Z", is_flag=True, help="an empty value is sent as a null value (kcat's -Z)")
 @_bootstrap_option
 @_friendly
-def produce(topic_name, key_separator, partition, acks, headers, linger_ms, bootstrap) -> None:
+def produce(topic_name, key_separator, partition, acks, headers, linger_ms, null_value, empty_is_null,
+            bootstrap) -> None:
     """Send each line of standard input as one record."""
     from mesh.client import Producer
     hdrs = [(k, v.encode()) for k, v in _parse_kv(headers, "--header").items()] or None
+    nulls = {b""} if empty_is_null else set()
+    if null_value is not None:
+        nulls.add(null_value.encode())
     futures = []
     n = 0
     with Producer(bootstrap, acks=acks, linger_ms=linger_ms) as producer:
@@ -216,7 +223,8 @@ def produce(topic_name, key_separator, partition, acks, headers, linger_ms, boot
                 k, sep, v = line.partition(key_separator.encode())
                 if sep:
                     key, line = k, v
-            futures.append(producer.send(topic_name, line, key=key, partition=partition, headers=hdrs))
+            value = None if line in nulls else line
+            futures.append(producer.send(topic_name, value, key=key, partition=partition, headers=hdrs))
             n += 1
             if len(futures) >= 10_000:
                 futures = [f for f in futures if not f.done() or f.exception()]
@@ -251,6 +259,25 @@ def _text(b: bytes | None) -> str:
         return b.hex()
 
 
+def _parse_time_ms(text: str) -> int:
+    """--from-time: ms since the epoch, or an ISO 8601 time (UTC unless it names a zone)."""
+    import datetime
+    text = text.strip()
+    if text.isdigit():
+        return int(text)
+    try:
+        t = datetime.datetime.fromisoformat(text.replace("Z", "+00:00") if text.endswith("Z") else text)
+    except ValueError:
+        raise click.BadParameter(f"{text!r} is neither ms since the epoch nor an ISO 8601 time "
+                                 "(e.g. 2026-12-01T21:00:00Z)", param_hint="--from-time") from None
+    if t.tzinfo is None:
+        t = t.replace(tzinfo=datetime.timezone.utc)
+    ms = int(t.timestamp() * 1000)
+    if ms < 0:
+        raise click.BadParameter(f"{text!r} is before 1970", param_hint="--from-time")
+    return ms
+
+
 @main.command()
 @click.argument("topic_name", metavar="TOPIC")
 @click.option("--from-beginning", is_flag=True, help="start at the earliest offset")
@@ -258,8 +285,13 @@ def _text(b: bytes | None) -> str:
 @click.option("--partition", "-p", type=int, default=None, help="read only this partition")
 @click.option("--count", "-c", type=int, default=None, help="exit after this many records")
 @click.option("--timeout-ms", type=int, default=None, help="exit when no record arrives for this long")
+@click.option("--from-time", default=None, metavar="TIME",
+              help="start at the first record whose timestamp is at or after TIME: ms since the epoch, or "
+                   "ISO 8601 (2026-12-01T21:00:00, UTC unless it names a zone); a partition with none: its end")
 @click.option("--format", "-f", "fmt", default="{value}", show_default=True,
               help="fields: {topic} {partition} {offset} {timestamp} {key} {value} {headers}")
+@click.option("--null-text", default="NULL", show_default=True,
+              help="what {value} prints for a null value (a tombstone; an empty value prints nothing)")
 @click.option("--group", "-g", default=None,
               help="consume as a member of this consumer group (members share the partitions; "
                    "--from-beginning applies where the group has no committed offset)")
@@ -269,13 +301,16 @@ def _text(b: bytes | None) -> str:
               help="with --group: commit what was printed this often (and on exit)")
 @_bootstrap_option
 @_friendly
-def consume(topic_name, from_beginning, offset, partition, count, timeout_ms, fmt, group, session_timeout_ms,
-            auto_commit_interval_ms, bootstrap) -> None:
+def consume(topic_name, from_beginning, offset, partition, count, timeout_ms, from_time, fmt, null_text, group,
+            session_timeout_ms, auto_commit_interval_ms, bootstrap) -> None:
     """Print records of a topic, one per line."""
     from mesh.client import Consumer, TopicPartition
-    if group and (partition is not None or offset is not None):
+    if group and (partition is not None or offset is not None or from_time is not None):
         raise click.UsageError("--group shares the topic's partitions among the group's members: "
-                               "it cannot be combined with --partition or --offset")
+                               "it cannot be combined with --partition, --offset or --from-time")
+    if from_time is not None and (offset is not None or from_beginning):
+        raise click.UsageError("--from-time cannot be combined with --offset or --from-beginning")
+    since_ms = None if from_time is None else _parse_time_ms(from_time)
     reset = "earliest" if from_beginning else "latest"
     kwargs = {"group_id": group, "session_timeout_ms": session_timeout_ms,
               "auto_commit_interval_ms": auto_commit_interval_ms} if group else {}
@@ -290,6 +325,11 @@ def consume(topic_name, from_beginning, offset, partition, count, timeout_ms, fm
             if offset is not None:
                 for p in parts:
                     consumer.seek(TopicPartition(topic_name, p), offset)
+            elif since_ms is not None:
+                found = consumer.offsets_for_times({TopicPartition(topic_name, p): since_ms for p in parts})
+                ends = consumer.end_offsets([tp for tp, v in found.items() if v is None])
+                for tp, v in found.items():
+                    consumer.seek(tp, ends[tp] if v is None else v.offset)
             elif from_beginning:
                 consumer.seek_to_beginning()
         seen = 0
@@ -305,7 +345,8 @@ def consume(topic_name, from_beginning, offset, partition, count, timeout_ms, fm
             for recs in got:
                 for r in recs:
                     click.echo(fmt.format(topic=r.topic, partition=r.partition, offset=r.offset,
-                                          timestamp=r.timestamp, key=_text(r.key), value=_text(r.value),
+                                          timestamp=r.timestamp, key=_text(r.key),
+                                          value=null_text if r.value is None else _text(r.value),
                                           headers=",".join(f"{k}={_text(v)}" for k, v in r.headers)))
                     seen += 1
             sys.stdout.flush()

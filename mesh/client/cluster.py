@@ -11,6 +11,7 @@ until the next refresh or hint.
 source): each partition's leader is asked (it is the authority; gossip-fed metadata may
 lag); partitions with no leader known, a leader that does not answer or a retriable error
 are asked again after a short backoff and a metadata refresh, until the deadline.
+``offsets_for_times`` asks the same way by timestamp (Kafka's ``offsets_for_times``).
 """
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from typing import Iterable, NamedTuple
 
 from mesh.wire.errors import ErrorCode, MeshError, retriable
 from mesh.client.transport import parse_address
-from mesh.wire.messages import ListOffsetsRequest, MetadataRequest, MetadataResponse
+from mesh.wire.messages import ListOffsetsRequest, ListOffsetsResponse, MetadataRequest, MetadataResponse
 from mesh.wire.types import TopicPartition
 
 __all__ = ["ClusterView", "TopicPartition", "PartitionInfo", "LIST_OFFSETS_BACKOFF_S", "merge_topics"]
@@ -185,9 +186,33 @@ class ClusterView:
         until ``timeout_ms``. A non-retriable error raises MeshError at once; so does the
         deadline, naming what did not answer, unless ``partial`` (then what answered is
         returned)."""
-        out: dict[TopicPartition, int] = {}
+        got = self._ask_offsets({TopicPartition(t, p): spec for t, p in tps}, timeout_ms, request_timeout_ms, partial)
+        return {tp: part[3] for tp, part in got.items()}
+
+    def offsets_for_times(self, query: dict[TopicPartition, int], timeout_ms: int,
+                          request_timeout_ms: int = 1_000) -> dict[TopicPartition, tuple[int, int] | None]:
+        """{(topic, partition): (offset, timestamp) of the first record whose timestamp is
+        >= the partition's timestamp in ``query`` (ms), or None when no record below the high
+        watermark reaches it} (Kafka's ListOffsets by timestamp), asked of each leader and
+        retried as ``list_offsets``."""
+        specs = {}
+        for tp, ts in query.items():
+            if type(ts) is not int or not 0 <= ts < 1 << 63:
+                raise ValueError(f"{tp}: a timestamp in ms is an int >= 0, not {ts!r}")
+            specs[TopicPartition(*tp)] = ts
+        got = self._ask_offsets(specs, timeout_ms, request_timeout_ms, False)
+        out: dict[TopicPartition, tuple[int, int] | None] = {}
+        for tp, part in got.items():
+            off, ts = part[3], part[5] if len(part) > 5 else -1
+            out[tp] = (off, ts) if off >= 0 else None
+        return out
+
+    def _ask_offsets(self, specs: dict[TopicPartition, int], timeout_ms: int, request_timeout_ms: int,
+                     partial: bool) -> dict[TopicPartition, list]:
+        """{tp: the leader's answer part} for {tp: spec} (see ``list_offsets``)."""
+        out: dict[TopicPartition, list] = {}
         skipped: set[TopicPartition] = set()   # partial: a non-retriable error
-        pending = [TopicPartition(t, p) for t, p in tps]
+        pending = list(specs)
         deadline = self._clock() + timeout_ms / 1000
         last: MeshError | None = None
         while pending:
@@ -200,7 +225,7 @@ class ClusterView:
                         raise
                     addr, last = None, exc
                 if addr is not None:
-                    by_addr.setdefault(addr, []).append([tp.topic, tp.partition, spec])
+                    by_addr.setdefault(addr, []).append([tp.topic, tp.partition, specs[tp]])
             hints: dict[TopicPartition, str] = {}
             for addr, parts in by_addr.items():
                 try:
@@ -211,17 +236,27 @@ class ClusterView:
                     last = exc
                     self.transport.forget(addr)  # reconnect fresh next round
                     continue
-                for topic, partition, err, off, leader in resp.parts:
+                if not isinstance(resp, ListOffsetsResponse):   # an ErrorResponse: the whole request refused
+                    exc = MeshError(getattr(resp, "error", ErrorCode.UNKNOWN), getattr(resp, "message", ""))
+                    if not exc.retriable:
+                        raise exc
+                    last = exc
+                    continue
+                for part in resp.parts:
+                    topic, partition, err, _off, leader = part[:5]
+                    tp = TopicPartition(topic, partition)
+                    if tp not in specs:
+                        continue
                     if not err:
-                        out[TopicPartition(topic, partition)] = off
+                        out[tp] = part
                         continue
                     last = MeshError(err, f"list offsets of {topic}/{partition}", leader=leader)
                     if not retriable(err):
                         if not partial:
                             raise last
-                        skipped.add(TopicPartition(topic, partition))
+                        skipped.add(tp)
                     elif leader:
-                        hints[TopicPartition(topic, partition)] = leader
+                        hints[tp] = leader
             pending = [tp for tp in pending if tp not in out and tp not in skipped]
             if pending:
                 if self._clock() > deadline:

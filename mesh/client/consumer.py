@@ -11,16 +11,18 @@ text gateway runs such consumers inside the broker).
 Records come back in offset order per partition; batches are checked (length, CRC) once,
 when a fetch answer is walked (``mesh.wire.records.iter_batches``), and decoded in bulk
 later from the header that walk parsed (``records_from``). A batch that cannot be decoded
-(a client wrote bad columns; the broker never decodes records) stops its partition where
-it is, as Kafka's consumer does: ``poll`` first returns what came before it, then raises
+or whose columns are not records (keys that are ints...: a batch stored by an older broker,
+which did not check columns; ``mesh.wire.record_check``) stops its partition where it is,
+as Kafka's consumer does: ``poll`` first returns what came before it, then raises
 ``CORRUPT_MESSAGE`` naming the batch until the caller seeks past it; nothing before it is
-skipped.
+skipped. A group member raises it once and skips the batch (``_poison``).
 """
 from __future__ import annotations
 
 import collections
 import logging
 import time
+from typing import NamedTuple
 
 from mesh.client.cluster import ClusterView, TopicPartition
 from mesh.client.transport import Transport
@@ -28,7 +30,13 @@ from mesh.wire.errors import ErrorCode, MeshError, retriable
 from mesh.wire.messages import EARLIEST, LATEST, ErrorResponse, FetchRequest
 from mesh.wire.records import Record, iter_batches, records_from
 
-__all__ = ["Consumer", "TopicPartition"]
+__all__ = ["Consumer", "TopicPartition", "OffsetAndTimestamp"]
+
+
+class OffsetAndTimestamp(NamedTuple):
+    """An answer of ``Consumer.offsets_for_times`` (as kafka-python's)."""
+    offset: int
+    timestamp: int
 
 log = logging.getLogger("mesh.consumer")
 _tuple_new = tuple.__new__
@@ -138,6 +146,14 @@ class Consumer:
 
     def beginning_offsets(self, tps) -> dict[TopicPartition, int]:
         return self._list_offsets([TopicPartition(*tp) for tp in tps], EARLIEST)
+
+    def offsets_for_times(self, timestamps: dict) -> dict[TopicPartition, "OffsetAndTimestamp | None"]:
+        """{tp: OffsetAndTimestamp(offset, timestamp) of the earliest record whose timestamp
+        is >= ``timestamps[tp]`` (ms), or None if no record reaches it} (kafka-python's
+        ``offsets_for_times``); seek to the offset to read from that time on."""
+        got = self.cluster.offsets_for_times({TopicPartition(*tp): ts for tp, ts in timestamps.items()},
+                                             timeout_ms=int(self.request_timeout_s * 1000))
+        return {tp: None if v is None else OffsetAndTimestamp(*v) for tp, v in got.items()}
 
     def _drop_buffered(self, pred) -> None:
         self._buffer = collections.deque(r for r in self._buffer if r and not pred(self._tp_of(r)))
@@ -311,13 +327,10 @@ class Consumer:
             else:
                 try:
                     recs = records_from(*item)
-                except Exception as exc:   # stored by a client that wrote bad columns (the CRC holds)
+                except Exception as exc:   # stored unchecked by an older broker (the CRC holds)
                     if out:
                         break   # what came before it first; the next poll stops at this batch
-                    raise MeshError(ErrorCode.CORRUPT_MESSAGE,
-                                    f"{item[0]}/{item[1]}: the batch at offset {item[4].base_offset} cannot be "
-                                    f"decoded ({type(exc).__name__}: {exc}); seek past offset "
-                                    f"{item[4].base_offset + item[4].record_count - 1} to go on") from exc
+                    self._poison(item, exc)
                 self._buffered_bytes -= len(item[2])
             self._buffer.popleft()
             if n + len(recs) > limit:
@@ -330,6 +343,24 @@ class Consumer:
         if self._group is not None:
             self._group.on_consumed(out)
         return out
+
+    def _poison(self, item, exc: Exception) -> None:
+        """A batch at the head of the buffer whose columns are not records: raise
+        CORRUPT_MESSAGE naming it. A consumer without a group stays on it until the caller
+        seeks (Kafka's consumer does the same); a group member skips it (its position and
+        the offset a commit sends move past it), so one bad batch cannot stop the group for
+        good: the error is raised once, the next poll goes on after it."""
+        topic, partition, _, start, h = item
+        first, last = max(start, h.base_offset), h.base_offset + h.record_count - 1
+        why = exc.message if isinstance(exc, MeshError) else f"{type(exc).__name__}: {exc}"
+        where = f"{topic}/{partition}: the batch of offsets {first}..{last} cannot be decoded ({why})"
+        if self._group is None:
+            raise MeshError(ErrorCode.CORRUPT_MESSAGE, f"{where}; seek past offset {last} to go on") from exc
+        self._buffer.popleft()
+        self._buffered_bytes -= len(item[2])
+        self._group.on_seek(TopicPartition(topic, partition), last + 1)
+        log.error("%s: skipped (a group member does not stop on it)", where)
+        raise MeshError(ErrorCode.CORRUPT_MESSAGE, f"{where}; skipped: the next poll goes on at {last + 1}") from exc
 
     def _expire_fetches(self) -> None:
         now = time.monotonic()

@@ -61,12 +61,23 @@ __all__ = ["Producer", "RecordMetadata", "RecordFuture", "BatchFuture", "lingere
 
 log = logging.getLogger("mesh.producer")
 _ACKS = {"0": 0, "1": 1, "all": -1, "-1": -1, 0: 0, 1: 1, -1: -1}
-_VALUE_TYPES = frozenset((bytes, bytearray))       # send_batch's values (a str would be stored as one)
+_VALUE_TYPES = frozenset((bytes, bytearray, type(None)))   # send_batch's values (None: null; not str)
 _KEY_TYPES = frozenset((bytes, bytearray, type(None)))
 _REFRESH_EVERY_S = 0.1  # at most this often a metadata refresh from the I/O thread
 _LINGER_SLACK_S = 0.0005  # ZeroMQ's poll waits whole milliseconds: lingers round to the nearest
 _new_object = object.__new__
 _EXPIRE_EVERY_MS = 10     # request timeouts are looked for this often (a dropped connection: at once)
+
+
+def _checked_headers(headers) -> list:
+    """[[name str, value bytes or None], ...] of ``send``'s headers (pairs); TypeError else."""
+    out = []
+    for pair in headers:
+        k, v = pair
+        if v is not None and not isinstance(v, (bytes, bytearray)):
+            raise TypeError(f"header {k!r}: value must be bytes or None, not {type(v).__name__}")
+        out.append([k if k.__class__ is str else str(k), None if v is None else bytes(v)])
+    return out
 
 
 class _Batch(SeqBatch):
@@ -186,18 +197,22 @@ class Producer:
              partition: int | None = None, headers: list | None = None,
              timestamp_ms: int | None = None) -> RecordFuture:
         """Queue one record; returns a future of its RecordMetadata."""
-        if value.__class__ is not bytes:           # the common case costs one comparison
-            if value is not None and not isinstance(value, (bytes, bytearray)):
-                raise TypeError(f"value must be bytes or None, not {type(value).__name__}")
-            value = b"" if value is None else bytes(value)
-        if key is None:
+        if value.__class__ is bytes:               # the common case costs one comparison
+            size = len(value)
+        elif value is None:                        # a null value (tombstone): nil, not b""
+            size = 0
+        elif isinstance(value, (bytes, bytearray)):
+            value = bytes(value)
             size = len(value)
         else:
+            raise TypeError(f"value must be bytes or None, not {type(value).__name__}")
+        if key is not None:
             if not isinstance(key, (bytes, bytearray)):
                 raise TypeError(f"key must be bytes or None, not {type(key).__name__}")
-            size = len(value) + len(key)
+            size += len(key)
         if headers:
-            size += sum(len(k) + len(v) for k, v in headers)
+            headers = _checked_headers(headers)
+            size += sum(len(k) + (0 if v is None else len(v)) for k, v in headers)
         if size > self.max_record_bytes:
             raise MeshError(ErrorCode.MESSAGE_TOO_LARGE,
                             f"record of {size} bytes exceeds max_record_bytes={self.max_record_bytes}")
@@ -243,7 +258,7 @@ class Producer:
             if headers:
                 if b.headers is None:
                     b.headers = [[] for _ in range(idx)]
-                b.headers.append([[str(k), bytes(v)] for k, v in headers])
+                b.headers.append(headers)
             elif b.headers is not None:
                 b.headers.append([])
             b.nbytes += size
@@ -276,11 +291,12 @@ class Producer:
         if not values:
             raise ValueError("send_batch needs at least one value")
         if not set(map(type, values)) <= _VALUE_TYPES:   # (~12 ns a record, in C)
-            raise TypeError(f"values must be bytes, not {sorted({type(v).__name__ for v in values} - {'bytes', 'bytearray'})}")
+            raise TypeError(f"values must be bytes or None, not "
+                            f"{sorted({type(v).__name__ for v in values} - {'bytes', 'bytearray', 'NoneType'})}")
         if keys is not None and not set(map(type, keys)) <= _KEY_TYPES:
             raise TypeError(f"keys must be bytes or None, not "
                             f"{sorted({type(k).__name__ for k in keys} - {'bytes', 'bytearray', 'NoneType'})}")
-        nbytes = sum(map(len, values)) + 8 * len(values)
+        nbytes = sum(map(len, filter(None, values))) + 8 * len(values)   # (None: a null value)
         if nbytes > self.max_record_bytes:
             raise MeshError(ErrorCode.MESSAGE_TOO_LARGE,
                             f"batch of {nbytes} bytes exceeds max_record_bytes={self.max_record_bytes}: split it")

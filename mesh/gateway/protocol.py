@@ -35,7 +35,9 @@ header value), is refused with ``ERR`` and a reason saying so.
 (only a low-level client can store one: the broker checks a batch's outer shape, not its
 record fields) comes as ``KeyRepr``, ``HeaderRepr`` or ``BodyRepr`` in place of ``Key``,
 ``Header`` or ``Body``: a string, the Python ``repr()`` of what was stored (``"'text'"``,
-``"5"``, ``"None"``), so the record is delivered, and seen to be odd, rather than lost.
+``"5"``), so the record is delivered, and seen to be odd, rather than lost. A null value
+is ``"Body": null`` (an empty one ``"Body": ""``), a null header value ``null``. (Since the
+broker checks record columns, only batches stored by an older broker can be odd.)
 
 See ``mesh.gateway.text`` for the meaning of each command.
 """
@@ -139,10 +141,12 @@ def parse_command(line: str) -> Command:
     return Invalid(verb, f"unknown command {verb[:20]!r}; try HELP")
 
 
-def parse_message(text: str) -> tuple[bytes | None, bytes, list[tuple[str, bytes]]]:
+def parse_message(text: str) -> tuple[bytes | None, bytes | None, list[tuple[str, bytes | None]]]:
     """(key, value, headers) of a PUBS message: a JSON object with any of ``Header``,
     ``Key``, ``Body`` (any case) is a keyed record (see ``mesh.gateway.text``); anything
-    else is the value of a record with no key. Header names stay ``str`` (as the producer
+    else is the value of a record with no key. ``"Body": null`` is a null value (a
+    tombstone), a missing ``Body`` an empty one; a header value null is a null header
+    value. Header names stay ``str`` (as the producer
     takes them) but are checked to encode as UTF-8, as everything else is here: raises
     ``BadCommand`` for JSON nested too deeply or a string that is not valid UTF-8."""
     if not text.startswith("{"):
@@ -161,10 +165,12 @@ def parse_message(text: str) -> tuple[bytes | None, bytes, list[tuple[str, bytes
                 if header is None:
                     headers = []
                 elif isinstance(header, dict):
-                    headers = [(_utf8_name(k), _text_bytes(v, "a header value")) for k, v in header.items()]
+                    headers = [(_utf8_name(k), None if v is None else _text_bytes(v, "a header value"))
+                               for k, v in header.items()]
                 else:
                     headers = [("Header", _text_bytes(header, "the header"))]
-                return (None if key is None else _text_bytes(key, "the key")), _text_bytes(body, "the body"), headers
+                value = None if body is None else _text_bytes(body, "the body")
+                return (None if key is None else _text_bytes(key, "the key")), value, headers
     except RecursionError:
         raise BadCommand("the message's JSON is nested too deeply") from None
     return None, text.encode(), []
@@ -280,8 +286,10 @@ def record_line(r) -> bytes:
             elif len(headers) == 1 and headers[0][0] == "Header":
                 obj["Header"] = _decode(headers[0][1])
             else:
-                obj["Header"] = {k: _decode(v) for k, v in headers}
-        if _is_bytes(r.value):
+                obj["Header"] = {k: _decode(v) for k, v in headers}   # (a null header value: null)
+        if r.value is None:
+            obj["Body"] = None   # a null value (tombstone); an empty one is ""
+        elif _is_bytes(r.value):
             try:
                 obj["Body"] = bytes(r.value).decode()
             except UnicodeDecodeError:
@@ -310,7 +318,8 @@ def _headers(hs) -> list[tuple[str, Any]] | None:
     """``hs`` as (name, value) pairs of str and bytes, or None if it is anything else."""
     out = []
     for h in hs:
-        if not (isinstance(h, (tuple, list)) and len(h) == 2 and isinstance(h[0], str) and _is_bytes(h[1])):
+        if not (isinstance(h, (tuple, list)) and len(h) == 2 and isinstance(h[0], str)
+                and (h[1] is None or _is_bytes(h[1]))):
             return None
         out.append((h[0], h[1]))
     return out
@@ -323,5 +332,5 @@ def _repr(v: Any) -> str:
         return f"<{type(v).__name__}>"
 
 
-def _decode(b) -> str:
-    return bytes(b).decode(errors="replace")
+def _decode(b) -> str | None:
+    return None if b is None else bytes(b).decode(errors="replace")

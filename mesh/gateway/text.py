@@ -43,7 +43,8 @@ connection and ``max_subscriptions`` in all (beyond: ``ERR``, the connection sta
 ``{"Header": "h", "Key": "124", "Body": "Hello World!"}``, is a record whose key is
 ``Key`` (so the partition is murmur2 of it, as Kafka's), whose value is ``Body``, and
 whose headers are ``Header`` (a string becomes one header named "Header"; an object, one
-header per entry). Anything else is the value of a record with no key. PUBS writes with
+header per entry). ``"Body": null`` is a null value (a tombstone; ``CONS`` shows it as
+``"Body": null``, an empty value as ``""``). Anything else is the value of a record with no key. PUBS writes with
 acks=all (idempotent), as every other path of the project.
 
 ``SUBS`` makes a subscription of this connection: without ``<partitions>`` it joins
@@ -60,8 +61,9 @@ its assignment); none is just ``END``. A record line is ``<partition> <offset> <
 with ``Key``, ``Header`` (when present), ``Body`` and ``Timestamp``; a value that is not
 UTF-8 comes as ``BodyBase64``, and a field that is not bytes at all (only a low-level client
 can store one) as ``KeyRepr``/``HeaderRepr``/``BodyRepr`` (``mesh.gateway.protocol``). A
-batch that cannot be decoded stops its partition: ``ERR CORRUPT_MESSAGE: ...`` names it
-until a ``CONS`` with an offset past it. ``<offset>`` moves every partition the subscription holds
+batch that cannot be decoded (stored by an older broker, which did not check columns) is
+answered once ``ERR CORRUPT_MESSAGE: ...`` naming it, then skipped (a group member does
+not stop on it: ``mesh.client.consumer``). ``<offset>`` moves every partition the subscription holds
 to that offset; one that holds none yet (``SUBS`` then ``CONS t <id> 0`` at once) moves
 the partitions it is given first. Commits: the records a ``CONS`` returned are committed
 when the subscription's next ``CONS`` arrives (the client asking for more is done with

@@ -36,6 +36,8 @@ from mesh.node.directory import Directory
 from mesh.node.security_handlers import SecurityHandlers
 from mesh.wire import messages as m
 from mesh.wire.errors import ErrorCode, MeshError
+from storage.base import CorruptBatch, LogError
+from storage.timestamps import MAX_WALK_BATCHES, StillIndexing
 
 __all__ = ["ClientHandlers"]
 
@@ -244,14 +246,29 @@ class ClientHandlers:
         if not isinstance(req.parts, (list, tuple)):   # (its length is bounded by the decoder)
             raise MeshError(ErrorCode.INVALID_REQUEST, "parts must be a list")
         for part in req.parts:
-            if not isinstance(part, (list, tuple)) or len(part) != 3 or part[2] not in (m.EARLIEST, m.LATEST):
+            if not isinstance(part, (list, tuple)) or len(part) != 3 or not (
+                    part[2] in (m.EARLIEST, m.LATEST) or (type(part[2]) is int and 0 <= part[2] < 1 << 63)):
                 raise MeshError(ErrorCode.INVALID_REQUEST, f"each part must be [topic, partition, {m.EARLIEST} "
-                                                           f"(earliest) or {m.LATEST} (latest)], not {part!r:.80}")
+                                                           f"(earliest), {m.LATEST} (latest) or a timestamp in ms "
+                                                           f"(>= 0)], not {part!r:.80}")
+        budget = [MAX_WALK_BATCHES]   # header reads all lookups by time of this request may make
         for topic, partition, which in req.parts:
+            by_time = which >= 0   # a timestamp: the answer carries the record's timestamp too
             try:
                 _, pid = self.data.local_partition(topic, partition)
+                if by_time:   # Kafka's answer when no record reaches it: offset -1, timestamp -1
+                    off, ts = self.store.offset_for_time(pid, which, self.replicas.commit_offset(pid),
+                                                         budget) or (-1, -1)
+                    out.append([topic, partition, 0, off, None, ts])
+                    continue
                 off = self.store.log_start(pid) if which == m.EARLIEST else self.replicas.commit_offset(pid)
                 out.append([topic, partition, 0, off, None])
             except MeshError as exc:
-                out.append([topic, partition, int(exc.code), -1, exc.leader])
+                out.append([topic, partition, int(exc.code), -1, exc.leader] + ([-1] if by_time else []))
+            except StillIndexing as exc:   # bounded work per request: the client asks again
+                out.append([topic, partition, int(ErrorCode.TIMEOUT), -1, None, -1])
+                log.debug("%s/%s: %s", topic, partition, exc)
+            except LogError as exc:   # a damaged batch (CorruptBatch: noted for repair) or a failed read
+                out.append([topic, partition, int(ErrorCode.STORAGE_ERROR if not isinstance(exc, CorruptBatch)
+                                                  else ErrorCode.CORRUPT_MESSAGE), -1, None, -1])
         self.reply(ident, rid, m.ListOffsetsResponse(out))

@@ -25,12 +25,19 @@ Source options (names as in Spark's Kafka source where the meaning is the same):
                        -1 latest; partitions left out: the default). Default: earliest
                        for batch, latest for streams. A restarted stream uses its
                        checkpoint instead.
+  startingTimestamp    one timestamp (ms) for every partition: start at the first record
+                       whose timestamp is at or after it (wins over the two below)
+  startingOffsetsByTimestamp  {"orders":{"0":1700000000000,"1":...}}, every subscribed
+                       partition named (wins over startingOffsets); a partition with no
+                       such record: an error, or its latest offset with
+                       startingOffsetsByTimestampStrategy=latest
   endingOffsets        batch only: latest | JSON (-1 latest). Default latest.
   maxOffsetsPerTrigger streams: at most this many records per micro-batch, shared among
                        partitions by backlog (ignored by batch reads, as by Kafka's)
   minPartitions        cut large ranges so there are at least this many Spark tasks
   failOnDataLoss       true (default): fail when records to read were deleted by
-                       retention; false: skip them
+                       retention, or a batch cannot be decoded (stored by an older broker);
+                       false: skip them (logged)
   requestTimeoutMs     per request (default 10000); fetchMaxBytes per fetch (8 MiB)
   creds                a secured cluster: the creds file of the principal to act as
                        (mesh user add ... --out FILE); the same path on every worker.

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 
+from mesh.wire.errors import MeshError
 from mesh.wire.records import ATTR_CONTROL, decode_batch
 
 __all__ = ["SCHEMA_DDL", "spark_schema", "arrow_schema", "to_arrow"]
@@ -42,8 +43,11 @@ def arrow_schema():
     return _arrow_schema_cache
 
 
-def to_arrow(pa, schema, topic: str, partition: int, batches, lo: int, hi: int):
-    """Columns of the records with offsets in [lo, hi) of ``batches``: one RecordBatch."""
+def to_arrow(pa, schema, topic: str, partition: int, batches, lo: int, hi: int, on_bad=None):
+    """Columns of the records with offsets in [lo, hi) of ``batches``: one RecordBatch.
+    A batch whose columns are not records (stored by an older broker, which did not check
+    them) is passed to ``on_bad(header, MeshError)``, which raises or returns (the batch
+    is then skipped, as a control batch is); without ``on_bad`` the MeshError is raised."""
     import pyarrow.compute as pc
     values: list = []
     keys: list | None = None
@@ -53,7 +57,13 @@ def to_arrow(pa, schema, topic: str, partition: int, batches, lo: int, hi: int):
     for h, b in batches:
         if h.attributes & ATTR_CONTROL:
             continue
-        _, vs, ks, deltas, hs = decode_batch(b)
+        try:
+            _, vs, ks, deltas, hs = decode_batch(b)
+        except MeshError as exc:   # INVALID_RECORD
+            if on_bad is None:
+                raise
+            on_bad(h, exc)
+            continue
         n = h.record_count
         a, z = max(0, lo - h.base_offset), min(n, hi - h.base_offset)
         if a >= z:
@@ -91,7 +101,7 @@ def to_arrow(pa, schema, topic: str, partition: int, batches, lo: int, hi: int):
     first_off = runs[0][0]
     if all(runs[i][0] == runs[i - 1][0] + runs[i - 1][1] for i in range(1, len(runs))):
         offsets = pc.add(pc.cumulative_sum(pa.repeat(pa.scalar(1, pa.int64()), n)), first_off - 1)
-    else:  # control batches in between
+    else:  # control (or skipped) batches in between
         offsets = pa.array(list(itertools.chain.from_iterable(range(s, s + c) for s, c in runs)), pa.int64())
     cols = [
         pa.array(keys, f[0]) if keys is not None else pa.nulls(n, f[0]),

@@ -73,6 +73,38 @@ def _creds_option(opts: dict) -> str | None:
     return path
 
 
+def _timestamps_option(opts: dict):
+    """startingTimestamp (one ms timestamp for every partition) or startingOffsetsByTimestamp
+    (JSON ``{"orders": {"0": 1700000000000}}``), as Spark's Kafka source; the first wins."""
+    raw = opts.get("startingtimestamp")
+    if raw is not None and raw.strip():
+        ts = _int_option(opts, "startingTimestamp", None, 0)
+        return ts
+    raw = opts.get("startingoffsetsbytimestamp")
+    if raw is None or not raw.strip():
+        return None
+    import json
+    try:
+        js = json.loads(raw)
+    except ValueError:
+        js = None
+    out = {}
+    if isinstance(js, dict):
+        for t, parts in js.items():
+            if not isinstance(parts, dict):
+                js = None
+                break
+            for p, ts in parts.items():
+                if not (isinstance(p, str) and p.isdigit() and type(ts) is int and ts >= 0):
+                    raise MeshSparkError(f"startingOffsetsByTimestamp: {t}/{p}: {ts!r} is not a timestamp "
+                                         "in ms (an int >= 0)")
+                out[(t, int(p))] = ts
+    if not isinstance(js, dict):
+        raise MeshSparkError(f'startingOffsetsByTimestamp must be JSON like {{"orders":{{"0":1700000000000}}}}, '
+                             f"not {raw!r}")
+    return out
+
+
 class MeshOptions:
     """The parsed options shared by source and sink (plain data: it is pickled to tasks)."""
 
@@ -108,6 +140,11 @@ class MeshOptions:
             if not self.topics:
                 raise MeshSparkError("no topic named in the topic/subscribe option")
         self.starting = opts.get("startingoffsets")
+        self.starting_timestamps = _timestamps_option(opts)   # None, an int (all partitions) or {tp: ms}
+        self.starting_timestamp_strategy = (opts.get("startingoffsetsbytimestampstrategy") or "error").strip().lower()
+        if self.starting_timestamp_strategy not in ("error", "latest"):
+            raise MeshSparkError(f"option startingOffsetsByTimestampStrategy="
+                                 f"{opts.get('startingoffsetsbytimestampstrategy')!r} must be error or latest")
         self.ending = opts.get("endingoffsets")
         self.max_offsets_per_trigger = _int_option(opts, "maxOffsetsPerTrigger", None, 1)
         self.min_partitions = _int_option(opts, "minPartitions", None, 1)

@@ -23,8 +23,8 @@ from mesh.wire.messages import EARLIEST, LATEST
 
 from pyspark.sql.datasource import InputPartition
 
-__all__ = ["MeshPartition", "offsets_to_json", "offsets_from_json", "resolve_offsets", "plan_partitions",
-           "rate_limit"]
+__all__ = ["MeshPartition", "offsets_to_json", "offsets_from_json", "resolve_offsets", "resolve_by_timestamp",
+           "plan_partitions", "rate_limit"]
 
 
 # -- offsets as Spark keeps them -------------------------------------------------------
@@ -86,6 +86,37 @@ def resolve_offsets(spec: str | None, default: str, leaders: dict,
     for which, sub in need.items():
         if sub:
             out.update(list_offsets(sub, which))
+    return out
+
+
+def resolve_by_timestamp(spec, leaders: dict, offsets_for_times: Callable[[dict, dict], dict],
+                         list_offsets: Callable[[dict, int], dict], strategy: str) -> dict[tuple[str, int], int]:
+    """startingTimestamp (``spec`` an int) / startingOffsetsByTimestamp (``spec`` {tp: ms},
+    naming every partition, as Spark's Kafka source asks) -> {tp: the first offset whose
+    record's timestamp is >= it}. A partition with no such record: an error (strategy
+    "error", Spark's default) or its latest offset ("latest")."""
+    if isinstance(spec, int):
+        query = {tp: spec for tp in leaders}
+    else:
+        unknown = sorted(set(spec) - set(leaders))
+        if unknown:
+            raise MeshSparkError(f"startingOffsetsByTimestamp names partitions that are not subscribed or do "
+                                 f"not exist: {unknown}")
+        missing = sorted(set(leaders) - set(spec))
+        if missing:
+            raise MeshSparkError(f"startingOffsetsByTimestamp must name every subscribed partition (as Spark's "
+                                 f"Kafka source); missing: {missing[:5]}{'...' if len(missing) > 5 else ''}")
+        query = dict(spec)
+    found = offsets_for_times(leaders, query) if query else {}
+    none = sorted(tp for tp in query if found.get(tp) is None)
+    if none and strategy != "latest":
+        tp = none[0]
+        raise MeshSparkError(f"no record of {tp[0]}/{tp[1]} has a timestamp at or after {query[tp]} "
+                             f"({len(none)} partition(s) like it). Set option startingOffsetsByTimestampStrategy "
+                             f'to "latest" to start those at their latest offset')
+    out = {tp: off for tp, off in found.items() if off is not None}
+    if none:
+        out.update(list_offsets({tp: leaders[tp] for tp in none}, LATEST))
     return out
 
 

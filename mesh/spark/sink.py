@@ -44,7 +44,7 @@ id, so changing them gives duplicates, never loss) and the same topic partition 
 (keyed placement). A batch ``save()`` that fails leaves what its finished tasks wrote:
 topics have no transactions.
 
-Columns: ``value`` (binary or string, required; null is written as empty), ``key``
+Columns: ``value`` (binary or string, required; null is a null value, a tombstone), ``key``
 (binary or string: murmur2 placement, exactly the Java Kafka client's), ``partition``
 (int), ``headers`` (array<struct<key:string,value:binary>>), ``topic`` (string, used when
 no ``topic`` option is given), ``timestamp`` (timestamp). Other columns are ignored.
@@ -249,7 +249,7 @@ class _Router:
         topics = rb.column(c["topic"]).to_pylist() if "topic" in c else None
         headers = None
         if "headers" in c:
-            headers = [[[h["key"] or "", h["value"].encode() if isinstance(h["value"], str) else (h["value"] or b"")]
+            headers = [[[h["key"] or "", h["value"].encode() if isinstance(h["value"], str) else h["value"]]
                         for h in hs if h is not None] or None if hs else None
                        for hs in rb.column(c["headers"]).to_pylist()]
         ts = None
@@ -274,14 +274,13 @@ class _Router:
             elif k is not None:
                 p = partition_for_key(k, n)
             h = headers[i] if headers is not None else None
-            self._append(t, p, v if v is not None else b"", k, ts[i] if ts is not None else None, h)
+            self._append(t, p, v, k, ts[i] if ts is not None else None, h)   # (v None: a null value)
 
     def _add_values(self, t: str, values: list) -> None:
         """Fast path for value-only rows (unkeyed, sticky): whole runs of rows per batch, cut
         exactly where the row-by-row path would cut them."""
-        if None in values:
-            values = [b"" if v is None else v for v in values]
-        cost = list(itertools.accumulate(map((8).__add__, map(len, values))))  # bytes up to row i
+        sizes = [0 if v is None else len(v) for v in values] if None in values else map(len, values)  # (None: null)
+        cost = list(itertools.accumulate(map((8).__add__, sizes)))  # bytes up to row i
         limit = self.sender.batch_bytes(t)
         n = self.sender.num_partitions(t)
         i, total = 0, len(values)
@@ -311,7 +310,7 @@ class _Router:
                 self._close(tp)
 
     def _append(self, t, p, v, k, ts, h) -> None:
-        size = len(v) + (len(k) if k else 0) + (sum(len(a) + len(b) for a, b in h) if h else 0) + 8
+        size = (len(v) if v else 0) + (len(k) if k else 0) + (sum(len(a) + len(b or b"") for a, b in h) if h else 0) + 8
         limit = self.sender.batch_bytes(t)
         if size > limit:
             raise MeshSparkError(f"a record of {size} bytes is larger than a batch may be ({limit} bytes: "

@@ -40,15 +40,18 @@ fetches).
 """
 from __future__ import annotations
 
+import logging
 import time
 from typing import Iterator
 
 from mesh.spark.options import MeshOptions, MeshSparkError, require_pyarrow
 from mesh.spark.planning import (
     MeshPartition, offsets_from_json, offsets_to_json, plan_partitions, rate_limit, resolve_offsets,
+    resolve_by_timestamp,
 )
 from mesh.spark.arrow import arrow_schema, to_arrow
 from mesh.client.admin import Admin
+from mesh.client.cluster import TopicPartition
 from mesh.client.transport import Transport
 from mesh.wire.errors import ErrorCode, MeshError
 from mesh.wire.messages import EARLIEST, LATEST, ErrorResponse, FetchRequest
@@ -60,6 +63,8 @@ from pyspark.sql.streaming.datasource import (
 )
 
 __all__ = ["MeshBatchReader", "MeshStreamReader", "read_range"]
+
+log = logging.getLogger("mesh.spark")
 
 _FETCH_WAIT_MS = 200
 
@@ -139,6 +144,32 @@ class _Cluster:
             raise MeshSparkError(f"cannot list offsets: {exc}") from None
         return {(tp.topic, tp.partition): off for tp, off in got.items()}
 
+    def offsets_for_times(self, leaders: dict, query: dict) -> dict[tuple[str, int], int | None]:
+        """{(topic, partition): the first offset whose record's timestamp is >= query[tp], or
+        None} (``ClusterView.offsets_for_times``), errors as ``list_offsets``."""
+        cluster = self.admin.cluster
+        for (t, p), addr in leaders.items():
+            if addr:
+                cluster.set_leader(t, p, addr)
+        timeout_ms = self.opts.request_timeout_ms
+        try:
+            got = cluster.offsets_for_times({TopicPartition(*tp): ts for tp, ts in query.items()},
+                                            timeout_ms=timeout_ms, request_timeout_ms=timeout_ms)
+        except MeshError as exc:
+            if exc.code in (ErrorCode.BROKER_UNAVAILABLE, ErrorCode.TIMEOUT):
+                raise self._unreachable(exc) from None
+            raise MeshSparkError(f"cannot list offsets by timestamp: {exc}") from None
+        return {(tp.topic, tp.partition): None if v is None else v[0] for tp, v in got.items()}
+
+    def starting(self, leaders: dict, default: str, allow: tuple[str, ...]) -> dict:
+        """The starting offsets: by timestamp (startingTimestamp / startingOffsetsByTimestamp,
+        which win over startingOffsets, as in Spark's Kafka source), else startingOffsets."""
+        if self.opts.starting_timestamps is not None:
+            return resolve_by_timestamp(self.opts.starting_timestamps, leaders, self.offsets_for_times,
+                                        self.list_offsets, self.opts.starting_timestamp_strategy)
+        return resolve_offsets(self.opts.starting, default, leaders, self.list_offsets,
+                               what="startingOffsets", allow=allow)
+
     def close(self) -> None:
         if self._admin is not None:
             self._admin.close()
@@ -182,6 +213,13 @@ def read_range(part: MeshPartition) -> Iterator:
         if a is None:
             raise MeshError(ErrorCode.LEADER_NOT_AVAILABLE, f"no leader for {topic}/{partition}")
         return a
+
+    def on_bad(h, exc: MeshError) -> None:
+        first, last = max(off, h.base_offset), h.base_offset + h.record_count - 1
+        where = f"{topic}/{partition}: the batch of offsets {first}..{last} cannot be decoded ({exc.message})"
+        if opts.fail_on_data_loss:
+            raise MeshSparkError(f'{where}. Set option "failOnDataLoss" to "false" to skip such batches')
+        log.warning("%s: skipped (failOnDataLoss=false)", where)
 
     def send(offset: int) -> int:
         return transport.send(addr, FetchRequest([[topic, partition, offset, opts.fetch_max_bytes]],
@@ -237,7 +275,7 @@ def read_range(part: MeshPartition) -> Iterator:
             if nxt < end:
                 rid = send(nxt)  # the next fetch travels while this one is decoded
             t0 = time.monotonic()
-            rb = to_arrow(pa, schema, topic, partition, batches, off, end)
+            rb = to_arrow(pa, schema, topic, partition, batches, off, end, on_bad)
             off = nxt
             if rb is not None:
                 yield rb
@@ -257,8 +295,7 @@ class MeshBatchReader(DataSourceReader):
         cluster = _Cluster(self.opts)
         try:
             leaders = cluster.partitions()
-            start = resolve_offsets(self.opts.starting, "earliest", leaders, cluster.list_offsets,
-                             what="startingOffsets", allow=("earliest",))
+            start = cluster.starting(leaders, "earliest", ("earliest",))
             end = resolve_offsets(self.opts.ending, "latest", leaders, cluster.list_offsets,
                            what="endingOffsets", allow=("latest",))
             for tp in sorted(leaders):
@@ -296,8 +333,7 @@ class MeshStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def initialOffset(self) -> dict:
         leaders = self._partitions()
-        return offsets_to_json(resolve_offsets(self.opts.starting, "latest", leaders, self._cluster.list_offsets,
-                                        what="startingOffsets", allow=("earliest", "latest")))
+        return offsets_to_json(self._cluster.starting(leaders, "latest", ("earliest", "latest")))
 
     def getDefaultReadLimit(self) -> ReadLimit:
         if self.opts.max_offsets_per_trigger:

@@ -41,6 +41,7 @@ class ErrorCode(enum.IntEnum):
     THROTTLED = 26   # over a byte-rate quota: not done, send again later
     GROUP_NOT_EMPTY = 27   # a group with members cannot be deleted (Kafka's NON_EMPTY_GROUP)
     UNKNOWN_GROUP = 28     # no such group: no members, no committed offsets (GROUP_ID_NOT_FOUND)
+    INVALID_RECORD = 29    # a batch whose columns are not records (Kafka's INVALID_RECORD): not stored
 
     @classmethod
     def _missing_(cls, value):

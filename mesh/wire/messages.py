@@ -126,14 +126,18 @@ class DeleteTopicResponse:
 @message("LIST_OFFSETS")
 @dataclass(frozen=True, slots=True)
 class ListOffsetsRequest:
-    """parts: [[topic, partition, EARLIEST | LATEST], ...]"""
+    """parts: [[topic, partition, spec], ...]; spec EARLIEST (log start), LATEST (high
+    watermark) or a timestamp in ms >= 0: the first offset whose record's timestamp is >= it
+    (Kafka's ListOffsets by timestamp, ``offsets_for_times``)."""
     parts: list
 
 
 @message("LIST_OFFSETS_R")
 @dataclass(frozen=True, slots=True)
 class ListOffsetsResponse:
-    """parts: [[topic, partition, error, offset, leader], ...]"""
+    """parts: [[topic, partition, error, offset, leader], ...]; a part asked by timestamp
+    has a sixth element, the record's timestamp (offset and timestamp -1: no record reaches
+    it below the high watermark). EARLIEST/LATEST parts keep five, as older clients read them."""
     parts: list
     error: int = 0
     message: str = ""

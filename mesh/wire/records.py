@@ -23,8 +23,13 @@ Layout (big-endian)::
 The payload is one msgpack array ``[values, keys, timestamp_deltas, headers]``: columns,
 so the common shapes encode and decode in C (msgpack) with no Python loop per record.
 ``keys``, ``timestamp_deltas`` and ``headers`` are None when every record has none / the
-same timestamp. The broker checks only that the payload starts with a 4-array whose first
-element is an array of ``record_count`` entries, which costs O(1).
+same timestamp. A value is bytes or nil: nil is a null value (a tombstone, Kafka's null),
+distinct from an empty value (``b""``); a header value may be nil too.
+
+The broker's check (``validate_batch``): header fields, length and CRC in O(1) Python
+steps, then the columns' types in C (``mesh.wire.record_check``: one msgpack unpack of the
+payload with the columns' types as its schema, as Kafka's LogValidator checks records before it appends):
+a batch that would hand a consumer an int for a key, or trailing bytes, is not stored.
 """
 from __future__ import annotations
 
@@ -38,6 +43,7 @@ from typing import Iterator, NamedTuple, Sequence
 import msgpack
 
 from mesh.wire.errors import ErrorCode, MeshError
+from mesh.wire.record_check import check_columns, decode_columns
 
 __all__ = [
     "HEADER_SIZE", "BatchHeader", "Record", "encode_batch", "decode_batch", "parse_header",
@@ -93,14 +99,15 @@ class Record(NamedTuple):
     offset: int
     timestamp: int
     key: bytes | None
-    value: bytes
+    value: bytes | None   # None: a null value (tombstone), distinct from b""
     headers: list
 
 
-def encode_batch(values: Sequence[bytes], keys: Sequence[bytes | None] | None = None,
+def encode_batch(values: Sequence[bytes | None], keys: Sequence[bytes | None] | None = None,
                  timestamps_ms: Sequence[int] | int = 0, headers: Sequence | None = None,
                  producer_id: int = -1, base_sequence: int = -1, attributes: int = 0) -> bytes:
-    """Encode a batch. ``timestamps_ms`` is one int for all records, or one per record."""
+    """Encode a batch. ``timestamps_ms`` is one int for all records, or one per record. A
+    value None is a null value (nil in the values column), kept apart from ``b""``."""
     n = len(values)
     if n == 0:
         raise ValueError("a batch needs at least one record")
@@ -166,6 +173,11 @@ def validate_batch(buf: bytes, max_bytes: int) -> BatchHeader:
             and (_array_len(buf, HEADER_SIZE) != 4 or _array_len(buf, _VALUES_AT) != count):
         raise MeshError(ErrorCode.INVALID_REQUEST,
                         "batch payload is not [values, keys, deltas, headers] with record_count values")
+    if h.attributes or h.reserved:   # a control batch is the broker's to write, never a client's
+        raise MeshError(ErrorCode.INVALID_RECORD, f"batch attributes {h.attributes:#x} / reserved {h.reserved:#x}: "
+                                                  "a client batch has no flags (unknown or control)")
+    cols = decode_columns(buf[HEADER_SIZE:] if n <= _COPY_CRC_MAX else memoryview(buf)[HEADER_SIZE:])
+    check_columns(cols, count, h.first_timestamp_ms, h.max_timestamp_ms)
     return h
 
 
@@ -208,9 +220,14 @@ def iter_batches(buf, verify_crc: bool = True) -> Iterator[tuple[BatchHeader, me
 def decode_batch(batch, header: BatchHeader | None = None) -> tuple[BatchHeader, list, list | None,
                                                                      list | None, list | None]:
     """(header, values, keys, timestamp deltas, headers) of one batch. ``header``: its header
-    as ``iter_batches`` gave it (that walk checked length and CRC), not parsed again."""
+    as ``iter_batches`` gave it (that walk checked length and CRC), not parsed again.
+    Raises MeshError(INVALID_RECORD) for columns that are not records."""
     h = parse_header(batch) if header is None else header
-    values, keys, deltas, headers = msgpack.unpackb(batch[HEADER_SIZE:], raw=False)
+    # the columns' types are checked as they are decoded (in C): a batch stored by a broker
+    # that did not check them must not hand an int for a key to the application
+    cols = decode_columns(batch[HEADER_SIZE:])
+    check_columns(cols, h.record_count)
+    values, keys, deltas, headers = cols
     return h, values, keys, deltas, headers
 
 

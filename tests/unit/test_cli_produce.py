@@ -63,3 +63,17 @@ def test_a_refusal_is_not_written(monkeypatch):
 def test_all_written(monkeypatch):
     res = run(monkeypatch, [None, None, None])
     assert res.exit_code == 0 and "produced 3 records to t" in res.stderr
+
+
+def test_from_time_takes_ms_or_iso_8601_and_names_what_it_takes():
+    import click
+    import pytest
+
+    from tools.cli import _parse_time_ms
+    assert _parse_time_ms("1700000000000") == 1_700_000_000_000
+    assert _parse_time_ms("1970-01-01T00:00:01.5Z") == 1500
+    assert _parse_time_ms("1970-01-01T00:00:02") == 2000            # no zone: UTC
+    assert _parse_time_ms("1970-01-01T01:00:00+01:00") == 0
+    for bad in ("yesterday", "1969-12-31T23:59:59Z"):
+        with pytest.raises(click.BadParameter):
+            _parse_time_ms(bad)

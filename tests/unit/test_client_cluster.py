@@ -230,3 +230,21 @@ def test_refresh_asks_three_brokers_and_a_lagging_one_does_not_win(view):
     assert view.leader_address("t", 0) in ("b:2", "d:4")
     if "b:2" in asked:
         assert view.leader_address("t", 0) == "b:2"
+
+
+def test_offsets_for_times_asks_again_while_the_leader_is_indexing(view):
+    """A leader still indexing answers a part TIMEOUT (retriable); the view asks again.
+    Answers by time carry the record's timestamp (a sixth element); -1 means none."""
+    def indexing(msg):
+        return ListOffsetsResponse([[t, p, int(ErrorCode.TIMEOUT), -1, None, -1] for t, p, _ in msg.parts])
+
+    def found(msg):
+        return ListOffsetsResponse([[t, p, 0, 3, None, 1500] if p == 0 else [t, p, 0, -1, None, -1]
+                                    for t, p, _ in msg.parts])
+    view.transport.metadata = MetadataResponse(0, [], [topic("t", ["a:1", "a:1"])])
+    view.transport.answers = {"a:1": [indexing, found]}
+    got = view.offsets_for_times({TopicPartition("t", 0): 1000, TopicPartition("t", 1): 99}, timeout_ms=1000)
+    assert got == {TopicPartition("t", 0): (3, 1500), TopicPartition("t", 1): None}
+    assert view.transport.calls == [("a:1", [("t", 0, 1000), ("t", 1, 99)])] * 2
+    with pytest.raises(ValueError):
+        view.offsets_for_times({TopicPartition("t", 0): -5}, timeout_ms=1000)

@@ -78,3 +78,54 @@ def test_a_corrupt_or_truncated_batch_is_refused_when_the_answer_is_walked():
             assert c._positions[T0] == 0 and not c._buffer
         finally:
             c.close()
+
+
+def poison(base: int) -> bytes:
+    """A batch an older broker stored unchecked: its keys are ints (the CRC holds)."""
+    import zlib
+
+    import msgpack
+
+    from mesh.wire.records import _PREFIX_CRC, _TAIL, MAGIC
+    payload = msgpack.packb([[b"p", b"q"], [1, 2], None, None], use_bin_type=True)
+    tail = _TAIL.pack(MAGIC, 0, 0, 2, 1000, 1000, -1, -1, len(payload))
+    return patch_batch(b"".join((_PREFIX_CRC.pack(0, 0, zlib.crc32(payload, zlib.crc32(tail))), tail, payload)),
+                       base, 1)
+
+
+class _Group:
+    def __init__(self):
+        self.seeks, self.consumed = [], []
+
+    def on_seek(self, tp, offset):
+        self.seeks.append((tp, offset))
+
+    def on_consumed(self, out):
+        self.consumed.extend(r.offset for rs in out for r in rs)
+
+
+@pytest.mark.parametrize("in_group", [False, True])
+def test_a_poison_batch_is_reported_clearly_and_a_group_member_is_not_stuck_on_it(in_group):
+    """Records before it come first; then CORRUPT_MESSAGE names the batch (never an int key
+    handed to the application). Without a group it stays until a seek; a group member skips
+    it after reporting it once (its commit position moves past it)."""
+    c, rid = consumer_fetching({T0: 0})
+    if in_group:
+        c._group = group = _Group()
+    data = batch(0, [b"a"]) + poison(1) + batch(3, [b"d"])
+    try:
+        c._handle_fetch(rid, FetchResponse([part(T0, data, hw=4)]), data)
+        assert [r.value for rs in c._take(100) for r in rs] == [b"a"]
+        with pytest.raises(MeshError) as e:
+            c._take(100)
+        assert e.value.code == ErrorCode.CORRUPT_MESSAGE and "offsets 1..2" in e.value.message
+        assert "record keys" in e.value.message and "int" in e.value.message   # the reason, named
+        if not in_group:
+            with pytest.raises(MeshError):
+                c._take(100)          # still there: nothing skipped without the caller's say
+            return
+        assert group.seeks == [(T0, 3)]
+        assert [(r.offset, r.value) for rs in c._take(100) for r in rs] == [(3, b"d")]
+    finally:
+        c._group = None
+        c.close()

@@ -8,8 +8,9 @@ from mesh.wire.partitioner import murmur2, partition_for_key
 from mesh.wire.records import (HEADER_SIZE, encode_batch, iter_batches, parse_header, patch_batch,
                           records_from, validate_batch)
 
-record = st.tuples(st.one_of(st.none(), st.binary(max_size=20)), st.binary(max_size=50),
-                   st.integers(0, 2**40), st.lists(st.tuples(st.text(max_size=5), st.binary(max_size=5)), max_size=2))
+record = st.tuples(st.one_of(st.none(), st.binary(max_size=20)), st.one_of(st.none(), st.binary(max_size=50)),
+                   st.integers(0, 2**40), st.lists(st.tuples(st.text(max_size=5),
+                                                             st.one_of(st.none(), st.binary(max_size=5))), max_size=2))
 
 
 @settings(max_examples=200, deadline=None)
@@ -26,7 +27,8 @@ def test_batch_round_trip(recs, base, epoch):
     validate_batch(stored, 1 << 20)  # the patch is outside the CRC
     out = records_from("t", 2, stored)
     assert [r.offset for r in out] == list(range(base, base + len(recs)))
-    assert [r.key for r in out] == keys and [r.value for r in out] == values
+    assert [r.key for r in out] == keys and [r.value for r in out] == values   # None stays None, b"" stays b""
+    assert [r.value is None for r in out] == [v is None for v in values]
     assert [r.timestamp for r in out] == tss
     assert [list(map(list, r.headers)) for r in out] == hdrs
     assert parse_header(stored).leader_epoch == epoch

@@ -188,7 +188,7 @@ class _Deep:
 @pytest.mark.parametrize("value, shown", [
     ("a str, not bytes", {"BodyRepr": "'a str, not bytes'"}),
     (5, {"BodyRepr": "5"}),
-    (None, {"BodyRepr": "None"}),
+    (None, {"Body": None}),             # a null value (tombstone): JSON null, not an odd value
     (1.5, {"BodyRepr": "1.5"}),
     ([b"x", {"k": 1}], {"BodyRepr": "[b'x', {'k': 1}]"}),
     ("\ud800", {"BodyRepr": "'\\ud800'"}),     # repr escapes it: the line is valid UTF-8
@@ -203,7 +203,9 @@ def test_a_value_that_is_not_bytes_still_makes_a_line(value, shown):
 def test_keys_and_headers_that_are_not_bytes_still_make_a_line():
     assert _obj(record_line(_record(b"v", key=7))) == {"KeyRepr": "7", "Body": "v", "Timestamp": 1234}
     assert _obj(record_line(_record(b"v", key="k"))) == {"KeyRepr": "'k'", "Body": "v", "Timestamp": 1234}
-    for headers in ([("h", "str")], [("h", None)], [(1, b"x")], [("a", b"1", b"extra")], [("only",)],
+    assert _obj(record_line(_record(b"v", headers=[("h", None), ("g", b"1")]))) == \
+        {"Header": {"h": None, "g": "1"}, "Body": "v", "Timestamp": 1234}   # a null header value
+    for headers in ([("h", "str")], [(1, b"x")], [("a", b"1", b"extra")], [("only",)],
                     [["h", 5], ("g", b"ok")]):
         obj = _obj(record_line(_record(b"v", headers=headers)))
         assert obj == {"HeaderRepr": repr(headers), "Body": "v", "Timestamp": 1234}
@@ -241,3 +243,11 @@ def test_the_gateway_refuses_limits_that_are_not_positive(limit):
     from mesh.gateway.text import TextGateway
     with pytest.raises(ValueError, match=limit):
         TextGateway("127.0.0.1:1", 0, **{limit: 0})   # refused before anything is bound
+
+
+def test_a_null_body_is_a_null_value_and_a_missing_one_is_empty():
+    assert parse_message('{"Key": "k", "Body": null}') == (b"k", None, [])
+    assert parse_message('{"Key": "k"}') == (b"k", b"", [])
+    assert parse_message('{"Key": "k", "Body": ""}') == (b"k", b"", [])
+    assert parse_message('{"Header": {"a": null, "b": "x"}, "Body": "v"}') == (None, b"v", [("a", None), ("b", b"x")])
+    assert _obj(record_line(_record(b""))) == {"Body": "", "Timestamp": 1234}
