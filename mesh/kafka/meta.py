@@ -45,6 +45,7 @@ _KAFKA = {
     ErrorCode.DUPLICATE_SEQUENCE: K.duplicate_sequence_number, ErrorCode.STORAGE_ERROR: K.kafka_storage_error,
     ErrorCode.BROKER_UNAVAILABLE: K.not_leader_or_follower, ErrorCode.INVALID_CONFIG: K.invalid_config,
     ErrorCode.THROTTLED: K.request_timed_out, ErrorCode.INVALID_REQUEST: K.invalid_request,
+    ErrorCode.INVALID_RECORD: K.invalid_record,
 }
 
 
