@@ -32,7 +32,7 @@ def test_typed_rows_encode_exactly_as_the_positional_lists():
     assert encode_body(typed) == encode_body(plain)
     assert msgpack.unpackb(encode_body(typed), raw=False) == [
         "b", [["a", 1, 2, 3, 0, "addr-a", False, 0]], [["a", 1, 0, 3, 0, False, ["k", 3, {"v": [1, 2]}, False]]],
-        [0] * BUCKETS, ["t", 5, "a", None, True], 0]
+        [0] * BUCKETS, ["t", 5, "a", None, True], 0, 0]    # the last: the sender's wall_ms
     assert row == ("a", 1, 2, 3, 0, "addr-a", False, 0)          # still a tuple where it matters
 
 
