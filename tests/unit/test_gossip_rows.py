@@ -71,10 +71,11 @@ def _golden_trace() -> str:
 
 # Computed with the positional-tuple implementation before the split into modules, then
 # changed on purpose twice: a SYN from a life just begun gets its own row back in the ACK
-# (rounds.py, _ECHO_BEATS); rows carry a random life nonce (rows.py, Row.life). A change here means the wire bytes or the protocol's choices
+# (rounds.py, _ECHO_BEATS); rows carry a random life nonce (rows.py, Row.life); SYN and ACK
+# carry the sender's wall clock (mesh-peer/7: the clock offset estimate). A change here means the wire bytes or the protocol's choices
 # changed: that must be on purpose (and said so in the change), never a side effect of a
 # refactoring.
-GOLDEN_TRACE_SHA256 = "f3e39efdbc85c1d710f136ccd88ce61471add0cac2a748ff405756e43667f91b"
+GOLDEN_TRACE_SHA256 = "c3ed79d47b16eac6ac4deca35503cd70890dd388fb2aab39322e1ce5be81e36f"
 
 
 def test_a_deterministic_run_sends_the_same_bytes_as_before_the_typed_rows():
