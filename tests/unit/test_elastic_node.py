@@ -159,9 +159,10 @@ def test_the_gossip_snapshot_is_staged_at_most_once_per_ten_times_its_cost(node,
 
 
 def test_list_offsets_names_earliest_or_latest_and_well_formed_parts(node):
-    """Any mode but earliest meant latest, and a malformed part was logged as a bug."""
+    """Any mode but earliest meant latest, and a malformed part was logged as a bug (a spec
+    >= 0 is a timestamp: ListOffsets by time)."""
     call(node, m.CreateTopicRequest("t", 1, 1))
-    for parts in ([["t", 0, 7]], [["t", 0]], [["t", 0, -1, "x"]], "t"):
+    for parts in ([["t", 0, -7]], [["t", 0]], [["t", 0, -1, "x"]], "t"):
         with pytest.raises(MeshError, match="must be") as exc:
             call(node, m.ListOffsetsRequest(parts))
         assert exc.value.code == ErrorCode.INVALID_REQUEST, parts
