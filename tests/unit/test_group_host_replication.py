@@ -269,3 +269,33 @@ def test_a_partition_twice_in_one_message_keeps_the_newest(world):
     assert b.groups.committed("g") == {("t", 0): (9, "", 300)}
     again = Broker(world, "b2", store=b.store.crash())   # what the store holds is the newest too
     assert again.groups.book.committed("g") == {("t", 0): (9, "", 300)}
+
+
+def test_after_a_coordinator_whose_clock_was_ahead_every_commit_still_wins(world):
+    """Its rows are stamped two hours ahead; its clock is set right (or its successor's is
+    right). The next commits were stamped at most 30 s ahead of the clock, so below those
+    rows: the replicas kept the older row (newer by stamp) and answered anyway, and after
+    the next failure the successor resumed from the two-hour-ahead commit (found by review)."""
+    brokers = cluster(world)
+    g = "g5b"
+    coord, second, _ = ranked_nodes(g, NODES)
+    c = brokers[coord]
+
+    class Ahead:
+        def now_ms(self):
+            return world.now_ms + 7_200_000
+
+        def wall_ms(self):
+            return world.now_ms + 7_200_000
+    r = join(c, g)
+    right = c.groups._clock
+    c.groups._clock = Ahead()
+    assert c.ask(GroupCommit(g, r.member_id, r.member_epoch, [["t", 0, 920, ""]])).error == 0
+    c.groups._clock = right                   # its clock is set right
+    world.now_ms += 1_000
+    assert c.ask(GroupCommit(g, r.member_id, r.member_epoch, [["t", 0, 950, ""]])).error == 0
+    kill(world, brokers, coord, gossiped=True)
+    assert offsets(brokers[second], g) == {0: 950}
+    for n, b in brokers.items():
+        if n != coord:
+            assert b.groups.committed(g)[("t", 0)][0] == 950
