@@ -36,7 +36,10 @@ new coordinator is the first of them. A new coordinator also pulls what the repl
 ranking, which covers brokers pushed down by a newcomer too; answered at once with
 ``GROUP_OFFSETS_ROWS``), and folds the answers like gossip rows; until every target has
 answered (at most ``PULL_WAIT_MS``) it answers offset fetches and commits of the group
-COORDINATOR_NOT_AVAILABLE (Kafka's COORDINATOR_LOAD_IN_PROGRESS), and its takeover grace
+COORDINATOR_NOT_AVAILABLE (Kafka's COORDINATOR_LOAD_IN_PROGRESS), and past that wait
+while one of its own replicas (the first ``count``: every surviving holder of an
+acknowledged commit is among them) is in the coordination set and has not answered
+(asked again every ``PULL_WAIT_MS``), and its takeover grace
 keeps members from being given partitions (and so from reading offsets) meanwhile. Ordering is
 the per-group stamp (``OffsetBook.next_stamp``: above every stamp seen for the group), so
 no broker's clock decides which of two commits is newer, and a committed offset moves
@@ -260,19 +263,26 @@ class CommitQuorum:
 
 class Loading:
     """Groups a new coordinator is loading: it asked ``targets`` what they hold, and answers
-    "loading" until each has answered or ``wait_ms`` has passed (a target that died)."""
+    "loading" until each has answered or ``wait_ms`` has passed (a target that died), and
+    past that while one of the ``required`` ones (its own replicas: among them every
+    surviving holder of an acknowledged commit) has not answered and is still in the
+    coordination set. A timeout alone let a successor hand out an older offset when the one
+    replica holding the commit was slow for a second (found by review); a required target
+    is asked again every ``wait_ms`` (the question or the answer may have been dropped)."""
 
     def __init__(self, wait_ms: int = PULL_WAIT_MS, max_groups: int = MAX_WAITING):
         self.wait_ms = wait_ms
         self.max_groups = max_groups
-        self._groups: dict[str, tuple[set[str], int]] = {}   # group -> (not answered yet, until)
+        # group -> [not answered yet, required not answered yet, until, ask the required again at]
+        self._groups: dict[str, list] = {}
 
-    def begin(self, group_id: str, targets: Iterable[str], now_ms: int) -> bool:
+    def begin(self, group_id: str, targets: Iterable[str], now_ms: int,
+              required: Iterable[str] = ()) -> bool:
         """False if there is nobody to ask (or too many groups load at once: not gated)."""
         targets = set(targets)
         if not targets or (group_id not in self._groups and len(self._groups) >= self.max_groups):
             return False
-        self._groups[group_id] = (targets, now_ms + self.wait_ms)
+        self._groups[group_id] = [targets, set(required) & targets, now_ms + self.wait_ms, now_ms + self.wait_ms]
         return True
 
     def answered(self, src: str, groups: Iterable[str]) -> None:
@@ -280,16 +290,36 @@ class Loading:
             entry = self._groups.get(group_id)
             if entry is not None:
                 entry[0].discard(src)
+                entry[1].discard(src)
                 if not entry[0]:
                     del self._groups[group_id]
 
-    def loading(self, group_id: str, now_ms: int) -> bool:
+    def loading(self, group_id: str, now_ms: int, live: frozenset[str] | None = None) -> bool:
+        """``live``: the coordination set (a required target that left it no longer counts)."""
         entry = self._groups.get(group_id)
-        return entry is not None and now_ms < entry[1]
+        if entry is None:
+            return False
+        return now_ms < entry[2] or bool(entry[1] if live is None else entry[1] & live)
 
-    def expire(self, now_ms: int) -> None:
-        for group_id in [g for g, (_, until) in self._groups.items() if until <= now_ms]:
-            del self._groups[group_id]
+    def expire(self, now_ms: int, live: frozenset[str] | None = None) -> dict[str, list[str]]:
+        """Forget groups that are done waiting; the required targets to ask again (target ->
+        groups, sorted), for the groups past their wait that still need them."""
+        again: dict[str, list[str]] = {}
+        for group_id in sorted(self._groups):
+            entry = self._groups[group_id]
+            _, required, until, ask_at = entry
+            if until > now_ms:
+                continue
+            waiting = sorted(required if live is None else required & live)
+            if not waiting:
+                del self._groups[group_id]
+                continue
+            if ask_at > now_ms:
+                continue
+            entry[3] = now_ms + self.wait_ms
+            for dest in waiting:
+                again.setdefault(dest, []).append(group_id)
+        return again
 
     def __len__(self) -> int:
         return len(self._groups)

@@ -299,3 +299,56 @@ def test_after_a_coordinator_whose_clock_was_ahead_every_commit_still_wins(world
     for n, b in brokers.items():
         if n != coord:
             assert b.groups.committed(g)[("t", 0)][0] == 950
+
+
+def test_a_new_coordinator_loads_until_the_replica_holding_the_commit_answered_however_long(world):
+    """The successor missed the commit; the one replica that holds it did not answer its
+    pull within the second of "loading" (paused, or the question was dropped): the successor
+    then answered the offsets it had, older than an acknowledged commit (found by review)."""
+    brokers = cluster(world)
+    g = "g4b"
+    coord, second, third = ranked_nodes(g, NODES)
+    c = brokers[coord]
+    r = join(c, g)
+    world.down.add(second)               # the successor misses it: acknowledged by coord + third
+    assert c.ask(GroupCommit(g, r.member_id, r.member_epoch, [["t", 0, 77, ""]])).error == 0
+    world.down.discard(second)
+    world.ns[third] = {}                 # nor did gossip bring it
+    kill(world, brokers, coord)
+    s = brokers[second]
+    world.down.add(third)                # paused: the pull is lost
+    for _ in range(3):
+        s.replies.clear()
+        s.groups.handle(b"client", 1, GroupFetchOffsets(g, None))
+        s.data.commit_turn()
+        world.deliver()
+        assert s.replies[-1].error == ErrorCode.COORDINATOR_NOT_AVAILABLE and "loading" in s.replies[-1].message
+        world.now_ms += 1_500
+        s.groups.tick(world.now_ms)      # asked again
+        world.deliver()
+    world.down.discard(third)            # back: asked again, it answers
+    world.now_ms += 1_500
+    s.groups.tick(world.now_ms)
+    world.deliver()
+    assert offsets(s, g) == {0: 77}
+
+
+def test_a_replica_that_left_the_coordination_set_is_not_waited_for(world):
+    brokers = cluster(world)
+    g = "g4c"
+    coord, second, third = ranked_nodes(g, NODES)
+    c = brokers[coord]
+    r = join(c, g)
+    assert c.ask(GroupCommit(g, r.member_id, r.member_epoch, [["t", 0, 5, ""]])).error == 0
+    kill(world, brokers, coord)
+    s = brokers[second]
+    world.down.add(third)
+    s.groups.handle(b"client", 1, GroupFetchOffsets(g, None))
+    world.deliver()
+    world.now_ms += 1_500
+    s.groups.tick(world.now_ms)
+    assert s.groups.replication.loading(g, world.now_ms)
+    kill(world, brokers, third)          # convicted: a majority of the replicas is gone, the wait ends
+    s.groups.tick(world.now_ms)
+    assert not s.groups.replication.loading(g, world.now_ms)
+    assert offsets(s, g) == {0: 5}       # (second held it: it was one of the majority)
