@@ -21,8 +21,9 @@ Offsets, durable on a majority of the group's replicas, then answered (the etcd-
    transaction, db ``offsets`` (key: msgpack ``[group, topic, partition]``), and the
    answer is held: the turn's one sync makes it durable with everything else the turn
    staged (group commit; no sync of its own);
-3. in the turn's tick, before that sync (``send_early``), the rows go to the group's other
-   replicas (``GROUP_REPLICATE``), whose syncs overlap this one;
+3. right after the drain that staged it (the node calls ``send_early``; the tick does too,
+   for commits staged later in the turn), before that sync, the rows go to the group's
+   other replicas (``GROUP_REPLICATE``), whose syncs overlap this one;
 4. after the sync (``after_commit``, which the node registers with the data path) the
    offsets go into this node's gossip namespace (``mesh.cluster.keys.offsets_key``); a
    failed sync answers STORAGE_ERROR and puts the core's offsets back as they were,

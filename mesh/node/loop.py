@@ -16,15 +16,17 @@ order each turn (``run``, then ``_after_turn``):
    parked fetches the drain's commit advances allow (they need no sync of this turn:
    ``ReplicaHost.answer_committed``). Client requests go to their handler
    (``mesh.node.handlers``: admin and metadata, which commit on their own; the data path
-   for produce, staged in the turn's transaction, and fetch; the group host for GROUP_*).
+   for produce, staged in the turn's transaction, and fetch; the group host for GROUP_*;
+   the rows of offsets commits leave for the group's replicas right after it).
    Peer messages go to their core: gossip answers are sent at once (gossip keeps nothing
    that must be durable first), replication effects are staged and their sends held;
 3. tick the gossip core (it starts a round when one is due) and send its effects; tick
    the replication cores that are due (effects staged, sends held);
 4. if the gossip state moved (not on mere heartbeats): reconcile the topic catalog
    (create/drop local partitions), tell the group host (coordination and offsets may
-   have moved) and stage the gossip snapshot (at most once per ten times its last cost:
-   ``_SNAPSHOT_COST_FACTOR``);
+   have moved) and mark the gossip snapshot due (staged before the commit, step 8, at most
+   once per ten times its last cost, ``_SNAPSHOT_COST_FACTOR``, in a turn that syncs
+   anyway or after ``_SNAPSHOT_ALONE_MS``);
 5. publish this node's partition stats to gossip (every ``stats_every_ms``;
    ``mesh.node.publish``);
 6. tick the group host;

@@ -352,3 +352,30 @@ def test_a_replica_that_left_the_coordination_set_is_not_waited_for(world):
     s.groups.tick(world.now_ms)
     assert not s.groups.replication.loading(g, world.now_ms)
     assert offsets(s, g) == {0: 5}       # (second held it: it was one of the majority)
+
+
+def test_on_two_brokers_a_commit_is_refused_retriably_while_the_other_is_down_and_taken_once_convicted(world):
+    """A group of a 2-broker cluster needs both: while the other is dead but not convicted,
+    each commit is answered a retriable error within ``commit_timeout_ms`` (never success),
+    and once it is convicted the next commit is taken at once."""
+    from mesh.wire.errors import retriable
+    from tests.unit.test_group_host import group_on
+    nodes = ["a", "b"]
+    brokers = cluster(world, nodes)
+    g = group_on("a", nodes)
+    c = brokers["a"]
+    assert c.ask(GroupCommit(g, "", -1, [["t", 0, 2, ""]])).error == 0   # on both
+    world.down.add("b")                  # killed; gossip still says alive
+    c.replies.clear()
+    c.groups.handle(b"client", 1, GroupCommit(g, "", -1, [["t", 0, 3, ""]]))
+    c.data.commit_turn()
+    world.deliver()
+    world.now_ms += 2_990
+    c.groups.tick(world.now_ms)
+    assert c.replies == []
+    world.now_ms += 30                   # (past commit_timeout_ms: 3 s)
+    c.groups.tick(world.now_ms)
+    assert [x.error for x in c.replies] == [ErrorCode.COORDINATOR_NOT_AVAILABLE]
+    assert retriable(c.replies[0].error)
+    kill(world, brokers, "b")            # convicted
+    assert c.ask(GroupCommit(g, "", -1, [["t", 0, 4, ""]])).error == 0
