@@ -84,6 +84,7 @@ from mesh.groups.offsets import (
 from mesh.clock import Clock
 from mesh.groups.replication import DEFAULT_REPLICAS
 from mesh.node.offset_replication import OffsetReplication
+from mesh.node.ratelog import RateLimitedLog
 from mesh.wire.errors import ErrorCode, MeshError
 from storage.base import LogError
 
@@ -172,6 +173,7 @@ class GroupHost:
         # made before then, that arrives later, was made without knowing those members
         self._left_with_members: dict[str, tuple[dict, int]] = {}
         self._doomed = doomed
+        self._rlog = RateLimitedLog(log, now_ms=clock.now_ms)
         self.replication = OffsetReplication(self, send_to_node, config.offset_replicas,
                                              config.commit_timeout_ms, MAX_METADATA_CHARS)
         self._load_store()
@@ -501,8 +503,9 @@ class GroupHost:
             key, value = self.book.chunk_entry(chunk)
             try:
                 self._gossip.set_local(key, value)
-            except ValueError as exc:   # cannot happen within the metadata bound; never fatal
-                log.error("group %s: offsets of %s not gossiped: %s", group_id, chunk[1], exc)
+            except ValueError as exc:   # a stamp far ahead of this clock (one broker's was ahead); never fatal
+                self._rlog.warning(("not gossiped", group_id), "group %s: offsets of %s not gossiped (its "
+                                   "replicas hold them; once a minute per group): %s", group_id, chunk[1], exc)
 
     def _load_store(self) -> None:
         """Offsets synced here in an earlier life: back into the book and gossip."""
