@@ -142,14 +142,17 @@ class CommitQuorum:
     ``acked`` and ``expire`` say which are done or failed later. Keys are the shell's."""
 
     def __init__(self, node_id: str, replicas: int = DEFAULT_REPLICAS, timeout_ms: int = 3_000,
-                 max_waiting: int = MAX_WAITING):
+                 max_waiting: int = MAX_WAITING, first_seq: int = 0):
+        """``first_seq``: where this life's message numbers start; the shell draws it at
+        random, so that an answer to a message of an earlier life of this broker (queued in a
+        replica's link while it restarted) never counts for a message of this one."""
         if replicas < 1 or timeout_ms < 1:
             raise ValueError("replicas and timeout_ms must be positive")
         self.node_id = node_id
         self.replicas = replicas
         self.timeout_ms = timeout_ms
         self.max_waiting = max_waiting
-        self._seq = 0
+        self._seq = first_seq
         self._waiting: dict[Hashable, _Waiting] = {}
         self._batches: dict[int, tuple[str, list[Hashable]]] = {}   # seq -> (replica, keys)
         # (deadline, key or seq) in the order they began: deadlines never decrease (a

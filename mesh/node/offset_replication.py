@@ -32,6 +32,7 @@ commit that survived a failure on one replica is on a majority again before the 
 from __future__ import annotations
 
 import logging
+import random
 from typing import Any, Callable
 
 from mesh.groups.messages import (
@@ -48,6 +49,7 @@ __all__ = ["OffsetReplication"]
 log = logging.getLogger("mesh.node.group_host")
 
 _MAX_PULL_QUEUE = 100_000
+_SEQ_RNG = random.SystemRandom()
 _COPY = "copy"   # the held "answer" of a copy (``want_copy``): retried if it times out
 
 
@@ -60,7 +62,8 @@ class OffsetReplication:
         self.host = host
         self._send = send
         self.replicas = replicas
-        self.quorum = CommitQuorum(host.node_id, replicas, timeout_ms)
+        # message numbers start at random: an answer to an earlier life's message never counts
+        self.quorum = CommitQuorum(host.node_id, replicas, timeout_ms, first_seq=_SEQ_RNG.getrandbits(62))
         self._max_metadata_chars = max_metadata_chars
         self._answers: dict[int, tuple] = {}   # key -> (ident, rid, msg, resp, group): held for the quorum
         self._next_key = 0

@@ -379,3 +379,33 @@ def test_on_two_brokers_a_commit_is_refused_retriably_while_the_other_is_down_an
     assert retriable(c.replies[0].error)
     kill(world, brokers, "b")            # convicted
     assert c.ask(GroupCommit(g, "", -1, [["t", 0, 4, ""]])).error == 0
+
+
+def test_an_answer_to_a_message_of_the_coordinators_earlier_life_does_not_count(world):
+    """Message numbers started at 1 in every life: an answer a replica's link held while the
+    coordinator restarted counted for the new life's message of the same number, and a
+    commit was acknowledged before that replica had it (found by review)."""
+    from tests.unit.test_group_host import Broker
+    brokers = cluster(world)
+    g = "g7"
+    coord, second, third = ranked_nodes(g, NODES)
+    c = brokers[coord]
+    assert c.ask(GroupCommit(g, "", -1, [["t", 0, 1, ""]])).error == 0
+    old = []
+    for offset in range(2, 7):           # five messages to each replica, not delivered yet
+        c.groups.handle(b"client", 1, GroupCommit(g, "", -1, [["t", 0, offset, ""]]))
+        c.data.commit_turn()
+        old += world.wire
+        world.wire = []
+    c = brokers[coord] = Broker(world, coord, store=c.store.crash())   # restarted before the answers
+    world.deliver()                      # its pull and its copy of what it took over are answered
+    c.replies.clear()
+    c.groups.handle(b"client", 2, GroupCommit(g, "", -1, [["t", 0, 9, ""]]))
+    c.data.commit_turn()
+    assert {dest for _, dest, m in world.wire if isinstance(m, GroupReplicate)} == {second, third}
+    world.wire = []                      # the replicas never get this life's rows
+    for src, dest, m in old:             # the earlier life's messages reach them now
+        brokers[dest].groups.handle_peer(src, m)
+        brokers[dest].data.commit_turn()
+    world.deliver()                      # their answers reach the new life
+    assert c.replies == []               # not acknowledged: neither replica has offset 9
