@@ -76,6 +76,7 @@ PULL_SPREAD = 2                  # a new coordinator pulls from the first 2 x co
 MAX_WAITING = 100_000            # commits waiting for their quorum (beyond: refused at once)
 PULL_WAIT_MS = 1_000             # a new coordinator answers "loading" this long at most while it pulls
 _MAX_STAMP = (1 << 63) - 1
+_NEVER = 1 << 62
 
 
 def replicas_for(group_id: str, coord_set: Iterable[str], count: int) -> list[str]:
@@ -278,6 +279,7 @@ class Loading:
         self.max_groups = max_groups
         # group -> [not answered yet, required not answered yet, until, ask the required again at]
         self._groups: dict[str, list] = {}
+        self._next_due_ms = _NEVER   # no group is due before this (``expire`` walks them only then)
 
     def begin(self, group_id: str, targets: Iterable[str], now_ms: int,
               required: Iterable[str] = ()) -> bool:
@@ -286,6 +288,7 @@ class Loading:
         if not targets or (group_id not in self._groups and len(self._groups) >= self.max_groups):
             return False
         self._groups[group_id] = [targets, set(required) & targets, now_ms + self.wait_ms, now_ms + self.wait_ms]
+        self._next_due_ms = min(self._next_due_ms, now_ms + self.wait_ms)
         return True
 
     def answered(self, src: str, groups: Iterable[str]) -> None:
@@ -306,23 +309,29 @@ class Loading:
 
     def expire(self, now_ms: int, live: frozenset[str] | None = None) -> dict[str, list[str]]:
         """Forget groups that are done waiting; the required targets to ask again (target ->
-        groups, sorted), for the groups past their wait that still need them."""
+        groups, sorted), for the groups past their wait that still need them. Walks the
+        groups only when one of them is due."""
         again: dict[str, list[str]] = {}
-        for group_id in sorted(self._groups):
+        if now_ms < self._next_due_ms:
+            return again
+        next_due = _NEVER
+        for group_id in list(self._groups):
             entry = self._groups[group_id]
             _, required, until, ask_at = entry
             if until > now_ms:
+                next_due = min(next_due, until)
                 continue
-            waiting = sorted(required if live is None else required & live)
+            waiting = required if live is None else required & live
             if not waiting:
                 del self._groups[group_id]
                 continue
-            if ask_at > now_ms:
-                continue
-            entry[3] = now_ms + self.wait_ms
-            for dest in waiting:
-                again.setdefault(dest, []).append(group_id)
-        return again
+            if ask_at <= now_ms:
+                ask_at = entry[3] = now_ms + self.wait_ms
+                for dest in waiting:
+                    again.setdefault(dest, []).append(group_id)
+            next_due = min(next_due, ask_at)
+        self._next_due_ms = next_due
+        return {dest: sorted(groups) for dest, groups in sorted(again.items())}
 
     def __len__(self) -> int:
         return len(self._groups)
