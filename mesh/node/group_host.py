@@ -98,6 +98,7 @@ TICK_EVERY_MS = 20
 PRUNE_EVERY_MS = 10_000
 EXPIRE_PER_PRUNE = 1_000             # groups deleted by offsets retention per prune (bounds the turn)
 EXPIRE_OFFSETS_PER_PRUNE = 100_000   # ... and their offsets (tombstones written) per prune
+MAX_UNGOSSIPED = 100_000            # own chunks whose gossip is tried again (stamps ahead of the clock)
 MAX_LEFT_WITH_MEMBERS = 10_000       # groups remembered after moving away with members (oldest go first)
 
 Reply = Callable[[bytes, int, Any], None]
@@ -174,6 +175,7 @@ class GroupHost:
         self._left_with_members: dict[str, tuple[dict, int]] = {}
         self._doomed = doomed
         self._rlog = RateLimitedLog(log, now_ms=clock.now_ms)
+        self._ungossiped: set = set()   # own chunks gossip refused (stamps ahead of this clock): tried again
         self.replication = OffsetReplication(self, send_to_node, config.offset_replicas,
                                              config.commit_timeout_ms, MAX_METADATA_CHARS)
         self._load_store()
@@ -331,6 +333,11 @@ class GroupHost:
                              group_id, self.core.config.offsets_retention_ms // 1000)
                     self._apply(None, 0, GroupDelete(group_id), now_ms, writes=True)
             self._collect(now_ms)
+            if self._ungossiped:   # refused by gossip so far: an idle group would never be gossiped again
+                retry, self._ungossiped = sorted(self._ungossiped), set()
+                for chunk in retry:
+                    if self.book.has_chunk(chunk):
+                        self._gossip_chunks(chunk[0], [chunk])
             self.book.prune(self.core.has_group)   # forget groups that ended
 
     def on_cluster_change(self, now_ms: int) -> None:
@@ -503,7 +510,10 @@ class GroupHost:
             key, value = self.book.chunk_entry(chunk)
             try:
                 self._gossip.set_local(key, value)
+                self._ungossiped.discard(chunk)
             except ValueError as exc:   # a stamp far ahead of this clock (one broker's was ahead); never fatal
+                if len(self._ungossiped) < MAX_UNGOSSIPED:
+                    self._ungossiped.add(chunk)   # tried again every PRUNE_EVERY_MS, until this clock reaches it
                 self._rlog.warning(("not gossiped", group_id), "group %s: offsets of %s not gossiped (its "
                                    "replicas hold them; once a minute per group): %s", group_id, chunk[1], exc)
 
