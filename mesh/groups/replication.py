@@ -63,7 +63,7 @@ from mesh.groups.rendezvous import ranked_nodes
 from mesh.groups.state import DELETED
 
 __all__ = [
-    "Row", "CommitQuorum", "Loading", "replicas_for", "quorum", "pull_targets", "check_rows", "check_groups",
+    "Row", "CommitQuorum", "Loading", "replicas_for", "quorum", "majority_of", "pull_targets", "check_rows", "check_groups",
     "DEFAULT_REPLICAS", "MAX_ROWS_PER_MESSAGE", "MAX_PULL_GROUPS", "PULL_SPREAD", "PULL_WAIT_MS",
 ]
 
@@ -87,6 +87,19 @@ def replicas_for(group_id: str, coord_set: Iterable[str], count: int) -> list[st
 def quorum(replicas: int) -> int:
     """How many replicas must hold a commit before it is acknowledged: a majority."""
     return replicas // 2 + 1
+
+
+def majority_of(live_replicas: int, count: int, known: int) -> int:
+    """How many of the group's replicas must hold a commit: a majority of the ``count``
+    it would have over every broker gossip knows (``known``: all but those that left), not
+    only over those alive in this broker's view. Counted over the live ones, a coordinator
+    cut off from the others (its view: they are dead) was its group's only replica and
+    acknowledged alone what the other side never saw. Below 3 known brokers a failure
+    cannot be survived anyway: the survivor of a pair goes on alone once the other is
+    convicted (as before)."""
+    if known < 3:
+        return quorum(live_replicas)
+    return quorum(min(count, known))
 
 
 def pull_targets(group_ids: Iterable[str], coord_set: Iterable[str], node_id: str,
@@ -166,9 +179,10 @@ class CommitQuorum:
         return len(self._waiting)
 
     def begin(self, commits: Iterable[tuple[Hashable, str, list[Row]]], coord_set: Iterable[str],
-              now_ms: int, durable: bool = True
+              now_ms: int, durable: bool = True, known: int = 0
               ) -> tuple[list[tuple[str, GroupReplicate]], list[Hashable], list[Hashable]]:
-        """``commits``: (key, group, rows) staged (``durable``: synced) here. Returns
+        """``commits``: (key, group, rows) staged (``durable``: synced) here; ``known``: how
+        many brokers gossip knows (all but those that left; ``majority_of``). Returns
         (sends: (replica, message), done: keys acknowledged now, refused: keys over the
         bound, answer an error)."""
         nodes = frozenset(coord_set) | {self.node_id}
@@ -177,7 +191,7 @@ class CommitQuorum:
         for key, group_id, rows in commits:
             replicas = replicas_for(group_id, nodes, self.replicas)
             mine = self.node_id in replicas
-            needed = quorum(len(replicas)) - mine
+            needed = majority_of(len(replicas), self.replicas, known) - mine
             others = [r for r in replicas if r != self.node_id]
             if len(self._waiting) >= self.max_waiting or key in self._waiting:
                 refused.append(key)

@@ -473,6 +473,10 @@ class GroupHost:
             if reassert:
                 self._commit_again(action.group_id, reassert)
 
+    def known_brokers(self, now_ms: int) -> int:
+        """Brokers gossip knows, but those that left (a commit's majority counts them)."""
+        return sum(1 for m in self._gossip.members(now_ms) if m.status != "left")
+
     def _sees_majority(self, now_ms: int) -> bool:
         return sees_majority(self._gossip.members(now_ms))
 

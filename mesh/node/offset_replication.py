@@ -83,7 +83,8 @@ class OffsetReplication:
             self._next_key += 1
             self._answers[self._next_key] = (ident, rid, msg, resp, group_id)
             batch.append((self._next_key, group_id, rows))
-        sends, done, refused = self.quorum.begin(batch, self.host.coord_nodes(now_ms), self._mono_ms(), durable)
+        sends, done, refused = self.quorum.begin(batch, self.host.coord_nodes(now_ms), self._mono_ms(), durable,
+                                                 known=self.host.known_brokers(now_ms))
         for dest, message in sends:
             self._send(dest, message)
             self.sent += 1

@@ -409,3 +409,30 @@ def test_an_answer_to_a_message_of_the_coordinators_earlier_life_does_not_count(
         brokers[dest].data.commit_turn()
     world.deliver()                      # their answers reach the new life
     assert c.replies == []               # not acknowledged: neither replica has offset 9
+
+
+def test_a_coordinator_cut_off_from_the_others_acknowledges_nothing_alone(world):
+    """A network partition isolates the coordinator of a 3-broker cluster: it convicts the
+    other two, is then the group's only replica in its own view, and acknowledged every
+    commit on its disk alone, while the others took the group over (found by review). A
+    majority is counted over the brokers gossip knows (not those that left), not over the
+    live ones (but on 2 brokers the survivor of one failure goes on alone)."""
+    brokers = cluster(world)
+    g = "g8"
+    coord, second, third = ranked_nodes(g, NODES)
+    c = brokers[coord]
+    assert c.ask(GroupCommit(g, "", -1, [["t", 0, 1, ""]])).error == 0
+    world.down.update([second, third])   # cut off: from its side the others are dead
+    world.status[second] = world.status[third] = "dead"
+    c.groups.on_cluster_change(world.now_ms)
+    c.replies.clear()
+    c.groups.handle(b"client", 1, GroupCommit(g, "", -1, [["t", 0, 2, ""]]))
+    c.data.commit_turn()
+    world.deliver()
+    world.now_ms += 3_100
+    c.groups.tick(world.now_ms)
+    assert [r.error for r in c.replies] == [ErrorCode.COORDINATOR_NOT_AVAILABLE]
+    world.down.discard(third)            # one of them is back in view: a majority again
+    world.status[third] = "alive"
+    c.groups.on_cluster_change(world.now_ms)
+    assert c.ask(GroupCommit(g, "", -1, [["t", 0, 3, ""]])).error == 0
