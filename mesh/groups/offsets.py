@@ -105,7 +105,6 @@ StampedEntry = tuple[str, int, int, str, int]    # ... and the commit's wall_ms
 COORDINATING_STATUSES = ("alive", "suspect")
 _NO_STAMP: Stamp = (-1, -1)
 _MAX_FETCH_PARTITIONS = 100_000   # a fetch of offsets answered from the merged view (as the coordinator's bound)
-MAX_STAMP_AHEAD_MS = 30_000       # half of what gossip accepts ahead of a receiver's clock (schema.FUTURE_SLACK_MS)
 
 
 class MalformedOffsets(ValueError):
@@ -328,11 +327,15 @@ class OffsetBook:
         increasing per group and above every stamp seen for the group (a hybrid clock: a
         deletion, or a commit after one, wins even where this clock is behind another
         broker's; a reload at start counts as seen). Per group, so one group's floor never
-        pushes the others' stamps ahead; and never more than ``MAX_STAMP_AHEAD_MS`` ahead
-        of ``wall_ms`` (gossip refuses entries too far in the future: such a commit would
-        never reach the others)."""
+        pushes the others' stamps ahead. Never capped by this clock: a commit stamped below
+        a row it follows (one of a coordinator whose clock was ahead) loses to it everywhere,
+        replicas included, though it was acknowledged. Such a stamp is refused by gossip
+        (too far ahead of the peers' clocks) until their clocks reach it, but the group's
+        replicas hold it (``mesh.groups.replication`` never judges a stamp by a clock), and
+        the coordinator and any broker that pulls answer with it; stamps run ahead of the
+        clock by themselves only while a group commits more than once a millisecond."""
         floor = max(self._max_stamp.get(group_id, -1), self._issued.get(group_id, -1))
-        stamp = min(max(wall_ms, floor + 1), wall_ms + MAX_STAMP_AHEAD_MS)
+        stamp = max(wall_ms, floor + 1)
         self._issued[group_id] = stamp   # (two commits of a group in one turn: the second is later)
         return stamp
 

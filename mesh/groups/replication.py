@@ -36,7 +36,10 @@ new coordinator is the first of them. A new coordinator also pulls what the repl
 ranking, which covers brokers pushed down by a newcomer too; answered at once with
 ``GROUP_OFFSETS_ROWS``), and folds the answers like gossip rows; until every target has
 answered (at most ``PULL_WAIT_MS``) it answers offset fetches and commits of the group
-COORDINATOR_NOT_AVAILABLE (Kafka's COORDINATOR_LOAD_IN_PROGRESS), and its takeover grace
+COORDINATOR_NOT_AVAILABLE (Kafka's COORDINATOR_LOAD_IN_PROGRESS), and past that wait
+while one of its own replicas (the first ``count``: every surviving holder of an
+acknowledged commit is among them) is in the coordination set and has not answered
+(asked again every ``PULL_WAIT_MS``), and its takeover grace
 keeps members from being given partitions (and so from reading offsets) meanwhile. Ordering is
 the per-group stamp (``OffsetBook.next_stamp``: above every stamp seen for the group), so
 no broker's clock decides which of two commits is newer, and a committed offset moves
@@ -60,7 +63,7 @@ from mesh.groups.rendezvous import ranked_nodes
 from mesh.groups.state import DELETED
 
 __all__ = [
-    "Row", "CommitQuorum", "Loading", "replicas_for", "quorum", "pull_targets", "check_rows", "check_groups",
+    "Row", "CommitQuorum", "Loading", "replicas_for", "quorum", "majority_of", "pull_targets", "check_rows", "check_groups",
     "DEFAULT_REPLICAS", "MAX_ROWS_PER_MESSAGE", "MAX_PULL_GROUPS", "PULL_SPREAD", "PULL_WAIT_MS",
 ]
 
@@ -73,6 +76,7 @@ PULL_SPREAD = 2                  # a new coordinator pulls from the first 2 x co
 MAX_WAITING = 100_000            # commits waiting for their quorum (beyond: refused at once)
 PULL_WAIT_MS = 1_000             # a new coordinator answers "loading" this long at most while it pulls
 _MAX_STAMP = (1 << 63) - 1
+_NEVER = 1 << 62
 
 
 def replicas_for(group_id: str, coord_set: Iterable[str], count: int) -> list[str]:
@@ -83,6 +87,19 @@ def replicas_for(group_id: str, coord_set: Iterable[str], count: int) -> list[st
 def quorum(replicas: int) -> int:
     """How many replicas must hold a commit before it is acknowledged: a majority."""
     return replicas // 2 + 1
+
+
+def majority_of(live_replicas: int, count: int, known: int) -> int:
+    """How many of the group's replicas must hold a commit: a majority of the ``count``
+    it would have over every broker gossip knows (``known``: all but those that left), not
+    only over those alive in this broker's view. Counted over the live ones, a coordinator
+    cut off from the others (its view: they are dead) was its group's only replica and
+    acknowledged alone what the other side never saw. Below 3 known brokers a failure
+    cannot be survived anyway: the survivor of a pair goes on alone once the other is
+    convicted (as before)."""
+    if known < 3:
+        return quorum(live_replicas)
+    return quorum(min(count, known))
 
 
 def pull_targets(group_ids: Iterable[str], coord_set: Iterable[str], node_id: str,
@@ -139,14 +156,17 @@ class CommitQuorum:
     ``acked`` and ``expire`` say which are done or failed later. Keys are the shell's."""
 
     def __init__(self, node_id: str, replicas: int = DEFAULT_REPLICAS, timeout_ms: int = 3_000,
-                 max_waiting: int = MAX_WAITING):
+                 max_waiting: int = MAX_WAITING, first_seq: int = 0):
+        """``first_seq``: where this life's message numbers start; the shell draws it at
+        random, so that an answer to a message of an earlier life of this broker (queued in a
+        replica's link while it restarted) never counts for a message of this one."""
         if replicas < 1 or timeout_ms < 1:
             raise ValueError("replicas and timeout_ms must be positive")
         self.node_id = node_id
         self.replicas = replicas
         self.timeout_ms = timeout_ms
         self.max_waiting = max_waiting
-        self._seq = 0
+        self._seq = first_seq
         self._waiting: dict[Hashable, _Waiting] = {}
         self._batches: dict[int, tuple[str, list[Hashable]]] = {}   # seq -> (replica, keys)
         # (deadline, key or seq) in the order they began: deadlines never decrease (a
@@ -159,9 +179,10 @@ class CommitQuorum:
         return len(self._waiting)
 
     def begin(self, commits: Iterable[tuple[Hashable, str, list[Row]]], coord_set: Iterable[str],
-              now_ms: int, durable: bool = True
+              now_ms: int, durable: bool = True, known: int = 0
               ) -> tuple[list[tuple[str, GroupReplicate]], list[Hashable], list[Hashable]]:
-        """``commits``: (key, group, rows) staged (``durable``: synced) here. Returns
+        """``commits``: (key, group, rows) staged (``durable``: synced) here; ``known``: how
+        many brokers gossip knows (all but those that left; ``majority_of``). Returns
         (sends: (replica, message), done: keys acknowledged now, refused: keys over the
         bound, answer an error)."""
         nodes = frozenset(coord_set) | {self.node_id}
@@ -170,7 +191,7 @@ class CommitQuorum:
         for key, group_id, rows in commits:
             replicas = replicas_for(group_id, nodes, self.replicas)
             mine = self.node_id in replicas
-            needed = quorum(len(replicas)) - mine
+            needed = majority_of(len(replicas), self.replicas, known) - mine
             others = [r for r in replicas if r != self.node_id]
             if len(self._waiting) >= self.max_waiting or key in self._waiting:
                 refused.append(key)
@@ -260,19 +281,28 @@ class CommitQuorum:
 
 class Loading:
     """Groups a new coordinator is loading: it asked ``targets`` what they hold, and answers
-    "loading" until each has answered or ``wait_ms`` has passed (a target that died)."""
+    "loading" until each has answered or ``wait_ms`` has passed (a target that died), and
+    past that while one of the ``required`` ones (its own replicas: among them every
+    surviving holder of an acknowledged commit) has not answered and is still in the
+    coordination set. A timeout alone let a successor hand out an older offset when the one
+    replica holding the commit was slow for a second (found by review); a required target
+    is asked again every ``wait_ms`` (the question or the answer may have been dropped)."""
 
     def __init__(self, wait_ms: int = PULL_WAIT_MS, max_groups: int = MAX_WAITING):
         self.wait_ms = wait_ms
         self.max_groups = max_groups
-        self._groups: dict[str, tuple[set[str], int]] = {}   # group -> (not answered yet, until)
+        # group -> [not answered yet, required not answered yet, until, ask the required again at]
+        self._groups: dict[str, list] = {}
+        self._next_due_ms = _NEVER   # no group is due before this (``expire`` walks them only then)
 
-    def begin(self, group_id: str, targets: Iterable[str], now_ms: int) -> bool:
+    def begin(self, group_id: str, targets: Iterable[str], now_ms: int,
+              required: Iterable[str] = ()) -> bool:
         """False if there is nobody to ask (or too many groups load at once: not gated)."""
         targets = set(targets)
         if not targets or (group_id not in self._groups and len(self._groups) >= self.max_groups):
             return False
-        self._groups[group_id] = (targets, now_ms + self.wait_ms)
+        self._groups[group_id] = [targets, set(required) & targets, now_ms + self.wait_ms, now_ms + self.wait_ms]
+        self._next_due_ms = min(self._next_due_ms, now_ms + self.wait_ms)
         return True
 
     def answered(self, src: str, groups: Iterable[str]) -> None:
@@ -280,16 +310,42 @@ class Loading:
             entry = self._groups.get(group_id)
             if entry is not None:
                 entry[0].discard(src)
+                entry[1].discard(src)
                 if not entry[0]:
                     del self._groups[group_id]
 
-    def loading(self, group_id: str, now_ms: int) -> bool:
+    def loading(self, group_id: str, now_ms: int, live: frozenset[str] | None = None) -> bool:
+        """``live``: the coordination set (a required target that left it no longer counts)."""
         entry = self._groups.get(group_id)
-        return entry is not None and now_ms < entry[1]
+        if entry is None:
+            return False
+        return now_ms < entry[2] or bool(entry[1] if live is None else entry[1] & live)
 
-    def expire(self, now_ms: int) -> None:
-        for group_id in [g for g, (_, until) in self._groups.items() if until <= now_ms]:
-            del self._groups[group_id]
+    def expire(self, now_ms: int, live: frozenset[str] | None = None) -> dict[str, list[str]]:
+        """Forget groups that are done waiting; the required targets to ask again (target ->
+        groups, sorted), for the groups past their wait that still need them. Walks the
+        groups only when one of them is due."""
+        again: dict[str, list[str]] = {}
+        if now_ms < self._next_due_ms:
+            return again
+        next_due = _NEVER
+        for group_id in list(self._groups):
+            entry = self._groups[group_id]
+            _, required, until, ask_at = entry
+            if until > now_ms:
+                next_due = min(next_due, until)
+                continue
+            waiting = required if live is None else required & live
+            if not waiting:
+                del self._groups[group_id]
+                continue
+            if ask_at <= now_ms:
+                ask_at = entry[3] = now_ms + self.wait_ms
+                for dest in waiting:
+                    again.setdefault(dest, []).append(group_id)
+            next_due = min(next_due, ask_at)
+        self._next_due_ms = next_due
+        return {dest: sorted(groups) for dest, groups in sorted(again.items())}
 
     def __len__(self) -> int:
         return len(self._groups)

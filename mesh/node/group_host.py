@@ -21,8 +21,9 @@ Offsets, durable on a majority of the group's replicas, then answered (the etcd-
    transaction, db ``offsets`` (key: msgpack ``[group, topic, partition]``), and the
    answer is held: the turn's one sync makes it durable with everything else the turn
    staged (group commit; no sync of its own);
-3. in the turn's tick, before that sync (``send_early``), the rows go to the group's other
-   replicas (``GROUP_REPLICATE``), whose syncs overlap this one;
+3. right after the drain that staged it (the node calls ``send_early``; the tick does too,
+   for commits staged later in the turn), before that sync, the rows go to the group's
+   other replicas (``GROUP_REPLICATE``), whose syncs overlap this one;
 4. after the sync (``after_commit``, which the node registers with the data path) the
    offsets go into this node's gossip namespace (``mesh.cluster.keys.offsets_key``); a
    failed sync answers STORAGE_ERROR and puts the core's offsets back as they were,
@@ -83,6 +84,7 @@ from mesh.groups.offsets import (
 from mesh.clock import Clock
 from mesh.groups.replication import DEFAULT_REPLICAS
 from mesh.node.offset_replication import OffsetReplication
+from mesh.node.ratelog import RateLimitedLog
 from mesh.wire.errors import ErrorCode, MeshError
 from storage.base import LogError
 
@@ -96,6 +98,7 @@ TICK_EVERY_MS = 20
 PRUNE_EVERY_MS = 10_000
 EXPIRE_PER_PRUNE = 1_000             # groups deleted by offsets retention per prune (bounds the turn)
 EXPIRE_OFFSETS_PER_PRUNE = 100_000   # ... and their offsets (tombstones written) per prune
+MAX_UNGOSSIPED = 100_000            # own chunks whose gossip is tried again (stamps ahead of the clock)
 MAX_LEFT_WITH_MEMBERS = 10_000       # groups remembered after moving away with members (oldest go first)
 
 Reply = Callable[[bytes, int, Any], None]
@@ -174,6 +177,8 @@ class GroupHost:
         # made before then, that arrives later, was made without knowing those members
         self._left_with_members: dict[str, tuple[dict, int]] = {}
         self._doomed = doomed
+        self._rlog = RateLimitedLog(log, now_ms=clock.now_ms)
+        self._ungossiped: set = set()   # own chunks gossip refused (stamps ahead of this clock): tried again
         self.replication = OffsetReplication(self, send_to_node, config.offset_replicas,
                                              config.commit_timeout_ms, MAX_METADATA_CHARS)
         self._load_store()
@@ -333,6 +338,11 @@ class GroupHost:
                              group_id, self.core.config.offsets_retention_ms // 1000)
                     self._apply(None, 0, GroupDelete(group_id), now_ms, writes=True)
             self._collect(now_ms)
+            if self._ungossiped:   # refused by gossip so far: an idle group would never be gossiped again
+                retry, self._ungossiped = sorted(self._ungossiped), set()
+                for chunk in retry:
+                    if self.book.has_chunk(chunk):
+                        self._gossip_chunks(chunk[0], [chunk])
             self.book.prune(self.core.has_group)   # forget groups that ended
 
     def on_cluster_change(self, now_ms: int) -> None:
@@ -468,6 +478,10 @@ class GroupHost:
             if reassert:
                 self._commit_again(action.group_id, reassert)
 
+    def known_brokers(self, now_ms: int) -> int:
+        """Brokers gossip knows, but those that left (a commit's majority counts them)."""
+        return sum(1 for m in self._gossip.members(now_ms) if m.status != "left")
+
     def _sees_majority(self, now_ms: int) -> bool:
         return sees_majority(self._gossip.members(now_ms))
 
@@ -505,8 +519,12 @@ class GroupHost:
             key, value = self.book.chunk_entry(chunk)
             try:
                 self._gossip.set_local(key, value)
-            except ValueError as exc:   # cannot happen within the metadata bound; never fatal
-                log.error("group %s: offsets of %s not gossiped: %s", group_id, chunk[1], exc)
+                self._ungossiped.discard(chunk)
+            except ValueError as exc:   # a stamp far ahead of this clock (one broker's was ahead); never fatal
+                if len(self._ungossiped) < MAX_UNGOSSIPED:
+                    self._ungossiped.add(chunk)   # tried again every PRUNE_EVERY_MS, until this clock reaches it
+                self._rlog.warning(("not gossiped", group_id), "group %s: offsets of %s not gossiped (its "
+                                   "replicas hold them; once a minute per group): %s", group_id, chunk[1], exc)
 
     def _load_store(self) -> None:
         """Offsets synced here in an earlier life: back into the book and gossip."""

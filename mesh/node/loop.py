@@ -16,7 +16,8 @@ order each turn (``run``, then ``_after_turn``):
    parked fetches the drain's commit advances allow (they need no sync of this turn:
    ``ReplicaHost.answer_committed``). Client requests go to their handler
    (``mesh.node.handlers``: admin and metadata, which commit on their own; the data path
-   for produce, staged in the turn's transaction, and fetch; the group host for GROUP_*).
+   for produce, staged in the turn's transaction, and fetch; the group host for GROUP_*;
+   the rows of offsets commits leave for the group's replicas right after it).
    Peer messages go to their core: gossip answers are sent at once (gossip keeps nothing
    that must be durable first), replication effects are staged and their sends held;
 3. log a change of the clock's state (``mesh.node.peer_clock``); tick the gossip core
@@ -24,8 +25,9 @@ order each turn (``run``, then ``_after_turn``):
    that are due (effects staged, sends held);
 4. if the gossip state moved (not on mere heartbeats): reconcile the topic catalog
    (create/drop local partitions), tell the group host (coordination and offsets may
-   have moved) and stage the gossip snapshot (at most once per ten times its last cost:
-   ``_SNAPSHOT_COST_FACTOR``);
+   have moved) and mark the gossip snapshot due (staged before the commit, step 8, at most
+   once per ten times its last cost, ``_SNAPSHOT_COST_FACTOR``, in a turn that syncs
+   anyway or after ``_SNAPSHOT_ALONE_MS``);
 5. publish this node's partition stats to gossip (every ``stats_every_ms``;
    ``mesh.node.publish``);
 6. tick the group host;
@@ -152,6 +154,10 @@ _DAMAGE_MARKS = ("MDB_CORRUPTED", "MDB_PAGE_NOTFOUND")
 # acknowledged (topics, users, ACLs, moves) is persisted by its handler at once
 # (``_apply_cluster_change``), offsets in their own database.
 _SNAPSHOT_COST_FACTOR = 10
+# ... and it rides a turn that syncs anyway (a commit, an append), or waits this long for one:
+# alone, its sync came just after every commit's, on each broker that gossips the offsets,
+# and the quorum's answers waited behind it (bench.group_commits: ms on a busy disk)
+_SNAPSHOT_ALONE_MS = 1_000
 
 
 def _seeded_rng() -> random.Random:
@@ -297,6 +303,7 @@ class Node:
         self._seen_version = -1
         self._snapshot_due = False     # gossip moved since the snapshot last staged
         self._next_snapshot_ms = 0     # not before: ten times what the last one cost
+        self._snapshot_due_ms = 0      # when it became due (alone, it waits _SNAPSHOT_ALONE_MS for a turn that syncs)
         self._next_stats_ms = 0
         self._isolated_logged = False
         self._isolated_since_ms: int | None = None
@@ -464,6 +471,7 @@ class Node:
                     self._step("early acks", self.data.answer_committed)   # no sync needed: at once
                     if not self.data.doomed:   # (a doomed turn sends nothing)
                         self._step("early appends", self.replicas.send_early_appends)   # before the turn's steps
+                        self._step("early offsets", self.groups.send_early, self.clock.wall_ms())   # to the group's replicas
                 try:
                     self._after_turn()   # each step guarded (_step); this is the last resort
                 except Exception as exc:  # fail the turn, not the broker
@@ -544,14 +552,10 @@ class Node:
             if self._relearning:
                 self._relearn_quiet_since = now_ms
             self._step("reconcile", self._reconcile)
-            self._snapshot_due = True
+            if not self._snapshot_due:
+                self._snapshot_due, self._snapshot_due_ms = True, self.clock.now_ms()
         elif self._relearning:
             self._step("relearn", self._relearned, now_ms)
-        if self._snapshot_due and self.clock.now_ms() >= self._next_snapshot_ms:
-            self._snapshot_due = False
-            started_ms = self.clock.now_ms()
-            self._step("gossip snapshot", self._persist_snapshot)
-            self._next_snapshot_ms = started_ms + _SNAPSHOT_COST_FACTOR * (self.clock.now_ms() - started_ms)
         if now_ms >= self._next_stats_ms:
             self._next_stats_ms = now_ms + self.cfg.stats_every_ms
             self._step("stats", self.publish.stats)
@@ -578,6 +582,7 @@ class Node:
             self._step("elastic", self.elastic.tick, now_ms)   # config changes to gossip; moves (mesh.node.elastic)
         if self._stop_asked and self._running:
             self._step("hand over", self._hand_over)   # stopping: leaderships to others first
+        self._maybe_snapshot()
         if not self.data.commit_turn():  # the turn's one sync; then acks, replication sends, wake-ups
             self._seen_version = -1      # reconcile and persist the snapshot again on a good turn
             self._next_snapshot_ms = 0
@@ -588,6 +593,20 @@ class Node:
         self._step("identity", self._check_identity)
         if self.metrics is not None:
             self.metrics.maybe_refresh(mono_ms)   # the snapshot /metrics serves (guarded, read-only)
+
+    def _maybe_snapshot(self) -> None:
+        """Stage the gossip snapshot if it is due: in a turn that syncs anyway, or alone once
+        it has waited ``_SNAPSHOT_ALONE_MS`` (a sync of its own, just after a commit's, held
+        the next loop turn, and the answers it reads, for a few ms: on every broker that
+        gossips a commit's offsets)."""
+        now = self.clock.now_ms()
+        if not self._snapshot_due or now < self._next_snapshot_ms:
+            return
+        if not self.store.has_writes() and now - self._snapshot_due_ms < _SNAPSHOT_ALONE_MS:
+            return
+        self._snapshot_due = False
+        self._step("gossip snapshot", self._persist_snapshot)
+        self._next_snapshot_ms = now + _SNAPSHOT_COST_FACTOR * (self.clock.now_ms() - now)
 
     def _prune_links(self) -> None:
         """Links only to seeds, members not DEAD or LEFT, and addresses used within the

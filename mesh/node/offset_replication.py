@@ -22,7 +22,9 @@ Takeover: ``want_pull`` (a group just became coordinated here) queues the group;
 for their rows (``GROUP_OFFSETS_PULL``), answered at once
 from the merged view (``on_pull``); the answers are checked and folded (``on_rows``), and
 any newer than the core's offsets go through the ordinary takeover (``take_newer``: load,
-adopt). Until every target answered (at most ``PULL_WAIT_MS``) the group is ``loading``:
+adopt). Until every target answered (at most ``PULL_WAIT_MS``, but as long as one of the
+group's replicas in the coordination set has not: asked again each ``PULL_WAIT_MS``) the
+group is ``loading``:
 the host answers its offset fetches and writes COORDINATOR_NOT_AVAILABLE. A group whose
 offsets were loaded at a takeover is copied to its (new) replicas (``want_copy``), so a
 commit that survived a failure on one replica is on a majority again before the next.
@@ -30,6 +32,7 @@ commit that survived a failure on one replica is on a majority again before the 
 from __future__ import annotations
 
 import logging
+import random
 from typing import Any, Callable
 
 from mesh.groups.messages import (
@@ -37,6 +40,7 @@ from mesh.groups.messages import (
 )
 from mesh.groups.replication import (
     MAX_PULL_GROUPS, MAX_ROWS_PER_MESSAGE, CommitQuorum, Loading, check_groups, check_rows, pull_targets,
+    replicas_for,
 )
 from mesh.wire.errors import ErrorCode
 
@@ -45,6 +49,7 @@ __all__ = ["OffsetReplication"]
 log = logging.getLogger("mesh.node.group_host")
 
 _MAX_PULL_QUEUE = 100_000
+_SEQ_RNG = random.SystemRandom()
 _COPY = "copy"   # the held "answer" of a copy (``want_copy``): retried if it times out
 
 
@@ -57,7 +62,8 @@ class OffsetReplication:
         self.host = host
         self._send = send
         self.replicas = replicas
-        self.quorum = CommitQuorum(host.node_id, replicas, timeout_ms)
+        # message numbers start at random: an answer to an earlier life's message never counts
+        self.quorum = CommitQuorum(host.node_id, replicas, timeout_ms, first_seq=_SEQ_RNG.getrandbits(62))
         self._max_metadata_chars = max_metadata_chars
         self._answers: dict[int, tuple] = {}   # key -> (ident, rid, msg, resp, group): held for the quorum
         self._next_key = 0
@@ -77,7 +83,8 @@ class OffsetReplication:
             self._next_key += 1
             self._answers[self._next_key] = (ident, rid, msg, resp, group_id)
             batch.append((self._next_key, group_id, rows))
-        sends, done, refused = self.quorum.begin(batch, self.host.coord_nodes(now_ms), self._mono_ms(), durable)
+        sends, done, refused = self.quorum.begin(batch, self.host.coord_nodes(now_ms), self._mono_ms(), durable,
+                                                 known=self.host.known_brokers(now_ms))
         for dest, message in sends:
             self._send(dest, message)
             self.sent += 1
@@ -112,7 +119,12 @@ class OffsetReplication:
             self._answer(gone, ok=False, why=f"not on a majority of the group's replicas within "
                                              f"{self.quorum.timeout_ms} ms; retry")
         self.flush()
-        self._loading.expire(mono_ms)
+        again = self._loading.expire(mono_ms, self.host.coord_nodes(now_ms))
+        for dest, groups in sorted(again.items()):   # a replica that has not answered: asked again
+            log.warning("%d groups still loading: broker %s has not answered what it holds of them",
+                        len(groups), dest)
+            for start in range(0, len(groups), MAX_PULL_GROUPS):
+                self._send(dest, GroupOffsetsPull(groups[start:start + MAX_PULL_GROUPS]))
 
     def flush(self) -> None:
         """Send the queued pulls (one message per replica and ``MAX_PULL_GROUPS``) and
@@ -189,9 +201,10 @@ class OffsetReplication:
     def want_pull(self, group_id: str, now_ms: int) -> None:
         """``group_id`` just became coordinated here: ask its replicas what they hold (at the
         next tick), and answer "loading" until they did (``loading``)."""
-        dests = sorted(pull_targets([group_id], self.host.coord_nodes(now_ms), self.host.node_id,
-                                    self.replicas))
-        if self._loading.begin(group_id, dests, self._mono_ms()) and len(self._pulls) < _MAX_PULL_QUEUE:
+        nodes = self.host.coord_nodes(now_ms)
+        dests = sorted(pull_targets([group_id], nodes, self.host.node_id, self.replicas))
+        required = replicas_for(group_id, nodes | {self.host.node_id}, self.replicas)
+        if self._loading.begin(group_id, dests, self._mono_ms(), required) and len(self._pulls) < _MAX_PULL_QUEUE:
             self._pulls[group_id] = dests
 
     def want_copy(self, group_id: str) -> None:
@@ -203,7 +216,7 @@ class OffsetReplication:
 
     def loading(self, group_id: str, now_ms: int) -> bool:
         """A pull of the group's offsets is not answered yet (and not timed out)."""
-        return self._loading.loading(group_id, self._mono_ms())
+        return self._loading.loading(group_id, self._mono_ms(), self.host.coord_nodes(now_ms))
 
     def on_pull(self, src: str, msg: GroupOffsetsPull) -> None:
         """Answer from the merged view, at most ``MAX_ROWS_PER_MESSAGE`` rows a message, each

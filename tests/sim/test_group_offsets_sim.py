@@ -13,7 +13,12 @@ the rendezvous ranking makes coordinator. Faults, one broker down at a time:
 * now and then another broker is killed and restarted the same way;
 * with five brokers, a second failure while the first is still down (one at a time: at
   least 300 ms after it), often the new coordinator itself: it copied what it took over to
-  its own replicas meanwhile.
+  its own replicas meanwhile;
+* not failures, whatever else happens: a broker pauses for 1-2 s (what is sent to it waits,
+  it neither ticks nor answers), so a new coordinator may wait for a replica longer than
+  its second of "loading"; and a broker's wall clock runs two minutes ahead for a while,
+  so its commits' stamps are ahead of everyone's (refused by gossip, and above the 30 s
+  that commit stamps were capped at).
 
 After every 10 ms step: whatever the coordinator answers to an offset fetch (once it has
 loaded the group) is at least the newest acknowledged commit of every partition, and so is
@@ -38,6 +43,21 @@ PARTITIONS = 4
 STEP_MS = 10
 STEPS = 1_500
 LOSS = 0.02
+SKEW_MS = 120_000
+
+
+class SkewedClock:
+    """A broker's clock: its wall clock ``skew_ms`` ahead of the world's (the monotonic one
+    right)."""
+
+    def __init__(self, world: World):
+        self.world, self.skew_ms = world, 0
+
+    def now_ms(self) -> int:
+        return self.world.now_ms
+
+    def wall_ms(self) -> int:
+        return self.world.now_ms + self.skew_ms
 
 
 class Sim:
@@ -55,12 +75,15 @@ class Sim:
         self.inflight: dict[int, tuple[str, dict[int, int]]] = {}   # rid -> (broker, offsets)
         self.next_rid = 0
         self.kills = self.mid_commit_kills = self.second_kills = self.acks = 0
+        self.paused: dict[str, int] = {}                  # node -> step it resumes
+        self.pauses = self.skews = 0
         self.last_kill_step = 0
 
     # -- brokers -------------------------------------------------------------------------
     def _start(self, node: str, store=None) -> Broker:
         b = Broker(self.world, node, store=store)
         b.groups._reply = lambda ident, rid, msg, node=node: self._answer(node, rid, msg)
+        b.groups._clock = SkewedClock(self.world)
         return b
 
     def _cluster_changed(self) -> None:
@@ -127,6 +150,8 @@ class Sim:
             links = sorted({(s, d) for s, d, _ in world.wire})
             link = self.rng.choice(links)
             i = next(i for i, (s, d, _) in enumerate(world.wire) if (s, d) == link)
+            if link[1] in self.paused:
+                continue                # waits in the link until the broker resumes
             src, dest, msg = world.wire.pop(i)
             if dest in world.down or self.rng.random() < LOSS:
                 continue
@@ -161,8 +186,19 @@ class Sim:
             self.restart(node)
         if rng.random() < 0.5:
             self.commit()
+        for node in [n for n, at in self.paused.items() if at <= step]:
+            del self.paused[node]
+        if not self.paused and rng.random() < 0.005:
+            self.pauses += 1
+            self.paused[rng.choice(self.live())] = step + rng.randint(100, 200)
+        if rng.random() < 0.003:
+            self.skews += 1
+            clock = self.brokers[rng.choice(self.nodes)].groups._clock
+            clock.skew_ms = 0 if clock.skew_ms else SKEW_MS
         coord = self.coordinator()
         for n in self.live():
+            if n in self.paused:
+                continue
             b = self.brokers[n]
             b.groups.tick(world.now_ms)
             b.data.commit_turn()
@@ -183,8 +219,12 @@ class Sim:
     def run(self) -> None:
         for step in range(STEPS):
             self.step(step)
-        for node in sorted(self.down):   # heal: everyone back, every message delivered
+        for node in sorted(self.down):   # heal: everyone back, every message delivered, clocks right
             self.restart(node)
+        self.paused.clear()
+        for n in self.nodes:
+            self.brokers[n].groups._clock.skew_ms = 0
+        self.world.now_ms += SKEW_MS + 30_000    # everyone's clock past every stamp: gossip takes them
         for _ in range(400):
             self.world.now_ms += STEP_MS
             for n in self.nodes:

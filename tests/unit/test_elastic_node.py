@@ -147,6 +147,7 @@ def test_the_gossip_snapshot_is_staged_at_most_once_per_ten_times_its_cost(node,
         clock[0] += 50                           # each costs 50 ms: the next not before 500 ms later
 
     monkeypatch.setattr(node, "_persist_snapshot", costly)
+    monkeypatch.setattr(node.store, "has_writes", lambda: True)   # turns that sync anyway
     for i in range(10):                          # gossip moves on every turn
         node.gossip.set_local(keys.LOAD_KEY, {"bytes": i, "replicas": 0, "leaders": 0})
         node._after_turn()
@@ -156,6 +157,35 @@ def test_the_gossip_snapshot_is_staged_at_most_once_per_ten_times_its_cost(node,
     node._after_turn()                           # gossip still; the change waiting is staged now
     node._after_turn()
     assert staged == [1_000, 1_500]
+
+
+def test_the_gossip_snapshot_rides_a_turn_that_syncs_anyway_or_waits_a_second(node, monkeypatch):
+    """Staged alone, the snapshot cost a sync of its own right after each commit's, on every
+    broker that gossips the commit's offsets, and the quorum's answers waited behind it."""
+    from types import SimpleNamespace
+    clock = [1_000]
+    node.clock = SimpleNamespace(now_ms=lambda: clock[0], wall_ms=node.clock.wall_ms)
+    staged, writes = [], [False]
+    monkeypatch.setattr(node, "_persist_snapshot", lambda: staged.append(clock[0]))
+    monkeypatch.setattr(node.store, "has_writes", lambda: writes[0])
+    node.gossip.set_local(keys.LOAD_KEY, {"bytes": 1, "replicas": 0, "leaders": 0})
+    for _ in range(5):                           # turns with nothing else to write: no sync for it
+        node._after_turn()
+        clock[0] += 100
+    assert staged == []
+    writes[0] = True                             # a turn that syncs anyway: it rides along
+    node._after_turn()
+    assert staged == [1_500]
+    writes[0] = False
+    node.gossip.set_local(keys.LOAD_KEY, {"bytes": 2, "replicas": 0, "leaders": 0})
+    clock[0] = 2_000
+    node._after_turn()                           # due from now; alone it waits at most a second
+    clock[0] = 2_999
+    node._after_turn()
+    assert staged == [1_500]
+    clock[0] = 3_000
+    node._after_turn()
+    assert staged == [1_500, 3_000]
 
 
 def test_list_offsets_names_earliest_or_latest_and_well_formed_parts(node):

@@ -269,3 +269,170 @@ def test_a_partition_twice_in_one_message_keeps_the_newest(world):
     assert b.groups.committed("g") == {("t", 0): (9, "", 300)}
     again = Broker(world, "b2", store=b.store.crash())   # what the store holds is the newest too
     assert again.groups.book.committed("g") == {("t", 0): (9, "", 300)}
+
+
+def test_after_a_coordinator_whose_clock_was_ahead_every_commit_still_wins(world):
+    """Its rows are stamped two hours ahead; its clock is set right (or its successor's is
+    right). The next commits were stamped at most 30 s ahead of the clock, so below those
+    rows: the replicas kept the older row (newer by stamp) and answered anyway, and after
+    the next failure the successor resumed from the two-hour-ahead commit (found by review)."""
+    brokers = cluster(world)
+    g = "g5b"
+    coord, second, _ = ranked_nodes(g, NODES)
+    c = brokers[coord]
+
+    class Ahead:
+        def now_ms(self):
+            return world.now_ms + 7_200_000
+
+        def wall_ms(self):
+            return world.now_ms + 7_200_000
+    r = join(c, g)
+    right = c.groups._clock
+    c.groups._clock = Ahead()
+    assert c.ask(GroupCommit(g, r.member_id, r.member_epoch, [["t", 0, 920, ""]])).error == 0
+    c.groups._clock = right                   # its clock is set right
+    world.now_ms += 1_000
+    assert c.ask(GroupCommit(g, r.member_id, r.member_epoch, [["t", 0, 950, ""]])).error == 0
+    kill(world, brokers, coord, gossiped=True)
+    assert offsets(brokers[second], g) == {0: 950}
+    for n, b in brokers.items():
+        if n != coord:
+            assert b.groups.committed(g)[("t", 0)][0] == 950
+
+
+def test_a_new_coordinator_loads_until_the_replica_holding_the_commit_answered_however_long(world):
+    """The successor missed the commit; the one replica that holds it did not answer its
+    pull within the second of "loading" (paused, or the question was dropped): the successor
+    then answered the offsets it had, older than an acknowledged commit (found by review)."""
+    brokers = cluster(world)
+    g = "g4b"
+    coord, second, third = ranked_nodes(g, NODES)
+    c = brokers[coord]
+    r = join(c, g)
+    world.down.add(second)               # the successor misses it: acknowledged by coord + third
+    assert c.ask(GroupCommit(g, r.member_id, r.member_epoch, [["t", 0, 77, ""]])).error == 0
+    world.down.discard(second)
+    world.ns[third] = {}                 # nor did gossip bring it
+    kill(world, brokers, coord)
+    s = brokers[second]
+    world.down.add(third)                # paused: the pull is lost
+    for _ in range(3):
+        s.replies.clear()
+        s.groups.handle(b"client", 1, GroupFetchOffsets(g, None))
+        s.data.commit_turn()
+        world.deliver()
+        assert s.replies[-1].error == ErrorCode.COORDINATOR_NOT_AVAILABLE and "loading" in s.replies[-1].message
+        world.now_ms += 1_500
+        s.groups.tick(world.now_ms)      # asked again
+        world.deliver()
+    world.down.discard(third)            # back: asked again, it answers
+    world.now_ms += 1_500
+    s.groups.tick(world.now_ms)
+    world.deliver()
+    assert offsets(s, g) == {0: 77}
+
+
+def test_a_replica_that_left_the_coordination_set_is_not_waited_for(world):
+    brokers = cluster(world)
+    g = "g4c"
+    coord, second, third = ranked_nodes(g, NODES)
+    c = brokers[coord]
+    r = join(c, g)
+    assert c.ask(GroupCommit(g, r.member_id, r.member_epoch, [["t", 0, 5, ""]])).error == 0
+    kill(world, brokers, coord)
+    s = brokers[second]
+    world.down.add(third)
+    s.groups.handle(b"client", 1, GroupFetchOffsets(g, None))
+    world.deliver()
+    world.now_ms += 1_500
+    s.groups.tick(world.now_ms)
+    assert s.groups.replication.loading(g, world.now_ms)
+    kill(world, brokers, third)          # convicted: a majority of the replicas is gone, the wait ends
+    s.groups.tick(world.now_ms)
+    assert not s.groups.replication.loading(g, world.now_ms)
+    assert offsets(s, g) == {0: 5}       # (second held it: it was one of the majority)
+
+
+def test_on_two_brokers_a_commit_is_refused_retriably_while_the_other_is_down_and_taken_once_convicted(world):
+    """A group of a 2-broker cluster needs both: while the other is dead but not convicted,
+    each commit is answered a retriable error within ``commit_timeout_ms`` (never success),
+    and once it is convicted the next commit is taken at once."""
+    from mesh.wire.errors import retriable
+    from tests.unit.test_group_host import group_on
+    nodes = ["a", "b"]
+    brokers = cluster(world, nodes)
+    g = group_on("a", nodes)
+    c = brokers["a"]
+    assert c.ask(GroupCommit(g, "", -1, [["t", 0, 2, ""]])).error == 0   # on both
+    world.down.add("b")                  # killed; gossip still says alive
+    c.replies.clear()
+    c.groups.handle(b"client", 1, GroupCommit(g, "", -1, [["t", 0, 3, ""]]))
+    c.data.commit_turn()
+    world.deliver()
+    world.now_ms += 2_990
+    c.groups.tick(world.now_ms)
+    assert c.replies == []
+    world.now_ms += 30                   # (past commit_timeout_ms: 3 s)
+    c.groups.tick(world.now_ms)
+    assert [x.error for x in c.replies] == [ErrorCode.COORDINATOR_NOT_AVAILABLE]
+    assert retriable(c.replies[0].error)
+    kill(world, brokers, "b")            # convicted
+    assert c.ask(GroupCommit(g, "", -1, [["t", 0, 4, ""]])).error == 0
+
+
+def test_an_answer_to_a_message_of_the_coordinators_earlier_life_does_not_count(world):
+    """Message numbers started at 1 in every life: an answer a replica's link held while the
+    coordinator restarted counted for the new life's message of the same number, and a
+    commit was acknowledged before that replica had it (found by review)."""
+    from tests.unit.test_group_host import Broker
+    brokers = cluster(world)
+    g = "g7"
+    coord, second, third = ranked_nodes(g, NODES)
+    c = brokers[coord]
+    assert c.ask(GroupCommit(g, "", -1, [["t", 0, 1, ""]])).error == 0
+    old = []
+    for offset in range(2, 7):           # five messages to each replica, not delivered yet
+        c.groups.handle(b"client", 1, GroupCommit(g, "", -1, [["t", 0, offset, ""]]))
+        c.data.commit_turn()
+        old += world.wire
+        world.wire = []
+    c = brokers[coord] = Broker(world, coord, store=c.store.crash())   # restarted before the answers
+    world.deliver()                      # its pull and its copy of what it took over are answered
+    c.replies.clear()
+    c.groups.handle(b"client", 2, GroupCommit(g, "", -1, [["t", 0, 9, ""]]))
+    c.data.commit_turn()
+    assert {dest for _, dest, m in world.wire if isinstance(m, GroupReplicate)} == {second, third}
+    world.wire = []                      # the replicas never get this life's rows
+    for src, dest, m in old:             # the earlier life's messages reach them now
+        brokers[dest].groups.handle_peer(src, m)
+        brokers[dest].data.commit_turn()
+    world.deliver()                      # their answers reach the new life
+    assert c.replies == []               # not acknowledged: neither replica has offset 9
+
+
+def test_a_coordinator_cut_off_from_the_others_acknowledges_nothing_alone(world):
+    """A network partition isolates the coordinator of a 3-broker cluster: it convicts the
+    other two, is then the group's only replica in its own view, and acknowledged every
+    commit on its disk alone, while the others took the group over (found by review). A
+    majority is counted over the brokers gossip knows (not those that left), not over the
+    live ones (but on 2 brokers the survivor of one failure goes on alone)."""
+    brokers = cluster(world)
+    g = "g8"
+    coord, second, third = ranked_nodes(g, NODES)
+    c = brokers[coord]
+    assert c.ask(GroupCommit(g, "", -1, [["t", 0, 1, ""]])).error == 0
+    world.down.update([second, third])   # cut off: from its side the others are dead
+    world.status[second] = world.status[third] = "dead"
+    c.groups.on_cluster_change(world.now_ms)
+    c.replies.clear()
+    c.groups.handle(b"client", 1, GroupCommit(g, "", -1, [["t", 0, 2, ""]]))
+    c.data.commit_turn()
+    world.deliver()
+    world.now_ms += 3_100
+    c.groups.tick(world.now_ms)
+    assert [r.error for r in c.replies] == [ErrorCode.COORDINATOR_NOT_AVAILABLE]
+    world.down.discard(third)            # one of them is back in view: a majority again
+    world.status[third] = "alive"
+    c.groups.on_cluster_change(world.now_ms)
+    assert c.ask(GroupCommit(g, "", -1, [["t", 0, 3, ""]])).error == 0

@@ -147,3 +147,19 @@ def test_a_group_loads_until_every_target_answered_or_the_wait_is_over():
     assert loading.loading("k", 999) and not loading.loading("k", 1_000)
     loading.expire(1_000)
     assert len(loading) == 0
+
+
+def test_a_group_loads_past_the_wait_while_a_required_target_in_the_set_has_not_answered():
+    from mesh.groups.replication import Loading
+    loading = Loading(wait_ms=1_000)
+    assert loading.begin("g", ["n2", "n3", "n4"], 0, required=["n1", "n2"])   # (n1: itself, not a target)
+    live = frozenset(["n1", "n2", "n3", "n4"])
+    assert loading.expire(500, live) == {}
+    loading.answered("n3", ["g"])
+    assert loading.loading("g", 5_000, live)                      # n2 is required and in the set
+    assert loading.expire(1_000, live) == {"n2": ["g"]}           # asked again, then each wait_ms
+    assert loading.expire(1_500, live) == {} and loading.expire(2_000, live) == {"n2": ["g"]}
+    assert not loading.loading("g", 5_000, live - {"n2"})         # it left the set: not waited for
+    loading.answered("n2", ["g"])
+    assert not loading.loading("g", 5_000, live)                  # n4 may stay silent past the wait
+    assert loading.expire(5_000, live) == {} and len(loading) == 0
