@@ -174,7 +174,11 @@ class Node:
         self._start_sidecars(config, text_creds)
         if config.metrics_port is not None:   # /metrics on prometheus_client's own thread
             from mesh.node.metrics import serve_metrics
-            self.metrics = self.dispatch.metrics = self.data.metrics = serve_metrics(self, config)
+            try:
+                self.metrics = self.dispatch.metrics = self.data.metrics = serve_metrics(self, config)
+            except StartupError:
+                self.sidecars.close()   # (serve_metrics released the router and the lock)
+                raise
 
     @property
     def generation(self) -> int:
