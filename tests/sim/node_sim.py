@@ -276,7 +276,7 @@ class NodeSim(NodeClients, NodeChecks):
         else:
             raise AssertionError(kind)
 
-    # -- a broker's loop turn (mesh.node.loop.Node.run / _after_turn, without gossip) ------------
+    # -- a broker's turn: the drain, then the node's own BrokerTurn (mesh.node.turn) -----------
     def _turn(self, b: Broker) -> None:
         if not b.up or b.paused:
             return

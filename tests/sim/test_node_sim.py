@@ -189,7 +189,7 @@ def test_requests_held_through_handovers_are_all_run_again():
 
 def test_graceful_stops_hand_leaderships_over_and_lose_nothing():
     """With ``stops``, a third of the crashes are graceful: the broker first hands what it
-    leads to caught-up replicas (``ReplicaHost.hand_over_all``, as ``Node._hand_over``
+    leads to caught-up replicas (``ReplicaHost.hand_over_all``, as ``mesh.node.shutdown``
     does), producers held meanwhile, then stops. Nothing acknowledged may be lost, doubled
     or reordered; these seeds must hand some leaderships over, or the check proves nothing."""
     stops = handed = 0
