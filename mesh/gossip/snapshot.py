@@ -119,45 +119,7 @@ def restore_snapshot(snap: dict, members: Membership, registers: ClusterRegister
         raise ValueError(f"generation must increase across restarts: snapshot has "
                          f"{snap.get('generation')}, starting with {members.generation}")
     warnings: list[str] = []
-    # This node wrote its snapshot: a stamp later than its clock says the clock went back
-    # (a restart with a wrong clock), not that the stamp is forged. Dropping those registers
-    # emptied the topic table of a broker started a day behind, and it dropped every local
-    # partition as "topic deleted or replaced"; they are kept (and counted in one warning).
-    limit = MAX_COUNTER
-    ahead = 0
-    try:
-        registers.clock = max(registers.clock, _count(snap.get("clock"), "clock", limit))
-    except _Bad as exc:
-        warnings.append(f"cluster clock ignored: {exc}")
-    try:
-        registers.gc_clock = _count(snap.get("cluster_gc"), "cluster gc clock", limit)
-    except _Bad as exc:
-        warnings.append(f"cluster gc clock ignored: {exc}")
-    try:
-        c = _flat(snap.get("cluster"), _CLUSTER_FIELDS, "cluster")
-    except _Bad as exc:
-        warnings.append(f"every cluster entry dropped: {exc}")
-        c = []
-    for i in range(0, len(c), _CLUSTER_FIELDS):
-        key, clock, writer, value, deleted, stored = c[i:i + _CLUSTER_FIELDS]
-        try:
-            _name(key, "key", MAX_KEY_CHARS)
-            _count(clock, f"{key!r}: stamp", limit)
-            ahead += clock > check.stamp_limit(now_ms)
-            _name(writer, f"{key!r}: writer")
-            deleted = _flag(deleted, f"{key!r}: deleted")
-            _count(stored, f"{key!r}: stored_ms")
-            size = register_size(key, value, writer)
-            why = check.register_entry(key, value, deleted, now_ms)
-            if why is not None:
-                raise _Bad(why)
-        except (_Bad, TypeError) as exc:
-            warnings.append(f"cluster entry dropped: {exc}"[:300])
-            continue
-        registers.store(key, clock, writer, value, deleted, size, min(stored, now_ms))
-    if ahead:
-        log.warning("gossip snapshot of %s: %d cluster entries are stamped more than %d ms after this "
-                    "node's clock (kept: is the clock behind?)", members.node_id, ahead, check.max_clock_skew_ms)
+    _restore_cluster(snap, members.node_id, registers, now_ms, check, warnings)
     nodes = snap.get("nodes")
     if not isinstance(nodes, (list, tuple)):
         warnings.append("every node dropped: 'nodes' is not a list")
@@ -209,6 +171,51 @@ def restore_snapshot(snap: dict, members: Membership, registers: ClusterRegister
                     "again): %s%s", members.node_id, len(warnings), "; ".join(warnings[:_SHOWN_WARNINGS]),
                     " ..." if len(warnings) > _SHOWN_WARNINGS else "")
     return warnings
+
+
+def _restore_cluster(snap: dict, node_id: str, registers: ClusterRegisters, now_ms: int, check: EntryCheck,
+                     warnings: list[str]) -> None:
+    """The snapshot's cluster clocks and registers (``restore_snapshot``); a warning for each
+    piece dropped."""
+    # This node wrote its snapshot: a stamp later than its clock says the clock went back
+    # (a restart with a wrong clock), not that the stamp is forged. Dropping those registers
+    # emptied the topic table of a broker started a day behind, and it dropped every local
+    # partition as "topic deleted or replaced"; they are kept (and counted in one warning).
+    limit = MAX_COUNTER
+    ahead = 0
+    try:
+        registers.clock = max(registers.clock, _count(snap.get("clock"), "clock", limit))
+    except _Bad as exc:
+        warnings.append(f"cluster clock ignored: {exc}")
+    try:
+        registers.gc_clock = _count(snap.get("cluster_gc"), "cluster gc clock", limit)
+    except _Bad as exc:
+        warnings.append(f"cluster gc clock ignored: {exc}")
+    try:
+        c = _flat(snap.get("cluster"), _CLUSTER_FIELDS, "cluster")
+    except _Bad as exc:
+        warnings.append(f"every cluster entry dropped: {exc}")
+        c = []
+    for i in range(0, len(c), _CLUSTER_FIELDS):
+        key, clock, writer, value, deleted, stored = c[i:i + _CLUSTER_FIELDS]
+        try:
+            _name(key, "key", MAX_KEY_CHARS)
+            _count(clock, f"{key!r}: stamp", limit)
+            ahead += clock > check.stamp_limit(now_ms)
+            _name(writer, f"{key!r}: writer")
+            deleted = _flag(deleted, f"{key!r}: deleted")
+            _count(stored, f"{key!r}: stored_ms")
+            size = register_size(key, value, writer)
+            why = check.register_entry(key, value, deleted, now_ms)
+            if why is not None:
+                raise _Bad(why)
+        except (_Bad, TypeError) as exc:
+            warnings.append(f"cluster entry dropped: {exc}"[:300])
+            continue
+        registers.store(key, clock, writer, value, deleted, size, min(stored, now_ms))
+    if ahead:
+        log.warning("gossip snapshot of %s: %d cluster entries are stamped more than %d ms after this "
+                    "node's clock (kept: is the clock behind?)", node_id, ahead, check.max_clock_skew_ms)
 
 
 def _node(node: Any) -> tuple:

@@ -65,7 +65,7 @@ class ClientHandlers:
         self.reply = reply
         self.clock = clock
         self.apply_cluster_change = apply_cluster_change
-        self.identity = identity   # "unconfirmed" | "confirmed" | "lost" (see mesh.node.loop)
+        self.identity = identity   # "unconfirmed" | "confirmed" | "lost" (mesh.node.identity)
         self.learning = learning   # the cluster is still being learned (no peer heard yet, relearning)
         self.peer_clock = None     # mesh.node.peer_clock.PeerClock (the node sets it): clock offsets
         self._table: dict[type, Callable] = {

@@ -167,6 +167,9 @@ class Broker:
         self.host: ReplicaHost | None = None
         self.data: DataPath | None = None
         self.catalog: Catalog | None = None
+        self.turn = None                    # mesh.node.turn.BrokerTurn
+        self.stopped = False                # handed over (``--stops``): stops after this turn
+        self.old_core = None                # the host's core when the turn came to its commit
         self.now_ms = lambda: 0
 
 

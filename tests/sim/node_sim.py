@@ -5,17 +5,19 @@
 
 Theory of operation
 -------------------
-Each simulated broker runs what ``mesh.node.loop.Node`` wires together, minus the sockets
-and the gossip core: a ``storage.memory.MemoryStore`` (``SimStore``: the same store, whose
-group commit can be made to fail), the real ``ProducerStates``, ``ReplicaHost`` (the raft
-core in its shell), ``Catalog`` (fed a fixed topic table through a stand-in for gossip's
-``cluster_items``) and ``DataPath`` (produce, fetch, acks=all). Both shells get a clock the
-simulation owns (``now_ms``; each incarnation of a broker has its own monotonic offset).
-A broker *turn* is the loop's turn in the loop's order: drain the inbox (peer messages to
+Each simulated broker runs the node's own parts, wired by the node's own ``wire_data``
+(``mesh.node.wiring``), and the node's own turn (``mesh.node.turn.BrokerTurn``), minus the
+sockets and the gossip core: a ``storage.memory.MemoryStore`` (``SimStore``: the same
+store, whose group commit can be made to fail), the real ``ProducerStates``,
+``ReplicaHost`` (the raft core in its shell), ``Catalog`` (fed a fixed topic table through
+a stand-in for gossip's ``cluster_items``) and ``DataPath`` (produce, fetch, acks=all).
+Both shells get a clock the simulation owns (``now_ms``; each incarnation of a broker has
+its own monotonic offset). A broker *turn*: drain the inbox (peer messages to
 ``ReplicaHost.step``, client requests to ``DataPath.on_produce`` / ``on_fetch``, a
-``MeshError`` answered as ``ErrorResponse``), ``DataPath.answer_committed`` (acks=all answers
-and fetch wake-ups the drain's commit advances allow), ``tick_due``, then ``DataPath.commit_turn``
-(the group commit; the host sends what it held after it), then ``DataPath.after_turn``.
+``MeshError`` answered as ``ErrorResponse``), then ``BrokerTurn.drained`` and
+``BrokerTurn.run`` with the tasks a simulated broker has (handovers when stopping, the end
+of lost state); faults at the commit come in through its ``before_commit`` hook, and a
+task's exception is raised (a failure of the seed), not swallowed.
 
 ``SimNet`` (mesh.testing.simnet) owns time (milliseconds) and the network; every frame,
 peer or client, is built with ``mesh.wire.codec.pack`` and read with ``unpack``. Faults,
@@ -76,9 +78,8 @@ import sys
 from functools import partial
 
 from mesh.cluster.catalog import Catalog, Topic, cluster_pid, topic_registers
-from mesh.node.datapath import DataPath
-from mesh.node.producer_state import ProducerStates
-from mesh.node.raft_host import ReplicaHost
+from mesh.node.turn import BrokerTurn, Task
+from mesh.node.wiring import wire_data
 from mesh.testing.seeds import run_seeds
 from mesh.testing.simnet import DELIVER, SimNet
 from mesh.wire import messages as m
@@ -167,24 +168,23 @@ class NodeSim(NodeClients, NodeChecks):
             self.net.call_at(at, "turn", b.id)
 
     def _boot(self, b: Broker) -> None:
-        """Start (or restart) a broker from its store, as ``Node.__init__`` does."""
+        """Start (or restart) a broker from its store: its parts wired by the node's own
+        ``wire_data``, its turn the node's ``BrokerTurn`` (mesh.node.wiring, mesh.node.turn)."""
         b.incarnation += 1
         rng = random.Random(f"node-sim/{self.cfg.seed}/{b.id}/{b.incarnation}")
         b.skew_ms = rng.randrange(1, 10**9)       # each process has its own monotonic clock
         b.now_ms = lambda b=b: self.net.now + b.skew_ms
         store = b.store
-        producers = ProducerStates(store)
-        b.host = ReplicaHost(b.id, store, producers, rng, send=partial(self._peer_send, b),
-                             publish=partial(self._published, b), config=self.cfg.replication,
-                             tick_ms=self.cfg.tick_ms, now_ms=b.now_ms, store_id=f"{b.id}/{b.wipes}",
-                             early_appends=self.cfg.early_appends, early_acks=self.cfg.early_acks)
-        b.host.reply = partial(self._reply, b)
-        b.host.address_of = _address_of
-        if b.lost:   # the node's identity check found an empty or older store (mesh.node.loop)
-            b.host.declare_lost_state()
         b.catalog = Catalog(b.id, self.registry, store)
-        b.data = DataPath(store, b.catalog, b.host, producers, partial(self._reply, b),
-                          partial(self._leader_hint, b), now_ms=b.now_ms, address_of=_address_of)
+        parts = wire_data(b.id, store, b.catalog, rng, send=partial(self._peer_send, b),
+                          publish=partial(self._published, b), reply=partial(self._reply, b),
+                          leader_of=partial(self._leader_hint, b), address_of=_address_of, now_ms=b.now_ms,
+                          store_id=f"{b.id}/{b.wipes}", replication=self.cfg.replication, tick_ms=self.cfg.tick_ms,
+                          early_appends=self.cfg.early_appends, early_acks=self.cfg.early_acks)
+        b.host, b.data = parts.replicas, parts.data
+        if b.lost:   # the node's identity check found an empty or older store (mesh.node.identity)
+            b.host.declare_lost_state()
+        b.turn = self._broker_turn(b)
         added, _ = b.catalog.reconcile()
         for pid in sorted(added):
             b.host.add(pid, b.catalog.replicas_of(pid))
@@ -192,6 +192,16 @@ class NodeSim(NodeClients, NodeChecks):
         b.up, b.paused, b.inbox, b.turn_at = True, False, [], None
         b.crash_in_turn = b.fail_commit = False
         self._want_turn(b)
+
+    def _broker_turn(self, b: Broker) -> BrokerTurn:
+        """The node's turn with the tasks a simulated broker has (no gossip, no group host):
+        a stopping broker's handovers, and the end of lost state once every replica refilled."""
+        tasks = [Task("hand over", partial(self._hand_over, b), when=lambda: b.stop_until is not None),
+                 Task("identity", partial(self._refilled, b))]
+        if self.cfg.catch_up_ticks:
+            tasks.append(Task("replication tick", partial(_catch_up_ticks, b.host)))
+        return BrokerTurn(b.data, b.host, b.now_ms, tasks, before_commit=partial(self._before_commit, b),
+                          on_commit=partial(self._committed, b), raise_errors=True)
 
     def _leader_hint(self, b: Broker, t, partition: int) -> str | None:
         pid = t.pids[partition]
@@ -266,7 +276,7 @@ class NodeSim(NodeClients, NodeChecks):
         else:
             raise AssertionError(kind)
 
-    # -- a broker's loop turn (mesh.node.loop.Node.run / _after_turn, without gossip) ------------
+    # -- a broker's turn: the drain, then the node's own BrokerTurn (mesh.node.turn) -----------
     def _turn(self, b: Broker) -> None:
         if not b.up or b.paused:
             return
@@ -281,44 +291,47 @@ class NodeSim(NodeClients, NodeChecks):
                 self._peer_in(b, src, frames)
             else:
                 self._client_in(b, src, frames)
-        b.data.answer_committed()   # what the drain's commit advances allow (mesh.node.loop, step 2)
-        if not b.data.doomed:
-            b.host.send_early_appends()   # the drain's leader appends leave before the turn's steps
-        if self.cfg.catch_up_ticks:
-            _catch_up_ticks(b.host)
-        else:
-            b.host.tick_due()
-        b.data.release_held()   # produce requests held through a handover that ended
-        stopped = b.stop_until is not None and self._hand_over(b)
-        if b.crash_in_turn:
-            self._crash(b, mid_turn=True)   # before the commit: the turn's writes and sends vanish
-            return
-        old_core = b.host.core
-        if b.fail_commit:
-            b.fail_commit = False
-            b.store.armed = True
-            self.counts["failed_commit"] += 1
-        ok = b.data.commit_turn()
-        if not ok:
-            self._check_rebuilt(b, old_core)
-        if b.lost and ok and not any(b.host.recovering(pid) for pid in b.store.pids):
-            b.lost = False   # every replica refilled (the node then clears its identity's flag)
-        b.data.after_turn()
+        b.turn.drained()   # acks=all answers and fetch wake-ups, the leaders' early appends
+        b.stopped = False
+        ok = b.turn.run()   # the node's turn: ticks, held produces, handovers, commit, wake-ups
+        if not b.up:
+            return          # crashed in the turn, before its commit: its writes and sends vanished
         b.in_turn = False
-        if stopped and ok:
-            self._crash(b, mid_turn=False, stop=True)   # the loop ends after this turn (Node._hand_over)
+        if b.stopped and ok:
+            self._crash(b, mid_turn=False, stop=True)   # the loop ends after this turn (mesh.node.shutdown)
             return
         deadline = b.data.next_deadline_ms()
         if deadline is not None:
             self._want_turn(b, max(1, deadline - b.now_ms() + 1))
 
-    def _hand_over(self, b: Broker) -> bool:
-        """A graceful stop's turn (``Node._hand_over``): start handovers of what ``b`` leads
-        (to brokers that are up; gossip would say which); True once it may stop."""
+    def _before_commit(self, b: Broker) -> bool:
+        """Faults at the turn's commit: a crash before it (False: the turn ends there), or a
+        commit the disk refuses."""
+        if b.crash_in_turn:
+            self._crash(b, mid_turn=True)
+            return False
+        b.old_core = b.host.core
+        if b.fail_commit:
+            b.fail_commit = False
+            b.store.armed = True
+            self.counts["failed_commit"] += 1
+        return True
+
+    def _committed(self, b: Broker, ok: bool) -> None:
+        if not ok:
+            self._check_rebuilt(b, b.old_core)
+
+    def _refilled(self, b: Broker) -> None:
+        if b.lost and b.turn.last_commit_ok and not any(b.host.recovering(pid) for pid in b.store.pids):
+            b.lost = False   # every replica refilled (the node then clears its identity's flag)
+
+    def _hand_over(self, b: Broker) -> None:
+        """A graceful stop's turn: start handovers of what ``b`` leads (to brokers that are
+        up; gossip would say which); ``b.stopped`` once it may stop."""
         down = {o.id for o in self.brokers.values() if not o.up}
         busy = b.host.hand_over_all(down, b.handovers)
         self._want_turn(b, self.cfg.tick_ms)
-        return not busy or self.net.now >= b.stop_until
+        b.stopped = not busy or self.net.now >= b.stop_until
 
     def _peer_in(self, b: Broker, src: str, frames: list) -> None:
         try:
@@ -413,7 +426,7 @@ class NodeSim(NodeClients, NodeChecks):
             b.store = b.store.crash()
         self.net.crash(b.id)
         b.up = b.paused = b.in_turn = b.crash_in_turn = b.fail_commit = False
-        b.host = b.data = b.catalog = None
+        b.host = b.data = b.catalog = b.turn = None
         b.inbox = []
         self.net.call_after(self.rng.randint(100, 3000), "restart", b.id)
 

@@ -119,6 +119,24 @@ def test_a_host_that_sends_before_the_commit_is_caught(monkeypatch):
     assert "reproduce with: python -m tests.sim.node_sim --seed 3 " in text
 
 
+def test_a_turn_that_sends_before_its_commit_is_caught(monkeypatch):
+    """The planted bug, in the node's own turn (``mesh.node.turn``, which the simulation
+    runs): the messages the host held are sent before the turn's commit, not after it."""
+    from mesh.node.turn import BrokerTurn
+    commit = BrokerTurn._commit
+
+    def send_then_commit(self):
+        held, self.replicas._held = self.replicas._held, []
+        for e in held:
+            self.replicas._send(e.dest, e.msg, e.payload)
+        return commit(self)
+
+    monkeypatch.setattr(BrokerTurn, "_commit", send_then_commit)
+    with pytest.raises(SimFailure) as err:
+        run(NodeSimConfig(seed=0, steps=STEPS))
+    assert "shell contract" in str(err.value) and "before the turn's commit" in str(err.value), str(err.value)
+
+
 def test_a_host_that_persists_after_sending_is_caught(monkeypatch):
     """The planted bug: messages leave after the commit, but the state they claim (a vote,
     a new term) is written only after them, into the next turn's transaction."""
@@ -171,7 +189,7 @@ def test_requests_held_through_handovers_are_all_run_again():
 
 def test_graceful_stops_hand_leaderships_over_and_lose_nothing():
     """With ``stops``, a third of the crashes are graceful: the broker first hands what it
-    leads to caught-up replicas (``ReplicaHost.hand_over_all``, as ``Node._hand_over``
+    leads to caught-up replicas (``ReplicaHost.hand_over_all``, as ``mesh.node.shutdown``
     does), producers held meanwhile, then stops. Nothing acknowledged may be lost, doubled
     or reordered; these seeds must hand some leaderships over, or the check proves nothing."""
     stops = handed = 0

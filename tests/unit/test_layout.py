@@ -35,7 +35,6 @@ NOT_PUBLIC_ALLOWED = {
 # Ratchets: today's modules and functions over the bounds (path -> lines at most).
 LONG_MODULES = {
     "mesh/client/producer.py": 611,
-    "mesh/node/loop.py": 732,
     "mesh/node/raft_host.py": 613,
     "mesh/raft/manager.py": 781,
     "mesh/raft/partition.py": 831,
@@ -43,7 +42,6 @@ LONG_MODULES = {
 LONG_FUNCTIONS = {
     ("bench/report.py", "write_report"): 112,
     ("mesh/client/producer.py", "_io_loop"): 136,
-    ("mesh/node/loop.py", "__init__"): 192,
 }
 
 
