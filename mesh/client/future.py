@@ -159,7 +159,7 @@ class RecordFuture:
     """The future of one record: a view on its batch's future."""
     __slots__ = ("_batch", "_index")
 
-    def __init__(self, batch, index: int):   # batch: mesh.client.producer._Batch
+    def __init__(self, batch, index: int):   # batch: mesh.client.batching._Batch
         self._batch = batch
         self._index = index
 

@@ -1,9 +1,9 @@
-"""The producer's batching decision (``mesh.client.producer.lingered``) over a real
+"""The producer's batching decision (``mesh.client.batching.lingered``) over a real
 sequencer: a batch of an idle partition goes at once, a busy partition's batch waits for
 its requests in flight or ``linger_ms``, whichever comes first. No sockets, no clock."""
 import random
 
-from mesh.client.producer import lingered
+from mesh.client.batching import lingered
 from mesh.client.sequencer import RetryPolicy, SeqBatch, Sequencer
 from mesh.wire.errors import ErrorCode
 

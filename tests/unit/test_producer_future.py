@@ -5,7 +5,8 @@ import threading
 import pytest
 
 from mesh.client.future import BatchFuture
-from mesh.client.producer import RecordFuture, _Batch
+from mesh.client.batching import _Batch
+from mesh.client.producer import RecordFuture
 from mesh.client.sequencer import SeqBatch
 from mesh.wire.errors import ErrorCode, MeshError
 
