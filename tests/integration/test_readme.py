@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import select
 import signal
 import socket
 import subprocess
@@ -364,7 +365,27 @@ def test_consume_group_on_a_missing_topic_says_so(readme_run):
                           r.addr("127.0.0.1:7101")], cwd=r.tmp, env=r.env, stdout=subprocess.DEVNULL,
                          stderr=subprocess.PIPE, text=True)
     try:
-        line = p.stderr.readline()
-        assert "UNKNOWN_TOPIC" in line and "no-such-topic" in line, line
+        ready, _, _ = select.select([p.stderr], [], [], 30)
+        line = p.stderr.readline() if ready else ""
+        assert "UNKNOWN_TOPIC" in line and "no-such-topic" in line, f"nothing on stderr for 30 s: {line!r}"
     finally:
         _end(p)
+
+
+def test_text_subscription_ids_are_per_connection(readme_run):
+    """Issue 43 item 3: each connection's first SUBS answers ``OK 1`` (the README's ``CONS
+    orders 1`` works on any connection)."""
+    r = readme_run
+    from mesh.client import Admin
+    with Admin(r.addr("127.0.0.1:7101")) as a:
+        a.create_topic("per-connection", exist_ok=True)
+    conns = [socket.create_connection(("127.0.0.1", int(r.port("7201"))), timeout=30) for _ in range(2)]
+    try:
+        for s in conns:
+            f = s.makefile("rwb")
+            f.write(b"SUBS per-connection readers\n")
+            f.flush()
+            assert f.readline() == b"OK 1\n"
+    finally:
+        for s in conns:
+            s.close()
