@@ -389,3 +389,14 @@ def test_text_subscription_ids_are_per_connection(readme_run):
     finally:
         for s in conns:
             s.close()
+
+
+def test_a_no_op_replication_factor_change_says_so(readme_run):
+    """Issue 43 item 8: ``topic alter --replication-factor`` to the factor it has moves nothing."""
+    r = readme_run
+    from mesh.client import Admin
+    with Admin(r.addr("127.0.0.1:7101")) as a:
+        a.create_topic("rf-same", partitions=2, replication_factor=3, exist_ok=True)
+    out = r.sh(f"{BIN}/mesh topic alter rf-same --replication-factor 3", r.env)
+    assert out.returncode == 0, out.stderr
+    assert "already" in out.stdout and "being added" not in out.stdout, out.stdout
