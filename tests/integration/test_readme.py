@@ -115,6 +115,14 @@ class Runner:
                              timeout=30)
         return {r["id"] for r in json.loads(out.stdout) if r.get("status") == "alive"} if not out.returncode else set()
 
+    def leaders(self) -> dict:
+        """(topic, partition) -> (leader, epoch), from any broker's metadata."""
+        from mesh.client import Admin
+        with Admin(self.addr("127.0.0.1:7101")) as a:
+            md = a.metadata(None)
+        return {(t["name"], p["partition"]): (p.get("leader"), p.get("epoch", 0))
+                for t in md.topics if not t.get("error") for p in t["partitions"]}
+
     def pid(self, node: str) -> int | None:
         try:
             return int((self.tmp / "data" / node / "mesh.lock").read_text().strip() or 0) or None
@@ -182,7 +190,11 @@ class Runner:
         node = re.search(r"data/(\w+)/mesh\.lock", cmd).group(1)
         old = self.pid(node)
         before = self.alive()
+        led = {tp: e for tp, (leader, e) in self.leaders().items() if leader == node}
         assert self.sh(cmd, env).returncode == 0
+        # "within about a second another replica leads (`mesh topic describe` shows the new epoch)"
+        wait_until(lambda: all(self.leaders()[tp][1] > e for tp, e in led.items()), timeout_s=TIMEOUT_S,
+                   what=f"the partitions {node} led led by another replica at a new epoch")
         wait_until(lambda: self.pid(node) not in (None, old), timeout_s=TIMEOUT_S,
                    what=f"{node} started again by its supervisor")
         wait_until(lambda: self.alive() >= before, timeout_s=TIMEOUT_S, what=f"{before} alive after {node}'s restart")
