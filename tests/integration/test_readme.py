@@ -261,7 +261,7 @@ class Runner:
         prelude = f"from mesh.client import Admin, Consumer, Producer\nBOOT = {self.addr('127.0.0.1:7101')!r}\n"
         if section == "Spark":
             prelude += ("from pyspark.sql import SparkSession\n"
-                        "spark = (SparkSession.builder.master('local[1]').config('spark.ui.enabled', 'false')"
+                        "spark = (SparkSession.builder.master('local[2]').config('spark.ui.enabled', 'false')"
                         ".config('spark.ui.showConsoleProgress', 'false').getOrCreate())\n"
                         "spark.sparkContext.setLogLevel('ERROR')\n")
         elif "spark." in step.text:      # another section's one-liner for Spark: the calls, without a JVM
