@@ -49,7 +49,8 @@ def _section_params():
     for sec in sections(README):
         if sec.title in SKIP_SECTIONS or not sec.steps:
             continue
-        marks = [pytest.mark.spark] if sec.title == "Spark" else []
+        # Spark: a JVM and a Python worker per planning step; minutes on a busy 2-core host
+        marks = [pytest.mark.spark, pytest.mark.timeout(600)] if sec.title == "Spark" else []
         out.append(pytest.param(sec.title, marks=marks, id=sec.title.split(":")[0].replace(" ", "-")))
     return out
 
@@ -268,9 +269,16 @@ class Runner:
             prelude += ("class _Chain:\n    def __getattr__(self, name): return self\n"
                         "    def __call__(self, *a, **k): return self\n"
                         "spark = _Chain()\n")
-        code = prelude + self.remap(step.text) + SPARK_EPILOGUE.get(section, "")
-        r = subprocess.run([sys.executable, "-c", code], cwd=self.tmp, env=env, capture_output=True, text=True,
-                           timeout=400 if section == "Spark" else TIMEOUT_S)
+        code = "import time as _t\n_t0 = _t.monotonic()\n" + prelude
+        if section == "Spark":
+            code += "print(f'session started after {_t.monotonic() - _t0:.1f} s', flush=True)\n"
+        code += self.remap(step.text) + SPARK_EPILOGUE.get(section, "")
+        try:
+            r = subprocess.run([sys.executable, "-c", code], cwd=self.tmp, env=env, capture_output=True, text=True,
+                               timeout=400 if section == "Spark" else TIMEOUT_S)
+        except subprocess.TimeoutExpired as e:
+            out = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
+            pytest.fail(f"snippet timed out after {e.timeout} s:\n{step.text}\n{out}")
         assert r.returncode == 0, f"snippet failed:\n{step.text}\n{r.stdout}\n{r.stderr[-3000:]}"
         return r.stdout
 
@@ -279,7 +287,9 @@ class Runner:
 # records produced from now on to orders-clean (a stream starts at the latest offsets).
 SPARK_EPILOGUE = {"Spark": '''
 import time
+print(f"snippet done after {time.monotonic() - _t0:.1f} s", flush=True)
 assert df.count() >= 2, df.count()
+print(f"batch read after {time.monotonic() - _t0:.1f} s", flush=True)
 deadline = time.monotonic() + 150
 while q.lastProgress is None and time.monotonic() < deadline:
     time.sleep(0.2)         # the stream's first trigger fixed its start ("latest"): produce after it
@@ -294,6 +304,7 @@ with Consumer("orders-clean", bootstrap=BOOT, auto_offset_reset="earliest") as c
     while len(seen) < 3 and time.monotonic() < deadline:
         for recs in c.poll(timeout_ms=1000).values():
             seen.update(r.value for r in recs)
+print(f"stream copied {len(seen)} after {time.monotonic() - _t0:.1f} s", flush=True)
 q.stop()
 assert seen == {b"spark-0", b"spark-1", b"spark-2"}, seen
 print("spark ok")
@@ -353,6 +364,7 @@ def test_readme_section(readme_run, title):
                 _check_tour_python(r.run_python(step, title, env), first=False)   # a second run works too
             if title == "Spark":
                 assert "spark ok" in out
+                print(out)                     # the phases' times (pytest -s shows them)
     r.stop_section_consumers()
 
 
