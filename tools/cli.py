@@ -315,8 +315,10 @@ def consume(topic_name, from_beginning, offset, partition, count, timeout_ms, fr
     kwargs = {"group_id": group, "session_timeout_ms": session_timeout_ms,
               "auto_commit_interval_ms": auto_commit_interval_ms} if group else {}
     consumer = Consumer(bootstrap=bootstrap, auto_offset_reset=reset, **kwargs)
+    _sigterm_as_interrupt()           # SIGTERM ends it as Ctrl-C does: commits, leaves the group
     try:
         if group:
+            _warn_if_missing(consumer, topic_name)
             consumer.subscribe([topic_name])
         else:
             n = consumer.cluster.partitions(topic_name)
@@ -354,6 +356,27 @@ def consume(topic_name, from_beginning, offset, partition, count, timeout_ms, fr
         pass
     finally:
         consumer.close()
+
+
+def _sigterm_as_interrupt() -> None:
+    import signal
+
+    def interrupt(_signum, _frame):
+        raise KeyboardInterrupt
+    signal.signal(signal.SIGTERM, interrupt)
+
+
+def _warn_if_missing(consumer, topic_name: str) -> None:
+    """A group member of a topic that does not exist waits for it to be created (as Kafka's
+    console consumer does); say so on stderr instead of waiting silently."""
+    from mesh.wire.errors import ErrorCode, MeshError
+    try:
+        consumer.cluster.topic(topic_name)
+    except MeshError as e:
+        if e.code != ErrorCode.UNKNOWN_TOPIC:
+            raise
+        click.echo(f"warning: UNKNOWN_TOPIC: topic {topic_name!r} does not exist (yet); waiting for it "
+                   f"to be created (mesh topic create {topic_name} ...)", err=True)
 
 
 # -- groups ----------------------------------------------------------------------------

@@ -143,12 +143,17 @@ def topic_alter(name, partitions, replication_factor, bootstrap) -> None:
         raise click.UsageError("give --partitions N and/or --replication-factor N")
     from mesh.client import Admin
     with Admin(bootstrap) as admin:
+        before = admin.cluster.topic(name)
         admin.alter_topic(name, partitions or 0, replication_factor or 0)
     done = ([f"{partitions} partitions"] if partitions else []) + \
         ([f"replication factor {replication_factor}"] if replication_factor else [])
     click.echo(f"altered topic {name}: {', '.join(done)}")
     if replication_factor:
-        click.echo("replicas are being added or removed now: `mesh partition moves` shows the progress")
+        if before.get("replication_factor") == replication_factor and all(
+                len(p.get("replicas") or ()) == replication_factor for p in before["partitions"]):
+            click.echo(f"the replication factor was {replication_factor} already: no replica moves")
+        else:
+            click.echo("replicas are being added or removed now: `mesh partition moves` shows the progress")
 
 
 @click.command("decommission")

@@ -11,7 +11,7 @@ client's merged ``ClusterView.refresh`` of every topic), the lag of each consume
 ``--metrics HOST:PORT,...``, two counters scraped from each broker's ``/metrics``.
 
 Rates are the difference between two samples over the time between them (``rates``,
-pure). From /metrics: produce is appended records/s and consume fetched bytes/s, per
+pure). From /metrics: produce is appended bytes/s and consume fetched bytes/s, per
 broker (named by its ``mesh_broker_info``). Without /metrics they come from the metadata:
 produce is the growth of the log ends of the partitions a broker leads, consume the growth
 of the groups' committed offsets on them (records/s; reads outside groups are not seen,
@@ -38,7 +38,7 @@ __all__ = ["Rates", "Sample", "collect", "rates", "render", "top"]
 MAX_GROUPS = 50            # groups described per refresh
 MAX_PARTITION_ROWS = 20    # under-replicated/offline partitions listed (the rest counted)
 SCRAPE_TIMEOUT_S = 2.0
-_PRODUCED = "mesh_topic_appended_records_total"
+_PRODUCED = "mesh_topic_appended_bytes_total"
 _FETCHED = "mesh_topic_fetched_bytes_total"
 
 
@@ -58,15 +58,16 @@ class Sample:
 
 @dataclass(frozen=True, slots=True)
 class Rates:
-    """Per broker id: produce records/s and consume per second (``consume_unit``)."""
+    """Per broker id: produce and consume per second, both in ``unit`` (B/s from /metrics,
+    rec/s from the metadata)."""
     produce: dict = field(default_factory=dict)
     consume: dict = field(default_factory=dict)
-    consume_unit: str = "rec/s"
+    unit: str = "rec/s"
 
 
 # -- collecting (I/O) -------------------------------------------------------------------
 def scrape(address: str, timeout_s: float = SCRAPE_TIMEOUT_S) -> tuple[str | None, float, float]:
-    """(broker id from mesh_broker_info, appended records, fetched bytes) of one /metrics."""
+    """(broker id from mesh_broker_info, appended bytes, fetched bytes) of one /metrics."""
     import urllib.request
     from prometheus_client.parser import text_string_to_metric_families
     url = address if "://" in address else f"http://{address}/metrics"
@@ -130,7 +131,7 @@ def collect(admin, metrics: list[str], now_s: float | None = None) -> Sample:
 def rates(prev: Sample | None, cur: Sample) -> Rates:
     """Per-broker rates between two samples (none when there is no earlier sample)."""
     if prev is None or cur.at_s <= prev.at_s:
-        return Rates(consume_unit="B/s" if cur.counters else "rec/s")
+        return Rates(unit="B/s" if cur.counters else "rec/s")
     dt = cur.at_s - prev.at_s
     if cur.counters:
         produce, consume = {}, {}
@@ -197,8 +198,8 @@ def render(cur: Sample, r: Rates, lags_shown: int = 10, plain: bool = False, not
         reps = sum(1 for p in parts.values() if bid in p["replicas"])
         brokers.add_row(bid, b.get("address", "-"),
                         status if plain or status == "alive" else f"[red]{status}[/red]",
-                        str(leads), str(reps), _human(r.produce.get(bid), "rec/s"),
-                        _human(r.consume.get(bid), r.consume_unit))
+                        str(leads), str(reps), _human(r.produce.get(bid), r.unit),
+                        _human(r.consume.get(bid), r.unit))
 
     short = Table(title="under-replicated and offline partitions", box=style, title_justify="left")
     for col in ("topic", "partition", "leader", "replicas", "in sync", "missing"):

@@ -97,12 +97,17 @@ class Admin(ElasticAdmin, SecurityAdmin, ClientBase):
         raise MeshError(ErrorCode.COORDINATOR_NOT_AVAILABLE, f"brokers disagree on who owns it: {moved.message}")
 
     def create_topic(self, name: str, partitions: int = 1, replication_factor: int = 1,
-                     config: dict | None = None, wait_s: float = 10.0) -> None:
+                     config: dict | None = None, wait_s: float = 10.0, exist_ok: bool = False) -> None:
         """Create a topic through any broker; then wait (up to ``wait_s``) until every live
         broker knows it and a leader for each partition, so the next producer or consumer
-        finds it wherever it asks."""
-        self._call(CreateTopicRequest(name, partitions, replication_factor,
-                                      {k: str(v) for k, v in (config or {}).items()}))
+        finds it wherever it asks. ``exist_ok``: a topic of that name already there is not
+        an error (TOPIC_EXISTS); its partitions and configs are left as they are."""
+        try:
+            self._call(CreateTopicRequest(name, partitions, replication_factor,
+                                          {k: str(v) for k, v in (config or {}).items()}))
+        except MeshError as e:
+            if not (exist_ok and e.code == ErrorCode.TOPIC_EXISTS):
+                raise
         self._wait_everywhere(lambda topics: name in topics and all(
             p.get("leader") for p in topics[name]["partitions"]), wait_s, name)
 

@@ -102,6 +102,7 @@ class Session(threading.Thread):
         self.buf = bytearray()
         self.discarding = False        # inside an over-long line: skip to its newline
         self.subs: dict[str, _Subscription] = {}
+        self._next_sub = 0
         self.producer = None
         self._stop_event = threading.Event()
         self._logged_bug = False
@@ -335,8 +336,7 @@ class Session(threading.Thread):
         limits = self.gw.limits
         if len(self.subs) >= limits.max_subscriptions_per_connection:
             raise BadCommand(f"at most {limits.max_subscriptions_per_connection} subscriptions per connection")
-        sub_id = self.gw.reserve_subscription()
-        if sub_id is None:
+        if not self.gw.reserve_subscription():
             raise BadCommand(f"the gateway holds its limit of {limits.max_subscriptions} subscriptions; "
                              f"try again later")
         try:
@@ -358,6 +358,8 @@ class Session(threading.Thread):
         except BaseException:
             self.gw.release_subscription()
             raise
+        self._next_sub += 1
+        sub_id = str(self._next_sub)                # numbered per connection: 1, 2, ...
         self.subs[sub_id] = _Subscription(sub_id, cmd.topic, cmd.group, consumer)
         return ok_subscribed(sub_id)
 

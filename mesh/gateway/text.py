@@ -145,7 +145,6 @@ class TextGateway:
         self._lock = threading.Lock()
         self._sessions: set[Session] = set()
         self._subscriptions = 0                 # in all sessions, under _lock
-        self._next_sub = 1
         self._stop = threading.Event()
         self.refused = 0                        # connections refused by the limit (a counter)
         self.evicted = 0                        # idle connections closed to make room (a counter)
@@ -175,15 +174,14 @@ class TextGateway:
             return len(self._sessions)
 
     # -- what sessions ask of the gateway -------------------------------------------------
-    def reserve_subscription(self) -> str | None:
-        """A new subscription id, or None when the gateway holds ``max_subscriptions``."""
+    def reserve_subscription(self) -> bool:
+        """Count one more subscription; False when the gateway holds ``max_subscriptions``.
+        Ids are the session's own (1, 2, ... on each connection)."""
         with self._lock:
             if self._subscriptions >= self.limits.max_subscriptions:
-                return None
+                return False
             self._subscriptions += 1
-            sub_id = str(self._next_sub)
-            self._next_sub += 1
-            return sub_id
+            return True
 
     def release_subscription(self) -> None:
         with self._lock:

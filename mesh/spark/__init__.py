@@ -115,16 +115,33 @@ class MeshDataSource(DataSource):
 
 
 def register(spark, check_workers_python: bool = True) -> None:
-    """Make ``format("mesh")`` available in ``spark``. By default also runs one tiny task
+    """Make ``format("mesh")`` available in ``spark``. Unless ``PYSPARK_PYTHON`` (or
+    ``spark.pyspark.python``) names a Python for the workers, they run this driver's Python,
+    which can import mesh (Spark's default, ``python3``, often cannot). By default also runs one tiny task
     to check that Spark's Python workers can import this package and pyarrow, so a
     misconfigured ``PYSPARK_PYTHON`` fails here with a clear message instead of with
     "Python worker exited unexpectedly" later."""
     require_pyarrow()
+    _use_this_python(spark)
     spark.dataSource.register(MeshDataSource)
     key = id(spark)
     if check_workers_python and key not in _registered:
         check_workers(spark)
     _registered.add(key)
+
+
+def _use_this_python(spark) -> None:
+    """Point the Python functions created from now on (this data source's, the probe's) at
+    ``sys.executable`` when nobody chose the workers' Python."""
+    import os
+    import sys
+    try:
+        sc = spark.sparkContext
+    except Exception:  # Spark Connect: the server's workers are not ours to choose
+        return
+    if os.environ.get("PYSPARK_PYTHON") or sc.getConf().get("spark.pyspark.python"):
+        return
+    sc.pythonExec = sys.executable
 
 
 # The probe is compiled from source so that cloudpickle ships it by value: a worker that

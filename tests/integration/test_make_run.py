@@ -22,11 +22,11 @@ def _procfile(tmp: Path) -> tuple[Path, list[str]]:
     """The repository's Procfile with free ports and data under ``tmp``, run by this Python."""
     text = (Path(ROOT) / "Procfile").read_text()
     ports = {}
-    for old in sorted(set(re.findall(r"127\.0\.0\.1:(\d+)|--(?:metrics|kafka)-port (\d+)", text))):
+    for old in sorted(set(re.findall(r"127\.0\.0\.1:(\d+)|--(?:metrics|kafka|text)-port (\d+)", text))):
         for p in old:
             if p:
                 ports[p] = str(free_port())
-    text = re.sub(r"(?<=127\.0\.0\.1:)(\d+)|(?<=--metrics-port )(\d+)|(?<=--kafka-port )(\d+)",
+    text = re.sub(r"(?<=127\.0\.0\.1:)(\d+)|(?<=--metrics-port )(\d+)|(?<=--kafka-port )(\d+)|(?<=--text-port )(\d+)",
                   lambda m: ports[m.group(0)], text)
     bindir = Path(sys.executable).parent
     text = text.replace(".venv/bin/python", sys.executable).replace(".venv/bin/mesh", str(bindir / "mesh"))

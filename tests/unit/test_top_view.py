@@ -28,9 +28,9 @@ def test_rates_from_metrics_counters():
     a = Sample(at_s=10.0, brokers=BROKERS, counters={"n1": (100.0, 1000.0), "n2": (50.0, 0.0)})
     b = Sample(at_s=12.0, brokers=BROKERS, counters={"n1": (300.0, 5000.0), "n2": (10.0, 0.0)})
     r = rates(a, b)
-    assert r.produce == {"n1": 100.0} and r.consume == {"n1": 2000.0} and r.consume_unit == "B/s"
+    assert r.produce == {"n1": 100.0} and r.consume == {"n1": 2000.0} and r.unit == "B/s"
     # n2's counter went down (it restarted): no rate for it this time
-    assert rates(None, b) == Rates(consume_unit="B/s")
+    assert rates(None, b) == Rates(unit="B/s")
 
 
 def test_rates_from_metadata_log_ends_and_group_commits():
@@ -45,7 +45,7 @@ def test_rates_from_metadata_log_ends_and_group_commits():
     r = rates(a, b)
     # the new leader of t/1 gets its growth; nothing committed before does not count
     assert r.produce == {"n1": 12.0, "n2": 0.0, "n3": 0.0}
-    assert r.consume == {"n1": 3.0, "n2": 0.0, "n3": 0.0} and r.consume_unit == "rec/s"
+    assert r.consume == {"n1": 3.0, "n2": 0.0, "n3": 0.0} and r.unit == "rec/s"
 
 
 def test_render_lists_brokers_short_partitions_and_largest_lags():
@@ -57,7 +57,7 @@ def test_render_lists_brokers_short_partitions_and_largest_lags():
     out = text(render(s, Rates({"n1": 1500.0}, {"n1": 2.5e6}, "B/s"), lags_shown=3, plain=True))
     assert "brokers 2/3 alive" in out and "under-replicated 1" in out and "offline 1" in out, out
     rows = {line.split("|")[1].strip(): line for line in out.splitlines() if line.startswith("|")}
-    assert "127.0.0.1:7101" in rows["n1"] and "1.5 krec/s" in rows["n1"] and "2.5 MB/s" in rows["n1"]
+    assert "127.0.0.1:7101" in rows["n1"] and "1.5 kB/s" in rows["n1"] and "2.5 MB/s" in rows["n1"]
     assert "dead" in rows["n3"] and " - " in rows["n2"]
     short = [line for line in out.splitlines() if line.startswith("| t ") or line.startswith("| u ")]
     assert len(short) == 2 and "OFFLINE" in short[1 if "u" in short[1] else 0]
