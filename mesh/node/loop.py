@@ -387,7 +387,7 @@ class Node:
                 f"Move the data directory aside (keep it: mv {config.data_dir} {config.data_dir}.damaged) and "
                 "start the node again: it rejoins as an empty replica and refills from its peers (with no "
                 "peers, what it held is only in the moved directory)") from exc
-        if config.metrics_port is not None:   # /metrics on prometheus_client's own thread
+        if config.metrics_port is not None:   # /metrics on its own thread (mesh.node.metrics_http)
             from mesh.node.metrics import serve_metrics
             self.metrics = self.dispatch.metrics = self.data.metrics = serve_metrics(self, config)
 
