@@ -31,7 +31,7 @@ from mesh.security.creds import BROKER_PRINCIPAL, Creds, CredsError, Secrets
 from mesh.security.registry import Registry
 from mesh.security.zap import DEFAULT_MAX_CONNECTIONS, HANDSHAKE_IVL_MS, ZAP_DOMAIN, ZapHandler
 
-__all__ = ["BrokerSecurity", "is_loopback", "check_open_bind", "check_text_gateway"]
+__all__ = ["BrokerSecurity", "is_loopback", "check_open_bind", "check_text_gateway", "warn_superuser_gateway"]
 
 log = logging.getLogger("mesh.security")
 
@@ -71,7 +71,8 @@ def check_text_gateway(security: "BrokerSecurity", bind: str, text_port: int | N
 
     The text protocol has no authentication of its own: in a secured cluster the gateway
     runs only on loopback (it binds the node's host), as the principal of ``text_creds``
-    (every text client is that principal: its ACLs bound what they can do)."""
+    (every text client is that principal: its ACLs bound what they can do). A superuser's
+    creds are accepted with a loud warning (``warn_superuser_gateway``)."""
     if text_port is None or not security.secured:
         return None
     if not is_loopback(bind.rpartition(":")[0]):
@@ -80,7 +81,23 @@ def check_text_gateway(security: "BrokerSecurity", bind: str, text_port: int | N
     if not text_creds:
         raise CredsError("a secured node with --text-port needs --text-creds FILE: the creds file of the "
                          "principal the text gateway acts as (mesh user add NAME --out FILE)")
-    return Creds.load(text_creds)
+    creds = Creds.load(text_creds)
+    warn_superuser_gateway(security, creds)
+    return creds
+
+
+def warn_superuser_gateway(security: "BrokerSecurity", creds: Creds) -> bool:
+    """Warn (loudly, at start) when the text gateway's principal is a superuser: every text
+    client on this host can then do everything (read, write, delete every topic, add users
+    and ACLs). It is allowed (a single-operator test box), never silent. True if warned."""
+    static = security.secrets.superusers if security.secrets else {}
+    superuser = creds.public_key in static.values() or creds.principal in security.superusers
+    if superuser:
+        log.warning("SECURITY: the text gateway acts as %r, a SUPERUSER: every text client that reaches "
+                    "this host's text port may read, write and delete every topic and change users and "
+                    "ACLs. Give it a user of its own with only the ACLs it needs: mesh user add text "
+                    "--out text.creds, mesh acl add ..., then --text-creds text.creds", creds.principal)
+    return superuser
 
 
 class BrokerSecurity:
