@@ -175,6 +175,7 @@ class Node:
         self.ctx = zmq.Context.instance()
         self.security = BrokerSecurity(self.ctx, secrets_dir=config.secrets_dir, superusers=config.superusers,
                                        max_connections=config.max_connections, binds=[config.bind],
+                                       max_connections_per_ip=config.max_connections_per_ip,
                                        insecure=config.insecure, topic_names=lambda: self.catalog.topics)
         text_creds = check_text_gateway(self.security, config.bind, config.text_port, config.text_creds)
         self.kafka_listener = None   # (host, port, Kafka node id) with --kafka-port: mesh.kafka.process

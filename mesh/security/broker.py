@@ -103,7 +103,7 @@ def warn_superuser_gateway(security: "BrokerSecurity", creds: Creds) -> bool:
 class BrokerSecurity:
     def __init__(self, ctx: zmq.Context, *, secrets_dir: str | None, superusers: Iterable[str] = (),
                  max_connections: int = DEFAULT_MAX_CONNECTIONS, binds: Iterable[str] = (),
-                 insecure: bool = False, topic_names: Callable[[], Iterable[str]] | None = None) -> None:
+                 insecure: bool = False, max_connections_per_ip: int = 0, topic_names: Callable[[], Iterable[str]] | None = None) -> None:
         if max_connections < 1:
             raise ValueError(f"max_connections must be at least 1, not {max_connections}")
         self.secrets = Secrets.load(secrets_dir) if secrets_dir else None
@@ -119,7 +119,7 @@ class BrokerSecurity:
         registry = self.registry
         self.zap = ZapHandler(ctx, cluster_key=self.cluster_key,
                               known_key=lambda k: registry.principal_for_key(k) is not None,
-                              max_connections=max_connections)
+                              max_connections=max_connections, max_connections_per_ip=max_connections_per_ip)
 
     def configure_router(self, router: zmq.Socket) -> None:
         """Before the ROUTER binds: ZAP (and CURVE when secured), the connection monitor."""
