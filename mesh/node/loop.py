@@ -244,6 +244,7 @@ class Node:
         alone = not seeds and len(self.gossip.members(clock.wall_ms())) <= 1
         self._identity = "lost" if self.disk.lost is not None else ("confirmed" if alone else "unconfirmed")
         self._identity_write_failed = False
+        self._majority_confirmed = False   # a majority of peers held this life: later conflicts are refuted
         self.peer_clock.alone = lambda: self.gossip.isolated
         self.catalog = Catalog(config.node_id, self.gossip, self.store)
         self.producers = ProducerStates(self.store, now_ms=self.peer_clock.agreed_wall_ms,   # (peers' time)
@@ -645,8 +646,13 @@ class Node:
     # -- identity and lost state --------------------------------------------------------
     def _check_identity(self) -> None:
         """At a turn boundary (nothing staged): act on what peers showed of this node."""
+        if not self._majority_confirmed and self.gossip.majority_confirmed and self._identity == "confirmed":
+            self._majority_confirmed = True   # for this process's life: see _refute
+            log.info("identity confirmed by a majority of peers: generation %d", self.generation)
         conflict = self.gossip.identity_conflict
-        if conflict:
+        if conflict and self._majority_confirmed:
+            self._refute(conflict)
+        elif conflict:
             self._lost_identity(conflict)
         elif self._identity == "unconfirmed" and self.gossip.seen_by_peer:
             self._identity = "confirmed"
@@ -679,18 +685,8 @@ class Node:
         """A peer remembers generation ``conflict`` (>= ours) of this node: this store lost
         state. Persist a generation above it (LMDB, then the identity file, synced) before
         speaking as it, then tell the replication core."""
-        now = self.clock.now_ms()
-        while self._bumps and now - self._bumps[0] >= _BUMP_WINDOW_MS:
-            self._bumps.popleft()
-        if len(self._bumps) >= _MAX_BUMPS:
-            # two live processes with one --id push each other's generation up without end
-            # (each takes the other's newer row for proof that its own store went back)
-            self._rlog.warning("bumps", "peers keep showing newer lives of node %s (%d new generations within "
-                               "%d s): another live broker may be running with --id %s; this one waits before "
-                               "taking another (its replicas stay out of votes meanwhile)", self.node_id,
-                               len(self._bumps), _BUMP_WINDOW_MS // 1000, self.node_id)
+        if not self._take_bump():
             return
-        self._bumps.append(now)
         old = self.generation
         gen = max(conflict, old) + 1
         if not self._write_identity(generation=gen, recovering=True):
@@ -704,6 +700,46 @@ class Node:
             self._identity = "lost"
             self.replicas.declare_lost_state()
         self._persist_snapshot()
+
+    def _refute(self, conflict: int) -> None:
+        """A row for this node that this process never issued (a higher generation, or its
+        own with a higher version, heartbeat or another life) after a majority of peers had
+        shown they hold this life: no majority held another life of this node since (R2 in
+        ``mesh.gossip.membership``), so it is a forgery (open mode trusts local processes,
+        issue 39 finding 9: rows for every broker at generation + 5 made all three declare
+        lost state, every replica recovering and no leader ever, across restarts) or a
+        second process with this id. This store lost nothing: like SWIM's refutation with a
+        higher incarnation, take a generation above the claim (persisted first) and speak
+        as it, with no lost state declared. Rate-limited as ``_lost_identity``."""
+        if not self._take_bump():
+            return
+        old = self.generation
+        gen = max(conflict, old) + 1
+        if not self._write_identity(generation=gen):
+            return
+        self.gossip.reincarnate(gen, self.clock.wall_ms())
+        self.generation = gen
+        self._rlog.warning("refute", "node %s: a row claims generation %d of this node, which this process never "
+                           "issued (it started as %d, and a majority of peers confirmed that life): a forged "
+                           "row or another broker with --id %s. Refuted: now generation %d; no state was lost",
+                           self.node_id, conflict, old, self.node_id, gen)
+        self._persist_snapshot()
+
+    def _take_bump(self) -> bool:
+        """One more generation bump within ``_MAX_BUMPS`` a minute (else a warning, False)."""
+        now = self.clock.now_ms()
+        while self._bumps and now - self._bumps[0] >= _BUMP_WINDOW_MS:
+            self._bumps.popleft()
+        if len(self._bumps) >= _MAX_BUMPS:
+            # two live processes with one --id push each other's generation up without end
+            # (each takes the other's newer row for proof that its own store went back)
+            self._rlog.warning("bumps", "peers keep showing newer lives of node %s (%d new generations within "
+                               "%d s): another live broker may be running with --id %s; this one waits before "
+                               "taking another (its replicas stay out of votes meanwhile)", self.node_id,
+                               len(self._bumps), _BUMP_WINDOW_MS // 1000, self.node_id)
+            return False
+        self._bumps.append(now)
+        return True
 
     def _report_corrupt(self) -> None:
         for pid, offset in self.store.take_corrupt():
