@@ -20,7 +20,10 @@ R2 Identity: rows merge by generation first. A higher generation *replaces* the 
    *identity conflict*: counted, ignored, and the highest such generation kept in
    ``identity_conflict``. It means this node's stored generation went back (its disk lost
    state); the shell persists a generation above it and calls ``Gossip.reincarnate`` (never
-   the core on its own: the new generation must be durable before it is spoken). With
+   the core on its own: the new generation must be durable before it is spoken). Once a
+   majority (``majority_confirmed``, not the timer below) held this life, a later conflict
+   is a forgery or a second process with our id: the shell refutes it (a new generation,
+   no lost state: ``mesh.node.loop``). With
    ``hold_heartbeat`` the heartbeat stays 0 until a peer has shown its view of us (a row
    for us, or a full digest without one): that first view is compared before the first
    beat, so a peer holding another life of our generation is a conflict, never a
