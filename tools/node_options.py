@@ -74,11 +74,11 @@ def node_bound_options(f):
     names = [name for name, _, _, _ in BOUND_OPTIONS]
 
     @functools.wraps(f)
-    def wrapper(*args, reset_gossip, metrics_port, metrics_per_partition, replace_dead_after, balance, **kwargs):
+    def wrapper(*args, reset_gossip, metrics_port, metrics_host, metrics_per_partition, replace_dead_after, balance, **kwargs):
         bounds = {name: kwargs.pop(name) for name in names}
         bounds["reset_gossip"] = reset_gossip
         bounds.update(replace_dead_after_ms=parse_duration_ms(replace_dead_after), balance=balance)   # issue 14
-        bounds.update(metrics_port=metrics_port, metrics_per_partition=metrics_per_partition)   # issue 16
+        bounds.update(metrics_port=metrics_port, metrics_host=metrics_host, metrics_per_partition=metrics_per_partition)   # issue 16
         return f(*args, bounds=bounds, **kwargs)
 
     wrapper = click.option("--replace-dead-after", default="10m", show_default=True,
@@ -88,8 +88,11 @@ def node_bound_options(f):
                            help="move replicas and leaderships on its own toward a balanced cluster "
                                 "(new brokers, decommissions, dead brokers); off: manual reassign only")(wrapper)
     wrapper = click.option("--metrics-port", type=click.IntRange(1, 65535), default=None,
-                           help="serve Prometheus metrics on http://HOST:PORT/metrics (HOST: the --bind "
-                                "host); off by default")(wrapper)
+                           help="serve Prometheus metrics on http://HOST:PORT/metrics (HOST: --metrics-host); "
+                                "off by default")(wrapper)
+    wrapper = click.option("--metrics-host", default=None,
+                           help="the address /metrics listens on; default: 127.0.0.1 on a secured node "
+                                "(the series name every topic and group hosted here), else the --bind host")(wrapper)
     wrapper = click.option("--metrics-per-partition/--no-metrics-per-partition", default=True, show_default=True,
                            help="export per-partition series (partitions hosted here); off bounds the "
                                 "series count on brokers with many partitions")(wrapper)

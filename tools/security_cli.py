@@ -54,6 +54,10 @@ def node_security_options(f):
     @click.option("--max-connections", type=click.IntRange(min=1), default=DEFAULT_MAX_CONNECTIONS,
                   show_default=True, help="open connections at once (clients and peers); new handshakes "
                                           "beyond it are refused until some close")
+    @click.option("--max-connections-per-ip", type=click.IntRange(min=0), default=0, show_default=True,
+                  help="open connections at once from one source IP address (Kafka max.connections.per.ip); "
+                       "beyond it new handshakes from that address are refused until some close; 0 = no "
+                       "bound. Secured: brokers (the cluster key) are not held back")
     @click.option("--text-creds", type=click.Path(dir_okay=False), default=None,
                   help="secured node with --text-port: the creds file of the principal the text gateway "
                        "acts as (the gateway has no authentication of its own: loopback only)")
@@ -62,7 +66,7 @@ def node_security_options(f):
     @click.option("--kafka-tls-key", type=click.Path(exists=True, dir_okay=False), default=None,
                   help="the PEM private key of --kafka-tls-cert (mode 0600)")
     @functools.wraps(f)
-    def wrapper(*args, secrets_dir, superusers, insecure, max_connections, text_creds, kafka_tls_cert,
+    def wrapper(*args, secrets_dir, superusers, insecure, max_connections, max_connections_per_ip, text_creds, kafka_tls_cert,
                 kafka_tls_key, **kwargs):
         # (the listener loads them when it starts, and the node refuses to start if it cannot)
         if (kafka_tls_cert is None) != (kafka_tls_key is None):
@@ -70,7 +74,8 @@ def node_security_options(f):
         if kafka_tls_cert is not None and kwargs.get("kafka_port", 0) is None:
             raise click.UsageError("--kafka-tls-cert is for the Kafka port: give --kafka-port too")
         security = {"secrets_dir": secrets_dir, "superusers": list(superusers), "insecure": insecure,
-                    "max_connections": max_connections, "text_creds": text_creds,
+                    "max_connections": max_connections,
+                    "max_connections_per_ip": max_connections_per_ip, "text_creds": text_creds,
                     "kafka_tls_cert": kafka_tls_cert, "kafka_tls_key": kafka_tls_key}
         return f(*args, security=security, **kwargs)
     return wrapper

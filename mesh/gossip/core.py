@@ -106,7 +106,8 @@ class Gossip:
         self._last_step_ms = max(self._last_step_ms, now_ms)
         if self._members.left:
             return []
-        self._members.check_confirmed()
+        if not self._members.seen_by_peer:   # (after, only a new confirmer can change it: saw_our_row)
+            self._members.check_confirmed()
         if self._next_round_ms > now_ms + self._interval_ms:   # the clock went backwards
             self._next_round_ms = now_ms + self._interval_ms
         if now_ms >= self._next_hb_ms:
@@ -239,6 +240,14 @@ class Gossip:
         that reuses our generation is detectable. With ``hold_heartbeat``, never before a
         peer's view of us was compared."""
         return self._members.seen_by_peer
+
+    @property
+    def majority_confirmed(self) -> bool:
+        """True once a majority of the other members (not the ``confirm_wait_ms`` timer)
+        showed they hold this life: no majority ever held another life of this node since
+        (R2), so a conflict seen later is a forgery or a second process with our id, not a
+        store that went back (``mesh.node.loop`` refutes it)."""
+        return self._members.majority_confirmed
 
     # ---------------------------------------------------------------- reads ------------
 

@@ -20,7 +20,10 @@ R2 Identity: rows merge by generation first. A higher generation *replaces* the 
    *identity conflict*: counted, ignored, and the highest such generation kept in
    ``identity_conflict``. It means this node's stored generation went back (its disk lost
    state); the shell persists a generation above it and calls ``Gossip.reincarnate`` (never
-   the core on its own: the new generation must be durable before it is spoken). With
+   the core on its own: the new generation must be durable before it is spoken). Once a
+   majority (``majority_confirmed``, not the timer below) held this life, a later conflict
+   is a forgery or a second process with our id: the shell refutes it (a new generation,
+   no lost state: ``mesh.node.loop``). With
    ``hold_heartbeat`` the heartbeat stays 0 until a peer has shown its view of us (a row
    for us, or a full digest without one): that first view is compared before the first
    beat, so a peer holding another life of our generation is a conflict, never a
@@ -114,6 +117,7 @@ class Membership:
         self.identity_conflict = 0          # highest generation of a row for us not of this life (R2)
         self.heard_peer = False             # a peer showed its view of us (since start): see saw_our_row
         self.seen_by_peer = False           # peers' rows for us showed this life (see check_confirmed)
+        self.majority_confirmed = False     # ... a majority of them, not the timer
         self.confirmed_by: set[str] = set()  # peers whose row for us showed this life at heartbeat >= 1
         self.first_confirm_ms = 0           # when the first of them did
         self.sent_heartbeat = 0             # the highest own heartbeat put in a message in this life
@@ -222,13 +226,17 @@ class Membership:
         down or cut off), one peer's view is enough ``confirm_wait_ms`` after the first one
         (a timer: a peer holding another life heard in that time shows the conflict first).
         Cost: O(non-ALIVE origins), and only until confirmed."""
-        if self.seen_by_peer or not self.confirmed_by:
+        if self.majority_confirmed or not self.confirmed_by:
             return
         me, status = self.node_id, self.status
         left = {o for o, v in status.items() if v.status == LEFT and o != me}
         others = len(self.rows) - 1 - len(left)
         held = sum(1 for o in self.confirmed_by if o in self.rows and o not in left)
-        if held > others // 2 or self.now_ms - self.first_confirm_ms >= self.config.confirm_wait_ms:
+        if held > others // 2:
+            # (``majority_confirmed``: counted on after a timer confirmed, until a majority did;
+            # the node shell refutes, rather than believes, a later conflict: issue 39)
+            self.seen_by_peer = self.majority_confirmed = True
+        elif self.now_ms - self.first_confirm_ms >= self.config.confirm_wait_ms:
             self.seen_by_peer = True
 
     def _conflict(self, r: Row) -> None:
@@ -337,7 +345,7 @@ class Membership:
                          life))
         self.identity_conflict = 0
         self.sent_heartbeat = 0
-        self.seen_by_peer = False
+        self.seen_by_peer = self.majority_confirmed = False
         self.confirmed_by = set()
         self.first_confirm_ms = 0
         self.version += 1

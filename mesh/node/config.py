@@ -66,10 +66,12 @@ class NodeConfig:
     superusers: list[str] = field(default_factory=list)   # more superusers, by user name
     insecure: bool = False       # allow running open on a non-loopback address (a warning)
     max_connections: int = 4096  # open connections to the ROUTER; beyond: handshakes refused
+    max_connections_per_ip: int = 0   # open connections to the ROUTER per source IP (max.connections.per.ip); 0 = off
     text_creds: str | None = None   # secured: the creds file the text gateway's clients use
     kafka_tls_cert: str | None = None   # the Kafka listener speaks TLS (mesh.kafka.tls) with this PEM chain
     kafka_tls_key: str | None = None    # ... and this PEM private key
-    metrics_port: int | None = None   # /metrics (Prometheus) on the bind host: mesh.node.metrics
+    metrics_port: int | None = None   # /metrics (Prometheus): mesh.node.metrics
+    metrics_host: str | None = None   # where /metrics listens; None: 127.0.0.1 when secured, else the bind host
     metrics_per_partition: bool = True
     # an elastic cluster (issue 14: mesh.node.elastic)
     replace_dead_after_ms: int = 600_000     # a broker dead this long has its replicas re-created elsewhere

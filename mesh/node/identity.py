@@ -10,6 +10,10 @@ its store a store id. The state says whether this store's replicas may vote:
   remembers a newer life of this node); its replicas refill from their leaders and vote
   again once every one has caught up and ``recovering=False`` is durable.
 
+Once a majority of peers held a confirmed life (``majority_seen``), a row claiming a newer
+life of this node is *refuted* instead (SWIM's refutation with a higher incarnation): a
+generation above the claim is persisted and spoken, and no state is declared lost.
+
 The caller (``mesh.node.loop.Node``) does the effects each transition names: persist a
 generation, tell the replication core (``confirm_identity``, ``declare_lost_state``), speak
 as the new generation (``Gossip.reincarnate``). Generation bumps for lost state are limited
@@ -31,6 +35,7 @@ class Identity:
         self.generation = generation
         self.store_id = store_id
         self.state = LOST if lost else (CONFIRMED if alone else UNCONFIRMED)
+        self.refutes = False   # a majority of peers held this confirmed life: later conflicts are forged
         self._bumps: collections.deque[int] = collections.deque()
 
     @property
@@ -50,6 +55,17 @@ class Identity:
         self.state = CONFIRMED
         return True
 
+    def majority_seen(self) -> bool:
+        """A majority of the peers showed they hold this life (``Gossip.majority_confirmed``):
+        True if, being confirmed, this life refutes conflicting rows from now on (for the
+        process's life). No majority can have held another life of this node since (R2 in
+        ``mesh.gossip.membership``), so such a row is a forgery (open mode trusts local
+        processes: issue 39 finding 9) or a second process with this id, never lost state."""
+        if self.refutes or self.state != CONFIRMED:
+            return False
+        self.refutes = True
+        return True
+
     def next_generation(self, conflict: int, now_ms: int) -> int | None:
         """A peer remembers generation ``conflict`` (>= ours): the generation to persist
         before speaking as it, or None while bumps are over their rate (the caller waits)."""
@@ -63,6 +79,10 @@ class Identity:
     @property
     def bumps(self) -> int:
         return len(self._bumps)
+
+    def refuted(self, generation: int) -> None:
+        """``generation`` is durable and spoken, above a forged claim: no state was lost."""
+        self.generation = generation
 
     def reincarnated(self, generation: int) -> bool:
         """``generation`` is durable and spoken: lost state. True if the replication core

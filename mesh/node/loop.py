@@ -15,9 +15,8 @@ A storage error or any other exception in a step fails the turn, not the broker:
 is doomed (``DataPath.doom``), rolled back at its commit, and nothing from it is persisted;
 the replication core is rebuilt from disk (it had run ahead of it) and the next good turn
 reconciles and persists again. After an exception out of the gossip core, its snapshot is
-persisted again only once it loads (``_persist_snapshot``). The gossip snapshot is staged
-on the turn after gossip moved, at most once per ten times its last cost. Each failing
-site writes one traceback per minute (``mesh.node.ratelog``).
+persisted again only once it loads (``_persist_snapshot``; when: ``mesh.node.snapshot_pace``).
+Each failing site writes one traceback per minute (``mesh.node.ratelog``).
 
 Bounds (issue 13): every resource a client can make the node hold has a ``NodeConfig``
 field and a ``mesh node`` option: frame size (ZMQ_MAXMSGSIZE: a bigger frame is dropped
@@ -34,27 +33,22 @@ and relearn the cluster from peers: partitions are neither reconciled nor droppe
 snapshot is written, until gossip has been quiet for ``_RELEARN_QUIET_MS`` after a peer
 was heard); the replication state -> move the data directory aside and rejoin empty.
 
-Stopping (SIGTERM, SIGINT): the node first hands every partition it leads to a caught-up
-replica on a live broker (``mesh.node.shutdown``, Kafka's controlled shutdown; produce requests
-meanwhile are held and then sent to the new leader), for at most ``shutdown_handover_ms``,
-then tells its peers it left (gossip LEFT) and closes. A second signal stops at once.
+Stopping (SIGTERM, SIGINT): Kafka's controlled shutdown (``mesh.node.shutdown``): leaderships
+handed over for at most ``shutdown_handover_ms``, then LEFT in gossip; a second signal stops.
 
 Nothing a client or a peer sends can crash the loop: each message is handled inside a
 guard (``mesh.node.dispatch``, which also owns the ROUTER socket).
 
-Identity (``storage.datadir``): the data directory is locked (a second broker on it is
-refused) and ``data.mdb`` checked before LMDB opens it. The node id is stable; each store
-has a store id (random, created with the store); the generation is incremented and synced
-(LMDB, then ``identity.json``) before the node says anything, so each life of a node is
-newer than the last. A store older than its identity file says, or empty, *lost state*:
-the node tells the replication core at once (``declare_lost_state``: its replicas refill
-from their leaders and are neither counted nor elected before they caught up). A wiped
-directory has no identity file: the cluster remembers for it. Until a peer has shown its
-view of this node, the core runs unconfirmed (no votes); then either nothing conflicts
-(``confirm_identity``) or a peer remembers a newer life of this node (gossip's
-``identity_conflict``): the node persists a generation above it, starts speaking as that
-generation (``Gossip.reincarnate``) and declares lost state. Corrupt batches found by the
-store (on read, at recovery) go to the core once each (``report_corrupt``).
+Identity (``storage.datadir``; the rules: ``mesh.node.identity``): the data directory is
+locked and ``data.mdb`` checked before LMDB opens it; each life's generation is incremented
+and synced (LMDB, then ``identity.json``) before the node says anything. A store older
+than its identity file, or empty, or one whose newer life a peer remembers (gossip's
+``identity_conflict``) has *lost state*: a generation above it is persisted and spoken
+(``Gossip.reincarnate``) and the replication core told (``declare_lost_state``: replicas
+refill and neither vote nor count before they caught up). Until a peer has shown its view
+of this node, the core runs unconfirmed (no votes); once a majority held this life, a
+conflicting row is refuted instead (a forgery, or a second process with this id). Corrupt
+batches found by the store go to the core once each (``report_corrupt``).
 """
 from __future__ import annotations
 
@@ -122,6 +116,7 @@ class Node:
         self.ctx = zmq.Context.instance()
         self.security = BrokerSecurity(self.ctx, secrets_dir=config.secrets_dir, superusers=config.superusers,
                                        max_connections=config.max_connections, binds=[config.bind],
+                                       max_connections_per_ip=config.max_connections_per_ip,
                                        insecure=config.insecure, topic_names=lambda: self.catalog.topics)
         text_creds = check_text_gateway(self.security, config.bind, config.text_port, config.text_creds)
         self.kafka_listener = None   # (host, port, Kafka node id) with --kafka-port: mesh.kafka.process
@@ -165,7 +160,7 @@ class Node:
         self._isolated_since_ms: int | None = None
         self.turn = self._make_turn()
         self._start_sidecars(config, text_creds)
-        if config.metrics_port is not None:   # /metrics on prometheus_client's own thread
+        if config.metrics_port is not None:   # /metrics on its own thread (mesh.node.metrics_http)
             from mesh.node.metrics import serve_metrics
             try:
                 self.metrics = self.dispatch.metrics = self.data.metrics = serve_metrics(self, config)
@@ -456,6 +451,8 @@ class Node:
     def _check_identity(self) -> None:
         """At a turn boundary (nothing staged): act on what peers showed of this node
         (the rules: ``mesh.node.identity``)."""
+        if self.gossip.majority_confirmed and self.identity.majority_seen():
+            log.info("identity confirmed by a majority of peers: generation %d", self.generation)
         conflict = self.gossip.identity_conflict
         if conflict:
             self._lost_identity(conflict)
@@ -486,9 +483,10 @@ class Node:
 
     def _lost_identity(self, conflict: int) -> None:
         """A peer remembers generation ``conflict`` (>= ours) of this node: this store lost
-        state. Persist a generation above it (LMDB, then the identity file, synced) before
-        speaking as it, then tell the replication core."""
-        old = self.generation
+        state, unless this life was held by a majority (``Identity.majority_seen``: then the
+        claim is refuted). Persist a generation above it (LMDB, then the identity file,
+        synced) before speaking as it, then tell the replication core."""
+        old, refute = self.generation, self.identity.refutes
         gen = self.identity.next_generation(conflict, self.clock.now_ms())
         if gen is None:
             # two live processes with one --id push each other's generation up without end
@@ -498,14 +496,21 @@ class Node:
                                "taking another (its replicas stay out of votes meanwhile)", self.node_id,
                                self.identity.bumps, BUMP_WINDOW_MS // 1000, self.node_id)
             return
-        if not self._write_identity(generation=gen, recovering=True):
+        if not self._write_identity(generation=gen, **({} if refute else {"recovering": True})):
             return                                # not durable: do not speak as it yet
         self.gossip.reincarnate(gen, self.clock.wall_ms())
-        log.error("node %s: peers remember generation %d of this node, but this store started as generation %d: "
-                  "it lost state (wiped or rolled back). Now generation %d; replicas refill from their leaders "
-                  "and neither vote nor count before they catch up", self.node_id, conflict, old, gen)
-        if self.identity.reincarnated(gen):
-            self.replicas.declare_lost_state()
+        if refute:
+            self.identity.refuted(gen)
+            self._rlog.warning("refute", "node %s: a row claims generation %d of this node, which this process "
+                               "never issued (it started as %d, and a majority of peers confirmed that life): a "
+                               "forged row or another broker with --id %s. Refuted: now generation %d; no state "
+                               "was lost", self.node_id, conflict, old, self.node_id, gen)
+        else:
+            log.error("node %s: peers remember generation %d of this node, but this store started as generation "
+                      "%d: it lost state (wiped or rolled back). Now generation %d; replicas refill from their "
+                      "leaders and neither vote nor count before they catch up", self.node_id, conflict, old, gen)
+            if self.identity.reincarnated(gen):
+                self.replicas.declare_lost_state()
         self._persist_snapshot()
 
     def _report_corrupt(self) -> None:

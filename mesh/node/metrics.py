@@ -10,9 +10,11 @@ Two threads, nothing mutable shared between them unsafely:
   per record; a histogram observation is one ``bisect`` and an add, ``_Buckets``), and once
   per ``refresh_ms`` builds an immutable snapshot (``refresh``: gauges read from the cores,
   counters' and histograms' running totals) and swaps it in with one attribute assignment;
-- prometheus_client's HTTP server thread serves ``/metrics`` from this node's own
-  ``CollectorRegistry`` (never the global one): the default process collector and
-  ``_SnapshotCollector``, which only reads the last snapshot.
+- the HTTP server thread (``mesh.node.metrics_http``: one thread, at most 32 connections,
+  10 s each) serves ``/metrics`` from this node's own ``CollectorRegistry`` (never the
+  global one): the default process collector and ``_SnapshotCollector``, which only reads
+  the last snapshot. A secured node serves it on 127.0.0.1 unless ``--metrics-host`` says
+  otherwise (the series name every hosted topic and group); an open node on its bind host.
 
 So a scrape never waits for the loop, the loop never waits for a scrape, no lock is taken
 on the hot path (prometheus_client's ``Counter``/``Histogram`` take one per update: ~1.5 us
@@ -66,11 +68,12 @@ import time
 from bisect import bisect_left
 from typing import Any
 
-from prometheus_client import CollectorRegistry, ProcessCollector, start_http_server
+from prometheus_client import CollectorRegistry, ProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
 from mesh.cluster import keys
 from mesh.gossip.parsing import MALFORMED_KINDS
+from mesh.node.metrics_http import MetricsServer
 from mesh.node.ratelog import RateLimitedLog
 from mesh.wire import messages as m
 from mesh.wire.errors import ErrorCode
@@ -135,19 +138,18 @@ class NodeMetrics:
         self._rlog = RateLimitedLog(log)
         self.snapshot: dict[str, list] = {}
         self.registry.register(_SnapshotCollector(self))
-        self.server = None
-        self._thread = None
+        self.server: MetricsServer | None = None
 
     # -- the HTTP server ------------------------------------------------------------------
     def serve(self, host: str, port: int) -> None:
-        """Serve ``/metrics`` on ``host:port`` (prometheus_client's own daemon thread)."""
+        """Serve ``/metrics`` on ``host:port`` (``mesh.node.metrics_http``: one daemon thread)."""
         self.refresh(force=True)
-        self.server, self._thread = start_http_server(port, addr=host, registry=self.registry)
+        self.server = MetricsServer(self.registry, host, port)
+        self.server.start()
 
     def close(self) -> None:
         if self.server is not None:
-            self.server.shutdown()
-            self.server.server_close()
+            self.server.close()
             self.server = None
 
     # -- hot path (loop thread) -------------------------------------------------------------
@@ -234,12 +236,23 @@ class NodeMetrics:
             self._rlog.exception("refresh", exc, "metrics snapshot failed: %s", exc)
 
 
+def metrics_host(config, secured: bool) -> str:
+    """Where ``/metrics`` listens: ``--metrics-host`` if given, else 127.0.0.1 on a secured
+    node (the series name every hosted topic and group, and HTTP has no CURVE), else the
+    bind host."""
+    if config.metrics_host:
+        return config.metrics_host.strip("[]")
+    if secured:
+        return "127.0.0.1"
+    return config.bind.rsplit(":", 1)[0].strip("[]") or "0.0.0.0"
+
+
 def serve_metrics(node, config) -> NodeMetrics:
-    """The node's metrics, served on ``config.metrics_port`` of its bind host; a port that
+    """The node's metrics, served on ``config.metrics_port`` of ``metrics_host``; a port that
     cannot be bound stops the start (``StartupError``, the node's router and lock released)."""
     from mesh.node.bounds import StartupError
     mx = NodeMetrics(node, per_partition=config.metrics_per_partition)
-    host = config.bind.rsplit(":", 1)[0].strip("[]") or "0.0.0.0"
+    host = metrics_host(config, node.security.secured)
     try:
         mx.serve(host, config.metrics_port)
     except OSError as exc:

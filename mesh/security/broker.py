@@ -31,7 +31,7 @@ from mesh.security.creds import BROKER_PRINCIPAL, Creds, CredsError, Secrets
 from mesh.security.registry import Registry
 from mesh.security.zap import DEFAULT_MAX_CONNECTIONS, HANDSHAKE_IVL_MS, ZAP_DOMAIN, ZapHandler
 
-__all__ = ["BrokerSecurity", "is_loopback", "check_open_bind", "check_text_gateway"]
+__all__ = ["BrokerSecurity", "is_loopback", "check_open_bind", "check_text_gateway", "warn_superuser_gateway"]
 
 log = logging.getLogger("mesh.security")
 
@@ -71,7 +71,8 @@ def check_text_gateway(security: "BrokerSecurity", bind: str, text_port: int | N
 
     The text protocol has no authentication of its own: in a secured cluster the gateway
     runs only on loopback (it binds the node's host), as the principal of ``text_creds``
-    (every text client is that principal: its ACLs bound what they can do)."""
+    (every text client is that principal: its ACLs bound what they can do). A superuser's
+    creds are accepted with a loud warning (``warn_superuser_gateway``)."""
     if text_port is None or not security.secured:
         return None
     if not is_loopback(bind.rpartition(":")[0]):
@@ -80,13 +81,29 @@ def check_text_gateway(security: "BrokerSecurity", bind: str, text_port: int | N
     if not text_creds:
         raise CredsError("a secured node with --text-port needs --text-creds FILE: the creds file of the "
                          "principal the text gateway acts as (mesh user add NAME --out FILE)")
-    return Creds.load(text_creds)
+    creds = Creds.load(text_creds)
+    warn_superuser_gateway(security, creds)
+    return creds
+
+
+def warn_superuser_gateway(security: "BrokerSecurity", creds: Creds) -> bool:
+    """Warn (loudly, at start) when the text gateway's principal is a superuser: every text
+    client on this host can then do everything (read, write, delete every topic, add users
+    and ACLs). It is allowed (a single-operator test box), never silent. True if warned."""
+    static = security.secrets.superusers if security.secrets else {}
+    superuser = creds.public_key in static.values() or creds.principal in security.superusers
+    if superuser:
+        log.warning("SECURITY: the text gateway acts as %r, a SUPERUSER: every text client that reaches "
+                    "this host's text port may read, write and delete every topic and change users and "
+                    "ACLs. Give it a user of its own with only the ACLs it needs: mesh user add text "
+                    "--out text.creds, mesh acl add ..., then --text-creds text.creds", creds.principal)
+    return superuser
 
 
 class BrokerSecurity:
     def __init__(self, ctx: zmq.Context, *, secrets_dir: str | None, superusers: Iterable[str] = (),
                  max_connections: int = DEFAULT_MAX_CONNECTIONS, binds: Iterable[str] = (),
-                 insecure: bool = False, topic_names: Callable[[], Iterable[str]] | None = None) -> None:
+                 insecure: bool = False, max_connections_per_ip: int = 0, topic_names: Callable[[], Iterable[str]] | None = None) -> None:
         if max_connections < 1:
             raise ValueError(f"max_connections must be at least 1, not {max_connections}")
         self.secrets = Secrets.load(secrets_dir) if secrets_dir else None
@@ -102,7 +119,7 @@ class BrokerSecurity:
         registry = self.registry
         self.zap = ZapHandler(ctx, cluster_key=self.cluster_key,
                               known_key=lambda k: registry.principal_for_key(k) is not None,
-                              max_connections=max_connections)
+                              max_connections=max_connections, max_connections_per_ip=max_connections_per_ip)
 
     def configure_router(self, router: zmq.Socket) -> None:
         """Before the ROUTER binds: ZAP (and CURVE when secured), the connection monitor."""

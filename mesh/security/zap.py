@@ -38,6 +38,22 @@ its routing id over. Without handover (secured mode
 before issue 39), libzmq kept that new connection but never delivered a message from it:
 a broker paused a few seconds came back deaf to its peers for good.
 
+With ``max_connections_per_ip`` (``--max-connections-per-ip``, Kafka's
+``max.connections.per.ip``; 0, the default, is no bound, as loopback tests and open-mode
+brokers all come from 127.0.0.1) the monitor also counts connections per source address:
+an ACCEPTED event carries the connection's fd (libzmq's, in this process), whose
+``getpeername`` (on a dup) gives the address; its DISCONNECTED (the same fd) uncounts it.
+A handshake from an address is refused with 300 once the bound's worth of its connections
+were admitted, or once it holds more than twice the bound open (raw ones that never speak
+and handshakes under way: a burst of connects is all counted before the first ZAP request
+is read, so open connections alone cannot say which were first); a broker's (the cluster
+key) never is (in open mode nothing tells a broker apart: the bound holds for peers too).
+ZAP does not say which connection a request is for, so when an admitted one closes the
+address's admitted count drops only once it exceeds its open count: with raw connections
+from that address held meanwhile (at most ``HANDSHAKE_IVL_MS``), it may refuse one too
+many for a while, never admit one too many. A 300 sends no ERROR: the connection waits
+until the handshake timer closes it, and the client's ZeroMQ reconnects.
+
 Connections are counted with a monitor on the ROUTER (ACCEPTED minus DISCONNECTED, which
 libzmq also reports for a refused handshake and for a raw connection that never spoke).
 libzmq's I/O thread writes each event to the monitor's inproc PAIR pipe with a *blocking*
@@ -54,6 +70,8 @@ events (bounded work a turn; what waits is about 128 bytes an event; measured: d
 from __future__ import annotations
 
 import logging
+import os
+import socket
 from typing import Callable
 
 import zmq
@@ -74,15 +92,21 @@ MONITOR_EVENTS_PER_TURN = 4096   # connection events read in one turn of the nod
 
 def decide(mechanism: bytes, client_key: str | None, *, cluster_key: str | None,
            known_key: Callable[[str], bool], connections: int,
-           max_connections: int) -> tuple[bytes, bytes, bytes]:
+           max_connections: int, ip_connections: int = 0, ip_admitted: int = 0,
+           max_connections_per_ip: int = 0) -> tuple[bytes, bytes, bytes]:
     """(status code, status text, user id) for one handshake. ``connections`` counts the
-    open connections, this one included; ``cluster_key`` is None in open mode."""
+    open connections, this one included; ``ip_connections`` those from its source address
+    and ``ip_admitted`` those of them admitted (``max_connections_per_ip`` 0: no bound);
+    ``cluster_key`` is None in open mode."""
     broker = cluster_key is not None and mechanism == b"CURVE" and client_key == cluster_key
     if connections > max_connections and not broker:
         # brokers are not held back: connections that never authenticate count toward the
         # cap (they are counted when accepted), and a restarted broker kept out by them was
         # cut off from the cluster
         return b"300", b"too many connections", b""
+    if max_connections_per_ip and not broker and (ip_admitted >= max_connections_per_ip
+                                                   or ip_connections > 2 * max_connections_per_ip):
+        return b"300", b"too many connections from this address", b""
     if cluster_key is None:
         if mechanism == b"NULL":
             return b"200", b"OK", b""
@@ -94,14 +118,36 @@ def decide(mechanism: bytes, client_key: str | None, *, cluster_key: str | None,
     return b"400", b"unknown key", b""
 
 
+def _norm_ip(ip: str) -> str:
+    return ip[7:] if ip.startswith("::ffff:") else ip
+
+
+def peer_ip(fd: int) -> str:
+    """The source address of the connection on ``fd`` (a dup is asked; "?" if it is gone)."""
+    try:
+        dup = os.dup(fd)
+    except OSError:
+        return "?"
+    try:
+        with socket.socket(fileno=dup) as s:
+            peer = s.getpeername()
+    except OSError:
+        return "?"
+    return _norm_ip(peer[0]) if isinstance(peer, tuple) else str(peer)
+
+
 class ZapHandler:
     """The REP socket answering ZAP requests, and the ROUTER's connection count."""
 
     def __init__(self, ctx: zmq.Context, *, cluster_key: str | None, known_key: Callable[[str], bool],
-                 max_connections: int = DEFAULT_MAX_CONNECTIONS) -> None:
+                 max_connections: int = DEFAULT_MAX_CONNECTIONS, max_connections_per_ip: int = 0) -> None:
         self.cluster_key = cluster_key
         self.known_key = known_key
         self.max_connections = max_connections
+        self.max_connections_per_ip = max_connections_per_ip
+        self.per_ip: dict[str, int] = {}     # source address -> open connections (with a per-IP bound)
+        self.admitted_ip: dict[str, int] = {}   # source address -> of those, admitted (at most per_ip's)
+        self._fd_ip: dict[int, str] = {}     # the ROUTER's connection fd -> its source address
         self.sock = ctx.socket(zmq.REP)
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.bind(ZAP_ENDPOINT)   # before the ROUTER binds: no handshake goes unchecked
@@ -137,14 +183,46 @@ class ZapHandler:
             except zmq.Again:
                 return n
             try:
-                event = parse_monitor_message(frames)["event"]
+                parsed = parse_monitor_message(frames)
+                event = parsed["event"]
             except Exception:   # not from libzmq (nothing else can reach an inproc name of ours)
                 continue
             if event == accepted:
                 self.connections += 1
+                if self.max_connections_per_ip:
+                    self._count_ip(int(parsed["value"]))
             elif event == disconnected:
                 self.connections = max(0, self.connections - 1)
+                if self.max_connections_per_ip:
+                    self._uncount_ip(int(parsed["value"]))
         return limit
+
+    def _count_ip(self, fd: int) -> None:
+        """An ACCEPTED event: its fd's source address, counted. The fd is this process's
+        (libzmq's); by the time the event is read it may be closed (its DISCONNECTED waits
+        behind) or even reused by a later connection: then this one is counted under that
+        address, and its DISCONNECTED (the same fd) uncounts the same address."""
+        ip = peer_ip(fd)
+        old = self._fd_ip.pop(fd, None)
+        if old is not None:   # an fd reused before its DISCONNECTED was read: should not happen
+            self._dec(old)
+        self._fd_ip[fd] = ip
+        self.per_ip[ip] = self.per_ip.get(ip, 0) + 1
+
+    def _uncount_ip(self, fd: int) -> None:
+        ip = self._fd_ip.pop(fd, None)
+        if ip is not None:
+            self._dec(ip)
+
+    def _dec(self, ip: str) -> None:
+        n = self.per_ip.get(ip, 0) - 1
+        if n > 0:
+            self.per_ip[ip] = n
+            if self.admitted_ip.get(ip, 0) > n:
+                self.admitted_ip[ip] = n
+        else:
+            self.per_ip.pop(ip, None)
+            self.admitted_ip.pop(ip, None)
 
     def handle(self) -> None:
         """Answer every ZAP request waiting (called when the REP socket is readable)."""
@@ -162,10 +240,15 @@ class ZapHandler:
             key = None
             if mechanism == b"CURVE" and len(frames) > 6 and len(frames[6]) == 32:
                 key = z85.encode(frames[6]).decode("ascii")
+            ip = _norm_ip(address.decode(errors="replace"))
             status, text, user = decide(mechanism, key, cluster_key=self.cluster_key, known_key=self.known_key,
-                                        connections=self.connections, max_connections=self.max_connections)
+                                        connections=self.connections, max_connections=self.max_connections,
+                                        ip_connections=self.per_ip.get(ip, 0), ip_admitted=self.admitted_ip.get(ip, 0),
+                                        max_connections_per_ip=self.max_connections_per_ip)
             if status == b"200":
                 self.accepted += 1
+                if self.max_connections_per_ip and ip in self.per_ip:
+                    self.admitted_ip[ip] = min(self.per_ip[ip], self.admitted_ip.get(ip, 0) + 1)
             else:
                 self.refused += 1
                 self.refused_cap += status == b"300"

@@ -106,6 +106,8 @@ class BrokerProcess:
             cmd += ["--insecure"]   # open on a non-loopback address (network namespace tests)
         if self.metrics_port:
             cmd += ["--metrics-port", str(self.metrics_port)]
+            if self.secrets and not self.host.startswith("127."):
+                cmd += ["--metrics-host", self.host]   # a secured node serves /metrics on loopback by default
         if self.kafka_port:
             cmd += ["--kafka-port", str(self.kafka_port)]
         return cmd + self.extra

@@ -113,6 +113,22 @@ def test_zap_decision():
     assert d(b"NULL", None, secured=False, n=11)[0] == b"300"
 
 
+def test_zap_decision_per_ip():
+    cluster, _ = new_keypair()
+    alice, _ = new_keypair()
+
+    def d(key, open_, admitted, bound=3):
+        return decide(b"CURVE", key, cluster_key=cluster, known_key={alice}.__contains__, connections=1,
+                      max_connections=100, ip_connections=open_, ip_admitted=admitted,
+                      max_connections_per_ip=bound)[0]
+    assert d(alice, 3, 2) == b"200"
+    assert d(alice, 4, 3) == b"300"          # the bound's worth admitted
+    assert d(alice, 6, 0) == b"200"          # a burst of connects: the first ones get in
+    assert d(alice, 7, 0) == b"300"          # more than twice the bound open (raw ones count)
+    assert d(cluster, 50, 40) == b"200"      # a broker is never held back
+    assert d(alice, 50, 40, bound=0) == b"200"   # 0: no bound (the default)
+
+
 def test_loopback_and_open_bind():
     assert is_loopback("127.0.0.1") and is_loopback("localhost") and is_loopback("::1")
     assert is_loopback("127.3.4.5")

@@ -38,3 +38,17 @@ def test_lost_state_ends_only_when_refilled():
     ident = Identity(2, "s", lost=True, alone=False)
     assert ident.refilled() is True and ident.state == CONFIRMED and ident.may_vote
     assert Identity(2, "s", lost=False, alone=False).refilled() is False
+
+
+def test_a_life_a_majority_held_refutes_conflicts_instead_of_losing_state():
+    """Issue 39 finding 9: forged rows at generation + 5 for every broker made all three
+    declare lost state; a life a majority confirmed takes a generation above the claim and
+    stays confirmed (SWIM's refutation)."""
+    from mesh.node.identity import CONFIRMED, UNCONFIRMED, Identity
+    ident = Identity(4, "s", lost=False, alone=False)
+    assert ident.state == UNCONFIRMED and not ident.majority_seen()   # only a confirmed life
+    assert ident.seen_by_peer() and ident.majority_seen() and ident.refutes
+    assert not ident.majority_seen()                                    # once
+    gen = ident.next_generation(9, now_ms=0)
+    ident.refuted(gen)
+    assert (ident.generation, ident.state, ident.may_vote) == (10, CONFIRMED, True)
