@@ -361,9 +361,12 @@ class Gossip:
             raise ValueError("duplicate node ids")
         targets = list(rows)
         tindex = {o: i for i, o in enumerate(targets)}
+        hashes = None
         nodes = []
         for (o, a, g), rng in zip(members, rngs, strict=True):
             n = cls(o, a, g, seeds, rng, config, now_ms)
-            n._members.share(rows, targets, tindex)
+            n._members.share(rows, targets, tindex, hashes)
+            hashes = n._members.row_hashes()
+            n._members.share(rows, targets, tindex, hashes)
             nodes.append(n)
         return nodes

@@ -52,6 +52,7 @@ The table can start *shared* between many nodes of one process (copy-on-write, s
 """
 from __future__ import annotations
 
+import zlib
 from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -63,7 +64,20 @@ from mesh.gossip.rows import ALIVE, DEAD, LEFT, MAX_GENERATION, MAX_GENERATION_J
 if TYPE_CHECKING:
     from mesh.gossip.namespaces import Namespace
 
-__all__ = ["Member", "MembershipEvent", "Membership"]
+__all__ = ["Member", "MembershipEvent", "Membership", "ROW_BUCKETS", "row_bucket", "row_hash"]
+
+ROW_BUCKETS = 64            # the table is compared as this many bucket hashes (``Membership.row_hashes``)
+
+
+def row_bucket(origin: str) -> int:
+    """Which of the ``ROW_BUCKETS`` hashes ``origin``'s row counts in (the same on every node)."""
+    return zlib.crc32(origin.encode()) % ROW_BUCKETS
+
+
+def row_hash(r: Row) -> int:
+    """A row's contribution to its bucket: everything but the heartbeat and the gc version
+    (heartbeats spread by push; gc versions follow each node's own collection)."""
+    return zlib.crc32(f"{r.node_id}\0{r.generation}\0{r.max_version}\0{r.address}\0{r.left:d}\0{r.life}".encode())
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,16 +132,57 @@ class Membership:
         self.first_confirm_ms = 0           # when the first of them did
         self.sent_heartbeat = 0             # the highest own heartbeat put in a message in this life
         self.hold_heartbeat = False         # heartbeat 0 until a peer is heard (see Gossip.hold_heartbeat)
+        self._hashes: list[int] | None = None   # per bucket: sum of row_hash mod 2**32 (None: not yet computed)
+        self._hashes_shared = False
+
+    def detector_floor(self, gap_ms: int) -> None:
+        """The shortest mean gap the detector assumes between one origin's heartbeat news
+        (larger when partial digests carry each origin only now and then, ``Rounds``)."""
+        d = self.detector
+        if d.min_mean_ms != gap_ms:
+            d.min_mean_ms = float(gap_ms)
+            d.expected_interval_ms = gap_ms
+            d.max_sample_ms = 20 * gap_ms
+
+    def row_hashes(self) -> list[int]:
+        """The ``ROW_BUCKETS`` bucket hashes of the table (kept current by every write)."""
+        if self._hashes is None:
+            h = [0] * ROW_BUCKETS
+            for o, r in self.rows.items():
+                b = row_bucket(o)
+                h[b] = (h[b] + row_hash(r)) & 0xFFFFFFFF
+            self._hashes, self._hashes_shared = h, False
+        return self._hashes
+
+    def bucket_rows(self, buckets: set[int]) -> list[Row]:
+        """This node's rows in ``buckets`` (O(table))."""
+        return [r for o, r in self.rows.items() if row_bucket(o) in buckets]
+
+    def _rehash(self, old: Row | None, new: Row | None) -> None:
+        h = self._hashes
+        if h is None:
+            return
+        ho = 0 if old is None else row_hash(old)
+        hn = 0 if new is None else row_hash(new)
+        if ho == hn:
+            return
+        if self._hashes_shared:
+            h = self._hashes = list(h)
+            self._hashes_shared = False
+        b = row_bucket((old or new).node_id)
+        h[b] = (h[b] - ho + hn) & 0xFFFFFFFF
 
     @property
     def life(self) -> int:
         """This life's nonce (R2), as our own row carries it (0 only in shared fixtures)."""
         return self.rows[self.node_id].life
 
-    def share(self, rows: dict[str, Row], targets: list[str], tindex: dict[str, int]) -> None:
+    def share(self, rows: dict[str, Row], targets: list[str], tindex: dict[str, int],
+              hashes: list[int] | None = None) -> None:
         """Start from a table shared with other nodes; the first write copies it."""
         self.rows, self.rows_shared = rows, True
         self.targets, self.tindex, self.targets_shared = targets, tindex, True
+        self._hashes, self._hashes_shared = hashes, hashes is not None
 
     # ---------------------------------------------------------------- rows -------------
 
@@ -135,6 +190,8 @@ class Membership:
         if self.rows_shared:
             self.rows = dict(self.rows)
             self.rows_shared = False
+        if self._hashes is not None:
+            self._rehash(self.rows.get(row.node_id), row)
         self.rows[row.node_id] = row
 
     def beat(self) -> None:
@@ -420,6 +477,7 @@ class Membership:
             self.rows = dict(self.rows)
             self.rows_shared = False
         del self.rows[o]
+        self._rehash(row, None)
         self.namespaces.pop(o, None)
         self.status.pop(o, None)
         self.detector.forget(o)
@@ -488,3 +546,8 @@ class Membership:
         assert sorted(self.targets) == want, "targets"
         assert all(self.targets[i] == o for o, i in self.tindex.items()), "target index"
         assert len(self.tindex) == len(self.targets), "target index size"
+        if self._hashes is not None:
+            h = [0] * ROW_BUCKETS
+            for o, r in self.rows.items():
+                h[row_bucket(o)] = (h[row_bucket(o)] + row_hash(r)) & 0xFFFFFFFF
+            assert h == self._hashes, "row bucket hashes"

@@ -7,13 +7,22 @@ Flat lists of fields keep them compact and cheap to validate (``mesh.gossip.pars
                      [key, version, value, deleted, ...]]
     cluster         16 bucket hashes (uint32), or [] when the store is empty / matched
     cluster_entries [key, clock, writer, value, deleted, ...]
+    rows_hash       64 bucket hashes of the sender's rows (uint32, ``Membership.row_hashes``),
+                    or [] when the digest is the sender's whole table
+
+A SYN's digest is the sender's whole table while it has at most ``FULL_DIGEST_ROWS``
+rows; above that it is a *partial* digest (the sender's row, the receiver's, and a
+rotating slice of the others: heartbeat news) plus ``rows_hash``, and only the rows of
+buckets that differ are exchanged (``mesh.gossip.rounds``). An ACK2's ``digest`` carries
+the rows of those buckets where the SYN's sender holds something else; an ACK2 with rows
+may get one ACK2 back (the deltas its sender lacks).
 
 Digest rows and deltas are built as ``mesh.gossip.rows.Row`` and ``Delta`` (NamedTuples,
 which msgpack encodes as exactly these arrays); decoded messages hold plain lists.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from mesh.wire.codec import message
 
@@ -27,6 +36,7 @@ class GossipSyn:
     digest: list
     cluster: list
     cluster_gc: int
+    rows_hash: list = field(default_factory=list)
 
 
 @message("GOSSIP_ACK")
@@ -38,6 +48,7 @@ class GossipAck:
     cluster: list
     cluster_entries: list
     cluster_gc: int
+    rows_hash: list = field(default_factory=list)
 
 
 @message("GOSSIP_ACK2")
@@ -46,3 +57,4 @@ class GossipAck2:
     node_id: str
     deltas: list
     cluster_entries: list
+    digest: list = field(default_factory=list)
