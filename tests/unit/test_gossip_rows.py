@@ -32,7 +32,7 @@ def test_typed_rows_encode_exactly_as_the_positional_lists():
     assert encode_body(typed) == encode_body(plain)
     assert msgpack.unpackb(encode_body(typed), raw=False) == [
         "b", [["a", 1, 2, 3, 0, "addr-a", False, 0]], [["a", 1, 0, 3, 0, False, ["k", 3, {"v": [1, 2]}, False]]],
-        [0] * BUCKETS, ["t", 5, "a", None, True], 0]
+        [0] * BUCKETS, ["t", 5, "a", None, True], 0, []]          # rows_hash: [] (mesh-peer/7)
     assert row == ("a", 1, 2, 3, 0, "addr-a", False, 0)          # still a tuple where it matters
 
 
@@ -74,7 +74,8 @@ def _golden_trace() -> str:
 # (rounds.py, _ECHO_BEATS); rows carry a random life nonce (rows.py, Row.life). A change here means the wire bytes or the protocol's choices
 # changed: that must be on purpose (and said so in the change), never a side effect of a
 # refactoring.
-GOLDEN_TRACE_SHA256 = "f3e39efdbc85c1d710f136ccd88ce61471add0cac2a748ff405756e43667f91b"
+# mesh-peer/7: the same messages with their new trailing fields empty (rows_hash, ACK2 digest)
+GOLDEN_TRACE_SHA256 = "2707349aa61f6cbb734e22154cab4e16bca05033e61afabd909b00013ee342c8"
 
 
 def test_a_deterministic_run_sends_the_same_bytes_as_before_the_typed_rows():
