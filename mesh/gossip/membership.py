@@ -419,7 +419,8 @@ class Membership:
         cfg = self.config
         for o, (st, since) in list(status.items()):
             if st == SUSPECT:
-                if now_ms - since >= cfg.dead_after_ms:
+                if now_ms - since >= max(cfg.dead_after_ms, 20 * self.detector.min_mean_ms
+                                         if self.detector.min_mean_ms > cfg.effective_heartbeat_ms else 0):
                     self.set_status(o, DEAD, now_ms)
             elif now_ms - since >= cfg.tombstone_gc_ms:      # DEAD or LEFT
                 self._remove(o, now_ms)

@@ -41,8 +41,8 @@ _HEARTBEAT_SLACK_BEATS = 2   # a SYN this far behind on some heartbeat gets an a
 _ECHO_BEATS = 2              # a SYN whose sender's life is this young gets its own row back
 _CONFIRM_FANOUT = 8          # an unconfirmed life's SYNs per round, at most (larger clusters: confirm_wait_ms)
 _MAX_CLUSTER_ENTRIES = 1_000_000
-FULL_DIGEST_ROWS = 34        # a table this small goes whole in every SYN; a larger one, partially
-_HOT_ROWS = 32               # rows of others (a rotating slice: heartbeat news) in a partial SYN
+FULL_DIGEST_ROWS = 128       # a table this small goes whole in every SYN (~4 KB); a larger one, partially
+_HOT_ROWS = 32               # rows of others (a random sample: heartbeat news) in a partial SYN
 _MAX_EXPAND_ROWS = 256       # rows of mismatched buckets in one ACK or ACK2, at most (whole buckets)
 
 
@@ -71,7 +71,6 @@ class Rounds:
         self._interval_ms = config.interval_ms
         self._seed_backoff_ms = config.interval_ms
         self._next_seed_ms = now_ms
-        self._cursor = 0
 
     def syn(self, dest: str | None = None) -> GossipSyn:
         """The SYN of this round (to ``dest``, a node id, if known): the whole table while it
@@ -89,12 +88,7 @@ class Rounds:
     def _partial_digest(self, dest: str | None) -> list[Row]:
         rows = self._members.rows
         order = list(rows.values())
-        n = len(order)
-        start = self._cursor % n
-        self._cursor = start + _HOT_ROWS
-        hot = order[start:start + _HOT_ROWS]
-        if start + _HOT_ROWS > n:
-            hot += order[:start + _HOT_ROWS - n]
+        hot = self._rng.sample(order, _HOT_ROWS) if len(order) > _HOT_ROWS else order
         out = [rows[self._node_id]]
         d = rows.get(dest) if dest is not None else None
         if d is not None and d.node_id != self._node_id:
@@ -115,9 +109,10 @@ class Rounds:
         targets = m.targets
         others = m.others()
         if len(rows) > FULL_DIGEST_ROWS:
-            # partial digests carry one origin's heartbeat to a given node about every
-            # n / (fanout * (1 + _HOT_ROWS)) rounds: the detector's floor follows (R4)
-            gap = self._interval_ms * len(rows) // (cfg.fanout * (1 + _HOT_ROWS))
+            # partial digests carry one origin's row to a given node about every
+            # n / (fanout * (1 + _HOT_ROWS)) rounds, a newer heartbeat about half as often:
+            # the detector's floor follows (R4)
+            gap = 2 * self._interval_ms * len(rows) // (cfg.fanout * (1 + _HOT_ROWS))
             m.detector_floor(max(cfg.effective_heartbeat_ms, gap))
         else:
             m.detector_floor(cfg.effective_heartbeat_ms)
