@@ -366,7 +366,7 @@ class Gossip:
         for (o, a, g), rng in zip(members, rngs, strict=True):
             n = cls(o, a, g, seeds, rng, config, now_ms)
             n._members.share(rows, targets, tindex, hashes)
-            hashes = n._members.row_hashes()
-            n._members.share(rows, targets, tindex, hashes)
+            if hashes is None:
+                hashes = n._members.shared_hashes()
             nodes.append(n)
         return nodes

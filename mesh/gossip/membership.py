@@ -134,6 +134,7 @@ class Membership:
         self.hold_heartbeat = False         # heartbeat 0 until a peer is heard (see Gossip.hold_heartbeat)
         self._hashes: list[int] | None = None   # per bucket: sum of row_hash mod 2**32 (None: not yet computed)
         self._hashes_shared = False
+        self._in_bucket: list[dict[str, None]] | None = None   # per bucket: its origins (with _hashes)
 
     def detector_floor(self, gap_ms: int) -> None:
         """The shortest mean gap the detector assumes between one origin's heartbeat news
@@ -148,15 +149,19 @@ class Membership:
         """The ``ROW_BUCKETS`` bucket hashes of the table (kept current by every write)."""
         if self._hashes is None:
             h = [0] * ROW_BUCKETS
+            index: list[dict[str, None]] = [{} for _ in range(ROW_BUCKETS)]
             for o, r in self.rows.items():
                 b = row_bucket(o)
                 h[b] = (h[b] + row_hash(r)) & 0xFFFFFFFF
-            self._hashes, self._hashes_shared = h, False
+                index[b][o] = None
+            self._hashes, self._in_bucket, self._hashes_shared = h, index, False
         return self._hashes
 
-    def bucket_rows(self, buckets: set[int]) -> list[Row]:
-        """This node's rows in ``buckets`` (O(table))."""
-        return [r for o, r in self.rows.items() if row_bucket(o) in buckets]
+    def bucket_rows(self, bucket: int) -> list[Row]:
+        """This node's rows in ``bucket``, in insertion order."""
+        self.row_hashes()
+        rows = self.rows
+        return [rows[o] for o in self._in_bucket[bucket]]
 
     def _rehash(self, old: Row | None, new: Row | None) -> None:
         h = self._hashes
@@ -164,13 +169,19 @@ class Membership:
             return
         ho = 0 if old is None else row_hash(old)
         hn = 0 if new is None else row_hash(new)
-        if ho == hn:
+        if ho == hn and old is not None and new is not None:
             return
         if self._hashes_shared:
             h = self._hashes = list(h)
+            self._in_bucket = [dict(d) for d in self._in_bucket]
             self._hashes_shared = False
-        b = row_bucket((old or new).node_id)
+        o = (old or new).node_id
+        b = row_bucket(o)
         h[b] = (h[b] - ho + hn) & 0xFFFFFFFF
+        if old is None:
+            self._in_bucket[b][o] = None
+        elif new is None:
+            del self._in_bucket[b][o]
 
     @property
     def life(self) -> int:
@@ -178,11 +189,18 @@ class Membership:
         return self.rows[self.node_id].life
 
     def share(self, rows: dict[str, Row], targets: list[str], tindex: dict[str, int],
-              hashes: list[int] | None = None) -> None:
-        """Start from a table shared with other nodes; the first write copies it."""
+              hashes: tuple[list[int], list[dict[str, None]]] | None = None) -> None:
+        """Start from a table shared with other nodes; the first write copies it (and
+        ``hashes``, ``shared_hashes()`` of a node sharing it)."""
         self.rows, self.rows_shared = rows, True
         self.targets, self.tindex, self.targets_shared = targets, tindex, True
-        self._hashes, self._hashes_shared = hashes, hashes is not None
+        self._hashes, self._in_bucket = hashes if hashes is not None else (None, None)
+        self._hashes_shared = hashes is not None
+
+    def shared_hashes(self) -> tuple[list[int], list[dict[str, None]]]:
+        self.row_hashes()
+        self._hashes_shared = True
+        return self._hashes, self._in_bucket
 
     # ---------------------------------------------------------------- rows -------------
 
@@ -552,3 +570,4 @@ class Membership:
             for o, r in self.rows.items():
                 h[row_bucket(o)] = (h[row_bucket(o)] + row_hash(r)) & 0xFFFFFFFF
             assert h == self._hashes, "row bucket hashes"
+            assert sorted(o for d in self._in_bucket for o in d) == sorted(self.rows), "row bucket index"

@@ -27,7 +27,7 @@ from typing import Any
 
 from mesh.gossip.checks import EntryCheck
 from mesh.gossip.config import GossipConfig
-from mesh.gossip.membership import ROW_BUCKETS, Membership, row_bucket, row_hash
+from mesh.gossip.membership import ROW_BUCKETS, Membership
 from mesh.gossip.messages import GossipAck, GossipAck2, GossipSyn
 from mesh.gossip.namespaces import Namespaces
 from mesh.gossip.parsing import Malformed, parse_buckets, parse_deltas, parse_gc_clock, parse_registers, parse_row_hashes, parse_rows
@@ -87,8 +87,9 @@ class Rounds:
 
     def _partial_digest(self, dest: str | None) -> list[Row]:
         rows = self._members.rows
-        order = list(rows.values())
-        hot = self._rng.sample(order, _HOT_ROWS) if len(order) > _HOT_ROWS else order
+        targets = self._members.targets            # (ALIVE or SUSPECT: news worth spreading)
+        picks = self._rng.sample(targets, _HOT_ROWS) if len(targets) > _HOT_ROWS else targets
+        hot = [rows[o] for o in picks]
         out = [rows[self._node_id]]
         d = rows.get(dest) if dest is not None else None
         if d is not None and d.node_id != self._node_id:
@@ -290,14 +291,9 @@ class Rounds:
         diff = [i for i in range(ROW_BUCKETS) if mine[i] != theirs[i]]
         if len(diff) > 1:
             self._rng.shuffle(diff)
-        by_bucket: dict[int, list[Row]] = {i: [] for i in diff}
-        for o, r in self._members.rows.items():
-            lst = by_bucket.get(row_bucket(o))
-            if lst is not None:
-                lst.append(r)
         out: list[Row] = []
         for i in diff:
-            rows = by_bucket[i]
+            rows = self._members.bucket_rows(i)
             if out and len(out) + len(rows) > _MAX_EXPAND_ROWS:
                 break
             out += rows
