@@ -12,7 +12,18 @@ Exchange (one round every ``interval_ms``, started by ``Gossip.tick``):
    further behind (a joiner, a healed partition) gets them pulled in the ACK.
 3. ACK2 A -> B: the deltas B lacks and A's newer cluster entries.
 When nothing changed, only digests travel (heartbeats ride in them); an exchange with
-nothing to say ends after the SYN. Deltas and cluster entries of one message share one
+nothing to say ends after the SYN.
+
+Above ``FULL_DIGEST_ROWS`` rows the digest would make every SYN O(N), so a SYN carries a
+*partial* digest instead (the sender's row, the receiver's, ``_HOT_ROWS`` random live
+ones: heartbeat news) and the 64 bucket hashes of the sender's table without heartbeats
+(``Membership.row_hashes``). The receiver answers rows of the partial digest where it holds
+another version (heartbeats alone: never), and its rows of every bucket whose hash differs
+with its own hashes; the ACK2 then carries the sender's rows of the buckets that still
+differ, with the deltas the receiver lacks; an ACK2 with rows gets one ACK2 back with the
+deltas its sender lacks. Bytes per node per round stay flat as N grows; the cost is that
+one origin's heartbeat reaches a node only every ~N/16 rounds, so the detector's floor
+(``Membership.detector_floor``) and the suspicion wait grow with N (R4). Deltas and cluster entries of one message share one
 budget of ``max_delta_bytes``.
 
 Peer selection, per round: ``fanout`` random targets (ALIVE or SUSPECT); with
