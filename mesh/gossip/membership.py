@@ -36,7 +36,8 @@ R2 Identity: rows merge by generation first. A higher generation *replaces* the 
    (``Rounds.on_syn``), so both views come quickly.
 R4 Liveness: an origin's heartbeat moving feeds a phi-accrual detector
    (``mesh.gossip.detector``). ALIVE -> SUSPECT when phi > ``phi_threshold``;
-   SUSPECT -> DEAD after ``dead_after_ms`` more; SUSPECT/DEAD -> ALIVE only when its
+   SUSPECT -> DEAD after ``dead_after_ms`` more (with partial digests, at least 20 times
+   the detector's floor, ``detector_floor``: heartbeat news of one origin is then rarer); SUSPECT/DEAD -> ALIVE only when its
    heartbeat moves or a newer generation appears. An origin learned second-hand (or
    restored from a snapshot) starts SUSPECT, unconfirmed, until its heartbeat moves or a
    message from it arrives carrying its own row, so a long-dead node is never shown
