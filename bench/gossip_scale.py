@@ -10,7 +10,7 @@ Runs the deterministic simulator (mesh/testing/gossip_scenarios.py) on the real 
 
 A round is elapsed simulated time divided by ``interval_ms`` (200 ms). The 1,000-node runs
 go through the msgpack codec with heartbeats on, so they also report bytes per node per
-round. The 10,000-node run skips the codec and turns heartbeats off: with 10,000 moving
+round and per second (10 idle rounds before the update; target <= 10 KB/s at 1,000 nodes). The 10,000-node run skips the codec and turns heartbeats off: with 10,000 moving
 heartbeats every digest differs everywhere, which costs O(N^2) Python work per round but
 does not change dissemination (heartbeats ride in digests, never in deltas; the
 1,000-node runs give the same rounds with heartbeats on or off). It needs a few GB of
@@ -58,6 +58,7 @@ def main(argv: list[str] | None = None) -> int:
         rows.append((label, rounds, target, m.get("bytes per node per round", "-"), wall, ok))
         print(f"{label:<22} rounds {rounds:>6}  (target <= {target})  "
               f"bytes/node/round {m.get('bytes per node per round', '-')!s:>7}  "
+              f"bytes/node/s {m.get('bytes per node per second (10 rounds before the update)', '-')!s:>7}  "
               f"wall {wall:6.1f} s  {'ok' if ok else 'MISSED'}", flush=True)
         if not ok:
             print(r.render(), flush=True)

@@ -375,9 +375,12 @@ class Gossip:
             raise ValueError("duplicate node ids")
         targets = list(rows)
         tindex = {o: i for i, o in enumerate(targets)}
+        hashes = None
         nodes = []
         for (o, a, g), rng in zip(members, rngs, strict=True):
             n = cls(o, a, g, seeds, rng, config, now_ms)
-            n._members.share(rows, targets, tindex)
+            n._members.share(rows, targets, tindex, hashes)
+            if hashes is None:
+                hashes = n._members.shared_hashes()
             nodes.append(n)
         return nodes

@@ -39,7 +39,8 @@ R2 Identity: rows merge by generation first. A higher generation *replaces* the 
    (``Rounds.on_syn``), so both views come quickly.
 R4 Liveness: an origin's heartbeat moving feeds a phi-accrual detector
    (``mesh.gossip.detector``). ALIVE -> SUSPECT when phi > ``phi_threshold``;
-   SUSPECT -> DEAD after ``dead_after_ms`` more; SUSPECT/DEAD -> ALIVE only when its
+   SUSPECT -> DEAD after ``dead_after_ms`` more (with partial digests, at least 20 times
+   the detector's floor, ``detector_floor``: heartbeat news of one origin is then rarer); SUSPECT/DEAD -> ALIVE only when its
    heartbeat moves or a newer generation appears. An origin learned second-hand (or
    restored from a snapshot) starts SUSPECT, unconfirmed, until its heartbeat moves or a
    message from it arrives carrying its own row, so a long-dead node is never shown
@@ -55,6 +56,7 @@ The table can start *shared* between many nodes of one process (copy-on-write, s
 """
 from __future__ import annotations
 
+import zlib
 from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -66,7 +68,20 @@ from mesh.gossip.rows import ALIVE, DEAD, LEFT, MAX_GENERATION, MAX_GENERATION_J
 if TYPE_CHECKING:
     from mesh.gossip.namespaces import Namespace
 
-__all__ = ["Member", "MembershipEvent", "Membership"]
+__all__ = ["Member", "MembershipEvent", "Membership", "ROW_BUCKETS", "row_bucket", "row_hash"]
+
+ROW_BUCKETS = 64            # the table is compared as this many bucket hashes (``Membership.row_hashes``)
+
+
+def row_bucket(origin: str) -> int:
+    """Which of the ``ROW_BUCKETS`` hashes ``origin``'s row counts in (the same on every node)."""
+    return zlib.crc32(origin.encode()) % ROW_BUCKETS
+
+
+def row_hash(r: Row) -> int:
+    """A row's contribution to its bucket: everything but the heartbeat and the gc version
+    (heartbeats spread by push; gc versions follow each node's own collection)."""
+    return zlib.crc32(f"{r.node_id}\0{r.generation}\0{r.max_version}\0{r.address}\0{r.left:d}\0{r.life}".encode())
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,16 +137,75 @@ class Membership:
         self.first_confirm_ms = 0           # when the first of them did
         self.sent_heartbeat = 0             # the highest own heartbeat put in a message in this life
         self.hold_heartbeat = False         # heartbeat 0 until a peer is heard (see Gossip.hold_heartbeat)
+        self._hashes: list[int] | None = None   # per bucket: sum of row_hash mod 2**32 (None: not yet computed)
+        self._hashes_shared = False
+        self._in_bucket: list[dict[str, None]] | None = None   # per bucket: its origins (with _hashes)
+
+    def detector_floor(self, gap_ms: int) -> None:
+        """The shortest mean gap the detector assumes between one origin's heartbeat news
+        (larger when partial digests carry each origin only now and then, ``Rounds``)."""
+        d = self.detector
+        if d.min_mean_ms != gap_ms:
+            d.min_mean_ms = float(gap_ms)
+            d.expected_interval_ms = gap_ms
+            d.max_sample_ms = 20 * gap_ms
+
+    def row_hashes(self) -> list[int]:
+        """The ``ROW_BUCKETS`` bucket hashes of the table (kept current by every write)."""
+        if self._hashes is None:
+            h = [0] * ROW_BUCKETS
+            index: list[dict[str, None]] = [{} for _ in range(ROW_BUCKETS)]
+            for o, r in self.rows.items():
+                b = row_bucket(o)
+                h[b] = (h[b] + row_hash(r)) & 0xFFFFFFFF
+                index[b][o] = None
+            self._hashes, self._in_bucket, self._hashes_shared = h, index, False
+        return self._hashes
+
+    def bucket_rows(self, bucket: int) -> list[Row]:
+        """This node's rows in ``bucket``, in insertion order."""
+        self.row_hashes()
+        rows = self.rows
+        return [rows[o] for o in self._in_bucket[bucket]]
+
+    def _rehash(self, old: Row | None, new: Row | None) -> None:
+        h = self._hashes
+        if h is None:
+            return
+        ho = 0 if old is None else row_hash(old)
+        hn = 0 if new is None else row_hash(new)
+        if ho == hn and old is not None and new is not None:
+            return
+        if self._hashes_shared:
+            h = self._hashes = list(h)
+            self._in_bucket = [dict(d) for d in self._in_bucket]
+            self._hashes_shared = False
+        o = (old or new).node_id
+        b = row_bucket(o)
+        h[b] = (h[b] - ho + hn) & 0xFFFFFFFF
+        if old is None:
+            self._in_bucket[b][o] = None
+        elif new is None:
+            del self._in_bucket[b][o]
 
     @property
     def life(self) -> int:
         """This life's nonce (R2), as our own row carries it (0 only in shared fixtures)."""
         return self.rows[self.node_id].life
 
-    def share(self, rows: dict[str, Row], targets: list[str], tindex: dict[str, int]) -> None:
-        """Start from a table shared with other nodes; the first write copies it."""
+    def share(self, rows: dict[str, Row], targets: list[str], tindex: dict[str, int],
+              hashes: tuple[list[int], list[dict[str, None]]] | None = None) -> None:
+        """Start from a table shared with other nodes; the first write copies it (and
+        ``hashes``, ``shared_hashes()`` of a node sharing it)."""
         self.rows, self.rows_shared = rows, True
         self.targets, self.tindex, self.targets_shared = targets, tindex, True
+        self._hashes, self._in_bucket = hashes if hashes is not None else (None, None)
+        self._hashes_shared = hashes is not None
+
+    def shared_hashes(self) -> tuple[list[int], list[dict[str, None]]]:
+        self.row_hashes()
+        self._hashes_shared = True
+        return self._hashes, self._in_bucket
 
     # ---------------------------------------------------------------- rows -------------
 
@@ -139,6 +213,8 @@ class Membership:
         if self.rows_shared:
             self.rows = dict(self.rows)
             self.rows_shared = False
+        if self._hashes is not None:
+            self._rehash(self.rows.get(row.node_id), row)
         self.rows[row.node_id] = row
 
     def beat(self) -> None:
@@ -370,7 +446,8 @@ class Membership:
         cfg = self.config
         for o, (st, since) in list(status.items()):
             if st == SUSPECT:
-                if now_ms - since >= cfg.dead_after_ms:
+                if now_ms - since >= max(cfg.dead_after_ms, 20 * self.detector.min_mean_ms
+                                         if self.detector.min_mean_ms > cfg.effective_heartbeat_ms else 0):
                     self.set_status(o, DEAD, now_ms)
             elif now_ms - since >= cfg.tombstone_gc_ms:      # DEAD or LEFT
                 self._remove(o, now_ms)
@@ -428,6 +505,7 @@ class Membership:
             self.rows = dict(self.rows)
             self.rows_shared = False
         del self.rows[o]
+        self._rehash(row, None)
         self.namespaces.pop(o, None)
         self.status.pop(o, None)
         self.detector.forget(o)
@@ -496,3 +574,9 @@ class Membership:
         assert sorted(self.targets) == want, "targets"
         assert all(self.targets[i] == o for o, i in self.tindex.items()), "target index"
         assert len(self.tindex) == len(self.targets), "target index size"
+        if self._hashes is not None:
+            h = [0] * ROW_BUCKETS
+            for o, r in self.rows.items():
+                h[row_bucket(o)] = (h[row_bucket(o)] + row_hash(r)) & 0xFFFFFFFF
+            assert h == self._hashes, "row bucket hashes"
+            assert sorted(o for d in self._in_bucket for o in d) == sorted(self.rows), "row bucket index"

@@ -7,6 +7,15 @@ Flat lists of fields keep them compact and cheap to validate (``mesh.gossip.pars
                      [key, version, value, deleted, ...]]
     cluster         16 bucket hashes (uint32), or [] when the store is empty / matched
     cluster_entries [key, clock, writer, value, deleted, ...]
+    rows_hash       64 bucket hashes of the sender's rows (uint32, ``Membership.row_hashes``),
+                    or [] when the digest is the sender's whole table
+
+A SYN's digest is the sender's whole table while it has at most ``FULL_DIGEST_ROWS``
+rows; above that it is a *partial* digest (the sender's row, the receiver's, and a
+rotating slice of the others: heartbeat news) plus ``rows_hash``, and only the rows of
+buckets that differ are exchanged (``mesh.gossip.rounds``). An ACK2's ``digest`` carries
+the rows of those buckets where the SYN's sender holds something else; an ACK2 with rows
+may get one ACK2 back (the deltas its sender lacks).
 
 SYN and ACK end with ``wall_ms``, the sender's wall clock when the message left (the node
 shell stamps it; 0 when not stamped): what ``mesh.gossip.clock_offset`` estimates this
@@ -17,7 +26,7 @@ which msgpack encodes as exactly these arrays); decoded messages hold plain list
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from mesh.wire.codec import message
 
@@ -32,6 +41,7 @@ class GossipSyn:
     cluster: list
     cluster_gc: int
     wall_ms: int = 0    # the sender's wall clock when it left (0: not stamped); see clock_offset
+    rows_hash: list = field(default_factory=list)
 
 
 @message("GOSSIP_ACK")
@@ -44,6 +54,7 @@ class GossipAck:
     cluster_entries: list
     cluster_gc: int
     wall_ms: int = 0    # as in GossipSyn
+    rows_hash: list = field(default_factory=list)
 
 
 @message("GOSSIP_ACK2")
@@ -52,3 +63,4 @@ class GossipAck2:
     node_id: str
     deltas: list
     cluster_entries: list
+    digest: list = field(default_factory=list)

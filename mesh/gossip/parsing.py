@@ -21,7 +21,7 @@ from mesh.gossip.checks import EntryCheck
 from mesh.gossip.rows import (BUCKETS, DELTA_FIELDS, ENTRY_FIELDS, ENTRY_OVERHEAD, MAX_COUNTER, MAX_GENERATION,
                               MAX_HEARTBEAT, MAX_KEY_CHARS, MAX_LIFE, MAX_NAME_CHARS, REGISTER_FIELDS, ROW_FIELDS, Delta, Row, size_of)
 
-__all__ = ["Malformed", "MALFORMED_KINDS", "parse_rows", "parse_buckets", "parse_deltas", "parse_registers",
+__all__ = ["Malformed", "MALFORMED_KINDS", "parse_rows", "parse_buckets", "parse_row_hashes", "parse_deltas", "parse_registers",
            "parse_gc_clock"]
 
 _ROW_TYPES = [str, int, int, int, int, str, bool, int]
@@ -88,6 +88,18 @@ def parse_buckets(b: Any) -> list[int] | None:
         raise Malformed("cluster buckets")
     if max(b) > 0xFFFFFFFF:
         raise Malformed("cluster bucket hash above 2**32", "bounds")
+    return list(b)
+
+
+def parse_row_hashes(b: Any, buckets: int) -> list[int] | None:
+    """The sender's row bucket hashes (``Membership.row_hashes``); None when it sent its
+    whole table instead."""
+    if not b:
+        return None
+    if not isinstance(b, (list, tuple)) or len(b) != buckets or not _ints_ok(b):
+        raise Malformed("row buckets")
+    if max(b) > 0xFFFFFFFF:
+        raise Malformed("row bucket hash above 2**32", "bounds")
     return list(b)
 
 

@@ -12,7 +12,18 @@ Exchange (one round every ``interval_ms``, started by ``Gossip.tick``):
    further behind (a joiner, a healed partition) gets them pulled in the ACK.
 3. ACK2 A -> B: the deltas B lacks and A's newer cluster entries.
 When nothing changed, only digests travel (heartbeats ride in them); an exchange with
-nothing to say ends after the SYN. Deltas and cluster entries of one message share one
+nothing to say ends after the SYN.
+
+Above ``FULL_DIGEST_ROWS`` rows the digest would make every SYN O(N), so a SYN carries a
+*partial* digest instead (the sender's row, the receiver's, ``_HOT_ROWS`` random live
+ones: heartbeat news) and the 64 bucket hashes of the sender's table without heartbeats
+(``Membership.row_hashes``). The receiver answers rows of the partial digest where it holds
+another version (heartbeats alone: never), and its rows of every bucket whose hash differs
+with its own hashes; the ACK2 then carries the sender's rows of the buckets that still
+differ, with the deltas the receiver lacks; an ACK2 with rows gets one ACK2 back with the
+deltas its sender lacks. Bytes per node per round stay flat as N grows; the cost is that
+one origin's heartbeat reaches a node only every ~N/16 rounds, so the detector's floor
+(``Membership.detector_floor``) and the suspicion wait grow with N (R4). Deltas and cluster entries of one message share one
 budget of ``max_delta_bytes``.
 
 Peer selection, per round: ``fanout`` random targets (ALIVE or SUSPECT); with
@@ -27,10 +38,10 @@ from typing import Any
 
 from mesh.gossip.checks import EntryCheck
 from mesh.gossip.config import GossipConfig
-from mesh.gossip.membership import Membership
+from mesh.gossip.membership import ROW_BUCKETS, Membership
 from mesh.gossip.messages import GossipAck, GossipAck2, GossipSyn
 from mesh.gossip.namespaces import Namespaces
-from mesh.gossip.parsing import Malformed, parse_buckets, parse_deltas, parse_gc_clock, parse_registers, parse_rows
+from mesh.gossip.parsing import Malformed, parse_buckets, parse_deltas, parse_gc_clock, parse_registers, parse_row_hashes, parse_rows
 from mesh.gossip.registers import ZERO_BUCKETS, ClusterRegisters
 from mesh.gossip.rows import BUCKETS, DEAD, Budget, Row
 from mesh.wire.effects import Send
@@ -41,6 +52,15 @@ _HEARTBEAT_SLACK_BEATS = 2   # a SYN this far behind on some heartbeat gets an a
 _ECHO_BEATS = 2              # a SYN whose sender's life is this young gets its own row back
 _CONFIRM_FANOUT = 8          # an unconfirmed life's SYNs per round, at most (larger clusters: confirm_wait_ms)
 _MAX_CLUSTER_ENTRIES = 1_000_000
+FULL_DIGEST_ROWS = 128       # a table this small goes whole in every SYN (~4 KB); a larger one, partially
+_HOT_ROWS = 32               # rows of others (a random sample: heartbeat news) in a partial SYN
+_MAX_EXPAND_ROWS = 256       # rows of mismatched buckets in one ACK or ACK2, at most (whole buckets)
+
+
+def _same_version(a: Row, b: Row) -> bool:
+    """Equal but for heartbeat and gc version (what ``row_hash`` ignores)."""
+    return (a.generation == b.generation and a.max_version == b.max_version and a.left == b.left
+            and a.life == b.life and a.address == b.address)
 
 
 class Rounds:
@@ -63,11 +83,31 @@ class Rounds:
         self._seed_backoff_ms = config.interval_ms
         self._next_seed_ms = now_ms
 
-    def syn(self) -> GossipSyn:
+    def syn(self, dest: str | None = None) -> GossipSyn:
+        """The SYN of this round (to ``dest``, a node id, if known): the whole table while it
+        is small, else a partial digest and the row bucket hashes."""
         reg = self._registers
-        self._members.sending_own_row()
-        return GossipSyn(self._node_id, list(self._members.rows.values()),
-                         list(reg.buckets) if reg.entries else [], reg.gc_clock)
+        m = self._members
+        m.sending_own_row()
+        cluster = list(reg.buckets) if reg.entries else []
+        rows = m.rows
+        if len(rows) <= FULL_DIGEST_ROWS:
+            return GossipSyn(self._node_id, list(rows.values()), cluster, reg.gc_clock)
+        return GossipSyn(self._node_id, self._partial_digest(dest), cluster, reg.gc_clock,
+                         rows_hash=list(m.row_hashes()))
+
+    def _partial_digest(self, dest: str | None) -> list[Row]:
+        rows = self._members.rows
+        targets = self._members.targets            # (ALIVE or SUSPECT: news worth spreading)
+        picks = self._rng.sample(targets, _HOT_ROWS) if len(targets) > _HOT_ROWS else targets
+        hot = [rows[o] for o in picks]
+        out = [rows[self._node_id]]
+        d = rows.get(dest) if dest is not None else None
+        if d is not None and d.node_id != self._node_id:
+            out.append(d)
+        seen = {r.node_id for r in out}
+        out += [r for r in hot if r.node_id not in seen]
+        return out
 
     # ---------------------------------------------------------- peer selection ---------
 
@@ -80,6 +120,14 @@ class Rounds:
         dests: list[str] = []
         targets = m.targets
         others = m.others()
+        if len(rows) > FULL_DIGEST_ROWS:
+            # partial digests carry one origin's row to a given node about every
+            # n / (fanout * (1 + _HOT_ROWS)) rounds, a newer heartbeat about half as often:
+            # the detector's floor follows (R4)
+            gap = 2 * self._interval_ms * len(rows) // (cfg.fanout * (1 + _HOT_ROWS))
+            m.detector_floor(max(cfg.effective_heartbeat_ms, gap))
+        else:
+            m.detector_floor(cfg.effective_heartbeat_ms)
         if others > 0:
             self._seed_backoff_ms = self._interval_ms
             k = min(cfg.fanout, others)
@@ -89,13 +137,15 @@ class Rounds:
                 p = self._node_id
                 while p == self._node_id:
                     p = targets[int(rng.random() * len(targets))]
-                dests.append(rows[p].address)
+                dests.append(p)
             else:
                 picks = rng.sample(targets, min(k + 1, len(targets)))
-                dests += [rows[p].address for p in picks if p != self._node_id][:k]
+                dests += [p for p in picks if p != self._node_id][:k]
         dead = [o for o, (st, _) in m.status.items() if st == DEAD]
         if dead and rng.random() < cfg.unreachable_probe_prob:
-            dests.append(rows[rng.choice(dead)].address)
+            dests.append(rng.choice(dead))
+        ids = {rows[p].address: p for p in dests}
+        dests = list(ids)
         if self.seeds:
             if others <= 0:
                 if now_ms >= self._next_seed_ms:
@@ -107,13 +157,14 @@ class Rounds:
                 dests.append(rng.choice(self.seeds))
         if not dests:
             return []
-        syn = self.syn()
         seen = {self._address}
         out = []
+        full = len(rows) <= FULL_DIGEST_ROWS
+        syn = self.syn() if full else None
         for d in dests:
             if d not in seen:
                 seen.add(d)
-                out.append(Send(d, syn))
+                out.append(Send(d, syn if full else self.syn(ids.get(d))))
         return out
 
     def leave(self) -> list[Send]:
@@ -129,6 +180,9 @@ class Rounds:
     def on_syn(self, src: str, msg: GossipSyn, now_ms: int) -> list[Send]:
         their_buckets = parse_buckets(msg.cluster)
         their_gc = parse_gc_clock(msg.cluster_gc, self._check, now_ms)
+        their_rows_hash = parse_row_hashes(msg.rows_hash, ROW_BUCKETS)
+        if their_rows_hash is not None:
+            return self._on_partial_syn(src, msg, their_buckets, their_gc, their_rows_hash, now_ms)
         m = self._members
         same = type(msg.digest) is list and msg.digest == list(m.rows.values())
         rows = m.rows if same else parse_rows(msg.digest, 4 * self._config.max_nodes)
@@ -191,6 +245,71 @@ class Rounds:
         ack = GossipAck(self._node_id, reply_rows, deltas, cluster_reply, centries, reg.gc_clock)
         return [Send(src, ack)]
 
+    def _on_partial_syn(self, src: str, msg: GossipSyn, their_buckets: list[int] | None, their_gc: int,
+                        their_rows_hash: list[int], now_ms: int) -> list[Send]:
+        """A SYN with a partial digest: merge its rows, answer where they differ from ours
+        (not for heartbeats alone: those spread by push) and with our rows of every bucket
+        whose hash differs (``_MAX_EXPAND_ROWS`` at most), plus our hashes (``on_ack``)."""
+        m = self._members
+        rows = parse_rows(msg.digest, 4 * self._config.max_nodes)
+        own = rows.get(msg.node_id) if type(msg.node_id) is str else None
+        if own is None or own.address != src:
+            raise Malformed("a SYN must carry its sender's own row, at the address it came from", "hello")
+        m.merge_rows(rows, now_ms, msg.node_id)
+        reply_rows: list[Row] = []
+        must_reply = False
+        for o, a in rows.items():
+            r = m.rows.get(o)
+            if r is not None and r != a and not _same_version(r, a):
+                reply_rows.append(r)
+                must_reply = True
+        sender = m.rows.get(msg.node_id) if msg.node_id != self._node_id else None
+        if sender is not None and (sender.heartbeat <= _ECHO_BEATS or sender != own):
+            if sender not in reply_rows:
+                reply_rows.append(sender)
+            must_reply = True
+        mine_hash = m.row_hashes()
+        if mine_hash != their_rows_hash:
+            expanded = self._expand(mine_hash, their_rows_hash)
+            listed = {r.node_id for r in reply_rows}
+            reply_rows += [r for r in expanded if r.node_id not in listed]
+            must_reply = True
+        budget = Budget(self._config.max_delta_bytes)
+        reg = self._registers
+        mine = reg.hashes()
+        theirs = their_buckets or ZERO_BUCKETS
+        centries: list = []
+        cluster_reply: list = []
+        if theirs != mine:
+            centries = reg.entries_for({i for i in range(BUCKETS) if theirs[i] != mine[i]}, budget)
+            cluster_reply = list(mine)
+        else:
+            reg.adopt_gc_clock(their_gc)
+        if not must_reply and not cluster_reply:
+            return []
+        if any(r.node_id == self._node_id for r in reply_rows):
+            m.sending_own_row()
+        # deltas only where the sender showed its row (for the others we do not know its version)
+        deltas = self._namespaces.deltas([(r.node_id, rows[r.node_id]) for r in reply_rows if r.node_id in rows],
+                                         budget)
+        ack = GossipAck(self._node_id, reply_rows, deltas, cluster_reply, centries, reg.gc_clock,
+                        rows_hash=list(m.row_hashes()))
+        return [Send(src, ack)]
+
+    def _expand(self, mine: list[int], theirs: list[int]) -> list[Row]:
+        """Our rows of the buckets whose hashes differ: whole buckets, in random order,
+        ``_MAX_EXPAND_ROWS`` at most (but always one bucket)."""
+        diff = [i for i in range(ROW_BUCKETS) if mine[i] != theirs[i]]
+        if len(diff) > 1:
+            self._rng.shuffle(diff)
+        out: list[Row] = []
+        for i in diff:
+            rows = self._members.bucket_rows(i)
+            if out and len(out) + len(rows) > _MAX_EXPAND_ROWS:
+                break
+            out += rows
+        return out
+
     def on_ack(self, src: str, msg: GossipAck, now_ms: int) -> list[Send]:
         limit = 4 * self._config.max_nodes      # rows beyond max_nodes are refused one by one
         check = self._check
@@ -201,8 +320,21 @@ class Rounds:
         their_entries, their_sizes = parse_registers(msg.cluster_entries, _MAX_CLUSTER_ENTRIES, check, now_ms)
         their_buckets = parse_buckets(msg.cluster)
         their_gc = parse_gc_clock(msg.cluster_gc, check, now_ms)
+        their_rows_hash = parse_row_hashes(msg.rows_hash, ROW_BUCKETS)
         self._members.merge_rows(rows, now_ms, msg.node_id)
         self._namespaces.apply(deltas, now_ms)
+        out_rows: list[Row] = []
+        new_origins: list = []
+        if their_rows_hash is not None and self._members.row_hashes() != their_rows_hash:
+            # our rows of the differing buckets where the peer showed another version (or none)
+            for r in self._expand(self._members.row_hashes(), their_rows_hash):
+                a = rows.get(r.node_id)
+                if a is None or not _same_version(a, r):
+                    out_rows.append(r)
+                    if a is None:
+                        new_origins.append((r.node_id, None))
+            if any(r.node_id == self._node_id for r in out_rows):
+                self._members.sending_own_row()
         reg = self._registers
         kills = reg.merge(their_entries, their_sizes, now_ms, check.kill_limit(now_ms))
         budget = Budget(self._config.max_delta_bytes - 20 * len(kills))
@@ -214,18 +346,29 @@ class Rounds:
             else:
                 mismatched = {i for i in range(BUCKETS) if mine[i] != their_buckets[i]}
                 centries += reg.entries_for(mismatched, budget, their_entries)
-        deltas_out = self._namespaces.deltas(sorted(rows.items()), budget)
-        if not deltas_out and not centries:
+        deltas_out = self._namespaces.deltas(sorted(rows.items()) + new_origins, budget)
+        if not deltas_out and not centries and not out_rows:
             return []
-        return [Send(src, GossipAck2(self._node_id, deltas_out, centries))]
+        return [Send(src, GossipAck2(self._node_id, deltas_out, centries, out_rows))]
 
-    def on_ack2(self, msg: GossipAck2, now_ms: int) -> None:
+    def on_ack2(self, src: str, msg: GossipAck2, now_ms: int) -> list[Send]:
         limit = 4 * self._config.max_nodes
         check = self._check
+        if type(msg.node_id) is not str:
+            raise Malformed("sender")
+        rows = parse_rows(msg.digest, limit)
         deltas = parse_deltas(msg.deltas, limit, check, now_ms)
         their_entries, their_sizes = parse_registers(msg.cluster_entries, _MAX_CLUSTER_ENTRIES, check, now_ms)
+        if rows:
+            self._members.merge_rows(rows, now_ms)
         self._namespaces.apply(deltas, now_ms)
         self._registers.merge(their_entries, their_sizes, now_ms, check.kill_limit(now_ms))
+        if not rows:
+            return []
+        # the peer showed rows of differing buckets: the deltas it lacks go back (no rows, so
+        # no further answer)
+        deltas_out = self._namespaces.deltas(sorted(rows.items()), Budget(self._config.max_delta_bytes))
+        return [Send(src, GossipAck2(self._node_id, deltas_out, []))] if deltas_out else []
 
     def dispatch(self, src: str, msg: Any, now_ms: int) -> list[Send] | None:
         """Handle a gossip message; None if ``msg`` is not one. Malformed propagates."""
@@ -237,6 +380,5 @@ class Rounds:
             return self.on_ack(src, msg, now_ms)
         if isinstance(msg, GossipAck2):
             self._stats["ack2_received"] += 1
-            self.on_ack2(msg, now_ms)
-            return []
+            return self.on_ack2(src, msg, now_ms)
         return None

@@ -91,14 +91,17 @@ def _spread_config(heartbeats: bool) -> GossipConfig:
 
 def scenario_spread(nodes: int = 1000, seed: int = 7, loss: float = 0.0, *, dup: float = 0.0,
                     heartbeats: bool | None = None, wire: bool | None = None,
-                    max_rounds: float | None = None) -> Report:
-    """One update at one node of a converged cluster: rounds until every node has it."""
+                    max_rounds: float | None = None, churn: float = 0.0) -> Report:
+    """One update at one node of a converged cluster: rounds until every node has it.
+    ``churn``: metadata writes per second across the cluster meanwhile (offset commits and
+    leader changes in random nodes' namespaces, one in five a topic register)."""
     heartbeats = nodes <= 2000 if heartbeats is None else heartbeats
     wire = nodes <= 2000 if wire is None else wire
     cfg = _spread_config(heartbeats)
     report = Report("spread", _argv("spread", nodes, seed, loss, dup=dup,
                                     no_heartbeats=not heartbeats and nodes <= 2000,
-                                    no_wire=not wire and nodes <= 2000))
+                                    no_wire=not wire and nodes <= 2000, wire=wire and nodes > 2000,
+                                    churn=churn or None))
     sim = Simulation(seed, cfg, NetConfig(loss=loss, dup=dup), wire=wire,
                      full_check_every=1 if nodes <= 64 else 997)
     ids = _node_ids(nodes)
@@ -107,7 +110,25 @@ def scenario_spread(nodes: int = 1000, seed: int = 7, loss: float = 0.0, *, dup:
                                       [sim.node_rng(o) for o in ids], cfg, 0):
         sim.add(g)
     interval = cfg.interval_ms
+    if churn:
+        churn_rng = random.Random(f"{seed}/churn")
+
+        def write() -> None:
+            g = sim.by_id[ids[churn_rng.randrange(nodes)]].gossip
+            r = churn_rng.random()
+            if r < 0.2:
+                g.put_cluster(f"topic/c{churn_rng.randrange(100)}", {"partitions": churn_rng.randrange(1, 9)})
+            elif r < 0.6:
+                g.set_local(f"lead/t{churn_rng.randrange(50)}/0", {"epoch": churn_rng.randrange(1000)})
+            else:
+                g.set_local(f"offset/g{churn_rng.randrange(20)}", churn_rng.randrange(10**6))
+        step_ms = max(1, int(1000 / churn))
+        for t in range(step_ms, int(((max_rounds or 60) + 20) * interval), step_ms):
+            sim.call_at(t, write)
     sim.run_until(2 * interval)
+    b_idle, t_idle = sim.total_bytes(), sim.now_ms
+    sim.run_until(12 * interval)
+    steady = (sim.total_bytes() - b_idle) / nodes / ((sim.now_ms - t_idle) / 1000)
     origin = ids[sim.rng.randrange(nodes)]
     sim.watch_entries.add((origin, "probe"))
     t0 = sim.now_ms
@@ -130,6 +151,8 @@ def scenario_spread(nodes: int = 1000, seed: int = 7, loss: float = 0.0, *, dup:
     if wire:
         sent = sim.total_bytes() - bytes0
         report.metrics["bytes per node per round"] = round(sent / nodes / max(rounds, 1e-9))
+        report.metrics["bytes per node per second (10 rounds before the update)"] = round(steady)
+    report.metrics["churn (writes per second)"] = churn
     report.metrics["false convictions"] = len(sim.false_convictions)
     report.expect(done, f"only {len(have)} of {nodes} nodes got the update within {limit} rounds")
     if max_rounds is not None:
@@ -456,6 +479,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--hours", type=float, default=1.0, help="stall-hour: simulated hours")
     p.add_argument("--no-heartbeats", action="store_true", help="spread: heartbeats off")
     p.add_argument("--no-wire", action="store_true", help="spread: skip msgpack encoding")
+    p.add_argument("--wire", action="store_true", help="spread: msgpack encoding above 2,000 nodes too")
+    p.add_argument("--churn", type=float, default=0.0, help="spread: metadata writes per second meanwhile")
     args = p.parse_args(argv)
     kwargs: dict[str, Any] = {"seed": args.seed}
     if args.nodes is not None:
@@ -471,6 +496,10 @@ def main(argv: list[str] | None = None) -> int:
             kwargs["heartbeats"] = False
         if args.no_wire:
             kwargs["wire"] = False
+        if args.wire:
+            kwargs["wire"] = True
+        if args.churn:
+            kwargs["churn"] = args.churn
     t = time.perf_counter()
     report = run_scenario(args.scenario, **kwargs)
     print(report.render())

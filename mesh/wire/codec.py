@@ -60,7 +60,8 @@ PROTOCOL_PEER = b"mesh-peer/7"  # 2: store identity, lives and recovering flags 
 #                                 5: gossip rows carry their origin's life (Row.life);
 #                                 6: heartbeat rows say when a partition goes quiet (quiescence);
 #                                 7: group commits replicated (GROUP_REPLICATE, GROUP_OFFSETS_PULL), gossip
-#                                    digests carry the sender's wall clock, appends the leader's log start
+#                                    digests carry the sender's wall clock, appends the leader's log start;
+#                                    partial gossip digests with row bucket hashes (rows_hash, ACK2 digest)
 PROTOCOLS = (PROTOCOL_CLIENT, PROTOCOL_PEER)
 
 REGISTRY: dict[bytes, type] = {}

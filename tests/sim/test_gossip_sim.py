@@ -80,3 +80,13 @@ def test_a_seed_gives_the_same_run_in_processes_with_different_hash_seeds():
         assert p.returncode == 0, p.stdout + p.stderr
         outs.append([ln for ln in p.stdout.splitlines() if "wall time" not in ln])
     assert outs[0] == outs[1]
+
+
+def test_per_node_gossip_bytes_grow_sublinearly_with_the_cluster():
+    # heartbeats on, 200 ms rounds, codec bytes: 8x the nodes may cost at most 2x per node
+    # (whole digests, O(N) per SYN, cost ~8x; partial digests + row bucket hashes ~1x)
+    small = ok(run_scenario("spread", nodes=50, seed=7, max_rounds=12))
+    large = ok(run_scenario("spread", nodes=400, seed=7, max_rounds=12))
+    key = "bytes per node per second (10 rounds before the update)"
+    assert large[key] <= 2 * small[key], (small[key], large[key])
+    assert large["false convictions"] == 0

@@ -32,7 +32,7 @@ def test_typed_rows_encode_exactly_as_the_positional_lists():
     assert encode_body(typed) == encode_body(plain)
     assert msgpack.unpackb(encode_body(typed), raw=False) == [
         "b", [["a", 1, 2, 3, 0, "addr-a", False, 0]], [["a", 1, 0, 3, 0, False, ["k", 3, {"v": [1, 2]}, False]]],
-        [0] * BUCKETS, ["t", 5, "a", None, True], 0, 0]    # the last: the sender's wall_ms
+        [0] * BUCKETS, ["t", 5, "a", None, True], 0, 0, []]   # wall_ms, rows_hash (mesh-peer/7)
     assert row == ("a", 1, 2, 3, 0, "addr-a", False, 0)          # still a tuple where it matters
 
 
@@ -75,7 +75,8 @@ def _golden_trace() -> str:
 # carry the sender's wall clock (mesh-peer/7: the clock offset estimate). A change here means the wire bytes or the protocol's choices
 # changed: that must be on purpose (and said so in the change), never a side effect of a
 # refactoring.
-GOLDEN_TRACE_SHA256 = "c3ed79d47b16eac6ac4deca35503cd70890dd388fb2aab39322e1ce5be81e36f"
+# mesh-peer/7: SYN and ACK end with wall_ms and rows_hash (empty below FULL_DIGEST_ROWS), ACK2 with its digest
+GOLDEN_TRACE_SHA256 = "3237955ffa7c4f7da43dddd0da4442516b2bc5819cf939ed139085c64b52000d"
 
 
 def test_a_deterministic_run_sends_the_same_bytes_as_before_the_typed_rows():
