@@ -3,7 +3,9 @@
 Every broker's gossip holds the whole cluster, so any listener answers for every broker
 and partition: brokers are those with a Kafka listener (``MetaCache.kafka_brokers``); a
 partition's leader is its mesh leader's Kafka node id (LEADER_NOT_AVAILABLE while it has
-none, or while its leader has no Kafka listener), replicas and ISR likewise. The
+none), replicas and ISR likewise. A leader without a Kafka listener (a broker started
+without ``--kafka-port``) is stood in for by this listener: its Produce and Fetch go to
+the mesh leader through the native client anyway, so it serves any partition. The
 controller is the broker asked: the mesh has none, and any broker serves CreateTopics.
 Topic ids are derived from the mesh topic (``mesh.kafka.ids.topic_id``). A topic unknown
 to the mesh is created (``auto_create``: ``num_partitions``, replication factor
@@ -135,7 +137,7 @@ class MetadataApi:
             return {"error_code": code, "name": name, "topic_id": uuid.UUID(int=0), "partitions": []}
         parts = []
         for i, p in enumerate(t.get("partitions") or []):
-            leader = cache.kafka_broker_of(p.get("leader")) if p.get("leader") else None
+            leader = (cache.kafka_broker_of(p["leader"]) or cache.self_broker()) if p.get("leader") else None
             replicas = [kb.node_id for kb in map(cache.kafka_broker_of, p.get("replicas") or []) if kb]
             isr = [kb.node_id for kb in map(cache.kafka_broker_of, p.get("isr") or []) if kb]
             epoch = p.get("epoch") if isinstance(p.get("epoch"), int) else -1
