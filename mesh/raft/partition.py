@@ -110,9 +110,10 @@ from typing import Protocol
 
 from mesh.wire.errors import ErrorCode
 from mesh.raft.config import ReplicationConfig
+from mesh.raft import follower_log, recovery
 from mesh.raft.configuring import Configuring
 from mesh.raft.leading import Leading
-from mesh.raft.log import Append, CutHead, EpochCache, LogOp, LogReader, ResetLog, Truncate
+from mesh.raft.log import EpochCache, LogOp, LogReader
 from mesh.raft.membership import History
 from mesh.raft.messages import (
     MAX_TERM, AppendRespRow, AppendRow, HeartbeatRespRow, HeartbeatRow, PeerRow, TimeoutNowRow, VoteRespRow,
@@ -586,7 +587,7 @@ class Partition(Leading, Configuring):
         elif kind is HeartbeatRow:
             self._set_commit(min(row.commit, self.end, self.agreed))
             self._note_cfg_commit(row.cfg_commit, row.cfg_commit_term)
-            self._follow_start(row.log_start)
+            follower_log.follow_start(self, row.log_start)
             self._send(src, HeartbeatRespRow(self.pid, self.term, _NONE, int(self.recovering),
                                              *self.history.latest().ident))
             if row.quiesce and self.commit >= row.commit and not self.recovering and self.cfg.quiesce_after_beats:
@@ -594,7 +595,7 @@ class Partition(Leading, Configuring):
         elif kind is TimeoutNowRow and self.may_campaign():  # from our leader (rule 8)
             self._campaign(pre=False, transfer=True)
         elif kind is VoteRespRow and self.recovering:
-            self._confirm_answer(src, row)
+            recovery.confirm_answer(self, src, row)
 
     def _step_candidate(self, src: str, row: PeerRow, payload: bytes) -> None:
         kind = type(row)
@@ -617,200 +618,18 @@ class Partition(Leading, Configuring):
         elif kind is HeartbeatRespRow:
             self._handle_heartbeat_resp(src, row)
 
-    # -- follower: appends -----------------------------------------------------------------
+    # -- the log (mesh.raft.follower_log) and lost state (mesh.raft.recovery) --------------
     def _handle_append(self, src: str, row: AppendRow, payload: bytes) -> None:
-        p = row.prev_offset
-        if row.reset and p > self.commit:
-            self._reset_log(p, row.prev_epoch)
-        if p > self.end or (p > self.commit and self.cache.epoch_at(p - 1) != row.prev_epoch):
-            self._reject(src, row)
-            return
-        if row.end_offset > p and row.batch_epoch < self.cache.epoch_before(p):
-            # our log agrees with the leader's below p, so its batches there cannot be older
-            self.host.refuse(src, f"batches of epoch {row.batch_epoch} after epoch {self.cache.epoch_before(p)}")
-            return
-        match = self._accept_batches(row, payload) if row.end_offset > p else p
-        if match == row.epoch_start and self.cache.last_epoch() < self.term:
-            # Our log agrees with the leader's up to where its epoch starts: record its
-            # marker there. Anything after it is from an older epoch, which the leader's
-            # log does not hold at those offsets.
-            if self.end > match:
-                self._truncate(match)
-            self.cache.assign(self.term, match)
-            self._state_changed()
-        assert match <= row.epoch_start or self.cache.last_epoch() == self.term, (self.pid, match, row)
-        if row.configs and self.history.replace_window(row.configs, match, self.term):
-            self._config_updated()
-        self.agreed = max(self.agreed, match)
-        self._set_commit(min(row.commit, match))
-        self._note_cfg_commit(row.cfg_commit, row.cfg_commit_term)
-        self._follow_start(row.log_start)
-        if self.recovering:
-            if self.recover_term != self.term:
-                # Where this leader's epoch starts in its log: it held every entry committed
-                # before its term there. Its commit offset alone can be older than entries
-                # we acknowledged before we forgot (a new leader learns of them only by
-                # committing in its own term).
-                self.recover_term = self.term
-                self.recover_to = max(self.recover_floor, row.commit, row.epoch_start)
-            if match >= self.recover_to:
-                self._confirm_term(src)
-        self._send(src, AppendRespRow(self.pid, self.term, _NONE, 1, match, row.end_offset, 0,
-                                      int(self.recovering), *self.history.latest().ident))
+        follower_log.handle_append(self, src, row, payload)
 
-    def _accept_batches(self, row: AppendRow, payload: bytes) -> int:
-        """Take the batches [base, end) of epoch E; returns how far our log now agrees."""
-        base, end, epoch = row.prev_offset, row.end_offset, row.batch_epoch
-        have = min(end, self.end)
-        lo = max(base, self.commit)  # below commit the logs agree by definition
-        agree = have
-        if lo < have:
-            agree = lo if self.cache.epoch_at(lo) != epoch else min(have, self.cache.end_for_epoch(epoch, self.end))
-        if agree < have:
-            self._truncate(agree)  # a conflicting suffix
-        if agree >= end:
-            return end  # we hold them all already (a duplicate or an old message)
-        if agree == base:
-            self._append(base, end, epoch, payload)
-            return end
-        return agree  # we hold [base, agree): the leader resends from there (payloads are opaque)
-
-    def _append(self, base: int, end: int, epoch: int, payload: bytes) -> None:
-        assert base == self.end and end > base
-        changed = self.cache.truncate_from(base)  # a marker at our end is superseded
-        assert epoch >= self.cache.last_epoch(), (self.pid, epoch, self.cache)
-        if self.cache.assign(epoch, base) or changed:   # (the end offset is not persisted state)
-            self._state_changed()
-        self.host.log_op(Append(self.pid, base, end, epoch, payload))
-        self.end = end
-        self.synced = end
-
-    def _truncate(self, to: int) -> None:
-        assert self.role is not Role.LEADER and self.commit <= to < self.end, (self.pid, self.commit, to, self.end)
-        self.host.log_op(Truncate(self.pid, to))
-        self.end = to
-        self.synced = min(self.synced, to)
-        self.agreed = min(self.agreed, to)
-        if self.cache.truncate_from(to):
-            self._state_changed()
-        if self.history.truncate_after(to):
-            self._config_updated()
-
-    def _reset_log(self, start: int, epoch: int) -> None:
-        self.host.log_op(ResetLog(self.pid, start))
-        self.end = start
-        self.synced = start
-        self.agreed = start
-        self.cache.reset(epoch, start)
-        self._state_changed()
-        self._set_commit(start)  # everything below the leader's log start is committed
-
-    def _follow_start(self, start: int) -> None:
-        """Rule 11: cut our head to the leader's log start, as far as our commit goes (the
-        shell: as far as the commit on disk goes; the next row carries it again)."""
-        cut = min(start, self.commit)
-        if cut > self.host.reader.start_offset(self.pid):
-            self.host.log_op(CutHead(self.pid, cut))
-
-    def _reject(self, src: str, row: AppendRow) -> None:
-        p = min(row.prev_offset, self.end)
-        hint_end = min(p, self.cache.end_for_epoch(row.prev_epoch, self.end))
-        hint_epoch = self.cache.epoch_at(hint_end - 1) if hint_end > 0 else 0
-        self._send(src, AppendRespRow(self.pid, self.term, _NONE, 0, row.prev_offset, hint_end, hint_epoch,
-                                      int(self.recovering), *self.history.latest().ident))
-
-    # -- lost state and corruption (rule 6) --------------------------------------------------
     def become_recovering(self, recover_to: int | None = None) -> None:
-        """This replica forgot acknowledged state (or cut a corrupt range): stop leading,
-        voting and counting until refilled up to ``recover_to`` (None: where the current
-        leader's epoch starts). RF 1 has no one to refill from: no change."""
-        if self.voters == (self.node,):
-            return
-        self.wake()
-        if self.role is not Role.FOLLOWER:
-            self._become_follower(self.term, None)
-        if recover_to is not None:
-            self.recover_floor = max(recover_to, self.recover_floor)
-            self.recover_to = max(recover_to, self.recover_to or 0)
-        if not self.recovering:
-            self.recovering = True
-            self._state_changed()
-
-    def _confirm_term(self, leader: str) -> None:
-        """Refilled from ``leader``: before we count and vote again, make sure its term is
-        still the newest. We may have voted for (or led) a newer term before we forgot, and
-        a leader of an older term that has not heard of it (paused, cut off) would refill us
-        and then win our vote for a term we already voted in. So we ask the other voters
-        (a pre-vote at our own term: the answer carries the voter's term, or grants one not
-        above ours) and leave only when enough of them, with the leader, are at or below our
-        term that any quorum of the newer term would include one: ``n - q + 1`` of the
-        ``n - 1`` others. One of them at a newer term moves us there (still recovering)."""
-        if self.node not in self.voters:   # a learner has no vote to give twice
-            self._recovered(leader)
-            return
-        now = self.host.now_tick
-        c = self.confirming
-        if c is None or c[0] != self.term or c[1] != leader:
-            c = self.confirming = (self.term, leader, {leader}, now - self.cfg.heartbeat_ticks)
-        if len(c[2]) >= len(self.voters) - self.quorum + 1:
-            self.confirming = None
-            self._recovered(leader)
-        elif now - c[3] >= self.cfg.heartbeat_ticks:
-            self.confirming = (c[0], c[1], c[2], now)
-            row = VoteRow(self.pid, self.term, self.cache.last_epoch(), self.end, 1, 0, self.history.latest().version)
-            for peer in self.voters:
-                if peer != self.node and peer not in c[2]:
-                    self._send(peer, row)
-
-    def _confirm_answer(self, src: str, row: VoteRespRow) -> None:
-        c = self.confirming
-        if c is not None and row.pre_vote and row.term == c[0] == self.term and src in self.voters:
-            c[2].add(src)
-            self._confirm_term(c[1])
-
-    def drop_vouch(self) -> None:
-        if self.vouch is not None:
-            self.vouch = None
-            self._state_changed()
-
-    def _recovered(self, leader: str) -> None:
-        self.recovering = False
-        self.recover_to, self.recover_term, self.recover_floor = None, -1, 0
-        self.confirming = None
-        self.vouch = None   # recovered: the ordinary rules decide our votes again
-        if self.vote is None:
-            self.vote = leader  # we may have voted in this term before we forgot: only for it
-        self._state_changed()
+        recovery.become_recovering(self, recover_to)
 
     def report_corrupt(self, offset: int) -> None:
-        """A stored batch at ``offset`` failed its check: a leader hands over to its most
-        caught-up healthy follower (TimeoutNow) and steps down; then the log is cut at
-        ``offset`` (even below commit) and refilled from the leader (recovering until past
-        the old commit). Idempotent: damage at or past our log end changes nothing."""
-        self.corrupt_at = offset
-        if self.voters == (self.node,) or offset >= self.end or offset < 0:
-            return
-        self.wake()
-        if self.role is Role.LEADER:
-            successor = self._best_successor()
-            if successor is not None:
-                self._send(successor, TimeoutNowRow(self.pid, self.term))
-                if self.progress[successor].match >= max(self.commit, self.epoch_start):
-                    # It holds every committed entry (ours, and all committed before our
-                    # term, which lie below our epoch start), so we may still vote for it,
-                    # recovering: with another replica recovering too (a follower refilling
-                    # from us is what reads, and finds, old damage) its election needs us.
-                    self.vouch = (successor, self.term + 1)
-        old_commit = self.commit
-        self.become_recovering(old_commit)
-        self.host.log_op(Truncate(self.pid, offset))
-        self.end = self.synced = offset
-        self.commit = min(self.commit, offset)
-        self.agreed = min(self.agreed, offset)
-        self.cache.truncate_from(offset)
-        if self.history.truncate_after(offset):
-            self._use_config()
-        self._state_changed()
+        recovery.report_corrupt(self, offset)
+
+    def drop_vouch(self) -> None:
+        recovery.drop_vouch(self)
 
     def trim_cache(self) -> None:
         if self.cache.trim_before(self.host.reader.start_offset(self.pid)):
