@@ -93,7 +93,7 @@ class Configuring:
         for peer in [p for p in self.progress if p not in self.peers]:
             del self.progress[peer]
         if self.transfer_to is not None and self.transfer_to not in self.voters:
-            self.transfer_to = None
+            self.lead.transfer_to = None
 
     def _note_config_id(self: Partition, pr: Progress, version: int, term: int) -> None:
         ident = (version, term)

@@ -3,6 +3,28 @@ and 11): take an append's batches where the logs agree, truncate a conflicting s
 the leader's epoch marker, answer with a hint when the logs disagree, restart at the
 leader's log start (``reset``) and cut the head to it (``CutHead``). Functions of the
 partition (``p``): the state they change is the replica's log, which every role keeps.
+
+The partition's rules, in full:
+
+3. Appends (follower). Accept if ``prev_offset <= commit`` (committed entries agree with
+   every current leader) or our epoch at ``prev_offset - 1`` equals ``prev_epoch``.
+   Otherwise reject with a hint (Kafka's OffsetsForLeaderEpoch idea): the leader then
+   jumps straight to the point of agreement instead of backing off one batch at a time.
+   Carried batches already present with the same epoch are not rewritten; a conflicting
+   suffix is truncated (never below commit; a corrupt range, rule 6, is the one
+   exception). When our log agrees with the leader's up to its ``epoch_start`` we record
+   the leader's epoch marker there. A ``reset`` row (we are
+   behind the leader's log start, which retention moved) restarts our log at that start.
+7. Heartbeat commit. A follower takes a heartbeat's commit offset only up to ``agreed``:
+   where an append of this term showed its log equal to the leader's (its own persisted
+   commit before that); a rolled-back log never gets a commit over data it does not hold.
+11. Log start (retention). Only the leader decides where its log starts (the node's
+   retention pass: by size, and by time only while its clock agrees with its peers'); a
+   cut is always below its commit offset. Every append and heartbeat carries the leader's
+   log start; a follower cuts its head to it, up to its own commit offset (``CutHead``),
+   and never by its own clock, so all replicas agree on the log start (a follower behind
+   it restarts there: rule 3's ``reset``). A leader whose log start moved is woken and
+   does not go quiet until it has beaten with the new start for a few beats.
 """
 from __future__ import annotations
 

@@ -1,8 +1,9 @@
 """One partition's Raft state machine (one replica). Driven by ``mesh.raft.manager``.
 
-Roles are step functions, not flags (etcd-raft): ``_step`` and ``_tick`` are swapped by
-``_become_*``. Every input is a row (see ``mesh.raft.messages``) already routed to this
-partition; every output goes through ``host`` (a ``PartitionHost``: the ``ReplicaManager``),
+Each role is a state object (``mesh.raft.roles``; the leader's is ``mesh.raft.leading``),
+made new by every transition (``_enter``), and its step functions (``_step``, ``_tick``) are
+swapped with it (etcd-raft). Every input is a row (see ``mesh.raft.messages``) already
+routed to this partition; every output goes through ``host`` (a ``PartitionHost``: the ``ReplicaManager``),
 which coalesces rows per peer and collects storage effects into the ``Ready``. A leader
 keeps what it knows of each follower in ``mesh.raft.progress`` (probe / replicate, the
 inflight window); majorities, the commit offset and vote tallies are ``mesh.raft.quorum``.
@@ -26,39 +27,16 @@ Rules, in the order ``step`` applies them:
    voter placed before it in the replica list stops its own campaign (a follower again,
    same term), so two successors that time out close together do not both go on to a
    real election and split it (liveness only: a pre-vote changes no persisted state).
-3. Appends (follower). Accept if ``prev_offset <= commit`` (committed entries agree with
-   every current leader) or our epoch at ``prev_offset - 1`` equals ``prev_epoch``.
-   Otherwise reject with a hint (Kafka's OffsetsForLeaderEpoch idea): the leader then
-   jumps straight to the point of agreement instead of backing off one batch at a time.
-   Carried batches already present with the same epoch are not rewritten; a conflicting
-   suffix is truncated (never below commit; a corrupt range, rule 6, is the one
-   exception). When our log agrees with the leader's up to its ``epoch_start`` we record
-   the leader's epoch marker there. A ``reset`` row (we are
-   behind the leader's log start, which retention moved) restarts our log at that start.
-4. Commit (leader). The high watermark is the largest offset that a quorum holds
-   durably *and* that lies in a log holding this leader's epoch marker: followers count
-   with the offset they acked in this term (acks leave after persisting), the leader with
-   its synced offset, and only replicas at or past ``epoch_start`` count (Raft 5.4.2).
-5. Replication (leader; ``mesh.raft.leading``). Each follower is probed (one append
-   outstanding) until an ack shows where the logs agree, then appends are pipelined within
-   the inflight bounds; a rejection or an append unacknowledged for ``retransmit_ticks``
-   probes again from the last acked offset (``mesh.raft.progress``). A rejection below
-   what the follower acked lowers what the leader counts for it (it forgot).
-6. Eligibility. A replica of a partition with more than one replica grants no (pre-)vote
-   (except with RF 2: to the other replica, whatever our log says, as it holds every
-   committed entry) and never
-   campaigns while its node is unconfirmed (``host.confirmed`` False: it does
-   not know yet whether its disk forgot) or while it is ``recovering``; it still follows
-   and acks. Recovering (lost state, or a corrupt batch cut from its log): it says so in
-   every append and heartbeat response; it leaves once its log agrees with the leader's
-   up to ``recover_to`` (where the current leader's epoch starts in its log, which holds
-   everything committed before that term; at least its own old commit after a
-   corruption), and once enough other voters confirm that term is the newest
-   (``_confirm_term``), and records its vote for that leader in that term, so it never
-   votes twice in a term it forgot. The flag is persisted with the state.
-7. Heartbeat commit. A follower takes a heartbeat's commit offset only up to ``agreed``:
-   where an append of this term showed its log equal to the leader's (its own persisted
-   commit before that); a rolled-back log never gets a commit over data it does not hold.
+3. Appends (follower; ``mesh.raft.follower_log``): accepted where the logs agree, else a
+   rejection with a hint; a conflicting suffix is truncated (never below commit).
+4. Commit (leader; ``mesh.raft.leading``): the largest offset a quorum holds durably in
+   logs holding this leader's epoch marker (Raft 5.4.2).
+5. Replication (leader; ``mesh.raft.leading``): probe, then pipeline within the inflight
+   bounds.
+6. Eligibility (``mesh.raft.recovery``). A replica of a partition with more than one
+   replica neither votes nor campaigns while its node is unconfirmed or it is recovering
+   (lost state, a corrupt batch); it still follows and acks.
+7. Heartbeat commit (follower): taken only up to ``agreed`` (``mesh.raft.follower_log``).
 8. Refusals (defense in depth; ``host.refuse`` counts each with its reason, nothing else
    happens). Rows are bounded and consistent in themselves (``messages.parse_rows``); here,
    against our state: a row from a node that is not a replica; a row more than
@@ -94,33 +72,28 @@ Rules, in the order ``step`` applies them:
    election timeout, and a recovering replica whose leader has been silent for a beat
    tells its leader, which wakes and refills it. Safety never depends on quiescence:
    quiet replicas only skip timers and keep a lease their leader's broker still holds.
-11. Log start (retention). Only the leader decides where its log starts (the node's
-   retention pass: by size, and by time only while its clock agrees with its peers'); a
-   cut is always below its commit offset. Every append and heartbeat carries the leader's
-   log start; a follower cuts its head to it, up to its own commit offset (``CutHead``),
-   and never by its own clock, so all replicas agree on the log start (a follower behind
-   it restarts there: rule 3's ``reset``). A leader whose log start moved is woken and
-   does not go quiet until it has beaten with the new start for a few beats.
+11. Log start (retention; ``mesh.raft.follower_log``): only the leader decides it; followers
+   cut to it.
 """
 from __future__ import annotations
 
-import enum
 import random
 from typing import Protocol
 
-from mesh.wire.errors import ErrorCode
+from mesh.wire.errors import ErrorCode, MeshError
 from mesh.raft.config import ReplicationConfig
 from mesh.raft import follower_log, recovery
 from mesh.raft.configuring import Configuring
-from mesh.raft.leading import Leading
+from mesh.raft.leading import LeaderState
 from mesh.raft.log import EpochCache, LogOp, LogReader
 from mesh.raft.membership import History
 from mesh.raft.messages import (
     MAX_TERM, AppendRespRow, AppendRow, HeartbeatRespRow, HeartbeatRow, PeerRow, TimeoutNowRow, VoteRespRow,
     VoteRow,
 )
-from mesh.raft.progress import NEVER_HEARD, Progress, count_active
+from mesh.raft.progress import NEVER_HEARD, Progress
 from mesh.raft.quorum import VoteResult, vote_result
+from mesh.raft.roles import CandidateState, FollowerState, Role
 
 _CATCH_UP_TERM_CEILING = MAX_TERM // 2   # a vote answer's term above this is never caught up to (rule 8)
 
@@ -128,13 +101,6 @@ __all__ = ["Role", "Partition", "PartitionHost"]
 
 _NONE = int(ErrorCode.NONE)
 _FENCED = int(ErrorCode.FENCED_EPOCH)
-
-
-class Role(str, enum.Enum):
-    FOLLOWER = "follower"
-    PRE_CANDIDATE = "pre_candidate"
-    CANDIDATE = "candidate"
-    LEADER = "leader"
 
 
 class PartitionHost(Protocol):
@@ -175,8 +141,9 @@ class PartitionHost(Protocol):
     def heard_tick(self, peer: str) -> int: ...
 
 
-class Partition(Leading, Configuring):
-    """One replica of one partition."""
+class Partition(Configuring):
+    """One replica of one partition. Its role is a state object (``mesh.raft.roles``):
+    ``state`` (with ``role``, and ``lead``: the ``LeaderState`` while it leads, else None)."""
 
     def __init__(self, host: PartitionHost, pid: int, history: History, term: int,
                  vote: str | None, commit: int, cache: EpochCache, end_offset: int,
@@ -185,14 +152,13 @@ class Partition(Leading, Configuring):
         self.cfg = host.cfg
         self.node = host.node_id
         self.pid = pid
-        self.role = Role.FOLLOWER
+        self._enter(FollowerState())
         self.history = history
         markers = history.markers()
         latest = history.latest()
         # configs before the latest are committed (one change at a time); the latest is
         # known to be once a leader says so (or it is the initial one)
         self.cfg_commit_version = markers[-2][1].version if len(markers) > 1 else max(0, latest.version - 1)
-        self.epoch_committed = False   # leader: a quorum holds our epoch marker (config changes wait for it)
         self._use_config()
         self.term = term
         self.vote = vote
@@ -213,23 +179,89 @@ class Partition(Leading, Configuring):
         self.leader_tick = -1          # when a leader's append or heartbeat last reached us (status)
         self.timeout_ticks = 0
         self._drawn = 0                     # the last timeout draw (_rank_timeout moves it into a rank)
-        self.votes: dict[str, bool] = {}
-        self.progress: dict[str, Progress] = {}
-        self.epoch_start = 0
-        self.leader_since_tick = 0
-        self.transfer_to: str | None = None
-        self.transfer_elapsed_ticks = 0
-        self.handed_to: str | None = None   # stepped down for this transfer's target; no leader known yet
         self.quiesced = False               # rule 10 (the manager keeps who is quiet)
-        self.idle_beats = 0                 # leader: beats since the log end last moved
-        self.beat_end = -1                  # leader: the log end at the last beat
-        self.beat_start = -1                # leader: the log start at the last beat
         self.quiet_peers: tuple[str, ...] = ()   # quiet leader: its followers, as the manager indexed them
         self.quiet_leader: str | None = None     # quiet follower: its leader, as the manager indexed it
-        self.stepdown_beats = 0             # beats left to tell the followers we stopped leading (rule 10)
         self._step = self._step_follower
         self._tick = self._tick_election
         self._reset_timeout()
+
+    # -- the role (mesh.raft.roles; the leader's: mesh.raft.leading) --------------------------
+    def _enter(self, state: FollowerState | CandidateState | LeaderState) -> None:
+        """Every role change ends here: the old role's state goes with it."""
+        self.state = state
+        self.role = state.role
+        self.lead = state if state.role is Role.LEADER else None
+
+    @property
+    def progress(self) -> dict[str, Progress]:
+        return self.lead.progress if self.lead is not None else {}
+
+    @property
+    def transfer_to(self) -> str | None:
+        return self.lead.transfer_to if self.lead is not None else None
+
+    @property
+    def epoch_start(self) -> int:
+        return self.lead.epoch_start if self.lead is not None else 0
+
+    @property
+    def epoch_committed(self) -> bool:
+        return self.lead is not None and self.lead.epoch_committed
+
+    @property
+    def votes(self) -> dict[str, bool]:
+        return self.state.votes if type(self.state) is CandidateState else {}
+
+    @property
+    def handed_to(self) -> str | None:
+        return self.state.handed_to if self.role is Role.FOLLOWER else None
+
+    @property
+    def stepdown_beats(self) -> int:
+        return self.state.stepdown_beats if self.role is Role.FOLLOWER else 0
+
+    def _maybe_commit(self) -> None:
+        if self.lead is not None:
+            self.lead.maybe_commit()
+
+    def send_appends(self) -> None:
+        """Called by the manager's flush: fill every follower's pipeline."""
+        if self.lead is not None:
+            self.lead.send_appends()
+
+    def heartbeat(self) -> None:
+        if self.lead is not None:
+            self.lead.heartbeat()
+
+    def peer_restarted(self, peer: str, store: str, new_store: bool) -> None:
+        if self.lead is not None:
+            self.lead.peer_restarted(peer, store, new_store)
+
+    def transfer_leadership(self, target: str) -> None:
+        if self.lead is not None:
+            self.lead.transfer_leadership(target)
+
+    def hand_over(self, exclude: frozenset[str] | set[str] = frozenset(),
+                  new: frozenset[str] | set[str] = frozenset()) -> None:
+        if self.lead is not None:
+            self.lead.hand_over(exclude, new)
+
+    def append_position(self) -> tuple[int, int]:
+        if self.lead is None:
+            raise MeshError(ErrorCode.NOT_LEADER, f"partition {self.pid}: not the leader", leader=self.leader)
+        return self.lead.append_position()
+
+    def leader_append(self, end_offset: int, epoch: int) -> None:
+        if self.lead is None:
+            raise MeshError(ErrorCode.NOT_LEADER, f"partition {self.pid}: append for epoch {epoch}, leader "
+                                                  f"epoch is not here", leader=self.leader)
+        self.lead.leader_append(end_offset, epoch)
+
+    def mark_synced(self, end_offset: int) -> None:
+        if end_offset > self.synced:
+            self.synced = min(end_offset, self.end)
+            self._maybe_commit()
 
     # -- outputs -----------------------------------------------------------------------
     def _send(self, dest: str, row: PeerRow, payload: bytes = b"") -> None:
@@ -246,8 +278,8 @@ class Partition(Leading, Configuring):
             self._state_changed()
 
     def _set_leader(self, leader: str | None) -> None:
-        if leader is not None:
-            self.handed_to = None
+        if leader is not None and self.role is Role.FOLLOWER:
+            self.state.handed_to = None
         if leader != self.leader:
             self.leader = leader
             if leader is not None and leader != self.node:
@@ -308,7 +340,8 @@ class Partition(Leading, Configuring):
         if not self.quiesced:
             return
         self.quiesced = False
-        self.idle_beats = 0
+        if self.lead is not None:
+            self.lead.idle_beats = 0
         self.host.unquiesced(self)
         if self.role is Role.LEADER:
             self._refresh_heard()
@@ -335,7 +368,7 @@ class Partition(Leading, Configuring):
             return
         row = HeartbeatRespRow(self.pid, self.term, _NONE, int(self.recovering), *self.history.latest().ident)
         if self.stepdown_beats:
-            self.stepdown_beats -= 1
+            self.state.stepdown_beats -= 1
             for peer in self.peers:
                 self._send(peer, row)
         elif (self.recovering and self.leader is not None
@@ -360,29 +393,6 @@ class Partition(Leading, Configuring):
         """Eligible and a voter of our latest config (rule 9)."""
         return self.node in self.voters and self.eligible()
 
-    def _tick_leader(self) -> None:
-        now = self.host.now_tick
-        if self.transfer_to is not None:
-            self.transfer_elapsed_ticks += 1
-            if self.transfer_elapsed_ticks >= self.cfg.election_ticks:
-                self.transfer_to = None  # the successor did not take over: keep leading,
-                self.leader_since_tick = now  # and wait a full rebalance delay before retrying
-        if self.cfg.check_quorum and self._active(self.cfg.election_ticks) < self.quorum:
-            self._become_follower(self.term, None)  # cut off from a quorum: stop taking writes
-            return
-        if (self.cfg.auto_rebalance and self.transfer_to is None and self.voters[0] != self.node
-                and now - self.leader_since_tick >= self.cfg.rebalance_delay_ticks):
-            preferred = self.voters[0]
-            pr = self.progress[preferred]
-            fresh = now - pr.last_resp_tick < 2 * self.cfg.heartbeat_ticks + 1
-            if not pr.recovering and pr.match >= self.end and fresh:
-                self.transfer_leadership(preferred)
-
-    def _active(self, window_ticks: int) -> int:
-        """Voters heard from within ``window_ticks``, this leader included."""
-        prs = [self.progress[v] for v in self.voters if v != self.node]
-        return count_active(prs, self.host.now_tick, window_ticks)
-
     # -- role changes -------------------------------------------------------------------
     def _become_follower(self, term: int, leader: str | None) -> None:
         # a leader handing over steps down when its target campaigns (a higher term); not
@@ -391,36 +401,29 @@ class Partition(Leading, Configuring):
         self.wake()
         # stepping down within our term (check-quorum, a corrupt batch): quiet followers keep
         # our lease until told; a newer term's rows tell them anyway
-        self.stepdown_beats = (self.cfg.election_ticks // self.cfg.heartbeat_ticks + 1
-                               if self.role is Role.LEADER and term == self.term and self.cfg.quiesce_after_beats
-                               else 0)
+        stepdown_beats = (self.cfg.election_ticks // self.cfg.heartbeat_ticks + 1
+                          if self.role is Role.LEADER and term == self.term and self.cfg.quiesce_after_beats else 0)
         if term > self.term:
             self.term = term
             self.vote = None
             self.agreed = self.commit  # agreement was with an older term's leader
             self._state_changed()
-        self.role = Role.FOLLOWER
+        self._enter(FollowerState(handed_to, stepdown_beats))
         self._step = self._step_follower
         self._tick = self._tick_election
         self._reset_timeout()
         if leader is not None:
             self._rank_timeout()   # (also when the leader is the one we knew, in a newer term)
-        self.progress = {}
-        self.votes = {}
-        self.transfer_to = None
-        self.handed_to = handed_to
         self.synced = self.end
         self._set_leader(leader)
 
     def _campaign(self, pre: bool, transfer: bool = False) -> None:
         self.wake()
-        self.stepdown_beats = 0
         self._reset_timeout()
+        self._enter(CandidateState(pre, self.node))
         if pre:
-            self.role = Role.PRE_CANDIDATE
             vote_term = self.term + 1
         else:
-            self.role = Role.CANDIDATE
             self.term += 1
             self.vote = self.node
             self.agreed = self.commit
@@ -428,12 +431,8 @@ class Partition(Leading, Configuring):
             vote_term = self.term
         self._step = self._step_candidate
         self._tick = self._tick_election
-        self.progress = {}
-        self.transfer_to = None
-        self.handed_to = None
         self._set_leader(None)
         self.host.leader_changed(self)  # the term may have moved
-        self.votes = {self.node: True}
         if self._poll():
             return
         row = VoteRow(self.pid, vote_term, self.cache.last_epoch(), self.end, int(pre), int(transfer),
@@ -458,18 +457,12 @@ class Partition(Leading, Configuring):
 
     def _become_leader(self) -> None:
         assert self.role is Role.CANDIDATE and not self.quiesced
-        now = self.host.now_tick
-        self.role = Role.LEADER
+        lead = LeaderState(self)
+        self._enter(lead)
         self._step = self._step_leader
-        self._tick = self._tick_leader
-        self.votes = {}
-        self.epoch_start = self.end
-        self.epoch_committed = False
+        self._tick = lead.tick
         self.cache.assign(self.term, self.end)  # the epoch marker, in place of a no-op batch
         self._state_changed()
-        self.leader_since_tick = now
-        self.transfer_to = None
-        self.progress = {}
         self._sync_progress()
         self._set_leader(self.node)
         self.host.want_flush(self)
@@ -614,9 +607,9 @@ class Partition(Leading, Configuring):
     def _step_leader(self, src: str, row: PeerRow, payload: bytes) -> None:
         kind = type(row)
         if kind is AppendRespRow:
-            self._handle_append_resp(src, row)
+            self.lead.handle_append_resp(src, row)
         elif kind is HeartbeatRespRow:
-            self._handle_heartbeat_resp(src, row)
+            self.lead.handle_heartbeat_resp(src, row)
 
     # -- the log (mesh.raft.follower_log) and lost state (mesh.raft.recovery) --------------
     def _handle_append(self, src: str, row: AppendRow, payload: bytes) -> None:

@@ -2,6 +2,21 @@
 becoming recovering, confirming a refilling leader's term with the other voters before
 voting again (``confirm_term``), and a corrupt batch (``report_corrupt``: a leader hands
 over, the log is cut and refilled). Functions of the partition (``p``).
+
+The partition's rule, in full:
+
+6. Eligibility. A replica of a partition with more than one replica grants no (pre-)vote
+   (except with RF 2: to the other replica, whatever our log says, as it holds every
+   committed entry) and never
+   campaigns while its node is unconfirmed (``host.confirmed`` False: it does
+   not know yet whether its disk forgot) or while it is ``recovering``; it still follows
+   and acks. Recovering (lost state, or a corrupt batch cut from its log): it says so in
+   every append and heartbeat response; it leaves once its log agrees with the leader's
+   up to ``recover_to`` (where the current leader's epoch starts in its log, which holds
+   everything committed before that term; at least its own old commit after a
+   corruption), and once enough other voters confirm that term is the newest
+   (``_confirm_term``), and records its vote for that leader in that term, so it never
+   votes twice in a term it forgot. The flag is persisted with the state.
 """
 from __future__ import annotations
 
@@ -93,7 +108,7 @@ def report_corrupt(p: Partition, offset: int) -> None:
         return
     p.wake()
     if p.role.value == "leader":
-        successor = p._best_successor()
+        successor = p.lead._best_successor()
         if successor is not None:
             p._send(successor, TimeoutNowRow(p.pid, p.term))
             if p.progress[successor].match >= max(p.commit, p.epoch_start):
