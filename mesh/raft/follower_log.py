@@ -65,10 +65,10 @@ def handle_append(p: Partition, src: str, row: AppendRow, payload: bytes) -> Non
         p._state_changed()
     assert match <= row.epoch_start or p.cache.last_epoch() == p.term, (p.pid, match, row)
     if row.configs and p.history.replace_window(row.configs, match, p.term):
-        p._config_updated()
+        p.membership.config_updated()
     p.agreed = max(p.agreed, match)
     p._set_commit(min(row.commit, match))
-    p._note_cfg_commit(row.cfg_commit, row.cfg_commit_term)
+    p.membership.note_cfg_commit(row.cfg_commit, row.cfg_commit_term)
     follow_start(p, row.log_start)
     if p.recovering:
         if p.recover_term != p.term:
@@ -122,7 +122,7 @@ def truncate(p: Partition, to: int) -> None:
     if p.cache.truncate_from(to):
         p._state_changed()
     if p.history.truncate_after(to):
-        p._config_updated()
+        p.membership.config_updated()
 
 
 def reset_log(p: Partition, start: int, epoch: int) -> None:

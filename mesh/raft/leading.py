@@ -100,7 +100,7 @@ class LeaderState:
         pr.last_resp_tick = now
         pr.heard = True
         self._note_recovering(pr, row.recovering)
-        p._note_config_id(pr, row.cfg_version, row.cfg_term)
+        p.membership.note_config_id(pr, row.cfg_version, row.cfg_term)
         if row.ok:
             m = row.offset
             if m > p.end:
@@ -143,7 +143,7 @@ class LeaderState:
         pr.last_resp_tick = now
         pr.heard = True
         self._note_recovering(pr, row.recovering)
-        p._note_config_id(pr, row.cfg_version, row.cfg_term)
+        p.membership.note_config_id(pr, row.cfg_version, row.cfg_term)
         if pr.state == PROBE:
             pr.probe_sent = False  # the probe or its answer may be lost: retry
         elif (pr.recovering or pr.config_id != p.history.latest().ident) and not pr.inflight:
@@ -194,7 +194,7 @@ class LeaderState:
             acked = sum(1 for v in p.voters if v != p.node and (pr := self.progress.get(v)) is not None
                         and pr.counted() and pr.state == REPLICATE and pr.match >= self.epoch_start)
             self.epoch_committed = acked + (p.node in p.voters) >= p.quorum
-        p._check_config_commit()
+        p.membership._check_config_commit()
 
     def send_appends(self) -> None:
         """Called by the manager's flush: fill every follower's pipeline."""
@@ -226,7 +226,7 @@ class LeaderState:
         """(log start, committed config id, latest config id): the same for every append
         row of one ``send_appends``."""
         p = self.p
-        return p.host.reader.start_offset(p.pid), p.cfg_commit_ident(), p.history.latest().ident
+        return p.host.reader.start_offset(p.pid), p.membership.cfg_commit_ident(), p.history.latest().ident
 
     def _send_append(self, peer: str, pr: Progress, data: bool,
                      ctx: tuple[int, tuple[int, int], tuple[int, int]]) -> int:
@@ -274,7 +274,7 @@ class LeaderState:
     def heartbeat(self) -> None:
         """The node-wide beat; the last one before going quiet says so (rule 10)."""
         p = self.p
-        cv, ct = p.cfg_commit_ident()
+        cv, ct = p.membership.cfg_commit_ident()
         quiesce = self._may_quiesce()
         start = p.host.reader.start_offset(p.pid)
         for peer in p.peers:
@@ -297,7 +297,7 @@ class LeaderState:
         self.idle_beats += 1
         if (self.idle_beats < p.cfg.quiesce_after_beats or self.transfer_to is not None
                 or p.commit != p.end or p.synced != p.end or not self.epoch_committed
-                or not p.config_committed() or p.history.latest().learners or p.node not in p.voters):
+                or not p.membership.config_committed() or p.history.latest().learners or p.node not in p.voters):
             return False
         now, window, latest = p.host.now_tick, p.cfg.election_ticks, p.history.latest().ident
         heard = p.host.heard_tick

@@ -135,7 +135,7 @@ be counted for it, nor vote as if it remembered. The rules (issue 17):
    leader learns that entries of older terms were committed only by committing one of its
    own, so its commit can lag what the replica acknowledged before it forgot. Disk-fault
    simulator seed 40325 lost three acknowledged batches that way.) And not before the
-   other voters confirm that term is still the newest (``Partition._confirm_term``): it
+   other voters confirm that term is still the newest (``mesh.raft.recovery.confirm_term``): it
    may have voted for or led a newer term before it forgot, and a leader of an older term
    that never heard of it (paused, cut off) would otherwise refill it and then win its
    vote for a term it already voted in (disk-fault seed 71204: two leaders in one
@@ -546,7 +546,7 @@ class ReplicaManager:
 
     def hand_over(self, pid: int, exclude: frozenset[str] | set[str] = frozenset()) -> Ready:
         """Controlled shutdown: hand leadership of ``pid`` to a caught-up, answering voter
-        not in ``exclude`` (``Partition.hand_over``), one whose current life we have known
+        not in ``exclude`` (``LeaderState.hand_over``), one whose current life we have known
         for an election timeout first (a broker that just restarted may not vote or campaign
         yet: its identity is confirmed by gossip); ``transferring(pid)`` says whether it
         started."""
@@ -558,7 +558,7 @@ class ReplicaManager:
                        learners: list[str] | tuple[str, ...] = ()) -> Ready:
         """Record the next config (one single-server step) at the leader's log end; raises
         NOT_LEADER, or INVALID_REQUEST naming why the step is not allowed or must wait."""
-        self._part(pid).propose_config(tuple(voters), tuple(learners))
+        self._part(pid).membership.propose_config(tuple(voters), tuple(learners))
         return self._ready()
 
     def campaign(self, pid: int) -> Ready:
@@ -598,10 +598,10 @@ class ReplicaManager:
         return self._part(pid).history.latest()
 
     def committed_config(self, pid: int) -> Config:
-        return self._part(pid).committed_config()
+        return self._part(pid).membership.committed_config()
 
     def config_pending(self, pid: int) -> bool:  # the latest config is not known to be committed
-        return not self._part(pid).config_committed()
+        return not self._part(pid).membership.config_committed()
 
     def followers(self, pid: int) -> dict[str, int]:
         """Leader only ({} elsewhere): each follower's and learner's durable match offset."""

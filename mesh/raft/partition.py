@@ -52,7 +52,8 @@ Rules, in the order ``step`` applies them:
    whose batches are of an epoch older than our log before them. A vote request's
    ``transfer`` flag skips the lease check only for the term right after ours (the
    successor of the leader we follow); otherwise it is an ordinary request.
-9. Membership: the latest config in our log decides who counts (``mesh.raft.configuring``).
+9. Membership: the latest config in our log decides who counts (``mesh.raft.configuring``:
+   ``membership``, a ``Configuring`` object).
 10. Quiescence (CockroachDB's; the manager's docstring has the node-wide half). A leader
    whose partition was idle for ``quiesce_after_beats`` beats, with a committed config, no
    learners, no transfer, commit = synced = log end, a quorum caught up and every follower
@@ -141,7 +142,7 @@ class PartitionHost(Protocol):
     def heard_tick(self, peer: str) -> int: ...
 
 
-class Partition(Configuring):
+class Partition:
     """One replica of one partition. Its role is a state object (``mesh.raft.roles``):
     ``state`` (with ``role``, and ``lead``: the ``LeaderState`` while it leads, else None)."""
 
@@ -154,12 +155,8 @@ class Partition(Configuring):
         self.pid = pid
         self._enter(FollowerState())
         self.history = history
-        markers = history.markers()
-        latest = history.latest()
-        # configs before the latest are committed (one change at a time); the latest is
-        # known to be once a leader says so (or it is the initial one)
-        self.cfg_commit_version = markers[-2][1].version if len(markers) > 1 else max(0, latest.version - 1)
-        self._use_config()
+        self.membership = Configuring(self, history)   # who counts (mesh.raft.configuring)
+        self.membership.use_config()
         self.term = term
         self.vote = vote
         self.cache = cache
@@ -463,7 +460,7 @@ class Partition(Configuring):
         self._tick = lead.tick
         self.cache.assign(self.term, self.end)  # the epoch marker, in place of a no-op batch
         self._state_changed()
-        self._sync_progress()
+        self.membership.sync_progress()
         self._set_leader(self.node)
         self.host.want_flush(self)
         self._maybe_commit()
@@ -579,7 +576,7 @@ class Partition(Configuring):
             self._handle_append(src, row, payload)
         elif kind is HeartbeatRow:
             self._set_commit(min(row.commit, self.end, self.agreed))
-            self._note_cfg_commit(row.cfg_commit, row.cfg_commit_term)
+            self.membership.note_cfg_commit(row.cfg_commit, row.cfg_commit_term)
             follower_log.follow_start(self, row.log_start)
             self._send(src, HeartbeatRespRow(self.pid, self.term, _NONE, int(self.recovering),
                                              *self.history.latest().ident))
@@ -661,7 +658,7 @@ class Partition(Configuring):
             "end": self.end, "synced": self.synced, "epoch_cache": [list(e) for e in self.cache.entries()],
             "isr": self.isr(), "recovering": self.recovering, "recover_to": self.recover_to,
             "corrupt_at": self.corrupt_at, "config": self.history.latest().describe(),
-            "config_committed": self.cfg_commit_version >= self.history.latest().version,
+            "config_committed": self.membership.config_committed(),
             "leader_tick": self.leader_tick, "quiesced": self.quiesced}
         if self.role is Role.LEADER:
             d["epoch_start"] = self.epoch_start

@@ -63,7 +63,7 @@ class Pending:
             for pid in sorted(self.cfg_dirty):
                 p = parts.get(pid)
                 if p is not None:
-                    now = (p.history.latest(), p.config_committed())
+                    now = (p.history.latest(), p.membership.config_committed())
                     if self.cfg_announced.get(pid) != now:
                         self.cfg_announced[pid] = rd.configs[pid] = now
             self.cfg_dirty = set()

@@ -15,7 +15,7 @@ The partition's rule, in full:
    up to ``recover_to`` (where the current leader's epoch starts in its log, which holds
    everything committed before that term; at least its own old commit after a
    corruption), and once enough other voters confirm that term is the newest
-   (``_confirm_term``), and records its vote for that leader in that term, so it never
+   (``confirm_term``), and records its vote for that leader in that term, so it never
    votes twice in a term it forgot. The flag is persisted with the state.
 """
 from __future__ import annotations
@@ -125,5 +125,5 @@ def report_corrupt(p: Partition, offset: int) -> None:
     p.agreed = min(p.agreed, offset)
     p.cache.truncate_from(offset)
     if p.history.truncate_after(offset):
-        p._use_config()
+        p.membership.use_config()
     p._state_changed()
