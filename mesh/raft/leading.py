@@ -35,6 +35,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from mesh.wire.errors import ErrorCode, MeshError
+from mesh.raft import quiescence
 from mesh.raft.messages import AppendRespRow, AppendRow, HeartbeatRespRow, HeartbeatRow, TimeoutNowRow
 from mesh.raft.progress import PROBE, REPLICATE, Progress, count_active
 from mesh.raft.quorum import committed_offset
@@ -282,7 +283,7 @@ class LeaderState:
             p._send(peer, HeartbeatRow(p.pid, p.term, min(p.commit, pr.match), cv, ct, int(quiesce),
                                           start))
         if quiesce:
-            p._quiesce()
+            quiescence.quiesce(p)
 
     def _may_quiesce(self) -> bool:
         """Rule 10 of ``mesh.raft.partition``: idle for ``quiesce_after_beats`` beats and

@@ -37,42 +37,12 @@ Rules, in the order ``step`` applies them:
    replica neither votes nor campaigns while its node is unconfirmed or it is recovering
    (lost state, a corrupt batch); it still follows and acks.
 7. Heartbeat commit (follower): taken only up to ``agreed`` (``mesh.raft.follower_log``).
-8. Refusals (defense in depth; ``host.refuse`` counts each with its reason, nothing else
-   happens). Rows are bounded and consistent in themselves (``messages.parse_rows``); here,
-   against our state: a row from a node that is not a replica; a row more than
-   ``max_term_jump`` terms ahead (a term moves once per election), except a vote answer
-   while we campaign, which is how a replica that was away long catches up, below
-   ``_CATCH_UP_TERM_CEILING`` (MAX_TERM / 2: one forged answer at MAX_TERM - 1 made a
-   replica campaign at a term every peer refuses, and its answers took the others there:
-   a partition without a leader for good; from below the ceiling, terms move by at most
-   ``max_term_jump`` at a time, so 2**39 elections stay possible); an append or
-   heartbeat of our term from another node than the leader we follow; a TimeoutNow that
-   is not from our leader in our term; an append whose leader epoch starts below our
-   commit while we do not hold its marker (a leader holds every committed entry), or
-   whose batches are of an epoch older than our log before them. A vote request's
-   ``transfer`` flag skips the lease check only for the term right after ours (the
-   successor of the leader we follow); otherwise it is an ordinary request.
+8. Refusals (defense in depth; ``mesh.raft.refusals``): rows that contradict our state
+   are counted with their reason (``host.refuse``) and change nothing.
 9. Membership: the latest config in our log decides who counts (``mesh.raft.configuring``:
    ``membership``, a ``Configuring`` object).
-10. Quiescence (CockroachDB's; the manager's docstring has the node-wide half). A leader
-   whose partition was idle for ``quiesce_after_beats`` beats, with a committed config, no
-   learners, no transfer, commit = synced = log end, a quorum caught up and every follower
-   that answered within an election timeout caught up (silent ones are left behind), and
-   no hand-back to a live preferred replica due, sends one heartbeat with ``quiesce`` set
-   and goes quiet: no ticks, no heartbeats. A follower that gets it from its leader, holds
-   the leader's commit and is not recovering goes quiet too: no election timer, and its
-   leader's lease holds for as long as the leader's node is heard (the manager wakes it
-   otherwise). A quiet leader wakes on anything that needs it (a write, a config change, a
-   transfer, any row but a heartbeat answer that needs nothing); a quiet follower on any
-   row from its leader but a quiesce heartbeat; its election timer then stands where it
-   would had it kept ticking (since the leader's last append or heartbeat), so quiescence
-   never ends a lease sooner than ticking would (a replica whose disk rolled back can vote
-   in a term it forgot: see "Known gap" in the manager). Followers never speak
-   first otherwise, so two replicas do on every beat (``follower_beat``): a leader that
-   stepped down within its term (check-quorum, a corrupt batch) tells its peers for an
-   election timeout, and a recovering replica whose leader has been silent for a beat
-   tells its leader, which wakes and refills it. Safety never depends on quiescence:
-   quiet replicas only skip timers and keep a lease their leader's broker still holds.
+10. Quiescence (CockroachDB's; ``mesh.raft.quiescence``): an idle partition's leader and
+   followers stop ticking; safety never depends on it.
 11. Log start (retention; ``mesh.raft.follower_log``): only the leader decides it; followers
    cut to it.
 """
@@ -83,20 +53,20 @@ from typing import Protocol
 
 from mesh.wire.errors import ErrorCode, MeshError
 from mesh.raft.config import ReplicationConfig
-from mesh.raft import follower_log, recovery
+from mesh.raft import follower_log, quiescence, recovery
 from mesh.raft.configuring import Configuring
 from mesh.raft.leading import LeaderState
 from mesh.raft.log import EpochCache, LogOp, LogReader
 from mesh.raft.membership import History
 from mesh.raft.messages import (
-    MAX_TERM, AppendRespRow, AppendRow, HeartbeatRespRow, HeartbeatRow, PeerRow, TimeoutNowRow, VoteRespRow,
+    AppendRespRow, AppendRow, HeartbeatRespRow, HeartbeatRow, PeerRow, TimeoutNowRow, VoteRespRow,
     VoteRow,
 )
 from mesh.raft.progress import NEVER_HEARD, Progress
 from mesh.raft.quorum import VoteResult, vote_result
+from mesh.raft.refusals import refusal
 from mesh.raft.roles import CandidateState, FollowerState, Role
 
-_CATCH_UP_TERM_CEILING = MAX_TERM // 2   # a vote answer's term above this is never caught up to (rule 8)
 
 __all__ = ["Role", "Partition", "PartitionHost"]
 
@@ -319,63 +289,12 @@ class Partition:
     def tick(self) -> None:
         self._tick()
 
-    # -- quiescence (rule 10) ------------------------------------------------------------
-    def _quiesce(self) -> None:
-        if not self.quiesced:
-            self.quiesced = True
-            self.host.quiesced(self)
-
+    # -- quiescence (mesh.raft.quiescence) ----------------------------------------------------
     def wake(self) -> None:
-        """Tick again (rule 10; also the manager's way in: a node went silent, restarted or
-        came back). A follower's election timer stands where it would had it kept ticking
-        (the ticks since its leader's last append or heartbeat reached it, which a quiesce
-        heartbeat set), so waking never ends a lease sooner than ticking would have; an
-        append or heartbeat that wakes it restarts the timer anyway. It stands at most at
-        1.5E: the successors of a dead leader then still campaign in their rank order. A
-        leader counts its followers as last heard when their nodes were (so a write right
-        after waking is not refused for lack of answers)."""
-        if not self.quiesced:
-            return
-        self.quiesced = False
-        if self.lead is not None:
-            self.lead.idle_beats = 0
-        self.host.unquiesced(self)
-        if self.role is Role.LEADER:
-            self._refresh_heard()
-        else:
-            # ... but no further than the start of the upper half of [E, 2E): past it, every
-            # successor would campaign on its first tick, whatever its rank (_rank_timeout)
-            self.election_elapsed_ticks = min(max(self.host.now_tick - self.leader_tick, self.election_elapsed_ticks),
-                                              self._upper_half())
-
-    def _refresh_heard(self) -> None:
-        heard = self.host.heard_tick
-        for peer, pr in self.progress.items():
-            t = heard(peer)
-            if t > pr.last_resp_tick:
-                pr.last_resp_tick = t
-                pr.heard = True
+        quiescence.wake(self)
 
     def follower_beat(self) -> None:
-        """The node-wide beat, for a replica that is not leading (rule 10): a leader that
-        stepped down within its term tells its followers for an election timeout (a quiet
-        follower would keep its lease otherwise), and a recovering replica whose leader has
-        not been heard for a beat tells the leader (a quiet leader would not refill it)."""
-        if not self.cfg.quiesce_after_beats:
-            return
-        row = HeartbeatRespRow(self.pid, self.term, _NONE, int(self.recovering), *self.history.latest().ident)
-        if self.stepdown_beats:
-            self.state.stepdown_beats -= 1
-            for peer in self.peers:
-                self._send(peer, row)
-        elif (self.recovering and self.leader is not None
-              and self.host.now_tick - self.leader_tick > self.cfg.heartbeat_ticks):
-            self._send(self.leader, row)
-        elif self.recovering and self.leader is None:
-            # (a replica dropped and hosted again forgot the term too: whoever leads a
-            # quiet partition wakes on it and heartbeats, and so tells it who leads)
-            for peer in self.peers:
-                self._send(peer, row)
+        quiescence.follower_beat(self)
 
     def _tick_election(self) -> None:
         self.election_elapsed_ticks += 1
@@ -471,7 +390,7 @@ class Partition:
             self.host.refuse(src, "a row from ourselves")
             return
         kind = type(row)
-        why = self._refusal(src, row, kind)
+        why = refusal(self, src, row, kind)
         if why is not None:
             self.host.refuse(src, why)
             return
@@ -515,23 +434,6 @@ class Partition:
             self._handle_vote(src, row)
         else:
             self._step(src, row, payload)
-
-    def _refusal(self, src: str, row: PeerRow, kind: type) -> str | None:
-        """Why ``row`` must be refused against our state (rule 8); None to step it."""
-        if row.term > self.term + self.cfg.max_term_jump and not (
-                kind is VoteRespRow and self.role in (Role.PRE_CANDIDATE, Role.CANDIDATE)
-                and row.term < _CATCH_UP_TERM_CEILING):
-            return f"term {row.term} is more than {self.cfg.max_term_jump} ahead of ours ({self.term})"
-        if kind is TimeoutNowRow:
-            if row.term != self.term or src != self.leader:
-                return "TimeoutNow not from the leader of our term"
-        elif kind is AppendRow or kind is HeartbeatRow:
-            if row.term == self.term and self.leader is not None and src != self.leader:
-                return f"{kind.__name__} of term {row.term} from {src}, whose leader is {self.leader}"
-            if (kind is AppendRow and row.term >= self.term and row.epoch_start < self.commit
-                    and self.cache.last_epoch() < row.term):
-                return f"the leader's epoch starts at {row.epoch_start}, below our commit {self.commit}"
-        return None
 
     def _in_lease(self) -> bool:
         if not self.cfg.check_quorum:
@@ -581,7 +483,7 @@ class Partition:
             self._send(src, HeartbeatRespRow(self.pid, self.term, _NONE, int(self.recovering),
                                              *self.history.latest().ident))
             if row.quiesce and self.commit >= row.commit and not self.recovering and self.cfg.quiesce_after_beats:
-                self._quiesce()   # rule 10
+                quiescence.quiesce(self)   # rule 10
         elif kind is TimeoutNowRow and self.may_campaign():  # from our leader (rule 8)
             self._campaign(pre=False, transfer=True)
         elif kind is VoteRespRow and self.recovering:
@@ -634,7 +536,7 @@ class Partition:
         if self.role is not Role.LEADER:
             return []
         if self.quiesced:
-            self._refresh_heard()   # a quiet leader's followers are as live as their nodes
+            quiescence.refresh_heard(self)   # a quiet leader's followers are as live as their nodes
         now, lag = self.host.now_tick, self.cfg.isr_lag_ticks
         return [r for r in self.voters if r == self.node or self.progress[r].in_sync(now, lag, self.end)]
 
@@ -646,7 +548,7 @@ class Partition:
         if self.role is not Role.LEADER:
             return {}
         if self.quiesced:
-            self._refresh_heard()   # as in isr()
+            quiescence.refresh_heard(self)   # as in isr()
         now = self.host.now_tick
         return {n: now - pr.last_resp_tick if pr.heard and not pr.recovering else NEVER_HEARD
                 for n, pr in sorted(self.progress.items())}
