@@ -35,9 +35,8 @@ Ready like any other call. Config changes the core reports (``Ready.configs``) a
 like messages: ``take_config_changes`` returns them only once the turn's sync made the
 history that holds them durable (the node then writes the leader's to gossip).
 
-acks=all waiters are answered when the commit offset passes their batch's end, failed with
-NOT_LEADER when this node loses leadership or truncates below them, and with TIMEOUT when
-their ``timeout_ms`` passes (all retriable; the idempotent producer makes retries safe).
+acks=all waiters (``mesh.node.ack_waiters``) are answered when the commit offset passes
+their batch's end, failed with NOT_LEADER or TIMEOUT otherwise.
 
 Input checks (defense in depth, before the core sees a message): the core checks rows
 (``mesh.raft.messages``: bounds; ``mesh.raft.partition`` rule 8: against its state) but
@@ -53,11 +52,8 @@ from __future__ import annotations
 import logging
 import random
 import re
-import struct
-from dataclasses import dataclass
 from typing import Callable
 
-from mesh.wire import messages as m
 from mesh.wire.effects import Send
 from mesh.wire.errors import ErrorCode
 from mesh.wire.records import iter_batches, patch_batch
@@ -71,15 +67,15 @@ from mesh.raft.membership import Config
 from mesh.raft.messages import parse_rows
 from mesh.raft.outbox import split_payload
 from mesh.clock import now_ms as _monotonic_ms
+from mesh.node.ack_waiters import AckWaiter, AckWaiters
 from mesh.node.producer_state import ProducerStates
-from mesh.node.raft_store import StoreReader, check_append_payload, pack_state, unpack_state
+from mesh.node.raft_store import StateRows, StoreReader, check_append_payload, pack_state, unpack_state
 from storage.base import LogError, StoreBase
 
 __all__ = ["ReplicaHost", "StoreReader", "REPLICATION_MESSAGES", "pack_state", "unpack_state",
            "check_append_payload"]
 
 log = logging.getLogger("mesh.node.raft_host")
-_STATE_KEY = struct.Struct(">Q")
 _DROPPED = b"dropped:%d"   # meta: this pid's replica was dropped here (its raft state with it)
 
 
@@ -92,16 +88,6 @@ TICK_DEBT = 2   # ticks a slow turn may still owe (tick_due)
 # timeout, but a client resending an uncommitted batch (a partition without a quorum) added
 # one on every resend, and every turn scans them.
 MAX_ACK_WAITERS_PER_PARTITION = 10_000
-
-
-@dataclass
-class _AckWaiter:
-    ident: bytes
-    rid: int
-    base: int
-    end: int
-    deadline_ms: int
-    done: bool = False
 
 
 class ReplicaHost:
@@ -143,11 +129,9 @@ class ReplicaHost:
         self._leadership: dict[int, tuple[str | None, int]] = {}
         self._appended: dict[int, int] = {}
         self._truncated: dict[int, int] = {}
-        self._waiters: dict[int, list[_AckWaiter]] = {}
+        self._waiters = AckWaiters()
         self._last_tick_ms = now_ms()
-        self._persisted: dict[int, PersistState] = {}
-        self._lazy: dict[int, PersistState] = {}
-        self._next_lazy_flush_ms = 0
+        self._rows = StateRows(store)   # the partitions' persisted Raft state
         self._logged: set[tuple[str, str]] = set()  # (peer, reason shape) refusals logged once
         self._refused_seen = 0   # the core's refused_rows when its refusals were last taken
         self.full_drops = 0      # appends dropped because the store had no room for them
@@ -157,17 +141,14 @@ class ReplicaHost:
 
     # -- partitions ---------------------------------------------------------------------
     def _load_state(self, pid: int) -> PersistState | None:
-        raw = self.store.get("repl", _STATE_KEY.pack(pid))
-        if raw is None:
-            return None
-        return unpack_state(pid, raw)
+        return self._rows.load(pid)
 
     def add(self, pid: int, replicas: list[str] | tuple[str, ...] | Config) -> None:
         """Host a replica of ``pid``: ``replicas`` is the initial replica list or a
         ``Config`` (a learner joining); a persisted config history wins over it."""
         state = self._load_state(pid)
         if state is not None:
-            self._persisted[pid] = state
+            self._rows.persisted[pid] = state
         if not isinstance(replicas, Config):
             replicas = tuple(replicas)
         self.core.add_partition(pid, replicas, state, self.store.log_end(pid))
@@ -188,11 +169,8 @@ class ReplicaHost:
         self._replicas.pop(pid, None)
         self._cfg_turn.pop(pid, None)
         self._cfg_done.pop(pid, None)
-        self._persisted.pop(pid, None)
-        self._lazy.pop(pid, None)
-        self._fail_waiters(pid, ErrorCode.UNKNOWN_TOPIC, "the partition was deleted")
-        if self.store.get("repl", _STATE_KEY.pack(pid)) is not None:
-            self.store.delete("repl", _STATE_KEY.pack(pid))
+        self._waiters.fail(pid, ErrorCode.UNKNOWN_TOPIC, "the partition was deleted", self.reply)
+        if self._rows.drop(pid):
             # hosted here again later (the metadata changed back): recovering, as after a
             # wiped disk; its acknowledgements went with the data
             self.store.put("meta", _DROPPED % pid, b"1")
@@ -337,19 +315,15 @@ class ReplicaHost:
                 self.producers.truncate(op.pid, 0)
                 self._truncated[op.pid] = min(op.start_offset, self._truncated.get(op.pid, op.start_offset))
         for st in ready.persist:
-            last = self._persisted.get(st.pid)
+            last = self._rows.persisted.get(st.pid)
             if last is not None and last.recovering != st.recovering:
                 if st.recovering:
                     log.warning("partition %d: recovering (lost or damaged state): refilling from the leader, "
                                 "not voting or counted until caught up", st.pid)
                 else:
                     log.info("partition %d: refilled to the leader's commit offset: voting and counted again", st.pid)
-            if last is not None and st.commit >= last.commit and st._replace(commit=last.commit) == last:
-                # only the commit offset moved: Raft's commit index is volatile state, a stale
-                # one on disk is safe, so it is written at most once a second (before_commit)
-                self._lazy[st.pid] = st
-                continue
-            self._write_state(st)
+            if self._rows.offer(st):   # (only the commit offset moved: written within a second)
+                self._hard.add(st.pid)
         for op in cuts or ():
             self._cut_head(op)
         if ready.messages:
@@ -364,20 +338,15 @@ class ReplicaHost:
     def _cut_head(self, op: CutHead) -> None:
         """Follow the leader's log start (``CutHead``), up to the commit offset on disk (a
         commit written lazily is written now: the log start never passes it on disk)."""
-        lazy = self._lazy.get(op.pid)
+        lazy = self._rows.lazy.get(op.pid)
         if lazy is not None:
-            self._write_state(lazy)
+            self._rows.write(lazy)
+            self._hard.add(op.pid)
         before = self.store.log_start(op.pid)
         after = self.store.stage_cut_head(op.pid, min(op.offset, self.persisted_commit(op.pid)))
         if after > before:
             self._hard.add(op.pid)
             log.debug("partition %d: log start %d -> %d, as its leader's", op.pid, before, after)
-
-    def _write_state(self, st: PersistState) -> None:
-        self._hard.add(st.pid)
-        self.store.put("repl", _STATE_KEY.pack(st.pid), pack_state(st))
-        self._persisted[st.pid] = st
-        self._lazy.pop(st.pid, None)
 
     def before_commit(self, store_has_writes: bool) -> set[int]:
         """Right before the turn's sync: write deferred commit offsets once a second (not
@@ -385,13 +354,8 @@ class ReplicaHost:
         it), send the early appends, and answer the acks=all waiters the turn's commit
         advances already cover (``answer_committed``). Returns the partitions whose commit
         offset moved (their parked fetches may wake now)."""
-        now = self.now_ms() if self._lazy else 0
-        if self._lazy and now >= self._next_lazy_flush_ms:
-            self._next_lazy_flush_ms = now + 1000
-            for st in list(self._lazy.values()):
-                self.store.put("repl", _STATE_KEY.pack(st.pid), pack_state(st))   # commit only: not hard state
-                self._persisted[st.pid] = st
-            self._lazy = {}
+        if self._rows.lazy:
+            self._rows.flush_lazy(self.now_ms())
         if self.early_appends:
             try:
                 self._flush_early("before the sync")
@@ -428,16 +392,9 @@ class ReplicaHost:
         if not self._committed:
             return set()
         committed, self._committed = self._committed, {}
-        for pid, commit in committed.items():
-            waiters = self._waiters.get(pid)
-            if not waiters:
-                continue
-            for w in waiters:
-                if not w.done and w.end <= commit:
-                    w.done = True
-                    self.reply(w.ident, w.rid, m.ProduceResponse(0, base_offset=w.base,
-                                                                 log_start=self.store.log_start(pid)))
-            self._gc(pid)
+        if self._waiters:
+            for pid, commit in committed.items():
+                self._waiters.answer(pid, commit, self.store.log_start, self.reply)
         return set(committed)
 
     def _send_early(self) -> None:
@@ -455,8 +412,7 @@ class ReplicaHost:
 
     def persisted_commit(self, pid: int) -> int:
         """The commit offset on disk: retention may delete only below it."""
-        st = self._persisted.get(pid)
-        return st.commit if st is not None else 0
+        return self._rows.commit_on_disk(pid)
 
     def step(self, src_node: str, msg: object, payload: bytes | None) -> None:
         """One replication message from peer ``src_node``; MeshError (nothing applied) if it
@@ -534,14 +490,8 @@ class ReplicaHost:
 
     def park_ack(self, pid: int, ident: bytes, rid: int, base: int, end: int, timeout_ms: int) -> None:
         """An acks=all produce request staged this turn: answer when committed."""
-        ws = self._waiters.setdefault(pid, [])
-        if len(ws) >= MAX_ACK_WAITERS_PER_PARTITION:
-            if self.reply is not None:
-                self.reply(ident, rid, m.ProduceResponse(int(ErrorCode.TIMEOUT),
-                                                         f"{len(ws)} acks=all requests already wait for this "
-                                                         f"partition's commit; not acknowledged yet"))
-            return
-        ws.append(_AckWaiter(ident, rid, base, end, self.now_ms() + max(0, timeout_ms)))
+        self._waiters.park(pid, AckWaiter(ident, rid, base, end, self.now_ms() + max(0, timeout_ms)),
+                           MAX_ACK_WAITERS_PER_PARTITION, self.reply)
 
     # -- after the turn's sync ----------------------------------------------------------
     def after_commit(self, ok: bool) -> set[int]:
@@ -571,8 +521,8 @@ class ReplicaHost:
         if self._truncated:
             truncated, self._truncated = self._truncated, {}
             for pid, cut in truncated.items():
-                self._fail_waiters(pid, ErrorCode.NOT_LEADER, "the batch was truncated before it committed",
-                                   lambda w, cut=cut: w.end > cut)
+                self._waiters.fail(pid, ErrorCode.NOT_LEADER, "the batch was truncated before it committed",
+                                   self.reply, lambda w, cut=cut: w.end > cut)
         if not self._leadership:
             return self.answer_committed()
         leadership, self._leadership = self._leadership, {}
@@ -580,44 +530,23 @@ class ReplicaHost:
         for pid, (leader, epoch) in leadership.items():
             self._publish(pid, leader, epoch)
             if leader != self.node_id:  # tell waiting clients at once, with the new leader's address if known
-                self._fail_waiters(pid, ErrorCode.NOT_LEADER, f"leadership moved to {leader}",
+                self._waiters.fail(pid, ErrorCode.NOT_LEADER, f"leadership moved to {leader}", self.reply,
                                    leader=self.address_of(leader) if leader else None)
                 if leader is not None:
                     moved_away.add(pid)   # its parked fetches: NOT_LEADER naming the new leader, now
         return self.answer_committed() | moved_away
 
     def expire(self) -> None:
-        if not self._waiters:
-            return
-        now = self.now_ms()
-        for pid in list(self._waiters):
-            self._fail_waiters(pid, ErrorCode.TIMEOUT, "not acknowledged by a quorum in time",
-                               lambda w: w.deadline_ms <= now)
-
-    def _fail_waiters(self, pid: int, code: ErrorCode, why: str,
-                      pred: Callable[[_AckWaiter], bool] = lambda w: True, leader: str | None = None) -> None:
-        for w in self._waiters.get(pid, ()):
-            if not w.done and pred(w):
-                w.done = True
-                if self.reply is not None:
-                    self.reply(w.ident, w.rid, m.ProduceResponse(int(code), why, leader=leader))
-        self._gc(pid)
-
-    def _gc(self, pid: int) -> None:
-        ws = [w for w in self._waiters.get(pid, ()) if not w.done]
-        if ws:
-            self._waiters[pid] = ws
-        else:
-            self._waiters.pop(pid, None)
+        if self._waiters:
+            self._waiters.expire(self.now_ms(), self.reply)
 
     def _rebuild(self) -> None:
         """The turn's commit failed after the core saw it: start the core again from disk."""
         log.warning("rebuilding the replication core from storage after a failed commit")
         self._held, self._committed, self._leadership, self._appended, self._truncated = [], {}, {}, {}, {}
-        self._lazy = {}
-        self._persisted = {pid: st for pid in self._replicas if (st := self._load_state(pid)) is not None}
+        self._rows.reload(self._replicas)
         for pid in list(self._waiters):
-            self._fail_waiters(pid, ErrorCode.STORAGE_ERROR, "the write could not be made durable")
+            self._waiters.fail(pid, ErrorCode.STORAGE_ERROR, "the write could not be made durable", self.reply)
         old, self._refused_seen = self.core, 0
         self.reader = StoreReader(self.store)
         self.core = ReplicaManager(self.node_id, self.rng, self.cfg, self.reader,

@@ -1,12 +1,13 @@
 """The replication shell's storage side (used by ``mesh.node.raft_host``, which re-exports
 it): ``check_append_payload``, the check of a follower's incoming batches (walked and
 CRC-checked once; the store and the producer state reuse the walk), the ``repl`` state row
-(``pack_state`` / ``unpack_state``) and ``StoreReader``, the core's ``LogReader`` over the
+(``pack_state`` / ``unpack_state``, written by ``StateRows``) and ``StoreReader``, the core's ``LogReader`` over the
 store (with the batches the turn staged as leader, so appends can leave before the sync).
 """
 from __future__ import annotations
 
 import logging
+import struct
 
 import msgpack
 
@@ -17,9 +18,10 @@ from mesh.raft.membership import config_from_wire, config_to_wire
 from mesh.raft.messages import AppendRow, parse_rows
 from storage.base import CorruptBatch, StoreBase
 
-__all__ = ["check_append_payload", "pack_state", "unpack_state", "StoreReader"]
+__all__ = ["check_append_payload", "pack_state", "unpack_state", "StoreReader", "StateRows"]
 
 log = logging.getLogger("mesh.node.raft_host")
+_STATE_KEY = struct.Struct(">Q")   # the ``repl`` row of a partition
 
 
 def check_append_payload(msg: ReplAppend, payload: bytes | None, max_replicas: int = 9,
@@ -122,3 +124,60 @@ class StoreReader:
 
     def start_offset(self, pid: int) -> int:
         return self.store.log_start(pid)
+
+
+class StateRows:
+    """Each hosted partition's ``repl`` state row: a change of term, vote, epoch cache,
+    config history or recovering flag is written at once (``write``); one of the commit
+    offset alone is kept (Raft's commit index is volatile state: a stale one on disk is
+    safe) and written at most once a second (``flush_lazy``; another database's pages in
+    every commit cost ~10% of it), or before retention needs it (``commit_on_disk``)."""
+
+    def __init__(self, store: StoreBase) -> None:
+        self.store = store
+        self.persisted: dict[int, PersistState] = {}   # pid -> the row as written (or staged)
+        self.lazy: dict[int, PersistState] = {}        # pid -> a commit-only change not written yet
+        self._next_lazy_flush_ms = 0
+
+    def load(self, pid: int) -> PersistState | None:
+        raw = self.store.get("repl", _STATE_KEY.pack(pid))
+        return None if raw is None else unpack_state(pid, raw)
+
+    def drop(self, pid: int) -> bool:
+        """Forget ``pid``; True if a row was on disk (deleted in the turn's transaction)."""
+        self.persisted.pop(pid, None)
+        self.lazy.pop(pid, None)
+        if self.store.get("repl", _STATE_KEY.pack(pid)) is None:
+            return False
+        self.store.delete("repl", _STATE_KEY.pack(pid))
+        return True
+
+    def offer(self, st: PersistState) -> bool:
+        """Stage ``st``; True if it was written (hard state), False if kept as commit-only."""
+        last = self.persisted.get(st.pid)
+        if last is not None and st.commit >= last.commit and st._replace(commit=last.commit) == last:
+            self.lazy[st.pid] = st
+            return False
+        self.write(st)
+        return True
+
+    def write(self, st: PersistState) -> None:
+        self.store.put("repl", _STATE_KEY.pack(st.pid), pack_state(st))
+        self.persisted[st.pid] = st
+        self.lazy.pop(st.pid, None)
+
+    def flush_lazy(self, now_ms: int) -> None:
+        if self.lazy and now_ms >= self._next_lazy_flush_ms:
+            self._next_lazy_flush_ms = now_ms + 1000
+            for st in list(self.lazy.values()):
+                self.write(st)   # commit only: not hard state
+
+    def commit_on_disk(self, pid: int) -> int:
+        """The commit offset on disk: retention cuts only below it."""
+        st = self.persisted.get(pid)
+        return st.commit if st is not None else 0
+
+    def reload(self, pids) -> None:
+        """After a failed commit: what is on disk again."""
+        self.lazy = {}
+        self.persisted = {pid: st for pid in pids if (st := self.load(pid)) is not None}

@@ -1,5 +1,6 @@
-"""Membership change in one partition replica (a mixin of ``mesh.raft.partition.Partition``):
-which config is in force, the leader's config changes and when a config is committed.
+"""Membership change in one partition replica (``Configuring``, held by
+``mesh.raft.partition.Partition`` as ``members``): which config is in force, the leader's
+config changes and when a config is committed.
 Configs, histories and the allowed steps are ``mesh.raft.membership``.
 
 Rules (the partition's rule 9):
@@ -33,9 +34,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from mesh.wire.errors import ErrorCode, MeshError
-from mesh.raft.membership import Config, check_step
+from mesh.raft.membership import Config, History, check_step
 from mesh.raft.progress import REPLICATE, Progress
 from mesh.raft.quorum import majority
+from mesh.raft.roles import Role
 
 if TYPE_CHECKING:
     from mesh.raft.partition import Partition
@@ -44,37 +46,60 @@ __all__ = ["Configuring"]
 
 
 class Configuring:
-    """Membership methods of ``Partition`` (``self`` is a Partition)."""
+    """The membership of one replica (``Partition.members``; ``p``: the partition): which
+    config is in force, which one is known to be committed, and the leader's changes. It
+    sets the partition's ``voters``, ``replicas``, ``peers`` and ``quorum``, which every
+    role reads."""
 
-    def _use_config(self: Partition) -> None:
+    def __init__(self, p: Partition, history: History) -> None:
+        self.p = p
+        self.history = history
+        markers = history.markers()
+        latest = history.latest()
+        # configs before the latest are committed (one change at a time); the latest is
+        # known to be once a leader says so (or it is the initial one)
+        self.cfg_commit_version = markers[-2][1].version if len(markers) > 1 else max(0, latest.version - 1)
+
+    @property
+    def role(self) -> Role:
+        return self.p.role
+
+    @property
+    def commit(self) -> int:
+        return self.p.commit
+
+    def use_config(self) -> None:
         """Adopt the latest config of the history (a leader adds and drops progress)."""
+        p = self.p
         c = self.history.latest()
-        self.voters = c.voters
-        self.replicas = c.members
-        self.peers = tuple(r for r in c.members if r != self.node)
-        self.quorum = majority(len(c.voters))
+        p.voters = c.voters
+        p.replicas = c.members
+        p.peers = tuple(r for r in c.members if r != p.node)
+        p.quorum = majority(len(c.voters))
         if self.role.value == "leader":
-            self._sync_progress()
-        self.host.config_changed(self)
+            self.sync_progress()
+        p.host.config_changed(p)
 
-    def _config_updated(self: Partition) -> None:
-        self._use_config()
-        self._state_changed()
+    def config_updated(self) -> None:
+        p = self.p
+        self.use_config()
+        p._state_changed()
 
-    def committed_config(self: Partition) -> Config:
+    def committed_config(self) -> Config:
         return self.history.committed(self.cfg_commit_version)
 
-    def config_committed(self: Partition) -> bool:
+    def config_committed(self) -> bool:
         """The latest config is known to be committed."""
         return self.history.latest().version <= self.cfg_commit_version
 
-    def _cfg_committed_now(self: Partition, version: int) -> None:
+    def _cfg_committed_now(self, version: int) -> None:
+        p = self.p
         self.cfg_commit_version = version
         if self.history.trim(version):
-            self._state_changed()
-        self.host.config_changed(self)
+            p._state_changed()
+        p.host.config_changed(p)
 
-    def _note_cfg_commit(self: Partition, version: int, term: int) -> None:
+    def note_cfg_commit(self, version: int, term: int) -> None:
         """The leader says config (version, term) is committed: so is ours, if it is that one."""
         if version > self.cfg_commit_version:
             for _, c in self.history.markers():
@@ -83,71 +108,74 @@ class Configuring:
                     return
 
     # -- leader ------------------------------------------------------------------------------
-    def _sync_progress(self: Partition) -> None:
+    def sync_progress(self) -> None:
         """Progress entries for exactly the latest config's members but us."""
-        now = self.host.now_tick
-        for peer in self.peers:
-            if peer not in self.progress:
-                pr = self.progress[peer] = Progress(self.end, now)
-                pr.store = self.host.peer_stores.get(peer)
-        for peer in [p for p in self.progress if p not in self.peers]:
-            del self.progress[peer]
-        if self.transfer_to is not None and self.transfer_to not in self.voters:
-            self.transfer_to = None
+        p = self.p
+        now = p.host.now_tick
+        for peer in p.peers:
+            if peer not in p.progress:
+                pr = p.progress[peer] = Progress(p.end, now)
+                pr.store = p.host.peer_stores.get(peer)
+        for peer in [x for x in p.progress if x not in p.peers]:
+            del p.progress[peer]
+        if p.transfer_to is not None and p.transfer_to not in p.voters:
+            p.lead.transfer_to = None
 
-    def _note_config_id(self: Partition, pr: Progress, version: int, term: int) -> None:
+    def note_config_id(self, pr: Progress, version: int, term: int) -> None:
         ident = (version, term)
         if pr.config_id != ident:
             pr.config_id = ident
             self._check_config_commit()
 
-    def _check_config_commit(self: Partition) -> None:
+    def _check_config_commit(self) -> None:
+        p = self.p
         c = self.history.latest()
         if (c.version <= self.cfg_commit_version or self.role != "leader"
                 or self.commit < self.history.latest_offset()):
             return
         have = 0
         for v in c.voters:
-            pr = self.progress.get(v)
-            if v == self.node or (pr is not None and pr.config_id == c.ident and pr.counted()):
+            pr = p.progress.get(v)
+            if v == p.node or (pr is not None and pr.config_id == c.ident and pr.counted()):
                 have += 1
         if have >= majority(len(c.voters)):
             self._cfg_committed_now(c.version)
 
-    def cfg_commit_ident(self: Partition) -> tuple[int, int]:
+    def cfg_commit_ident(self) -> tuple[int, int]:
         """The committed config's id for our rows; (0, 0), which no follower takes, when the
         history holds no marker known to be committed (a joiner's single, uncommitted one)."""
         c = self.committed_config()
         return c.ident if c.version <= self.cfg_commit_version else (0, 0)
 
-    def propose_config(self: Partition, voters: tuple[str, ...], learners: tuple[str, ...]) -> None:
+    def propose_config(self, voters: tuple[str, ...], learners: tuple[str, ...]) -> None:
         """Record the next config (one single-server step) at our log end."""
+        p = self.p
         if self.role.value != "leader":
-            raise MeshError(ErrorCode.NOT_LEADER, f"partition {self.pid}: not the leader", leader=self.leader)
-        self.wake()
+            raise MeshError(ErrorCode.NOT_LEADER, f"partition {p.pid}: not the leader", leader=p.leader)
+        p.wake()
         latest = self.history.latest()
         why = None
         if not self.config_committed():
             why = f"config version {latest.version} is not committed yet (one change at a time)"
-        elif not self.epoch_committed:
+        elif not p.epoch_committed:
             why = "the leader's epoch marker is not committed yet"
-        elif self.transfer_to is not None:
-            why = f"a leadership transfer to {self.transfer_to} is in progress"
-        elif len(voters) + len(learners) > self.cfg.max_replicas:
-            why = f"at most {self.cfg.max_replicas} replicas"
+        elif p.transfer_to is not None:
+            why = f"a leadership transfer to {p.transfer_to} is in progress"
+        elif len(voters) + len(learners) > p.cfg.max_replicas:
+            why = f"at most {p.cfg.max_replicas} replicas"
         elif any(not isinstance(n, str) or not 0 < len(n) <= 255 for n in voters + learners):
             why = "node ids are strings of 1..255 characters"
         else:
-            why = check_step(latest, voters, learners, self.node)
+            why = check_step(latest, voters, learners, p.node)
         if why is not None:
-            raise MeshError(ErrorCode.INVALID_REQUEST, f"partition {self.pid}: {why}")
-        self.history.append(self.end, Config(latest.version + 1, self.term, voters, learners))
-        self._config_updated()
-        for pr in self.progress.values():
+            raise MeshError(ErrorCode.INVALID_REQUEST, f"partition {p.pid}: {why}")
+        self.history.append(p.end, Config(latest.version + 1, p.term, voters, learners))
+        self.config_updated()
+        for pr in p.progress.values():
             if pr.state == REPLICATE and not pr.inflight:
-                pr.become_probe(min(pr.match, self.end))  # carries the new marker now, even when idle
-        self.host.want_flush(self)
+                pr.become_probe(min(pr.match, p.end))  # carries the new marker now, even when idle
+        p.host.want_flush(p)
         # the quorum may have shrunk with nothing left to ack (a voter removed from two, the
         # marker at a log end we synced already): count again now, or the config stays
         # uncommitted until the next write
-        self._maybe_commit()
+        p._maybe_commit()

@@ -70,7 +70,7 @@ public API, the ``Ready``). The package exports the public API: ``from mesh.raft
   idle partitions x RF 3 on three brokers kept 1.6 of two shared cores busy). What stands in for their
   heartbeats is node-level: on every beat a node pings (an empty ``REPL_HEARTBEAT``, unless
   something else goes there anyway) each peer it shares a partition with, and any message
-  from a peer is heard (``_peer_heard``). A quiet follower keeps its leader's lease
+  from a peer is heard (``mesh.raft.peer_lives``). A quiet follower keeps its leader's lease
   while the leader's node is heard; once it has been silent for an election timeout the
   manager wakes the follower with its election timer where it would stand had it been
   ticking, so a dead leader's quiet partitions elect a successor in the usual time. A peer
@@ -135,7 +135,7 @@ be counted for it, nor vote as if it remembered. The rules (issue 17):
    leader learns that entries of older terms were committed only by committing one of its
    own, so its commit can lag what the replica acknowledged before it forgot. Disk-fault
    simulator seed 40325 lost three acknowledged batches that way.) And not before the
-   other voters confirm that term is still the newest (``Partition._confirm_term``): it
+   other voters confirm that term is still the newest (``mesh.raft.recovery.confirm_term``): it
    may have voted for or led a newer term before it forgot, and a leader of an older term
    that never heard of it (paused, cut off) would otherwise refill it and then win its
    vote for a term it already voted in (disk-fault seed 71204: two leaders in one
@@ -250,10 +250,13 @@ import random
 
 from mesh.wire.errors import ErrorCode, MeshError
 from mesh.raft.config import ReplicationConfig
-from mesh.raft.log import NO_READY, EpochCache, LogOp, LogReader, PersistState, Ready
+from mesh.raft.log import EpochCache, LogOp, LogReader, PersistState, Ready
 from mesh.raft.membership import Config, History, initial_config
-from mesh.raft.outbox import Outbox, split_payload
+from mesh.raft.outbox import split_payload
 from mesh.raft.partition import Partition, Role
+from mesh.raft.peer_lives import SAME, STALE, PeerLives
+from mesh.raft.pending import Pending
+from mesh.raft.quiet_index import QuietIndex
 from mesh.raft.messages import MAX_STORE_ID, PeerRow, ReplAppend, parse_rows
 
 __all__ = ["ReplicaManager", "Ready", "NOT_HOSTED"]
@@ -280,32 +283,20 @@ class ReplicaManager:
         self.life = rng.getrandbits(62) + 1           # this incarnation of the core, on the wire
         self.confirmed = confirmed
         self.lost = False                             # declare_lost_state() was called in this life
-        self.peer_stores: dict[str, str] = {}         # peer -> store id, as last heard
-        self._peer_life: dict[str, tuple[str, int]] = {}      # peer -> (store, life) as last heard
-        self._retired: dict[str, list[tuple[str, int]]] = {}  # peer -> identities it no longer has
-        self._peer_heard: dict[str, int] = {}         # peer -> tick its current identity was last heard
-        self._peer_since: dict[str, int] = {}         # peer -> tick its current identity was first heard
+        self._lives = PeerLives()                     # each peer's (store, life), when heard
+        self.peer_stores = self._lives.stores         # peer -> store id, as last heard
         self.cfg = config or ReplicationConfig()
         self.reader = reader
         self.now_tick = 0                             # ticks since start
         self._parts: dict[int, Partition] = {}
         self._pids: list[int] = []                    # sorted: deterministic iteration
         self._awake: list[int] = []                   # sorted: the partitions ticked (not quiet)
-        self._quiet_leaders: dict[str, set[int]] = {}    # peer -> quiet partitions led here it follows
-        self._quiet_followers: dict[str, set[int]] = {}  # leader node -> quiet partitions following it here
-        self._silent: set[str] = set()                # peers of quiet partitions found silent (woken once)
+        self._quiet = QuietIndex()                    # quiet partitions by the peers they depend on
         self._members: list[str] = []                 # peers sharing a partition with us: pinged every beat
         self._members_dirty = False
-        self._out = Outbox()
-        self._cfg_dirty: set[int] = set()
-        self._cfg_announced: dict[int, tuple[Config, bool]] = {}
+        self._pending = Pending()                     # outputs for the next Ready
         self.learner_budget = self.cfg.learner_bytes_per_tick or -1  # learner bytes: a token bucket, -1 = unlimited
         self._starved: set[int] = set()               # leaders whose learners wait for the next tick's budget
-        self._log_ops: list[LogOp] = []
-        self._persist: set[int] = set()
-        self._committed: set[int] = set()
-        self._leader_dirty: set[int] = set()
-        self._announced: dict[int, tuple[str | None, int]] = {}
         self._flush: set[int] = set()
         self.unknown_rows = 0                         # rows for partitions not hosted here
         self.refused_rows = 0                         # rows refused by a partition (its rule 8)
@@ -344,9 +335,9 @@ class ReplicaManager:
         if state is not None and state.vouch is not None and recovering:
             p.vouch = state.vouch   # promised before a restart: still ours to give (report_corrupt)
         self._parts[pid] = p
-        self._cfg_dirty.add(pid)
+        self._pending.cfg_dirty.add(pid)
         if p.recovering and not recovering:
-            self._persist.add(pid)  # (a learner joining persists its config at once)
+            self._pending.persist.add(pid)  # (a learner joining persists its config at once)
         bisect.insort(self._pids, pid)
         bisect.insort(self._awake, pid)
         self._members_dirty = True
@@ -360,11 +351,9 @@ class ReplicaManager:
         del self._pids[bisect.bisect_left(self._pids, pid)]
         del self._awake[bisect.bisect_left(self._awake, pid)]
         self._members_dirty = True
-        for pending in (self._persist, self._committed, self._leader_dirty, self._flush, self._cfg_dirty,
-                        self._starved):
-            pending.discard(pid)
-        self._announced.pop(pid, None)
-        self._cfg_announced.pop(pid, None)
+        self._flush.discard(pid)
+        self._starved.discard(pid)
+        self._pending.forget(pid)
 
     def partitions(self) -> list[int]:
         return list(self._pids)
@@ -395,11 +384,11 @@ class ReplicaManager:
         if housekeeping:
             for pid in self._pids:
                 parts[pid].trim_cache()
-        if self._quiet_followers or self._quiet_leaders:
-            self._check_silences()
+        if self._quiet:
+            self._quiet.check_silences(self.now_tick, self.cfg.election_ticks, self.heard_tick, self._wake)
         if beat and self.cfg.quiesce_after_beats:
             for peer in self._ping_targets():
-                self._out.ping(peer)
+                self._pending.out.ping(peer)
         self._send_data()
         return self._ready()
 
@@ -416,22 +405,8 @@ class ReplicaManager:
             self._members = sorted(peers)
         return self._members
 
-    def _check_silences(self) -> None:
-        """A peer silent for an election timeout: the quiet followers it leads wake (their
-        election timers where they would stand: they campaign as usual); the quiet leaders
-        it follows wake once (check-quorum runs; they go quiet again without it if a quorum
-        is left, and wake when it is heard again)."""
-        now, e = self.now_tick, self.cfg.election_ticks
-        for peer in sorted(self._quiet_followers.keys() | self._quiet_leaders.keys()):
-            silent = now - self._peer_heard.get(peer, -(1 << 62))
-            if silent < e:
-                continue
-            for pid in sorted(self._quiet_followers.get(peer, ())):
-                self._parts[pid].wake()
-            if peer not in self._silent:
-                self._silent.add(peer)
-                for pid in sorted(self._quiet_leaders.get(peer, ())):
-                    self._parts[pid].wake()
+    def _wake(self, pid: int) -> None:
+        self._parts[pid].wake()
 
     def step(self, src: str, msg: object, payload: bytes | None = None, rows: list[PeerRow] | None = None,
              chunks: list[bytes] | None = None) -> Ready:
@@ -455,35 +430,21 @@ class ReplicaManager:
 
     def _check_identity(self, src: str, store: str, life: int) -> bool:
         """Track each peer's (store, life); False for a message from one it left behind."""
-        ident = (store, life)
-        last = self._peer_life.get(src)
-        if last == ident:
-            self._peer_heard[src] = self.now_tick
-            if src in self._silent:
-                self._silent.discard(src)
-                for pid in sorted(self._quiet_leaders.get(src, ())):   # back after a silence: it may lag
-                    self._parts[pid].wake()
+        seen, last = self._lives.heard(src, store, life, self.now_tick, self.cfg.election_ticks)
+        if seen is STALE:
+            return False
+        if seen is SAME and src not in self._quiet.silent:
             return True
-        retired = self._retired.setdefault(src, [])
-        if ident in retired:
-            if self.now_tick - self._peer_heard.get(src, 0) < self.cfg.election_ticks:
-                return False  # a late message from a life that ended: it may claim what is gone
-            retired.remove(ident)  # what replaced it went silent: it was the late one ("Lost state" 1)
-        self._peer_life[src] = ident
-        self._peer_heard[src] = self._peer_since[src] = self.now_tick
-        self._silent.discard(src)
-        for pid in sorted(self._quiet_leaders.get(src, ())):   # first heard, or a new life: it may lag
+        self._quiet.silent.discard(src)
+        for pid in self._quiet.following(src):   # first heard, a new life, back after a silence: it may lag
             self._parts[pid].wake()
-        self.peer_stores[src] = store
         if last is None:
             return True
-        retired.append(last)
-        del retired[:-16]
         for pid in self._pids:
             p = self._parts[pid]
             if src in p.progress:   # (a quiet one was woken above: it must probe the restarted follower)
                 p.peer_restarted(src, store, new_store=store != last[0])
-        for pid in sorted(self._quiet_followers.get(src, ())):
+        for pid in self._quiet.led_by(src):
             self._parts[pid].wake()   # it restarted, so it leads nothing now: the lease runs out
         return True
 
@@ -555,7 +516,7 @@ class ReplicaManager:
 
     def peer_identity(self, peer: str) -> tuple[str, int] | None:
         """``(store, life)`` of ``peer`` as last heard (None before its first message)."""
-        return self._peer_life.get(peer)
+        return self._lives.life.get(peer)
 
     def append_position(self, pid: int) -> tuple[int, int]:
         """``(base_offset, epoch)`` for a produce batch, or MeshError NOT_LEADER (with the
@@ -585,11 +546,11 @@ class ReplicaManager:
 
     def hand_over(self, pid: int, exclude: frozenset[str] | set[str] = frozenset()) -> Ready:
         """Controlled shutdown: hand leadership of ``pid`` to a caught-up, answering voter
-        not in ``exclude`` (``Partition.hand_over``), one whose current life we have known
+        not in ``exclude`` (``LeaderState.hand_over``), one whose current life we have known
         for an election timeout first (a broker that just restarted may not vote or campaign
         yet: its identity is confirmed by gossip); ``transferring(pid)`` says whether it
         started."""
-        new = {peer for peer, since in self._peer_since.items() if self.now_tick - since < self.cfg.election_ticks}
+        new = self._lives.new_lives(self.now_tick, self.cfg.election_ticks)
         self._part(pid).hand_over(exclude, new)
         return self._ready()
 
@@ -597,7 +558,7 @@ class ReplicaManager:
                        learners: list[str] | tuple[str, ...] = ()) -> Ready:
         """Record the next config (one single-server step) at the leader's log end; raises
         NOT_LEADER, or INVALID_REQUEST naming why the step is not allowed or must wait."""
-        self._part(pid).propose_config(tuple(voters), tuple(learners))
+        self._part(pid).membership.propose_config(tuple(voters), tuple(learners))
         return self._ready()
 
     def campaign(self, pid: int) -> Ready:
@@ -637,10 +598,10 @@ class ReplicaManager:
         return self._part(pid).history.latest()
 
     def committed_config(self, pid: int) -> Config:
-        return self._part(pid).committed_config()
+        return self._part(pid).membership.committed_config()
 
     def config_pending(self, pid: int) -> bool:  # the latest config is not known to be committed
-        return not self._part(pid).config_committed()
+        return not self._part(pid).membership.config_committed()
 
     def followers(self, pid: int) -> dict[str, int]:
         """Leader only ({} elsewhere): each follower's and learner's durable match offset."""
@@ -680,7 +641,7 @@ class ReplicaManager:
 
     # -- the host interface used by Partition (mesh.raft.partition.PartitionHost) ---------
     def send(self, dest: str, row: PeerRow, payload: bytes = b"") -> None:
-        self._out.add(dest, row, payload)
+        self._pending.out.add(dest, row, payload)
 
     def refuse(self, src: str, reason: str) -> None:
         self.refused_rows += 1
@@ -693,25 +654,25 @@ class ReplicaManager:
         return out
 
     def log_op(self, op: LogOp) -> None:
-        self._log_ops.append(op)
+        self._pending.log_ops.append(op)
 
     def state_changed(self, p: Partition) -> None:
-        self._persist.add(p.pid)
+        self._pending.persist.add(p.pid)
 
     def commit_changed(self, p: Partition) -> None:
-        self._committed.add(p.pid)
+        self._pending.committed.add(p.pid)
 
     def leader_changed(self, p: Partition) -> None:
-        self._leader_dirty.add(p.pid)
+        self._pending.leader_dirty.add(p.pid)
         if p.role is Role.LEADER:  # a new leader announces its config (it writes the gossip register)
-            self._cfg_announced.pop(p.pid, None)
-            self._cfg_dirty.add(p.pid)
+            self._pending.cfg_announced.pop(p.pid, None)
+            self._pending.cfg_dirty.add(p.pid)
 
     def want_flush(self, p: Partition) -> None:
         self._flush.add(p.pid)
 
     def config_changed(self, p: Partition) -> None:
-        self._cfg_dirty.add(p.pid)
+        self._pending.cfg_dirty.add(p.pid)
         self._members_dirty = True
 
     def starved(self, p: Partition) -> None:
@@ -719,25 +680,14 @@ class ReplicaManager:
 
     def quiesced(self, p: Partition) -> None:
         del self._awake[bisect.bisect_left(self._awake, p.pid)]
-        if p.role is Role.LEADER:
-            p.quiet_peers = tuple(sorted(p.progress))
-            for peer in p.quiet_peers:
-                self._quiet_leaders.setdefault(peer, set()).add(p.pid)
-        else:
-            assert p.leader is not None, p.pid
-            p.quiet_leader = p.leader
-            self._quiet_followers.setdefault(p.leader, set()).add(p.pid)
+        self._quiet.add(p)
 
     def unquiesced(self, p: Partition) -> None:
         bisect.insort(self._awake, p.pid)
-        for peer in p.quiet_peers:
-            _unindex(self._quiet_leaders, peer, p.pid)
-        if p.quiet_leader is not None:
-            _unindex(self._quiet_followers, p.quiet_leader, p.pid)
-        p.quiet_peers, p.quiet_leader = (), None
+        self._quiet.remove(p)
 
     def heard_tick(self, peer: str) -> int:
-        return self._peer_heard.get(peer, -(1 << 62))
+        return self._lives.heard_tick(peer)
 
     def quiet(self) -> int:
         """How many hosted partitions are quiet (not ticked)."""
@@ -753,47 +703,5 @@ class ReplicaManager:
                     p.send_appends()
 
     def _ready(self) -> Ready:
-        if not (self._log_ops or self._out or self._persist or self._committed or self._leader_dirty
-                or self._cfg_dirty):
-            return NO_READY   # (most flushes and ticks)
-        rd = Ready()
-        if self._log_ops:
-            rd.log_ops, self._log_ops = self._log_ops, []
-        if self._out:
-            rd.messages = self._out.take(self.store_id, self.life, self.cfg.max_rows_per_message,
-                                         self.cfg.max_message_bytes)
-        if self._persist:
-            for pid in sorted(self._persist):
-                p = self._parts.get(pid)
-                if p is not None:
-                    rd.persist.append(self.state(pid))
-            self._persist = set()
-        if self._committed:
-            for pid in sorted(self._committed):
-                p = self._parts.get(pid)
-                if p is not None:
-                    rd.committed[pid] = p.commit
-            self._committed = set()
-        if self._leader_dirty:
-            for pid in sorted(self._leader_dirty):
-                p = self._parts.get(pid)
-                if p is not None and self._announced.get(pid) != (p.leader, p.term):
-                    self._announced[pid] = rd.leadership[pid] = (p.leader, p.term)
-            self._leader_dirty = set()
-        if self._cfg_dirty:
-            for pid in sorted(self._cfg_dirty):
-                p = self._parts.get(pid)
-                if p is not None:
-                    now = (p.history.latest(), p.config_committed())
-                    if self._cfg_announced.get(pid) != now:
-                        self._cfg_announced[pid] = rd.configs[pid] = now
-            self._cfg_dirty = set()
-        return rd
-
-
-def _unindex(index: dict[str, set[int]], key: str, pid: int) -> None:
-    pids = index.get(key)
-    if pids is not None:
-        pids.discard(pid)
-        if not pids:
-            del index[key]
+        return self._pending.take(self._parts, self.state, self.store_id, self.life, self.cfg.max_rows_per_message,
+                                  self.cfg.max_message_bytes)

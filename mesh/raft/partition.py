@@ -1,8 +1,9 @@
 """One partition's Raft state machine (one replica). Driven by ``mesh.raft.manager``.
 
-Roles are step functions, not flags (etcd-raft): ``_step`` and ``_tick`` are swapped by
-``_become_*``. Every input is a row (see ``mesh.raft.messages``) already routed to this
-partition; every output goes through ``host`` (a ``PartitionHost``: the ``ReplicaManager``),
+Each role is a state object (``mesh.raft.roles``; the leader's is ``mesh.raft.leading``),
+made new by every transition (``_enter``), and its step functions (``_step``, ``_tick``) are
+swapped with it (etcd-raft). Every input is a row (see ``mesh.raft.messages``) already
+routed to this partition; every output goes through ``host`` (a ``PartitionHost``: the ``ReplicaManager``),
 which coalesces rows per peer and collects storage effects into the ``Ready``. A leader
 keeps what it knows of each follower in ``mesh.raft.progress`` (probe / replicate, the
 inflight window); majorities, the commit offset and vote tallies are ``mesh.raft.quorum``.
@@ -26,114 +27,51 @@ Rules, in the order ``step`` applies them:
    voter placed before it in the replica list stops its own campaign (a follower again,
    same term), so two successors that time out close together do not both go on to a
    real election and split it (liveness only: a pre-vote changes no persisted state).
-3. Appends (follower). Accept if ``prev_offset <= commit`` (committed entries agree with
-   every current leader) or our epoch at ``prev_offset - 1`` equals ``prev_epoch``.
-   Otherwise reject with a hint (Kafka's OffsetsForLeaderEpoch idea): the leader then
-   jumps straight to the point of agreement instead of backing off one batch at a time.
-   Carried batches already present with the same epoch are not rewritten; a conflicting
-   suffix is truncated (never below commit; a corrupt range, rule 6, is the one
-   exception). When our log agrees with the leader's up to its ``epoch_start`` we record
-   the leader's epoch marker there. A ``reset`` row (we are
-   behind the leader's log start, which retention moved) restarts our log at that start.
-4. Commit (leader). The high watermark is the largest offset that a quorum holds
-   durably *and* that lies in a log holding this leader's epoch marker: followers count
-   with the offset they acked in this term (acks leave after persisting), the leader with
-   its synced offset, and only replicas at or past ``epoch_start`` count (Raft 5.4.2).
-5. Replication (leader; ``mesh.raft.leading``). Each follower is probed (one append
-   outstanding) until an ack shows where the logs agree, then appends are pipelined within
-   the inflight bounds; a rejection or an append unacknowledged for ``retransmit_ticks``
-   probes again from the last acked offset (``mesh.raft.progress``). A rejection below
-   what the follower acked lowers what the leader counts for it (it forgot).
-6. Eligibility. A replica of a partition with more than one replica grants no (pre-)vote
-   (except with RF 2: to the other replica, whatever our log says, as it holds every
-   committed entry) and never
-   campaigns while its node is unconfirmed (``host.confirmed`` False: it does
-   not know yet whether its disk forgot) or while it is ``recovering``; it still follows
-   and acks. Recovering (lost state, or a corrupt batch cut from its log): it says so in
-   every append and heartbeat response; it leaves once its log agrees with the leader's
-   up to ``recover_to`` (where the current leader's epoch starts in its log, which holds
-   everything committed before that term; at least its own old commit after a
-   corruption), and once enough other voters confirm that term is the newest
-   (``_confirm_term``), and records its vote for that leader in that term, so it never
-   votes twice in a term it forgot. The flag is persisted with the state.
-7. Heartbeat commit. A follower takes a heartbeat's commit offset only up to ``agreed``:
-   where an append of this term showed its log equal to the leader's (its own persisted
-   commit before that); a rolled-back log never gets a commit over data it does not hold.
-8. Refusals (defense in depth; ``host.refuse`` counts each with its reason, nothing else
-   happens). Rows are bounded and consistent in themselves (``messages.parse_rows``); here,
-   against our state: a row from a node that is not a replica; a row more than
-   ``max_term_jump`` terms ahead (a term moves once per election), except a vote answer
-   while we campaign, which is how a replica that was away long catches up, below
-   ``_CATCH_UP_TERM_CEILING`` (MAX_TERM / 2: one forged answer at MAX_TERM - 1 made a
-   replica campaign at a term every peer refuses, and its answers took the others there:
-   a partition without a leader for good; from below the ceiling, terms move by at most
-   ``max_term_jump`` at a time, so 2**39 elections stay possible); an append or
-   heartbeat of our term from another node than the leader we follow; a TimeoutNow that
-   is not from our leader in our term; an append whose leader epoch starts below our
-   commit while we do not hold its marker (a leader holds every committed entry), or
-   whose batches are of an epoch older than our log before them. A vote request's
-   ``transfer`` flag skips the lease check only for the term right after ours (the
-   successor of the leader we follow); otherwise it is an ordinary request.
-9. Membership: the latest config in our log decides who counts (``mesh.raft.configuring``).
-10. Quiescence (CockroachDB's; the manager's docstring has the node-wide half). A leader
-   whose partition was idle for ``quiesce_after_beats`` beats, with a committed config, no
-   learners, no transfer, commit = synced = log end, a quorum caught up and every follower
-   that answered within an election timeout caught up (silent ones are left behind), and
-   no hand-back to a live preferred replica due, sends one heartbeat with ``quiesce`` set
-   and goes quiet: no ticks, no heartbeats. A follower that gets it from its leader, holds
-   the leader's commit and is not recovering goes quiet too: no election timer, and its
-   leader's lease holds for as long as the leader's node is heard (the manager wakes it
-   otherwise). A quiet leader wakes on anything that needs it (a write, a config change, a
-   transfer, any row but a heartbeat answer that needs nothing); a quiet follower on any
-   row from its leader but a quiesce heartbeat; its election timer then stands where it
-   would had it kept ticking (since the leader's last append or heartbeat), so quiescence
-   never ends a lease sooner than ticking would (a replica whose disk rolled back can vote
-   in a term it forgot: see "Known gap" in the manager). Followers never speak
-   first otherwise, so two replicas do on every beat (``follower_beat``): a leader that
-   stepped down within its term (check-quorum, a corrupt batch) tells its peers for an
-   election timeout, and a recovering replica whose leader has been silent for a beat
-   tells its leader, which wakes and refills it. Safety never depends on quiescence:
-   quiet replicas only skip timers and keep a lease their leader's broker still holds.
-11. Log start (retention). Only the leader decides where its log starts (the node's
-   retention pass: by size, and by time only while its clock agrees with its peers'); a
-   cut is always below its commit offset. Every append and heartbeat carries the leader's
-   log start; a follower cuts its head to it, up to its own commit offset (``CutHead``),
-   and never by its own clock, so all replicas agree on the log start (a follower behind
-   it restarts there: rule 3's ``reset``). A leader whose log start moved is woken and
-   does not go quiet until it has beaten with the new start for a few beats.
+3. Appends (follower; ``mesh.raft.follower_log``): accepted where the logs agree, else a
+   rejection with a hint; a conflicting suffix is truncated (never below commit).
+4. Commit (leader; ``mesh.raft.leading``): the largest offset a quorum holds durably in
+   logs holding this leader's epoch marker (Raft 5.4.2).
+5. Replication (leader; ``mesh.raft.leading``): probe, then pipeline within the inflight
+   bounds.
+6. Eligibility (``mesh.raft.recovery``). A replica of a partition with more than one
+   replica neither votes nor campaigns while its node is unconfirmed or it is recovering
+   (lost state, a corrupt batch); it still follows and acks.
+7. Heartbeat commit (follower): taken only up to ``agreed`` (``mesh.raft.follower_log``).
+8. Refusals (defense in depth; ``mesh.raft.refusals``): rows that contradict our state
+   are counted with their reason (``host.refuse``) and change nothing.
+9. Membership: the latest config in our log decides who counts (``mesh.raft.configuring``:
+   ``membership``, a ``Configuring`` object).
+10. Quiescence (CockroachDB's; ``mesh.raft.quiescence``): an idle partition's leader and
+   followers stop ticking; safety never depends on it.
+11. Log start (retention; ``mesh.raft.follower_log``): only the leader decides it; followers
+   cut to it.
 """
 from __future__ import annotations
 
-import enum
 import random
 from typing import Protocol
 
-from mesh.wire.errors import ErrorCode
+from mesh.wire.errors import ErrorCode, MeshError
 from mesh.raft.config import ReplicationConfig
+from mesh.raft import follower_log, quiescence, recovery
 from mesh.raft.configuring import Configuring
-from mesh.raft.leading import Leading
-from mesh.raft.log import Append, CutHead, EpochCache, LogOp, LogReader, ResetLog, Truncate
+from mesh.raft.leading import LeaderState
+from mesh.raft.log import EpochCache, LogOp, LogReader
 from mesh.raft.membership import History
 from mesh.raft.messages import (
-    MAX_TERM, AppendRespRow, AppendRow, HeartbeatRespRow, HeartbeatRow, PeerRow, TimeoutNowRow, VoteRespRow,
+    AppendRespRow, AppendRow, HeartbeatRespRow, HeartbeatRow, PeerRow, TimeoutNowRow, VoteRespRow,
     VoteRow,
 )
-from mesh.raft.progress import NEVER_HEARD, Progress, count_active
+from mesh.raft.progress import NEVER_HEARD, Progress
 from mesh.raft.quorum import VoteResult, vote_result
+from mesh.raft.refusals import refusal
+from mesh.raft.roles import CandidateState, FollowerState, Role
 
-_CATCH_UP_TERM_CEILING = MAX_TERM // 2   # a vote answer's term above this is never caught up to (rule 8)
 
 __all__ = ["Role", "Partition", "PartitionHost"]
 
 _NONE = int(ErrorCode.NONE)
 _FENCED = int(ErrorCode.FENCED_EPOCH)
-
-
-class Role(str, enum.Enum):
-    FOLLOWER = "follower"
-    PRE_CANDIDATE = "pre_candidate"
-    CANDIDATE = "candidate"
-    LEADER = "leader"
 
 
 class PartitionHost(Protocol):
@@ -174,8 +112,9 @@ class PartitionHost(Protocol):
     def heard_tick(self, peer: str) -> int: ...
 
 
-class Partition(Leading, Configuring):
-    """One replica of one partition."""
+class Partition:
+    """One replica of one partition. Its role is a state object (``mesh.raft.roles``):
+    ``state`` (with ``role``, and ``lead``: the ``LeaderState`` while it leads, else None)."""
 
     def __init__(self, host: PartitionHost, pid: int, history: History, term: int,
                  vote: str | None, commit: int, cache: EpochCache, end_offset: int,
@@ -184,15 +123,10 @@ class Partition(Leading, Configuring):
         self.cfg = host.cfg
         self.node = host.node_id
         self.pid = pid
-        self.role = Role.FOLLOWER
+        self._enter(FollowerState())
         self.history = history
-        markers = history.markers()
-        latest = history.latest()
-        # configs before the latest are committed (one change at a time); the latest is
-        # known to be once a leader says so (or it is the initial one)
-        self.cfg_commit_version = markers[-2][1].version if len(markers) > 1 else max(0, latest.version - 1)
-        self.epoch_committed = False   # leader: a quorum holds our epoch marker (config changes wait for it)
-        self._use_config()
+        self.membership = Configuring(self, history)   # who counts (mesh.raft.configuring)
+        self.membership.use_config()
         self.term = term
         self.vote = vote
         self.cache = cache
@@ -212,23 +146,89 @@ class Partition(Leading, Configuring):
         self.leader_tick = -1          # when a leader's append or heartbeat last reached us (status)
         self.timeout_ticks = 0
         self._drawn = 0                     # the last timeout draw (_rank_timeout moves it into a rank)
-        self.votes: dict[str, bool] = {}
-        self.progress: dict[str, Progress] = {}
-        self.epoch_start = 0
-        self.leader_since_tick = 0
-        self.transfer_to: str | None = None
-        self.transfer_elapsed_ticks = 0
-        self.handed_to: str | None = None   # stepped down for this transfer's target; no leader known yet
         self.quiesced = False               # rule 10 (the manager keeps who is quiet)
-        self.idle_beats = 0                 # leader: beats since the log end last moved
-        self.beat_end = -1                  # leader: the log end at the last beat
-        self.beat_start = -1                # leader: the log start at the last beat
         self.quiet_peers: tuple[str, ...] = ()   # quiet leader: its followers, as the manager indexed them
         self.quiet_leader: str | None = None     # quiet follower: its leader, as the manager indexed it
-        self.stepdown_beats = 0             # beats left to tell the followers we stopped leading (rule 10)
         self._step = self._step_follower
         self._tick = self._tick_election
         self._reset_timeout()
+
+    # -- the role (mesh.raft.roles; the leader's: mesh.raft.leading) --------------------------
+    def _enter(self, state: FollowerState | CandidateState | LeaderState) -> None:
+        """Every role change ends here: the old role's state goes with it."""
+        self.state = state
+        self.role = state.role
+        self.lead = state if state.role is Role.LEADER else None
+
+    @property
+    def progress(self) -> dict[str, Progress]:
+        return self.lead.progress if self.lead is not None else {}
+
+    @property
+    def transfer_to(self) -> str | None:
+        return self.lead.transfer_to if self.lead is not None else None
+
+    @property
+    def epoch_start(self) -> int:
+        return self.lead.epoch_start if self.lead is not None else 0
+
+    @property
+    def epoch_committed(self) -> bool:
+        return self.lead is not None and self.lead.epoch_committed
+
+    @property
+    def votes(self) -> dict[str, bool]:
+        return self.state.votes if type(self.state) is CandidateState else {}
+
+    @property
+    def handed_to(self) -> str | None:
+        return self.state.handed_to if self.role is Role.FOLLOWER else None
+
+    @property
+    def stepdown_beats(self) -> int:
+        return self.state.stepdown_beats if self.role is Role.FOLLOWER else 0
+
+    def _maybe_commit(self) -> None:
+        if self.lead is not None:
+            self.lead.maybe_commit()
+
+    def send_appends(self) -> None:
+        """Called by the manager's flush: fill every follower's pipeline."""
+        if self.lead is not None:
+            self.lead.send_appends()
+
+    def heartbeat(self) -> None:
+        if self.lead is not None:
+            self.lead.heartbeat()
+
+    def peer_restarted(self, peer: str, store: str, new_store: bool) -> None:
+        if self.lead is not None:
+            self.lead.peer_restarted(peer, store, new_store)
+
+    def transfer_leadership(self, target: str) -> None:
+        if self.lead is not None:
+            self.lead.transfer_leadership(target)
+
+    def hand_over(self, exclude: frozenset[str] | set[str] = frozenset(),
+                  new: frozenset[str] | set[str] = frozenset()) -> None:
+        if self.lead is not None:
+            self.lead.hand_over(exclude, new)
+
+    def append_position(self) -> tuple[int, int]:
+        if self.lead is None:
+            raise MeshError(ErrorCode.NOT_LEADER, f"partition {self.pid}: not the leader", leader=self.leader)
+        return self.lead.append_position()
+
+    def leader_append(self, end_offset: int, epoch: int) -> None:
+        if self.lead is None:
+            raise MeshError(ErrorCode.NOT_LEADER, f"partition {self.pid}: append for epoch {epoch}, leader "
+                                                  f"epoch is not here", leader=self.leader)
+        self.lead.leader_append(end_offset, epoch)
+
+    def mark_synced(self, end_offset: int) -> None:
+        if end_offset > self.synced:
+            self.synced = min(end_offset, self.end)
+            self._maybe_commit()
 
     # -- outputs -----------------------------------------------------------------------
     def _send(self, dest: str, row: PeerRow, payload: bytes = b"") -> None:
@@ -245,8 +245,8 @@ class Partition(Leading, Configuring):
             self._state_changed()
 
     def _set_leader(self, leader: str | None) -> None:
-        if leader is not None:
-            self.handed_to = None
+        if leader is not None and self.role is Role.FOLLOWER:
+            self.state.handed_to = None
         if leader != self.leader:
             self.leader = leader
             if leader is not None and leader != self.node:
@@ -289,62 +289,12 @@ class Partition(Leading, Configuring):
     def tick(self) -> None:
         self._tick()
 
-    # -- quiescence (rule 10) ------------------------------------------------------------
-    def _quiesce(self) -> None:
-        if not self.quiesced:
-            self.quiesced = True
-            self.host.quiesced(self)
-
+    # -- quiescence (mesh.raft.quiescence) ----------------------------------------------------
     def wake(self) -> None:
-        """Tick again (rule 10; also the manager's way in: a node went silent, restarted or
-        came back). A follower's election timer stands where it would had it kept ticking
-        (the ticks since its leader's last append or heartbeat reached it, which a quiesce
-        heartbeat set), so waking never ends a lease sooner than ticking would have; an
-        append or heartbeat that wakes it restarts the timer anyway. It stands at most at
-        1.5E: the successors of a dead leader then still campaign in their rank order. A
-        leader counts its followers as last heard when their nodes were (so a write right
-        after waking is not refused for lack of answers)."""
-        if not self.quiesced:
-            return
-        self.quiesced = False
-        self.idle_beats = 0
-        self.host.unquiesced(self)
-        if self.role is Role.LEADER:
-            self._refresh_heard()
-        else:
-            # ... but no further than the start of the upper half of [E, 2E): past it, every
-            # successor would campaign on its first tick, whatever its rank (_rank_timeout)
-            self.election_elapsed_ticks = min(max(self.host.now_tick - self.leader_tick, self.election_elapsed_ticks),
-                                              self._upper_half())
-
-    def _refresh_heard(self) -> None:
-        heard = self.host.heard_tick
-        for peer, pr in self.progress.items():
-            t = heard(peer)
-            if t > pr.last_resp_tick:
-                pr.last_resp_tick = t
-                pr.heard = True
+        quiescence.wake(self)
 
     def follower_beat(self) -> None:
-        """The node-wide beat, for a replica that is not leading (rule 10): a leader that
-        stepped down within its term tells its followers for an election timeout (a quiet
-        follower would keep its lease otherwise), and a recovering replica whose leader has
-        not been heard for a beat tells the leader (a quiet leader would not refill it)."""
-        if not self.cfg.quiesce_after_beats:
-            return
-        row = HeartbeatRespRow(self.pid, self.term, _NONE, int(self.recovering), *self.history.latest().ident)
-        if self.stepdown_beats:
-            self.stepdown_beats -= 1
-            for peer in self.peers:
-                self._send(peer, row)
-        elif (self.recovering and self.leader is not None
-              and self.host.now_tick - self.leader_tick > self.cfg.heartbeat_ticks):
-            self._send(self.leader, row)
-        elif self.recovering and self.leader is None:
-            # (a replica dropped and hosted again forgot the term too: whoever leads a
-            # quiet partition wakes on it and heartbeats, and so tells it who leads)
-            for peer in self.peers:
-                self._send(peer, row)
+        quiescence.follower_beat(self)
 
     def _tick_election(self) -> None:
         self.election_elapsed_ticks += 1
@@ -359,29 +309,6 @@ class Partition(Leading, Configuring):
         """Eligible and a voter of our latest config (rule 9)."""
         return self.node in self.voters and self.eligible()
 
-    def _tick_leader(self) -> None:
-        now = self.host.now_tick
-        if self.transfer_to is not None:
-            self.transfer_elapsed_ticks += 1
-            if self.transfer_elapsed_ticks >= self.cfg.election_ticks:
-                self.transfer_to = None  # the successor did not take over: keep leading,
-                self.leader_since_tick = now  # and wait a full rebalance delay before retrying
-        if self.cfg.check_quorum and self._active(self.cfg.election_ticks) < self.quorum:
-            self._become_follower(self.term, None)  # cut off from a quorum: stop taking writes
-            return
-        if (self.cfg.auto_rebalance and self.transfer_to is None and self.voters[0] != self.node
-                and now - self.leader_since_tick >= self.cfg.rebalance_delay_ticks):
-            preferred = self.voters[0]
-            pr = self.progress[preferred]
-            fresh = now - pr.last_resp_tick < 2 * self.cfg.heartbeat_ticks + 1
-            if not pr.recovering and pr.match >= self.end and fresh:
-                self.transfer_leadership(preferred)
-
-    def _active(self, window_ticks: int) -> int:
-        """Voters heard from within ``window_ticks``, this leader included."""
-        prs = [self.progress[v] for v in self.voters if v != self.node]
-        return count_active(prs, self.host.now_tick, window_ticks)
-
     # -- role changes -------------------------------------------------------------------
     def _become_follower(self, term: int, leader: str | None) -> None:
         # a leader handing over steps down when its target campaigns (a higher term); not
@@ -390,36 +317,29 @@ class Partition(Leading, Configuring):
         self.wake()
         # stepping down within our term (check-quorum, a corrupt batch): quiet followers keep
         # our lease until told; a newer term's rows tell them anyway
-        self.stepdown_beats = (self.cfg.election_ticks // self.cfg.heartbeat_ticks + 1
-                               if self.role is Role.LEADER and term == self.term and self.cfg.quiesce_after_beats
-                               else 0)
+        stepdown_beats = (self.cfg.election_ticks // self.cfg.heartbeat_ticks + 1
+                          if self.role is Role.LEADER and term == self.term and self.cfg.quiesce_after_beats else 0)
         if term > self.term:
             self.term = term
             self.vote = None
             self.agreed = self.commit  # agreement was with an older term's leader
             self._state_changed()
-        self.role = Role.FOLLOWER
+        self._enter(FollowerState(handed_to, stepdown_beats))
         self._step = self._step_follower
         self._tick = self._tick_election
         self._reset_timeout()
         if leader is not None:
             self._rank_timeout()   # (also when the leader is the one we knew, in a newer term)
-        self.progress = {}
-        self.votes = {}
-        self.transfer_to = None
-        self.handed_to = handed_to
         self.synced = self.end
         self._set_leader(leader)
 
     def _campaign(self, pre: bool, transfer: bool = False) -> None:
         self.wake()
-        self.stepdown_beats = 0
         self._reset_timeout()
+        self._enter(CandidateState(pre, self.node))
         if pre:
-            self.role = Role.PRE_CANDIDATE
             vote_term = self.term + 1
         else:
-            self.role = Role.CANDIDATE
             self.term += 1
             self.vote = self.node
             self.agreed = self.commit
@@ -427,12 +347,8 @@ class Partition(Leading, Configuring):
             vote_term = self.term
         self._step = self._step_candidate
         self._tick = self._tick_election
-        self.progress = {}
-        self.transfer_to = None
-        self.handed_to = None
         self._set_leader(None)
         self.host.leader_changed(self)  # the term may have moved
-        self.votes = {self.node: True}
         if self._poll():
             return
         row = VoteRow(self.pid, vote_term, self.cache.last_epoch(), self.end, int(pre), int(transfer),
@@ -457,19 +373,13 @@ class Partition(Leading, Configuring):
 
     def _become_leader(self) -> None:
         assert self.role is Role.CANDIDATE and not self.quiesced
-        now = self.host.now_tick
-        self.role = Role.LEADER
+        lead = LeaderState(self)
+        self._enter(lead)
         self._step = self._step_leader
-        self._tick = self._tick_leader
-        self.votes = {}
-        self.epoch_start = self.end
-        self.epoch_committed = False
+        self._tick = lead.tick
         self.cache.assign(self.term, self.end)  # the epoch marker, in place of a no-op batch
         self._state_changed()
-        self.leader_since_tick = now
-        self.transfer_to = None
-        self.progress = {}
-        self._sync_progress()
+        self.membership.sync_progress()
         self._set_leader(self.node)
         self.host.want_flush(self)
         self._maybe_commit()
@@ -480,7 +390,7 @@ class Partition(Leading, Configuring):
             self.host.refuse(src, "a row from ourselves")
             return
         kind = type(row)
-        why = self._refusal(src, row, kind)
+        why = refusal(self, src, row, kind)
         if why is not None:
             self.host.refuse(src, why)
             return
@@ -525,23 +435,6 @@ class Partition(Leading, Configuring):
         else:
             self._step(src, row, payload)
 
-    def _refusal(self, src: str, row: PeerRow, kind: type) -> str | None:
-        """Why ``row`` must be refused against our state (rule 8); None to step it."""
-        if row.term > self.term + self.cfg.max_term_jump and not (
-                kind is VoteRespRow and self.role in (Role.PRE_CANDIDATE, Role.CANDIDATE)
-                and row.term < _CATCH_UP_TERM_CEILING):
-            return f"term {row.term} is more than {self.cfg.max_term_jump} ahead of ours ({self.term})"
-        if kind is TimeoutNowRow:
-            if row.term != self.term or src != self.leader:
-                return "TimeoutNow not from the leader of our term"
-        elif kind is AppendRow or kind is HeartbeatRow:
-            if row.term == self.term and self.leader is not None and src != self.leader:
-                return f"{kind.__name__} of term {row.term} from {src}, whose leader is {self.leader}"
-            if (kind is AppendRow and row.term >= self.term and row.epoch_start < self.commit
-                    and self.cache.last_epoch() < row.term):
-                return f"the leader's epoch starts at {row.epoch_start}, below our commit {self.commit}"
-        return None
-
     def _in_lease(self) -> bool:
         if not self.cfg.check_quorum:
             return False
@@ -585,16 +478,16 @@ class Partition(Leading, Configuring):
             self._handle_append(src, row, payload)
         elif kind is HeartbeatRow:
             self._set_commit(min(row.commit, self.end, self.agreed))
-            self._note_cfg_commit(row.cfg_commit, row.cfg_commit_term)
-            self._follow_start(row.log_start)
+            self.membership.note_cfg_commit(row.cfg_commit, row.cfg_commit_term)
+            follower_log.follow_start(self, row.log_start)
             self._send(src, HeartbeatRespRow(self.pid, self.term, _NONE, int(self.recovering),
                                              *self.history.latest().ident))
             if row.quiesce and self.commit >= row.commit and not self.recovering and self.cfg.quiesce_after_beats:
-                self._quiesce()   # rule 10
+                quiescence.quiesce(self)   # rule 10
         elif kind is TimeoutNowRow and self.may_campaign():  # from our leader (rule 8)
             self._campaign(pre=False, transfer=True)
         elif kind is VoteRespRow and self.recovering:
-            self._confirm_answer(src, row)
+            recovery.confirm_answer(self, src, row)
 
     def _step_candidate(self, src: str, row: PeerRow, payload: bytes) -> None:
         kind = type(row)
@@ -613,204 +506,22 @@ class Partition(Leading, Configuring):
     def _step_leader(self, src: str, row: PeerRow, payload: bytes) -> None:
         kind = type(row)
         if kind is AppendRespRow:
-            self._handle_append_resp(src, row)
+            self.lead.handle_append_resp(src, row)
         elif kind is HeartbeatRespRow:
-            self._handle_heartbeat_resp(src, row)
+            self.lead.handle_heartbeat_resp(src, row)
 
-    # -- follower: appends -----------------------------------------------------------------
+    # -- the log (mesh.raft.follower_log) and lost state (mesh.raft.recovery) --------------
     def _handle_append(self, src: str, row: AppendRow, payload: bytes) -> None:
-        p = row.prev_offset
-        if row.reset and p > self.commit:
-            self._reset_log(p, row.prev_epoch)
-        if p > self.end or (p > self.commit and self.cache.epoch_at(p - 1) != row.prev_epoch):
-            self._reject(src, row)
-            return
-        if row.end_offset > p and row.batch_epoch < self.cache.epoch_before(p):
-            # our log agrees with the leader's below p, so its batches there cannot be older
-            self.host.refuse(src, f"batches of epoch {row.batch_epoch} after epoch {self.cache.epoch_before(p)}")
-            return
-        match = self._accept_batches(row, payload) if row.end_offset > p else p
-        if match == row.epoch_start and self.cache.last_epoch() < self.term:
-            # Our log agrees with the leader's up to where its epoch starts: record its
-            # marker there. Anything after it is from an older epoch, which the leader's
-            # log does not hold at those offsets.
-            if self.end > match:
-                self._truncate(match)
-            self.cache.assign(self.term, match)
-            self._state_changed()
-        assert match <= row.epoch_start or self.cache.last_epoch() == self.term, (self.pid, match, row)
-        if row.configs and self.history.replace_window(row.configs, match, self.term):
-            self._config_updated()
-        self.agreed = max(self.agreed, match)
-        self._set_commit(min(row.commit, match))
-        self._note_cfg_commit(row.cfg_commit, row.cfg_commit_term)
-        self._follow_start(row.log_start)
-        if self.recovering:
-            if self.recover_term != self.term:
-                # Where this leader's epoch starts in its log: it held every entry committed
-                # before its term there. Its commit offset alone can be older than entries
-                # we acknowledged before we forgot (a new leader learns of them only by
-                # committing in its own term).
-                self.recover_term = self.term
-                self.recover_to = max(self.recover_floor, row.commit, row.epoch_start)
-            if match >= self.recover_to:
-                self._confirm_term(src)
-        self._send(src, AppendRespRow(self.pid, self.term, _NONE, 1, match, row.end_offset, 0,
-                                      int(self.recovering), *self.history.latest().ident))
+        follower_log.handle_append(self, src, row, payload)
 
-    def _accept_batches(self, row: AppendRow, payload: bytes) -> int:
-        """Take the batches [base, end) of epoch E; returns how far our log now agrees."""
-        base, end, epoch = row.prev_offset, row.end_offset, row.batch_epoch
-        have = min(end, self.end)
-        lo = max(base, self.commit)  # below commit the logs agree by definition
-        agree = have
-        if lo < have:
-            agree = lo if self.cache.epoch_at(lo) != epoch else min(have, self.cache.end_for_epoch(epoch, self.end))
-        if agree < have:
-            self._truncate(agree)  # a conflicting suffix
-        if agree >= end:
-            return end  # we hold them all already (a duplicate or an old message)
-        if agree == base:
-            self._append(base, end, epoch, payload)
-            return end
-        return agree  # we hold [base, agree): the leader resends from there (payloads are opaque)
-
-    def _append(self, base: int, end: int, epoch: int, payload: bytes) -> None:
-        assert base == self.end and end > base
-        changed = self.cache.truncate_from(base)  # a marker at our end is superseded
-        assert epoch >= self.cache.last_epoch(), (self.pid, epoch, self.cache)
-        if self.cache.assign(epoch, base) or changed:   # (the end offset is not persisted state)
-            self._state_changed()
-        self.host.log_op(Append(self.pid, base, end, epoch, payload))
-        self.end = end
-        self.synced = end
-
-    def _truncate(self, to: int) -> None:
-        assert self.role is not Role.LEADER and self.commit <= to < self.end, (self.pid, self.commit, to, self.end)
-        self.host.log_op(Truncate(self.pid, to))
-        self.end = to
-        self.synced = min(self.synced, to)
-        self.agreed = min(self.agreed, to)
-        if self.cache.truncate_from(to):
-            self._state_changed()
-        if self.history.truncate_after(to):
-            self._config_updated()
-
-    def _reset_log(self, start: int, epoch: int) -> None:
-        self.host.log_op(ResetLog(self.pid, start))
-        self.end = start
-        self.synced = start
-        self.agreed = start
-        self.cache.reset(epoch, start)
-        self._state_changed()
-        self._set_commit(start)  # everything below the leader's log start is committed
-
-    def _follow_start(self, start: int) -> None:
-        """Rule 11: cut our head to the leader's log start, as far as our commit goes (the
-        shell: as far as the commit on disk goes; the next row carries it again)."""
-        cut = min(start, self.commit)
-        if cut > self.host.reader.start_offset(self.pid):
-            self.host.log_op(CutHead(self.pid, cut))
-
-    def _reject(self, src: str, row: AppendRow) -> None:
-        p = min(row.prev_offset, self.end)
-        hint_end = min(p, self.cache.end_for_epoch(row.prev_epoch, self.end))
-        hint_epoch = self.cache.epoch_at(hint_end - 1) if hint_end > 0 else 0
-        self._send(src, AppendRespRow(self.pid, self.term, _NONE, 0, row.prev_offset, hint_end, hint_epoch,
-                                      int(self.recovering), *self.history.latest().ident))
-
-    # -- lost state and corruption (rule 6) --------------------------------------------------
     def become_recovering(self, recover_to: int | None = None) -> None:
-        """This replica forgot acknowledged state (or cut a corrupt range): stop leading,
-        voting and counting until refilled up to ``recover_to`` (None: where the current
-        leader's epoch starts). RF 1 has no one to refill from: no change."""
-        if self.voters == (self.node,):
-            return
-        self.wake()
-        if self.role is not Role.FOLLOWER:
-            self._become_follower(self.term, None)
-        if recover_to is not None:
-            self.recover_floor = max(recover_to, self.recover_floor)
-            self.recover_to = max(recover_to, self.recover_to or 0)
-        if not self.recovering:
-            self.recovering = True
-            self._state_changed()
-
-    def _confirm_term(self, leader: str) -> None:
-        """Refilled from ``leader``: before we count and vote again, make sure its term is
-        still the newest. We may have voted for (or led) a newer term before we forgot, and
-        a leader of an older term that has not heard of it (paused, cut off) would refill us
-        and then win our vote for a term we already voted in. So we ask the other voters
-        (a pre-vote at our own term: the answer carries the voter's term, or grants one not
-        above ours) and leave only when enough of them, with the leader, are at or below our
-        term that any quorum of the newer term would include one: ``n - q + 1`` of the
-        ``n - 1`` others. One of them at a newer term moves us there (still recovering)."""
-        if self.node not in self.voters:   # a learner has no vote to give twice
-            self._recovered(leader)
-            return
-        now = self.host.now_tick
-        c = self.confirming
-        if c is None or c[0] != self.term or c[1] != leader:
-            c = self.confirming = (self.term, leader, {leader}, now - self.cfg.heartbeat_ticks)
-        if len(c[2]) >= len(self.voters) - self.quorum + 1:
-            self.confirming = None
-            self._recovered(leader)
-        elif now - c[3] >= self.cfg.heartbeat_ticks:
-            self.confirming = (c[0], c[1], c[2], now)
-            row = VoteRow(self.pid, self.term, self.cache.last_epoch(), self.end, 1, 0, self.history.latest().version)
-            for peer in self.voters:
-                if peer != self.node and peer not in c[2]:
-                    self._send(peer, row)
-
-    def _confirm_answer(self, src: str, row: VoteRespRow) -> None:
-        c = self.confirming
-        if c is not None and row.pre_vote and row.term == c[0] == self.term and src in self.voters:
-            c[2].add(src)
-            self._confirm_term(c[1])
-
-    def drop_vouch(self) -> None:
-        if self.vouch is not None:
-            self.vouch = None
-            self._state_changed()
-
-    def _recovered(self, leader: str) -> None:
-        self.recovering = False
-        self.recover_to, self.recover_term, self.recover_floor = None, -1, 0
-        self.confirming = None
-        self.vouch = None   # recovered: the ordinary rules decide our votes again
-        if self.vote is None:
-            self.vote = leader  # we may have voted in this term before we forgot: only for it
-        self._state_changed()
+        recovery.become_recovering(self, recover_to)
 
     def report_corrupt(self, offset: int) -> None:
-        """A stored batch at ``offset`` failed its check: a leader hands over to its most
-        caught-up healthy follower (TimeoutNow) and steps down; then the log is cut at
-        ``offset`` (even below commit) and refilled from the leader (recovering until past
-        the old commit). Idempotent: damage at or past our log end changes nothing."""
-        self.corrupt_at = offset
-        if self.voters == (self.node,) or offset >= self.end or offset < 0:
-            return
-        self.wake()
-        if self.role is Role.LEADER:
-            successor = self._best_successor()
-            if successor is not None:
-                self._send(successor, TimeoutNowRow(self.pid, self.term))
-                if self.progress[successor].match >= max(self.commit, self.epoch_start):
-                    # It holds every committed entry (ours, and all committed before our
-                    # term, which lie below our epoch start), so we may still vote for it,
-                    # recovering: with another replica recovering too (a follower refilling
-                    # from us is what reads, and finds, old damage) its election needs us.
-                    self.vouch = (successor, self.term + 1)
-        old_commit = self.commit
-        self.become_recovering(old_commit)
-        self.host.log_op(Truncate(self.pid, offset))
-        self.end = self.synced = offset
-        self.commit = min(self.commit, offset)
-        self.agreed = min(self.agreed, offset)
-        self.cache.truncate_from(offset)
-        if self.history.truncate_after(offset):
-            self._use_config()
-        self._state_changed()
+        recovery.report_corrupt(self, offset)
+
+    def drop_vouch(self) -> None:
+        recovery.drop_vouch(self)
 
     def trim_cache(self) -> None:
         if self.cache.trim_before(self.host.reader.start_offset(self.pid)):
@@ -825,7 +536,7 @@ class Partition(Leading, Configuring):
         if self.role is not Role.LEADER:
             return []
         if self.quiesced:
-            self._refresh_heard()   # a quiet leader's followers are as live as their nodes
+            quiescence.refresh_heard(self)   # a quiet leader's followers are as live as their nodes
         now, lag = self.host.now_tick, self.cfg.isr_lag_ticks
         return [r for r in self.voters if r == self.node or self.progress[r].in_sync(now, lag, self.end)]
 
@@ -837,7 +548,7 @@ class Partition(Leading, Configuring):
         if self.role is not Role.LEADER:
             return {}
         if self.quiesced:
-            self._refresh_heard()   # as in isr()
+            quiescence.refresh_heard(self)   # as in isr()
         now = self.host.now_tick
         return {n: now - pr.last_resp_tick if pr.heard and not pr.recovering else NEVER_HEARD
                 for n, pr in sorted(self.progress.items())}
@@ -849,7 +560,7 @@ class Partition(Leading, Configuring):
             "end": self.end, "synced": self.synced, "epoch_cache": [list(e) for e in self.cache.entries()],
             "isr": self.isr(), "recovering": self.recovering, "recover_to": self.recover_to,
             "corrupt_at": self.corrupt_at, "config": self.history.latest().describe(),
-            "config_committed": self.cfg_commit_version >= self.history.latest().version,
+            "config_committed": self.membership.config_committed(),
             "leader_tick": self.leader_tick, "quiesced": self.quiesced}
         if self.role is Role.LEADER:
             d["epoch_start"] = self.epoch_start

@@ -34,9 +34,7 @@ NOT_PUBLIC_ALLOWED = {
 }
 # Ratchets: today's modules and functions over the bounds (path -> lines at most).
 LONG_MODULES = {
-    "mesh/node/raft_host.py": 613,
-    "mesh/raft/manager.py": 781,
-    "mesh/raft/partition.py": 831,
+    "mesh/raft/manager.py": 707,
 }
 LONG_FUNCTIONS = {
     ("bench/report.py", "write_report"): 112,
