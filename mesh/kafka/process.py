@@ -45,8 +45,9 @@ def tune_gc() -> None:
     tenth of those an older generation; every hundredth all 50,000 startup objects): a
     quarter of the listener's CPU under ``bench run --scenario kafka``. Here the startup
     objects are frozen (``gc.freeze``: never walked again) and a young collection waits
-    for ``GC_GEN0_THRESHOLD`` allocations, by when a request's records are long freed
-    (reference counting); the rare cycles are still collected."""
+    until ``GC_GEN0_THRESHOLD`` more tracked objects were made than freed (a request's
+    records are freed by reference counting as soon as it is converted); the rare cycles
+    are still collected, and the garbage they hold is bounded by the threshold."""
     gc.collect()
     gc.freeze()
     _g0, g1, g2 = gc.get_threshold()
