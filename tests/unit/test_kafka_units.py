@@ -111,3 +111,13 @@ def test_meta_cache_lists_live_listeners_with_distinct_ids():
     assert [(b.mesh_id, b.port) for b in brokers] == [("n1", 9092), ("x1", 9093)]   # n3 dead, n4 has none
     assert len({b.node_id for b in brokers}) == 2 and cache.self_broker().node_id == 1
     assert cache.kafka_broker_of("n3").node_id == 3 and cache.kafka_broker_of("n4") is None
+
+
+def test_listener_process_tunes_the_collector_for_its_per_record_objects():
+    # in a child: the collector's settings are the whole process's
+    import subprocess
+    import sys
+    code = ("import gc; from mesh.kafka.process import GC_GEN0_THRESHOLD, tune_gc; tune_gc(); "
+            "print(gc.get_threshold()[0] == GC_GEN0_THRESHOLD >= 10_000, gc.get_freeze_count() > 1000, gc.isenabled())")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.stdout.split() == ["True", "True", "True"], out.stderr[-2000:]
