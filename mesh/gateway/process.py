@@ -53,6 +53,10 @@ class GatewayProcess:
     def __init__(self, proc: subprocess.Popen) -> None:
         self.proc = proc
 
+    WHAT = "the text gateway process"    # in messages
+    ERROR: type[Exception] = GatewayError
+    CLOSE_WAIT_S = CLOSE_WAIT_S + 1.0       # SIGTERM, then SIGKILL after this
+
     @classmethod
     def start(cls, address: str, port: int, *, node_id: str, max_session_timeout_ms: int,
               max_connections: int, idle_timeout_ms: int, evict_idle_ms: int, max_subscriptions: int,
@@ -64,6 +68,12 @@ class GatewayProcess:
                 "--log-level", str(logging.getLogger().getEffectiveLevel())]
         if creds_path:
             argv += ["--creds", creds_path]
+        return cls.spawn(argv, start_wait_s)
+
+    @classmethod
+    def spawn(cls, argv: list[str], start_wait_s: float):
+        """Run ``argv`` (a ``python -m`` child of this package's tree) and wait for its first
+        line: ``ready``, else the reason, raised as ``cls.ERROR``."""
         root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         env = dict(os.environ)
         env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
@@ -71,12 +81,12 @@ class GatewayProcess:
             proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=None,
                                     env=env, text=True)
         except OSError as exc:
-            raise GatewayError(f"cannot start the text gateway process: {exc}") from exc
+            raise cls.ERROR(f"cannot start {cls.WHAT}: {exc}") from exc
         self = cls(proc)
         line = self._first_line(start_wait_s)
         if line != _READY:
             self.close()
-            raise GatewayError(line or f"the text gateway process ended (exit code {proc.returncode})")
+            raise cls.ERROR(line or f"{cls.WHAT} ended (exit code {proc.returncode})")
         return self
 
     def _first_line(self, wait_s: float) -> str:
@@ -85,7 +95,7 @@ class GatewayProcess:
         while True:
             left = deadline - time.monotonic()
             if left <= 0:
-                return f"the text gateway process did not start within {wait_s:.0f} s"
+                return f"{self.WHAT} did not start within {wait_s:.0f} s"
             ready, _, _ = select.select([fd], [], [], left)
             if ready:
                 return fd.readline().strip()
@@ -94,9 +104,9 @@ class GatewayProcess:
         if self.proc.poll() is None:
             try:
                 self.proc.send_signal(signal.SIGTERM)
-                self.proc.wait(CLOSE_WAIT_S + 1.0)
+                self.proc.wait(self.CLOSE_WAIT_S)
             except subprocess.TimeoutExpired:
-                log.warning("the text gateway process did not stop in time: killed")
+                log.warning("%s did not stop in time: killed", self.WHAT)
                 self.proc.kill()
                 self.proc.wait()
             except ProcessLookupError:

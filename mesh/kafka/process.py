@@ -20,7 +20,6 @@ import gc
 import logging
 import os
 import signal
-import subprocess
 import sys
 import threading
 
@@ -59,6 +58,10 @@ class KafkaError(Exception):
 
 
 class KafkaProcess(GatewayProcess):
+    WHAT = "the Kafka listener process"
+    ERROR = KafkaError
+    CLOSE_WAIT_S = CLOSE_WAIT_S
+
     @classmethod
     def start(cls, address: str, host: str, port: int, kafka_id: int, *, node_id: str,
               creds_path: str | None = None, extra: list[str] | None = None,
@@ -71,34 +74,7 @@ class KafkaProcess(GatewayProcess):
             argv += ["--creds", creds_path]
         if config is not None:
             argv += security_argv(config)
-        root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-        env = dict(os.environ)
-        env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-        try:
-            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=None,
-                                    env=env, text=True)
-        except OSError as exc:
-            raise KafkaError(f"cannot start the Kafka listener process: {exc}") from exc
-        self = cls(proc)
-        line = self._first_line(start_wait_s)
-        if line != _READY:
-            self.close()
-            raise KafkaError(line or f"the Kafka listener process ended (exit code {proc.returncode})")
-        return self
-
-    def close(self) -> None:
-        if self.proc.poll() is None:
-            try:
-                self.proc.send_signal(signal.SIGTERM)
-                self.proc.wait(CLOSE_WAIT_S)
-            except subprocess.TimeoutExpired:
-                log.warning("the Kafka listener process did not stop in time: killed")
-                self.proc.kill()
-                self.proc.wait()
-            except ProcessLookupError:
-                pass
-        if self.proc.stdout is not None:
-            self.proc.stdout.close()
+        return cls.spawn(argv, start_wait_s)
 
 
 def security_argv(config) -> list[str]:
