@@ -305,7 +305,7 @@ class Node:
                     if not self.data.doomed:   # the rows of offsets commits, to the group's replicas
                         self.turn.step("early offsets", self.groups.send_early, self.clock.wall_ms())
                 try:
-                    self._after_turn()   # each step guarded (_step); this is the last resort
+                    self._after_turn()   # each task guarded (BrokerTurn.step); this is the last resort
                 except Exception as exc:  # fail the turn, not the broker
                     self._rlog.exception("turn", exc, "turn failed, rolled back: %s", exc)
                     self.data.doom(f"{type(exc).__name__} after the turn")
