@@ -3,7 +3,7 @@ is off (issue 38, DESIGN.md section 11).
 
 Three brokers, a topic with ``retention.ms`` of one hour at RF 3; records produced (stamped
 now); the broker that is the preferred leader of most partitions restarted under
-``faketime -f +2h`` (or ``-1d``), so it takes its leaderships back; then, for a while, time
+libfaketime's ``FAKETIME=+2h`` (or ``-1d``), so it takes its leaderships back; then, for a while, time
 retention runs every 200 ms. Nothing acknowledged may become unreadable, every replica's
 log must still start at 0 (read from the stores once the brokers stopped), the skewed broker
 reports its offset (``mesh_clock_offset_seconds``, ``mesh cluster status``, an error line)
@@ -12,7 +12,8 @@ peers' time. ``FAKETIME_DONT_FAKE_MONOTONIC=1``: only the wall clock is wrong.
 """
 from __future__ import annotations
 
-import shutil
+import glob
+import os
 import time
 import urllib.request
 
@@ -20,6 +21,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from mesh.client import Admin, Producer
+from tests.tooling import need
 from mesh.testing.diskfaults import partition_state, read_back
 from mesh.testing.launcher import Cluster, wait_until
 from storage.log import Store
@@ -62,7 +64,16 @@ def _log_starts(c: Cluster) -> dict[str, list[int]]:
     return out
 
 
-@pytest.mark.skipif(shutil.which("faketime") is None, reason="needs libfaketime's faketime (Debian: faketime)")
+def _faketime_prefix(skew: str) -> list[str]:
+    """libfaketime preloaded into the broker itself (``env`` execs it): the ``faketime``
+    program forks and waits, so stopping it would leave the broker running."""
+    need("faketime", "apt-get install faketime")
+    lib = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1"
+    if not os.path.exists(lib):
+        lib = next(iter(glob.glob("/usr/lib/*/faketime/libfaketime.so.1")), lib)
+    return ["env", f"LD_PRELOAD={lib}", f"FAKETIME={skew}", "FAKETIME_DONT_FAKE_MONOTONIC=1"]
+
+
 @pytest.mark.parametrize("skew, offset_s", [("+2h", -7200), ("-1d", 86400)])
 def test_a_broker_restarted_with_a_wrong_clock_deletes_nothing_and_says_so(tmp_path, skew, offset_s):
     c = Cluster(tmp_path, 3, extra=["--retention-check-ms", "200"], metrics=True).start()
@@ -76,7 +87,7 @@ def test_a_broker_restarted_with_a_wrong_clock_deletes_nothing_and_says_so(tmp_p
         mine = [p for p, n in preferred.items() if n == victim.node_id]
         assert mine
         victim.stop()
-        victim.prefix = ["env", "FAKETIME_DONT_FAKE_MONOTONIC=1", "faketime", "-f", skew]
+        victim.prefix = _faketime_prefix(skew)
         victim.start(timeout_s=60)
 
         def leads_its_own():
