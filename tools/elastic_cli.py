@@ -143,14 +143,14 @@ def topic_alter(name, partitions, replication_factor, bootstrap) -> None:
         raise click.UsageError("give --partitions N and/or --replication-factor N")
     from mesh.client import Admin
     with Admin(bootstrap) as admin:
-        before = admin.cluster.topic(name)
+        before = admin.metadata([name]).topics[0] if replication_factor else None
         admin.alter_topic(name, partitions or 0, replication_factor or 0)
     done = ([f"{partitions} partitions"] if partitions else []) + \
         ([f"replication factor {replication_factor}"] if replication_factor else [])
     click.echo(f"altered topic {name}: {', '.join(done)}")
     if replication_factor:
         if before.get("replication_factor") == replication_factor and all(
-                len(p.get("replicas") or ()) == replication_factor for p in before["partitions"]):
+                len(p.get("replicas") or ()) == replication_factor for p in before.get("partitions") or ()):
             click.echo(f"the replication factor was {replication_factor} already: no replica moves")
         else:
             click.echo("replicas are being added or removed now: `mesh partition moves` shows the progress")

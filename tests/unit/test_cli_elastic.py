@@ -27,7 +27,8 @@ class FakeAdmin:
     calls: list = []
     fail: MeshError | None = None
     moves = Moves([MOVE], {"n3": "no answer from 127.0.0.1:7103"})
-    md = m.MetadataResponse(0, [], [])
+    md = m.MetadataResponse(0, [], [{"name": "orders", "replication_factor": 2,
+                                     "partitions": [{"partition": 0, "replicas": ["n1", "n2"]}]}])
 
     def __init__(self, bootstrap, *args, **kwargs):
         self.calls.append(("bootstrap", bootstrap))
