@@ -10,7 +10,7 @@ Group commit: ``stage_append`` assigns offsets and stages writes in the turn's t
 I/O error) every staged change is rolled back in memory too, so the store stays exactly as
 it was before the turn, and the caller fails the requests of that turn.
 
-Writers that batch their puts per turn (``mesh.node.producer_state``) register a callable
+Writers that batch their puts per turn (``mesh.node.data.producer_state``) register a callable
 in ``pre_commit`` (run at the start of every ``commit``, inside the transaction, so what
 they write is committed with it or not at all) and in ``on_rollback`` (run after every
 rollback).
@@ -208,7 +208,7 @@ class StoreBase:
 
     def stage_replica_batches(self, pid: int, batches: list) -> int:
         """``stage_replica_append`` of batches walked and checked already (CRC included):
-        ``[(header, batch bytes), ...]`` (``mesh.node.raft_store.check_append_payload``)."""
+        ``[(header, batch bytes), ...]`` (``mesh.node.replication.raft_store.check_append_payload``)."""
         undo = self._undo
         if undo is None or pid not in undo:
             self._save_undo(pid)

@@ -2,7 +2,7 @@
 
 ``node_bound_options`` adds them to the command and passes them on as ``bounds=dict(...)``
 (field name -> value), ready for ``NodeConfig(**bounds)``, with ``--reset-gossip`` and the
-metrics options (``--metrics-port``, ``--metrics-per-partition``: ``mesh.node.metrics``).
+metrics options (``--metrics-port``, ``--metrics-per-partition``: ``mesh.node.ops.metrics``).
 The defaults here are ``NodeConfig``'s (a unit test keeps them equal; importing the node here would make every
 ``mesh`` command slow to start); Kafka's or NATS's name for the same knob is in each help.
 """

@@ -74,7 +74,7 @@ class Admin(ElasticAdmin, SecurityAdmin, ClientBase):
         raise MeshError(ErrorCode.BROKER_UNAVAILABLE, f"no broker answered: {last}")
 
     def _call_owner(self, addr: str, msg):
-        """A topic is created, altered and deleted by its owner (``mesh.node.handlers``):
+        """A topic is created, altered and deleted by its owner (``mesh.node.requests.handlers``):
         another broker answers COORDINATOR_MOVED naming it, and the request goes there, at
         most twice (views of who owns a name agree again within seconds of a broker
         joining or dying)."""

@@ -14,7 +14,7 @@ hosted* and what metadata says, with these rules:
 2. A broker hosts a replica when it is a voter or a learner of the effective config
    (a new learner starts refilling as soon as its leader announced it).
 3. A broker drops a replica that the topic still has only with evidence from both sides
-   (``keep_local``, asked about once a second by ``mesh.node.elastic`` for each local
+   (``keep_local``, asked about once a second by ``mesh.node.ops.elastic`` for each local
    replica the effective config does not name; ``Catalog.reconcile`` itself only drops
    replicas of deleted topics): no leader's append or heartbeat has reached it for
    ``quiet_ms`` (a member hears its leader all the time, whatever gossip says; a leader is

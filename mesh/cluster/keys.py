@@ -21,13 +21,13 @@ key                               kind       value (msgpack)                    
 ``kafka``                         namespace  ``{"host": str, "port": int, "id": int}``:  node loop, at start   the Kafka listeners
                                              this node's Kafka listener and its int32    (with --kafka-port)   (Metadata), cluster
                                              Kafka node id                                                     status
-``recovering/<topic>/<k>``        namespace  ``[partition, ...]`` (ascending) of chunk   ``mesh.node.publish``  metadata (cluster
+``recovering/<topic>/<k>``        namespace  ``[partition, ...]`` (ascending) of chunk   ``mesh.node.peers.publish``  metadata (cluster
                                              ``k``: replicas on this node refilling      every                 status, topic
                                              lost state; deleted when none               ``stats_every_ms``    describe)
-``lead/<topic>/<k>``              namespace  ``{"<partition>": epoch}`` of chunk ``k``:  ``mesh.node.publish``  leader view (metadata,
+``lead/<topic>/<k>``              namespace  ``{"<partition>": epoch}`` of chunk ``k``:  ``mesh.node.peers.publish``  leader view (metadata,
                                              partitions this node leads; deleted when    on a leadership       redirects)
                                              it leads none of them                       change
-``stats/<topic>/<k>``             namespace  ``{"<partition>": [log_start, log_end,      ``mesh.node.publish``  metadata answers
+``stats/<topic>/<k>``             namespace  ``{"<partition>": [log_start, log_end,      ``mesh.node.peers.publish``  metadata answers
                                              high_watermark]}`` of chunk ``k``, for      every
                                              partitions this node leads                  ``stats_every_ms``
 ``off/<group>/<topic>/<n>``       namespace  ``{"g": group, "t": topic, "o":             group host, on        group hosts (the
@@ -55,7 +55,7 @@ key                               kind       value (msgpack)                    
                                                                                          (de|re)commission``   status
 ``reassign/<name>/<uuid>/<p>``    register   ``{"replicas": [...]}``: a manual move's    ``mesh partition      balancer (the
                                              target; deleted by the leader once done     reassign``            partition's leader)
-``load``                          namespace  ``{"bytes": int, "replicas": int,           ``mesh.node.elastic``  balancer (bytes),
+``load``                          namespace  ``{"bytes": int, "replicas": int,           ``mesh.node.ops.elastic``  balancer (bytes),
                                              "leaders": int}``: this broker's disk       every second, on      cluster status
                                              bytes and counts                            change
 ================================  =========  ==========================================  ====================  ======================

@@ -12,7 +12,7 @@ Pure cores (no clock, no socket, randomness injected), by concern:
 * ``offsets``: the committed-offsets view the node's group host keeps (last writer wins),
   takeover, adoption and rehoming.
 
-The shells: ``mesh.node.group_host`` (broker) and ``mesh.client.group`` (client).
+The shells: ``mesh.node.groups.group_host`` (broker) and ``mesh.client.group`` (client).
 """
 from mesh.groups.assignors import ASSIGNORS, DEFAULT_ASSIGNOR, assign
 from mesh.groups.coordinator import GroupCoordinator

@@ -5,7 +5,7 @@ The package, by concern: the wire messages and the checks of their input are in
 ``mesh.groups.state``; the pure transitions of a group's assignment (bump, reconcile,
 fence, remove, expire) in ``mesh.groups.rebalance``; the assignors in
 ``mesh.groups.assignors``. The member side is ``mesh.groups.member.GroupMemberState``; the
-node shell that drives the coordinator is ``mesh.node.group_host`` (with the pure offsets
+node shell that drives the coordinator is ``mesh.node.groups.group_host`` (with the pure offsets
 logic of ``mesh.groups.offsets``); the client shell is ``mesh.client.group``.
 
 Theory of operation
@@ -96,7 +96,7 @@ coordinator=node)``; answers GROUP_FIND_COORDINATOR itself; carries out ``Persis
 before sending the response; calls ``tick`` every loop turn and ``set_topic_partitions``
 when metadata changes; when the live broker set changes, calls ``drop_group`` for groups
 no longer hashed here and ``begin_takeover`` (then ``load_offsets`` for groups that are).
-``mesh.groups.offsets`` makes those decisions for the node's shell (``mesh.node.group_host``).
+``mesh.groups.offsets`` makes those decisions for the node's shell (``mesh.node.groups.group_host``).
 
 The client drives a ``mesh.groups.member.GroupMemberState`` (see its docstring).
 

@@ -1,6 +1,6 @@
 """Consumer groups: the committed offsets every broker knows, and who takes which group over.
 
-The pure half of the node's group host (``mesh.node.group_host``): inputs in, results out,
+The pure half of the node's group host (``mesh.node.groups.group_host``): inputs in, results out,
 no store, no gossip, no clock (stamps and views are passed in).
 
 Theory of operation

@@ -1,6 +1,6 @@
 """Consumer groups: a commit is acknowledged only once a majority of the group's replicas hold it.
 
-The pure half of the offsets replication the node's group host (``mesh.node.group_host``)
+The pure half of the offsets replication the node's group host (``mesh.node.groups.group_host``)
 carries out: who the replicas of a group are, when a commit has its quorum, what a new
 coordinator asks for, and the checks of what a peer sent. No clock (``now_ms`` comes in),
 no socket, no store.

@@ -3,7 +3,7 @@
 
 Where the state comes from: the listener is a client of its node, connected with the
 cluster keypair (principal ``broker``, like the node's peer links). It polls the node with
-``KAFKA_SECURITY`` (``mesh.node.security_handlers``; the node's authorizer refuses it to
+``KAFKA_SECURITY`` (``mesh.node.requests.security_handlers``; the node's authorizer refuses it to
 every user, superusers included, since it carries SCRAM keys) every ``refresh_s`` (1 s):
 a poll that finds nothing new is answered with a version and no payload, so a quiet
 cluster costs one small round trip a second. Users and ACLs are gossip registers, so the

@@ -13,7 +13,7 @@ Idempotence: InitProducerId hands out a random producer id below 2**47 with epoc
 state: any listener may answer; a collision of two random 47-bit ids is as unlikely as
 Kafka's id blocks going wrong); a request naming its current id and epoch (KIP-360, v3+)
 gets the epoch bumped. The mesh dedups by (partition, producer id) with sequences
-(``mesh.node.producer_state``): ``convert.mesh_producer_id`` makes one mesh producer per
+(``mesh.node.data.producer_state``): ``convert.mesh_producer_id`` makes one mesh producer per
 (Kafka id, epoch), so Kafka's rules follow: a retried batch the leader remembers is
 answered with its original offset; an older one DUPLICATE_SEQUENCE_NUMBER; a gap
 OUT_OF_ORDER_SEQUENCE_NUMBER; a sequence other than 0 from a producer the leader keeps no
@@ -212,7 +212,7 @@ class _Flight:
         if code == ErrorCode.OUT_OF_ORDER_SEQUENCE and "is new here" in msg:
             # the leader keeps no state of this producer (expired, or the topic was made again):
             # Kafka's UNKNOWN_PRODUCER_ID, which its clients answer with an epoch bump (KIP-360);
-            # the words are mesh.node.producer_state's
+            # the words are mesh.node.data.producer_state's
             res["error_code"] = K.unknown_producer_id
         if code in (ErrorCode.NOT_LEADER, ErrorCode.LEADER_NOT_AVAILABLE, ErrorCode.BROKER_UNAVAILABLE):
             if leader and leader != addr:

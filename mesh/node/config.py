@@ -51,14 +51,14 @@ class NodeConfig:
     max_parked_per_client: int = 16
     client_sndhwm: int = 16                  # answers queued in ZeroMQ per client pipe
     client_backlog_bytes: int = 4 << 20      # then in the node per client; beyond, answers dropped
-    queued_max_answer_bytes: int = 256 << 20  # unread answers the node holds in all (mesh.node.answer_budget)
+    queued_max_answer_bytes: int = 256 << 20  # unread answers the node holds in all (mesh.node.limits.answer_budget)
     heartbeat_ivl_ms: int = 1_000            # ZMTP PING on every link to a peer
     heartbeat_timeout_ms: int = 3_000        # a peer link silent this long after a PING: dropped (both ends)
     produce_quota_bytes_per_s: int = 0       # per client, 0 = off (quota producer_byte_rate)
     fetch_quota_bytes_per_s: int = 0         # per client, 0 = off (quota consumer_byte_rate)
     producer_id_expiration_ms: int = 86_400_000  # producer.id.expiration.ms
     max_producer_ids: int = 1_000_000        # idempotent-producer states kept (longest idle go first)
-    clock_offset_bound_ms: int = 30_000      # beyond: the clock is off (mesh.node.peer_clock)
+    clock_offset_bound_ms: int = 30_000      # beyond: the clock is off (mesh.node.peers.peer_clock)
     reset_gossip: bool = False               # start without the gossip snapshot, relearn from peers
     rejoin_empty: bool = False   # a refused data directory is moved aside; start empty (lost state)
     # security (mesh.security): CURVE + ZAP with the secrets directory; open only on loopback
@@ -70,10 +70,10 @@ class NodeConfig:
     text_creds: str | None = None   # secured: the creds file the text gateway's clients use
     kafka_tls_cert: str | None = None   # the Kafka listener speaks TLS (mesh.kafka.tls) with this PEM chain
     kafka_tls_key: str | None = None    # ... and this PEM private key
-    metrics_port: int | None = None   # /metrics (Prometheus): mesh.node.metrics
+    metrics_port: int | None = None   # /metrics (Prometheus): mesh.node.ops.metrics
     metrics_host: str | None = None   # where /metrics listens; None: 127.0.0.1 when secured, else the bind host
     metrics_per_partition: bool = True
-    # an elastic cluster (issue 14: mesh.node.elastic)
+    # an elastic cluster (issue 14: mesh.node.ops.elastic)
     replace_dead_after_ms: int = 600_000     # a broker dead this long has its replicas re-created elsewhere
     move_rate_bytes: int = 32 << 20          # catch-up bytes/s this broker sends to new replicas (0 = no cap)
     max_moves_per_broker: int = 4            # moves in progress per source and per target broker

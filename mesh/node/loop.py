@@ -9,14 +9,14 @@ broker turn (``mesh.node.turn``, the turn order and its tasks) and its parts (wi
 on the ROUTER at most until the next deadline (a loop tick, the gossip core's next round,
 the earliest parked fetch), drains ready messages (at most ``max_requests_per_turn`` and
 for at most ``max_drain_ms``, so one busy client cannot starve the turn's other duties)
-into their handlers (``mesh.node.dispatch``), then runs the turn.
+into their handlers (``mesh.node.requests.dispatch``), then runs the turn.
 
 A storage error or any other exception in a step fails the turn, not the broker: the turn
 is doomed (``DataPath.doom``), rolled back at its commit, and nothing from it is persisted;
 the replication core is rebuilt from disk (it had run ahead of it) and the next good turn
 reconciles and persists again. After an exception out of the gossip core, its snapshot is
-persisted again only once it loads (``_persist_snapshot``; when: ``mesh.node.snapshot_pace``).
-Each failing site writes one traceback per minute (``mesh.node.ratelog``).
+persisted again only once it loads (``_persist_snapshot``; when: ``mesh.node.replication.snapshot_pace``).
+Each failing site writes one traceback per minute (``mesh.node.limits.ratelog``).
 
 Bounds (issue 13): every resource a client can make the node hold has a ``NodeConfig``
 field and a ``mesh node`` option: frame size (ZMQ_MAXMSGSIZE: a bigger frame is dropped
@@ -24,7 +24,7 @@ by ZeroMQ, with its connection, before it is read), body decoding (``DecodeLimit
 fetch bytes, waits and parked fetches (``DataLimits``), answers queued per client
 (SNDHWM and ``Outbox``), byte-rate quotas, idempotent-producer state, and heartbeats on
 peer links (a dead client's pipe goes by the TTL its own PINGs announce: see
-``mesh.node.bounds.router_options`` for why the ROUTER has none). RLIMIT_NOFILE's soft
+``mesh.node.limits.bounds.router_options`` for why the ROUTER has none). RLIMIT_NOFILE's soft
 limit is raised to the hard limit at start.
 
 Persisted state that cannot be loaded stops the start with one message (``StartupError``)
@@ -33,13 +33,13 @@ and relearn the cluster from peers: partitions are neither reconciled nor droppe
 snapshot is written, until gossip has been quiet for ``_RELEARN_QUIET_MS`` after a peer
 was heard); the replication state -> move the data directory aside and rejoin empty.
 
-Stopping (SIGTERM, SIGINT): Kafka's controlled shutdown (``mesh.node.shutdown``): leaderships
+Stopping (SIGTERM, SIGINT): Kafka's controlled shutdown (``mesh.node.lifecycle.shutdown``): leaderships
 handed over for at most ``shutdown_handover_ms``, then LEFT in gossip; a second signal stops.
 
 Nothing a client or a peer sends can crash the loop: each message is handled inside a
-guard (``mesh.node.dispatch``, which also owns the ROUTER socket).
+guard (``mesh.node.requests.dispatch``, which also owns the ROUTER socket).
 
-Identity (``storage.datadir``; the rules: ``mesh.node.identity``): the data directory is
+Identity (``storage.datadir``; the rules: ``mesh.node.lifecycle.identity``): the data directory is
 locked and ``data.mdb`` checked before LMDB opens it; each life's generation is incremented
 and synced (LMDB, then ``identity.json``) before the node says anything. A store older
 than its identity file, or empty, or one whose newer life a peer remembers (gossip's
@@ -62,18 +62,18 @@ import zmq
 from mesh.cluster import keys
 from mesh.gossip import ALIVE, SUSPECT, Gossip
 from mesh.clock import SYSTEM_CLOCK, Clock
-from mesh.node.peer_clock import PeerClock
+from mesh.node.peers.peer_clock import PeerClock
 from mesh.node.config import NodeConfig
-from mesh.node.bounds import StartupError, check_bounds, raise_nofile_limit, router_options
-from mesh.node.ratelog import RateLimitedLog
-from mesh.node.dispatch import open_router
-from mesh.node.elastic import raft_config
-from mesh.node.gossip_start import make_gossip, open_gossip, seeded_rng
-from mesh.node.identity import BUMP_WINDOW_MS, LOST, Identity
-from mesh.node.peers import PeerLinks
-from mesh.node.snapshot_pace import SnapshotPace
-from mesh.node.shutdown import Shutdown
-from mesh.node.sidecars import SidecarError, Sidecars
+from mesh.node.limits.bounds import StartupError, check_bounds, raise_nofile_limit, router_options
+from mesh.node.limits.ratelog import RateLimitedLog
+from mesh.node.requests.dispatch import open_router
+from mesh.node.ops.elastic import raft_config
+from mesh.node.lifecycle.gossip_start import make_gossip, open_gossip, seeded_rng
+from mesh.node.lifecycle.identity import BUMP_WINDOW_MS, LOST, Identity
+from mesh.node.peers.peers import PeerLinks
+from mesh.node.replication.snapshot_pace import SnapshotPace
+from mesh.node.lifecycle.shutdown import Shutdown
+from mesh.node.lifecycle.sidecars import SidecarError, Sidecars
 from mesh.node.turn import BrokerTurn, Task
 from mesh.node.wiring import wire_node
 from mesh.security.broker import BrokerSecurity, check_text_gateway
@@ -103,7 +103,7 @@ class Node:
     def __init__(self, config: NodeConfig, clock: Clock = SYSTEM_CLOCK):
         self.cfg = config
         self.clock = clock
-        # the clock checked against the peers' (gossip stamps): mesh.node.peer_clock
+        # the clock checked against the peers' (gossip stamps): mesh.node.peers.peer_clock
         self.peer_clock = PeerClock(clock, bound_ms=config.clock_offset_bound_ms)
         self.node_id = config.node_id
         self.address = config.bind
@@ -153,15 +153,15 @@ class Node:
         self._running = False
         self.fatal: str | None = None     # why the node stopped by itself (a damaged store), if it did
         self.shutdown = Shutdown(self.node_id, self.replicas, config.shutdown_handover_ms)   # SIGTERM's turns
-        self.metrics = None   # mesh.node.metrics.NodeMetrics with --metrics-port
+        self.metrics = None   # mesh.node.ops.metrics.NodeMetrics with --metrics-port
         self._seen_version = -1
-        self.snapshot_pace = SnapshotPace()   # when the gossip snapshot is staged (mesh.node.snapshot_pace)
+        self.snapshot_pace = SnapshotPace()   # when the gossip snapshot is staged (mesh.node.replication.snapshot_pace)
         self._isolated_logged = False
         self._isolated_since_ms: int | None = None
         self.turn = self._make_turn()
         self._start_sidecars(config, text_creds)
-        if config.metrics_port is not None:   # /metrics on its own thread (mesh.node.metrics_http)
-            from mesh.node.metrics import serve_metrics
+        if config.metrics_port is not None:   # /metrics on its own thread (mesh.node.ops.metrics_http)
+            from mesh.node.ops.metrics import serve_metrics
             try:
                 self.metrics = self.dispatch.metrics = self.data.metrics = serve_metrics(self, config)
             except StartupError:
@@ -177,7 +177,7 @@ class Node:
         return self.identity.store_id
 
     def _open_gossip(self, seeds: list[str]) -> Gossip:
-        """The gossip core from its snapshot (``mesh.node.gossip_start``), speaking for this node."""
+        """The gossip core from its snapshot (``mesh.node.lifecycle.gossip_start``), speaking for this node."""
         try:
             gossip, self._relearning = open_gossip(self.cfg, self.address, self.store, self.disk.identity.generation,
                                                    seeds, self.clock.wall_ms())
@@ -193,7 +193,7 @@ class Node:
         return gossip
 
     def _start_sidecars(self, config: NodeConfig, text_creds) -> None:
-        """The text gateway and the Kafka listener (``mesh.node.sidecars``), then the first
+        """The text gateway and the Kafka listener (``mesh.node.lifecycle.sidecars``), then the first
         reconcile; on a failure, what started is closed and the node's resources released."""
         self.sidecars = Sidecars()
         try:
@@ -243,7 +243,7 @@ class Node:
             Task("producer expiry", lambda: self.producers.expire(self.clock.wall_ms()),
                  period_ms=min(_PRODUCER_EXPIRY_CHECK_MS, cfg.producer_id_expiration_ms),
                  when=self.peer_clock.trusted),
-            # config changes to gossip; moves (mesh.node.elastic)
+            # config changes to gossip; moves (mesh.node.ops.elastic)
             Task("elastic", lambda: self.elastic.tick(self.clock.wall_ms()), when=lambda: not self._relearning),
             Task("hand over", self._hand_over, when=lambda: bool(self.shutdown.asked and self._running)),
             Task("gossip snapshot", self._maybe_snapshot),
@@ -262,7 +262,7 @@ class Node:
             signal.signal(sig, lambda *_: self.stop())
 
     def stop(self) -> None:
-        """Stop serving: first hand the partitions led here over (``mesh.node.shutdown``, at
+        """Stop serving: first hand the partitions led here over (``mesh.node.lifecycle.shutdown``, at
         most ``shutdown_handover_ms``); a second call, or 0 ms, stops at the end of this turn."""
         if self.shutdown.ask():
             self._running = False
@@ -450,7 +450,7 @@ class Node:
     # -- identity and lost state --------------------------------------------------------
     def _check_identity(self) -> None:
         """At a turn boundary (nothing staged): act on what peers showed of this node
-        (the rules: ``mesh.node.identity``)."""
+        (the rules: ``mesh.node.lifecycle.identity``)."""
         if self.gossip.majority_confirmed and self.identity.majority_seen():
             log.info("identity confirmed by a majority of peers: generation %d", self.generation)
         conflict = self.gossip.identity_conflict

@@ -34,7 +34,7 @@ import logging
 from dataclasses import dataclass
 from typing import Callable
 
-from mesh.node.ratelog import RateLimitedLog
+from mesh.node.limits.ratelog import RateLimitedLog
 from storage.base import LogError
 
 log = logging.getLogger("mesh.node.turn")

@@ -15,20 +15,20 @@ from dataclasses import dataclass
 from typing import Callable
 
 from mesh.cluster.catalog import Catalog
-from mesh.node.answer_budget import AnswerBudget
-from mesh.node.datapath import DataLimits, DataPath
-from mesh.node.directory import Directory
-from mesh.node.dispatch import Dispatcher
-from mesh.node.elastic import Elastic, ElasticSettings
-from mesh.node.elastic_handlers import ElasticHandlers
-from mesh.node.group_host import GroupHost, GroupHostConfig
-from mesh.node.handlers import ClientHandlers
-from mesh.node.outbox import Outbox
-from mesh.node.producer_state import ProducerStates
-from mesh.node.publish import Publisher
-from mesh.node.raft_host import ReplicaHost
-from mesh.node.request_quota import RequestTimeQuota
-from mesh.node.security_handlers import SecuritySync
+from mesh.node.limits.answer_budget import AnswerBudget
+from mesh.node.data.datapath import DataLimits, DataPath
+from mesh.node.lifecycle.directory import Directory
+from mesh.node.requests.dispatch import Dispatcher
+from mesh.node.ops.elastic import Elastic, ElasticSettings
+from mesh.node.requests.elastic_handlers import ElasticHandlers
+from mesh.node.groups.group_host import GroupHost, GroupHostConfig
+from mesh.node.requests.handlers import ClientHandlers
+from mesh.node.replication.outbox import Outbox
+from mesh.node.data.producer_state import ProducerStates
+from mesh.node.peers.publish import Publisher
+from mesh.node.replication.raft_host import ReplicaHost
+from mesh.node.limits.request_quota import RequestTimeQuota
+from mesh.node.requests.security_handlers import SecuritySync
 from mesh.raft import ReplicationConfig
 from mesh.wire.codec import DecodeLimits
 

@@ -1,7 +1,7 @@
 """Partition replication: Raft per partition, coalesced per broker pair (MultiRaft).
 
 A pure, sans-I/O core (no clock, socket, thread or global random): the node's raft host
-(``mesh.node.raft_host``) feeds it peer messages and ticks and carries out the ``Ready``
+(``mesh.node.replication.raft_host``) feeds it peer messages and ticks and carries out the ``Ready``
 it returns, persisting before it sends. Read ``mesh.raft.manager`` first (theory of
 operation and the shell contract), then:
 

@@ -4,7 +4,7 @@
 polled by the loop), the ROUTER's settings (``configure_router``, before it binds), the
 credentials of the node's peer links (the cluster keypair), the registry of users and the
 authorizer (``mesh.security.registry`` / ``authorizer``, fed from gossip by
-``mesh.node.security_handlers.SecuritySync``), and ``principal_of``, which maps the ZAP
+``mesh.node.requests.security_handlers.SecuritySync``), and ``principal_of``, which maps the ZAP
 User-Id of a message (the sender's public key) to a principal: ``broker`` for the cluster
 key, a user's name for a key the registry knows now, None otherwise.
 

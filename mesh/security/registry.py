@@ -2,7 +2,7 @@
 
 Users are cluster-wide gossip registers ``user/<name>`` holding ``{"name", "public_key"}``
 (the 40-character Z85 text of a CURVE public key), written by the user admin requests
-(``mesh.node.security_handlers``). The node calls ``update`` with those register values
+(``mesh.node.requests.security_handlers``). The node calls ``update`` with those register values
 whenever the gossip state moved; the ZAP handler asks ``principal_for_key`` for every new
 connection, and the authorizer asks ``knows`` for every request, so a removed user loses
 access at once, on connections already open too.

@@ -27,10 +27,10 @@ ROUTER (no thread, no lock); libzmq holds the handshake until the answer comes.
 The ZAP request's identity frame is the *server* socket's own routing id, not the one the
 client chose (checked against libzmq 4.3.5): ZAP cannot refuse a client that claims a
 ``peer:`` routing id. So a broker's links carry a new random routing id each
-(``mesh.node.peers``: ``peer:<address>#`` and 64 random bits, known only to that broker and
+(``mesh.node.peers.peers``: ``peer:<address>#`` and 64 random bits, known only to that broker and
 the ROUTERs it links to): nobody can claim one, ahead of the link or after it; and the
 dispatcher accepts peer messages only from the cluster key. The ROUTER runs with
-ROUTER_HANDOVER in both modes (``mesh.node.dispatch.open_router``): a link that reconnects
+ROUTER_HANDOVER in both modes (``mesh.node.requests.dispatch.open_router``): a link that reconnects
 while the receiver still holds its old connection (the receiver was paused, the link timed
 out and reconnected meanwhile, and the resumed receiver identified the new connection
 before it had processed the old one's end: ``tests/unit/test_router_handover.py``) takes

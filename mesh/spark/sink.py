@@ -5,7 +5,7 @@ Theory of operation: exactly once by deterministic idempotent producers
 Tasks write their rows straight to the partition leaders (no detour through the driver),
 as an idempotent producer would: every record batch carries a producer id and the
 sequence number of its first record, and a leader drops a batch whose sequences it
-already has (``mesh.node.producer_state``; the dedup state is stored in the same LMDB
+already has (``mesh.node.data.producer_state``; the dedup state is stored in the same LMDB
 transaction as the batch, and on followers it is rebuilt from the batch headers).
 
 The producer id is not random: it is a hash of

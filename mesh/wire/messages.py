@@ -143,7 +143,7 @@ class ListOffsetsResponse:
     message: str = ""
 
 
-# -- users and ACLs (``mesh.node.security_handlers``; rules in ``mesh.security.acl``) ---
+# -- users and ACLs (``mesh.node.requests.security_handlers``; rules in ``mesh.security.acl``) ---
 
 @message("USER_ADD")
 @dataclass(frozen=True, slots=True)
@@ -275,7 +275,7 @@ class KafkaSecurityResponse:
     superusers: list = field(default_factory=list)
 
 
-# -- an elastic cluster (``mesh.node.elastic_handlers``; decisions in ``mesh.cluster.balance``) ---
+# -- an elastic cluster (``mesh.node.requests.elastic_handlers``; decisions in ``mesh.cluster.balance``) ---
 
 BROKER_ACTIVE = "active"
 BROKER_DRAINING = "draining"

@@ -19,7 +19,7 @@ MAX_RECORD_BYTES = 1 << 20
 BATCH_OVERHEAD_BYTES = 4096
 # The idempotence window, shared by broker and client: a leader remembers the last
 # RECENT_BATCHES batches of each producer per partition (sequences and offsets,
-# mesh.node.producer_state), and a producer never has more than that many batches between
+# mesh.node.data.producer_state), and a producer never has more than that many batches between
 # its oldest unacknowledged one and its newest sent one (mesh.client.sequencer), so a
 # retried batch that was stored is always recognised and answered with its offsets.
 RECENT_BATCHES = 16

@@ -414,7 +414,7 @@ def test_after_a_full_restart_nothing_forged_came_back(cluster):
 # -- connections that share a peer routing id ----------------------------------------------------
 # libzmq 4.3.5 aborts (stream_engine_base.cpp:310 !_io_error, zeromq/libzmq#4841) on a ROUTER
 # with both ROUTER_HANDOVER and ZMTP heartbeats when connections sharing a routing id come and
-# go; the node's ROUTER therefore has no heartbeats of its own (mesh.node.bounds.router_options).
+# go; the node's ROUTER therefore has no heartbeats of its own (mesh.node.limits.bounds.router_options).
 
 def test_connections_sharing_a_peer_routing_id_do_not_abort_the_broker(tmp_path):
     b = BrokerProcess("n1", str(tmp_path / "n1")).start()

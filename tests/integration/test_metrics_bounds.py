@@ -2,7 +2,7 @@
 
 prometheus_client's server spent one thread per connection and had no timeout: 1,000
 connections that send half a request held 1,000 threads in the broker process. Now one
-thread serves /metrics with at most 32 connections (``mesh.node.metrics_http``), and a
+thread serves /metrics with at most 32 connections (``mesh.node.ops.metrics_http``), and a
 secured node serves it on loopback unless told otherwise."""
 from __future__ import annotations
 

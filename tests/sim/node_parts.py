@@ -11,8 +11,8 @@ import msgpack
 
 from mesh.client.sequencer import RetryPolicy, SeqBatch, Sequencer
 from mesh.cluster.catalog import Catalog
-from mesh.node.datapath import DataPath
-from mesh.node.raft_host import ReplicaHost
+from mesh.node.data.datapath import DataPath
+from mesh.node.replication.raft_host import ReplicaHost
 from mesh.raft import ReplicationConfig
 from storage.base import LogError
 from storage.memory import MemoryStore

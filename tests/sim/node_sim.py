@@ -182,7 +182,7 @@ class NodeSim(NodeClients, NodeChecks):
                           store_id=f"{b.id}/{b.wipes}", replication=self.cfg.replication, tick_ms=self.cfg.tick_ms,
                           early_appends=self.cfg.early_appends, early_acks=self.cfg.early_acks)
         b.host, b.data = parts.replicas, parts.data
-        if b.lost:   # the node's identity check found an empty or older store (mesh.node.identity)
+        if b.lost:   # the node's identity check found an empty or older store (mesh.node.lifecycle.identity)
             b.host.declare_lost_state()
         b.turn = self._broker_turn(b)
         added, _ = b.catalog.reconcile()
@@ -298,7 +298,7 @@ class NodeSim(NodeClients, NodeChecks):
             return          # crashed in the turn, before its commit: its writes and sends vanished
         b.in_turn = False
         if b.stopped and ok:
-            self._crash(b, mid_turn=False, stop=True)   # the loop ends after this turn (mesh.node.shutdown)
+            self._crash(b, mid_turn=False, stop=True)   # the loop ends after this turn (mesh.node.lifecycle.shutdown)
             return
         deadline = b.data.next_deadline_ms()
         if deadline is not None:

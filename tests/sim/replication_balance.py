@@ -8,14 +8,14 @@ registry of the configs leaders report, the hosting rule), the targets are no lo
 at random: every nemesis round builds the view a broker would gossip (brokers alive,
 draining, dead for how long; each partition's newest registered config and its leader)
 and asks ``mesh.cluster.balance_steps.Balancer`` for the targets and, for each leader, its
-one next step (``steps``), exactly as ``mesh.node.elastic`` does. Membership events, seeded:
+one next step (``steps``), exactly as ``mesh.node.ops.elastic`` does. Membership events, seeded:
 a broker is decommissioned (draining) and later recommissioned (a join), and one broker is
 retired (crashed for good: its replicas are re-created once it has been dead for
 ``replace_after_ms``; until 2026-11 the base's restart events brought it back 0.1-3 s
 later, which hid two ways to lose a quorum for good). ``--detect-ms``: the view convicts a
 crashed broker that late (gossip's 3-5 s); ``--shrink``: the replication factor is lowered
 by one as the broker retires. Leaders pass their own view of their followers
-(``follower_silence``), as ``mesh.node.elastic`` does.
+(``follower_silence``), as ``mesh.node.ops.elastic`` does.
 
 Invariants, besides the reconfiguration simulator's (one history of committed configs,
 one leader per epoch, no committed entry lost, targets reached after the heal):
@@ -28,7 +28,7 @@ one leader per epoch, no committed entry lost, targets reached after the heal):
   (14031), 3 of 300 from 15000 (15026, 15153, 15254), none of 150 from 13000. Dropping a broker only away (down for at most ``leader_grace_ms``)
   ahead of a loaded one at surplus made 16 move-backs in 14 of those 300 seeds, twice in
   14149 and 14277;
-- the leaders repair the registry as ``mesh.node.elastic`` does (a register that
+- the leaders repair the registry as ``mesh.node.ops.elastic`` does (a register that
   disagrees with the leader's own log is rewritten), or a deposed leader's uncommitted
   learner would block admission to its broker forever (the simulator found it);
 - after the heal, with the retired broker still dead and the draining one (if any) still
@@ -138,7 +138,7 @@ class BalanceSim(ReconfigSim):
         self.epoch += 1
         self.counts["events"] += 1
 
-    # -- the view and the balancer (what mesh.node.elastic builds) ----------------------------
+    # -- the view and the balancer (what mesh.node.ops.elastic builds) ----------------------------
     def _brokers(self) -> list[BrokerInfo]:
         now_ms = self.now_us // 1000
         out = []

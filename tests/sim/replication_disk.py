@@ -21,7 +21,7 @@ recovery check would, and the core cuts the log there.
 """
 from __future__ import annotations
 
-from mesh.node.raft_host import StoreReader, pack_state, unpack_state
+from mesh.node.replication.raft_host import StoreReader, pack_state, unpack_state
 from mesh.raft import PersistState
 from mesh.wire.records import encode_batch, iter_batches, patch_batch
 from storage.memory import MemoryStore

@@ -25,7 +25,7 @@ How it works (on top of ``tests.sim.replication_world.Sim``)
   only the second half, an orphan learner of a deposed leader's discarded config was
   never dropped: about 2% of the balance simulator's seeds never settled.)
 - A leader also rewrites a register that disagrees with its own log, at each nemesis poke
-  (``mesh.node.elastic._repair_registers``, once a second in the product). Without it the
+  (``mesh.node.ops.elastic._repair_registers``, once a second in the product). Without it the
   newest register could stay a deposed leader's uncommitted config naming a learner the
   current leader (an older version) never had: that learner was neither caught up nor
   dropped (about 1 seed in 500, e.g. 8497).
@@ -64,7 +64,7 @@ class ReconfigConfig(SimConfig):
     retarget_p: float = 0.15           # a poke redraws one partition's target
     gossip_ms: tuple[int, int] = (20, 300)
     settle_ms: int = 60_000            # targets reached within this after the heal
-    stray_quiet_ms: int = 5_000        # mesh.node.elastic's: no leader reached a stray for this long
+    stray_quiet_ms: int = 5_000        # mesh.node.ops.elastic's: no leader reached a stray for this long
 
     def argv(self) -> str:
         return (f"--seed {self.seed} --steps {self.steps} --brokers {self.brokers} "
@@ -149,7 +149,7 @@ class ReconfigSim(Sim):
                   if pid in self.reg_latest and node.id not in self.reg_latest[pid][0].members}
         for pid in sorted(heard | strays):  # the hosting rule, against what gossip says now
             if pid in node.pids:
-                if self._may_drop(node, pid) and not core.wake_quiet_follower(pid):   # as mesh.node.elastic
+                if self._may_drop(node, pid) and not core.wake_quiet_follower(pid):   # as mesh.node.ops.elastic
                     self._drop(node, pid)
             elif pid in self.reg_latest and node.id in self.reg_latest[pid][0].members:
                 self._join(node, pid, self.reg_latest[pid][0])
@@ -248,7 +248,7 @@ class ReconfigSim(Sim):
         return None
 
     def _repair_registry(self) -> None:
-        """``mesh.node.elastic._repair_registers``: a leader rewrites a register that disagrees
+        """``mesh.node.ops.elastic._repair_registers``: a leader rewrites a register that disagrees
         with its own log (a deposed leader's uncommitted config, say)."""
         for pid in self.pids:
             lead = self._leader_of(pid)

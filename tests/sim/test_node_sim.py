@@ -9,7 +9,7 @@ from collections import Counter
 
 import pytest
 
-from mesh.node.raft_host import ReplicaHost
+from mesh.node.replication.raft_host import ReplicaHost
 from mesh.raft import Ready
 from mesh.wire.errors import ErrorCode
 from tests.sim.node_parts import SIM_REPLICATION
@@ -189,7 +189,7 @@ def test_requests_held_through_handovers_are_all_run_again():
 
 def test_graceful_stops_hand_leaderships_over_and_lose_nothing():
     """With ``stops``, a third of the crashes are graceful: the broker first hands what it
-    leads to caught-up replicas (``ReplicaHost.hand_over_all``, as ``mesh.node.shutdown``
+    leads to caught-up replicas (``ReplicaHost.hand_over_all``, as ``mesh.node.lifecycle.shutdown``
     does), producers held meanwhile, then stops. Nothing acknowledged may be lost, doubled
     or reordered; these seeds must hand some leaderships over, or the check proves nothing."""
     stops = handed = 0
@@ -225,7 +225,7 @@ def test_a_doomed_turn_sends_no_early_append(monkeypatch):
     it as certainly not written, or number it again under a fresh producer id). The turn's
     early appends left all the same, so the followers could store the batch and a new
     leader commit it (found by review). A doomed turn now sends nothing."""
-    from mesh.node.datapath import DataPath
+    from mesh.node.data.datapath import DataPath
     from mesh.raft import ReplAppend
     from mesh.wire import messages as m
     state = {"calls": 0, "doomed": [], "leaked": []}

@@ -197,7 +197,7 @@ def test_partitions_move_between_brokers_under_faults(brokers, partitions, rf, s
 def test_a_leader_repairs_a_register_a_deposed_leader_left_so_its_orphan_learner_goes(monkeypatch):
     """Seed 8497 (8035 since retention follows the leader): a deposed leader's uncommitted config (v2, learner n4) stayed the newest
     register while the new leader held v1; n4 hosted the partition, never caught up and was
-    never dropped. The leader rewrites such a register (``mesh.node.elastic._repair_registers``)."""
+    never dropped. The leader rewrites such a register (``mesh.node.ops.elastic._repair_registers``)."""
     cfg = ReconfigConfig(seed=8035, steps=2500)
     sim = run_reconfig(cfg)
     assert sim.counts["drops"] > 0, sim.summary()

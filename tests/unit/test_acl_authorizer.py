@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 
 from mesh.groups import messages as g
-from mesh.node.handlers import ClientHandlers
+from mesh.node.requests.handlers import ClientHandlers
 from mesh.security.acl import AclRule
 from mesh.security.authorizer import REQUIREMENTS, Authorizer, requirements
 from mesh.security.registry import Registry, check_public_key

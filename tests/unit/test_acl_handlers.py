@@ -1,4 +1,4 @@
-"""User and ACL admin handlers (mesh/node/security_handlers.py) over a real gossip core:
+"""User and ACL admin handlers (mesh/node/requests/security_handlers.py) over a real gossip core:
 registers written, persisted before the answer, replicated to a second core, and fed to
 the registry and the authorizer by SecuritySync."""
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 
 from mesh.cluster import keys
 from mesh.gossip import Gossip, GossipConfig
-from mesh.node.security_handlers import SecurityHandlers, SecuritySync
+from mesh.node.requests.security_handlers import SecurityHandlers, SecuritySync
 from mesh.security.authorizer import Authorizer
 from mesh.security.registry import Registry
 from mesh.wire import messages as m

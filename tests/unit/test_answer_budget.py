@@ -1,9 +1,9 @@
-"""Unread answers are bounded per client and in all (mesh/node/answer_budget.py; issue 39 finding 5)."""
+"""Unread answers are bounded per client and in all (mesh/node/limits/answer_budget.py; issue 39 finding 5)."""
 from __future__ import annotations
 
 from types import SimpleNamespace
 
-from mesh.node.answer_budget import TRACK_MIN_BYTES, AnswerBudget
+from mesh.node.limits.answer_budget import TRACK_MIN_BYTES, AnswerBudget
 
 MiB = 1 << 20
 

@@ -12,10 +12,10 @@ import msgpack
 import pytest
 import zmq
 
-from mesh.node.datapath import DataLimits, DataPath
-from mesh.node.outbox import ByteRateQuota, Outbox
-from mesh.node.producer_state import ProducerStates
-from mesh.node.ratelog import RateLimitedLog
+from mesh.node.data.datapath import DataLimits, DataPath
+from mesh.node.replication.outbox import ByteRateQuota, Outbox
+from mesh.node.data.producer_state import ProducerStates
+from mesh.node.limits.ratelog import RateLimitedLog
 from mesh.wire import messages as m
 from mesh.wire.codec import NO_LIMITS, PROTOCOL_CLIENT, PROTOCOL_PEER, DecodeLimits, decode_body, pack, unpack
 from mesh.wire.errors import ErrorCode, MeshError
@@ -371,8 +371,8 @@ def test_int_fields_must_be_signed_64_bit():
 # -- dispatcher: contained failures ---------------------------------------------------
 def test_an_exception_in_a_handler_dooms_the_turn_answers_and_logs_once(caplog):
     from mesh.gossip import GossipSyn
-    from mesh.node.dispatch import Dispatcher
-    from mesh.node.peers import PEER_PREFIX
+    from mesh.node.requests.dispatch import Dispatcher
+    from mesh.node.peers.peers import PEER_PREFIX
 
     class Handlers:
         def handler_for(self, msg):
@@ -394,7 +394,7 @@ def test_an_exception_in_a_handler_dooms_the_turn_answers_and_logs_once(caplog):
     r, dooms = FakeRouter(), []
     d = Dispatcher(r, Handlers(), None, Gossip(), None, None, lambda effects: None, Clock())
     d.on_doom = dooms.append
-    with caplog.at_level(logging.WARNING, logger="mesh.node.dispatch"):
+    with caplog.at_level(logging.WARNING, logger="mesh.node.requests.dispatch"):
         for i in range(50):
             d.handle([b"client"] + pack(PROTOCOL_CLIENT, i, m.CreateTopicRequest("t")))
         d.handle([b"client"] + pack(PROTOCOL_CLIENT, 99, m.MetadataRequest()))   # a read: nothing to undo
@@ -449,7 +449,7 @@ def test_each_peer_link_has_a_routing_id_nobody_could_hold_ahead_of_it():
     user that took ``peer:<address>`` while that broker was down cut it off for good. Each
     link carries the address and a fresh random nonce."""
     import zmq
-    from mesh.node.peers import PeerLinks, sender_address
+    from mesh.node.peers.peers import PeerLinks, sender_address
     ctx = zmq.Context()
     try:
         ids = set()
@@ -467,7 +467,7 @@ def test_each_peer_link_has_a_routing_id_nobody_could_hold_ahead_of_it():
 def test_links_to_addresses_no_member_has_are_closed():
     from mesh.gossip import GossipSyn
     import zmq
-    from mesh.node.peers import PeerLinks
+    from mesh.node.peers.peers import PeerLinks
     ctx = zmq.Context()
     try:
         links = PeerLinks(ctx, "127.0.0.1:7101")

@@ -1,5 +1,5 @@
 """One wrong clock (issue 38, DESIGN.md section 11): the offset estimate
-(``mesh.gossip.clock_offset``, ``mesh.node.peer_clock``), and gossip judged by the peers'
+(``mesh.gossip.clock_offset``, ``mesh.node.peers.peer_clock``), and gossip judged by the peers'
 time: a broker whose clock is a day behind refuses nothing its peers consider live, keeps
 its snapshot's registers, and drops no local partition for want of them."""
 from __future__ import annotations
@@ -15,7 +15,7 @@ from mesh.cluster import keys
 from mesh.cluster.catalog import Catalog, topic_registers
 from mesh.gossip import Gossip, GossipAck, GossipConfig, GossipSyn
 from mesh.gossip.clock_offset import AGREES, ALONE, OFF, UNKNOWN, ClockOffsets
-from mesh.node.peer_clock import PeerClock
+from mesh.node.peers.peer_clock import PeerClock
 from storage.memory import MemoryStore
 from tests.unit.test_catalog import UUID_A, Registers, topic
 from tests.unit.test_gossip import wire

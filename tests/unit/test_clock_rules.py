@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import pytest
 
 from mesh.groups import GroupCommit, GroupList
-from mesh.node.datapath import DataPath
+from mesh.node.data.datapath import DataPath
 from mesh.node.loop import Node, NodeConfig
 from mesh.wire.records import encode_batch
 from tests.unit.test_group_host import CONFIG, Broker, World, group_on, past_grace
@@ -96,7 +96,7 @@ def test_a_replica_dropped_and_hosted_again_is_recovering_until_refilled(caplog)
     n2.remove(PID)                                     # "dropping local partition ..."
     c.stores["n2"].stage_reset(PID, 0)
     c.turn("n2")
-    with caplog.at_level(logging.WARNING, logger="mesh.node.raft_host"):
+    with caplog.at_level(logging.WARNING, logger="mesh.node.replication.raft_host"):
         n2.add(PID, c.ids)
     assert any("dropped before" in r.getMessage() and "recovering" in r.getMessage() for r in caplog.records)
     c.turn("n2")

@@ -10,8 +10,8 @@ from types import SimpleNamespace
 import msgpack
 import pytest
 
-from mesh.node.dispatch import Dispatcher
-from mesh.node.request_quota import BURST_MS, RequestTimeQuota
+from mesh.node.requests.dispatch import Dispatcher
+from mesh.node.limits.request_quota import BURST_MS, RequestTimeQuota
 from mesh.wire import messages as m
 from mesh.wire.codec import NO_LIMITS, PROTOCOL_CLIENT, DecodeLimits, decode_body, pack, unpack
 from mesh.wire.errors import ErrorCode, MeshError
@@ -128,7 +128,7 @@ def test_refusals_of_cycling_connections_log_a_line_per_code_a_second(caplog):
     refused request each logged a line per request (28 KB/s)."""
     import logging
     d, answers = dispatcher(None, [0])
-    with caplog.at_level(logging.WARNING, logger="mesh.node.dispatch"):
+    with caplog.at_level(logging.WARNING, logger="mesh.node.requests.dispatch"):
         for i in range(500):
             d.handle([b"conn-%d" % i, PROTOCOL_CLIENT, (1).to_bytes(8, "big"), b"NOPE", msgpack.packb([])])
     assert len(answers) == 500 and all(a.error == ErrorCode.INVALID_REQUEST for a in answers)

@@ -1,10 +1,10 @@
-"""mesh.node.directory: peer addresses follow gossip (the per-send lookup is cached by
+"""mesh.node.lifecycle.directory: peer addresses follow gossip (the per-send lookup is cached by
 the gossip version, never stale across a change)."""
 import random
 
 from mesh.cluster import keys, schema
 from mesh.gossip import Gossip, GossipConfig
-from mesh.node.directory import Directory
+from mesh.node.lifecycle.directory import Directory
 
 
 def _gossip(node_id, address, generation, seeds, now):

@@ -7,7 +7,7 @@ import socket
 import pytest
 
 from mesh.cluster import keys
-from mesh.node.elastic import ElasticSettings
+from mesh.node.ops.elastic import ElasticSettings
 from mesh.node.loop import Node, NodeConfig
 from mesh.wire import messages as m
 from mesh.wire.errors import ErrorCode, MeshError

@@ -13,7 +13,7 @@ from mesh.groups import (
     GroupCommit, GroupDelete, GroupDescribe, GroupFetchOffsets, GroupFindCoordinator, GroupHeartbeat, GroupList,
     GroupResetOffsets, coordinator_for,
 )
-from mesh.node.group_host import GroupHost, GroupHostConfig
+from mesh.node.groups.group_host import GroupHost, GroupHostConfig
 from mesh.wire.errors import ErrorCode
 from storage.memory import MemoryStore
 

@@ -247,7 +247,7 @@ def test_a_new_coordinator_copies_what_it_took_over_to_its_replicas_before_the_n
 
 
 def test_a_pull_is_answered_in_bounded_messages_each_naming_the_groups_it_completes(world, monkeypatch):
-    import mesh.node.offset_replication as shell
+    import mesh.node.groups.offset_replication as shell
     from mesh.groups.messages import GroupOffsetsPull
     monkeypatch.setattr(shell, "MAX_ROWS_PER_MESSAGE", 2)
     brokers = cluster(world)

@@ -1,13 +1,13 @@
 """Produce requests that reach a leader while it hands its leadership over are held, not
-refused, and run again in order when the handover ends (mesh.node.datapath). The shell is
+refused, and run again in order when the handover ends (mesh.node.data.datapath). The shell is
 driven by hand here, around the real DataPath; tests/sim/test_node_sim.py runs the same
 code with the real replication core through seeded handovers."""
 from __future__ import annotations
 
 import pytest
 
-from mesh.node import datapath as dp_mod
-from mesh.node.datapath import DataPath
+from mesh.node.data import datapath as dp_mod
+from mesh.node.data.datapath import DataPath
 from mesh.wire import messages as m
 from mesh.wire.errors import ErrorCode, MeshError
 from mesh.wire.records import encode_batch

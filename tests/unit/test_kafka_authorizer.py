@@ -1,5 +1,5 @@
 """The Kafka listener's authorizer and security view (mesh/kafka/authorizer.py), and the node
-side they read (KAFKA_SECURITY, users with Kafka credentials in mesh/node/security_handlers.py):
+side they read (KAFKA_SECURITY, users with Kafka credentials in mesh/node/requests/security_handlers.py):
 the Kafka operations on the mesh's ACLs (allowed, denied, deny wins, prefixes, implied
 describe, IDEMPOTENT_WRITE), superusers, removed users, refresh, brokers-only."""
 from __future__ import annotations
@@ -111,7 +111,7 @@ def test_denied_error_codes():
 
 
 class FakeNode:
-    """``fetch(since)`` as the node answers it (mesh.node.security_handlers), over a Shell."""
+    """``fetch(since)`` as the node answers it (mesh.node.requests.security_handlers), over a Shell."""
 
     def __init__(self):
         self.shell = Shell()

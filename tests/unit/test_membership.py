@@ -8,7 +8,7 @@ import random
 import msgpack
 import pytest
 
-from mesh.node.raft_host import pack_state, unpack_state
+from mesh.node.replication.raft_host import pack_state, unpack_state
 from mesh.raft import PersistState, ReplAppend, ReplicaManager, ReplicationConfig, Role
 from mesh.raft.membership import Config, History, check_step
 from mesh.raft.messages import AppendRow, parse_rows

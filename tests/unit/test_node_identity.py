@@ -1,5 +1,5 @@
-"""The node's identity rules (``mesh.node.identity``): who may vote, and lost state."""
-from mesh.node.identity import BUMP_WINDOW_MS, CONFIRMED, LOST, MAX_BUMPS, UNCONFIRMED, Identity
+"""The node's identity rules (``mesh.node.lifecycle.identity``): who may vote, and lost state."""
+from mesh.node.lifecycle.identity import BUMP_WINDOW_MS, CONFIRMED, LOST, MAX_BUMPS, UNCONFIRMED, Identity
 
 
 def test_a_node_with_peers_to_ask_votes_only_once_a_peer_showed_its_view():
@@ -44,7 +44,7 @@ def test_a_life_a_majority_held_refutes_conflicts_instead_of_losing_state():
     """Issue 39 finding 9: forged rows at generation + 5 for every broker made all three
     declare lost state; a life a majority confirmed takes a generation above the claim and
     stays confirmed (SWIM's refutation)."""
-    from mesh.node.identity import CONFIRMED, UNCONFIRMED, Identity
+    from mesh.node.lifecycle.identity import CONFIRMED, UNCONFIRMED, Identity
     ident = Identity(4, "s", lost=False, alone=False)
     assert ident.state == UNCONFIRMED and not ident.majority_seen()   # only a confirmed life
     assert ident.seen_by_peer() and ident.majority_seen() and ident.refutes

@@ -1,10 +1,10 @@
-"""mesh.node.metrics without a broker: the snapshot a node's loop builds, as served."""
+"""mesh.node.ops.metrics without a broker: the snapshot a node's loop builds, as served."""
 from types import SimpleNamespace
 
 from prometheus_client import generate_latest
 
 from mesh.gossip import Member
-from mesh.node.metrics import NodeMetrics
+from mesh.node.ops.metrics import NodeMetrics
 from mesh.wire import messages as m
 
 
@@ -100,7 +100,7 @@ def test_a_group_that_moves_away_takes_its_series_with_it():
 
 def test_per_group_series_are_capped_to_the_most_lagging_groups():
     """Issue 39 finding 10: 5,000 groups made a scrape grow from 52 KB to 3.1 MB."""
-    from mesh.node.metrics import GROUP_SERIES_MAX
+    from mesh.node.ops.metrics import GROUP_SERIES_MAX
     node = _node()
     n = GROUP_SERIES_MAX * 4
     node.groups.core.list_groups = lambda: SimpleNamespace(groups=[

@@ -1,11 +1,11 @@
-"""The node's sidecar processes (``mesh.node.sidecars``): closed in reverse order, and
+"""The node's sidecar processes (``mesh.node.lifecycle.sidecars``): closed in reverse order, and
 never left running by a start that fails after them."""
 import socket
 
 import pytest
 
 from mesh.node.loop import Node, NodeConfig, StartupError
-from mesh.node.sidecars import SidecarError, Sidecars
+from mesh.node.lifecycle.sidecars import SidecarError, Sidecars
 from mesh.testing.launcher import free_port
 
 

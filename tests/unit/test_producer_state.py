@@ -1,9 +1,9 @@
-"""The idempotent producer's dedup state (mesh/node/producer_state.py) over the in-memory store."""
+"""The idempotent producer's dedup state (mesh/node/data/producer_state.py) over the in-memory store."""
 from __future__ import annotations
 
 import pytest
 
-from mesh.node.producer_state import RECENT_BATCHES, ProducerStates
+from mesh.node.data.producer_state import RECENT_BATCHES, ProducerStates
 from mesh.wire.errors import ErrorCode, MeshError
 from mesh.wire.records import encode_batch, parse_header, patch_batch
 from storage.memory import MemoryStore
@@ -279,7 +279,7 @@ def test_a_state_evicted_while_staged_is_read_back_from_the_staged_copy_and_roll
 def test_a_producer_id_belongs_to_the_principal_that_wrote_under_it_first():
     """Issue 39 finding 7: a co-writer wrote under another producer's id and next sequence,
     and the victim's next batches were answered with the attacker's offsets."""
-    from mesh.node.producer_state import owner_tag
+    from mesh.node.data.producer_state import owner_tag
     victim, attacker = owner_tag("alice"), owner_tag("mallory")
     assert victim and attacker and victim != attacker and owner_tag(None) == 0
     store = MemoryStore()
@@ -305,7 +305,7 @@ def test_a_producer_id_belongs_to_the_principal_that_wrote_under_it_first():
 
 
 def test_a_state_learned_by_replication_is_taken_by_its_first_writer_as_leader():
-    from mesh.node.producer_state import owner_tag
+    from mesh.node.data.producer_state import owner_tag
     store = MemoryStore()
     ps = ProducerStates(store)
     ps.stage_replicated_batches(PID, [(parse_header(batch(9, 0, 1, base_offset=0)), b"")])

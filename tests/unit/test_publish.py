@@ -1,10 +1,10 @@
-"""What a node publishes about its partitions (mesh/node/publish.py): per-topic chunks,
+"""What a node publishes about its partitions (mesh/node/peers/publish.py): per-topic chunks,
 written only when they change, leadership batched per turn, stale keys deleted."""
 from __future__ import annotations
 
 from mesh.cluster import keys
 from mesh.cluster.catalog import Topic, cluster_pid
-from mesh.node.publish import Publisher
+from mesh.node.peers.publish import Publisher
 from mesh.wire.topic_config import normalize_config
 
 UUID = "0123456789abcdef"

@@ -1,4 +1,4 @@
-"""mesh.node.raft_host: the replication shell over ``MemoryStore``, a clock the test owns and
+"""mesh.node.replication.raft_host: the replication shell over ``MemoryStore``, a clock the test owns and
 a FIFO of encoded peer messages. It checks the shell contract of ``mesh.raft.manager``:
 persist, then send; acks=all answered at commit; a failed commit sends nothing and rebuilds
 the core from storage; time comes only from the injected clock.
@@ -9,8 +9,8 @@ import random
 
 import pytest
 
-from mesh.node.producer_state import ProducerStates
-from mesh.node.raft_host import TICK_DEBT, REPLICATION_MESSAGES, ReplicaHost
+from mesh.node.data.producer_state import ProducerStates
+from mesh.node.replication.raft_host import TICK_DEBT, REPLICATION_MESSAGES, ReplicaHost
 from mesh.raft import PEER_MESSAGES, ReplicationConfig, Role
 from mesh.raft.log import NO_READY
 from mesh.wire.codec import decode_body, encode_body, op_of
@@ -352,7 +352,7 @@ def test_membership_through_the_shell_config_changes_are_taken_after_the_sync():
 def test_acks_all_requests_waiting_for_one_partition_are_bounded(monkeypatch):
     """A client resending an uncommitted batch (no quorum) added a waiter on every resend;
     every turn scans them. Past the bound, TIMEOUT at once (the write may still be made)."""
-    import mesh.node.raft_host as raft_host
+    import mesh.node.replication.raft_host as raft_host
     monkeypatch.setattr(raft_host, "MAX_ACK_WAITERS_PER_PARTITION", 3)
     c = Cluster()
     h = c.hosts["n0"]

@@ -4,7 +4,7 @@ of ``test_replication`` (real codec, real batches in the simulator's disk).
 Row bounds are ``mesh.raft.messages.parse_rows`` (the message raises MeshError and nothing
 is applied); checks against a replica's state are rule 8 of ``mesh.raft.partition`` (the
 row is dropped and counted, ``refused_rows``); an append's batches are checked by the shell
-(``mesh.node.raft_host.check_append_payload``) before the core sees them.
+(``mesh.node.replication.raft_host.check_append_payload``) before the core sees them.
 """
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import pytest
 
 from mesh.raft import ReplAppend, ReplHeartbeat, ReplTimeoutNow, ReplVote, ReplVoteResp, ReplicationConfig, Role
 from mesh.raft.messages import AppendRow, HeartbeatRow, TimeoutNowRow, VoteRespRow, VoteRow
-from mesh.node.raft_host import check_append_payload
+from mesh.node.replication.raft_host import check_append_payload
 from mesh.wire.codec import decode_body, encode_body, op_of
 from mesh.wire.errors import ErrorCode, MeshError
 from mesh.wire.records import encode_batch, patch_batch

@@ -12,7 +12,7 @@ import time
 import pytest
 import zmq
 
-from mesh.node.dispatch import open_router
+from mesh.node.requests.dispatch import open_router
 from mesh.security import init_secrets
 from mesh.security.broker import BrokerSecurity
 from mesh.testing.launcher import free_port

@@ -17,7 +17,7 @@ from typing import NamedTuple
 import pytest
 
 from mesh.client.sequencer import RetryPolicy, SeqBatch, Sequencer
-from mesh.node.producer_state import ProducerStates
+from mesh.node.data.producer_state import ProducerStates
 from mesh.wire.errors import ErrorCode, MeshError
 from mesh.wire.topic_config import RECENT_BATCHES
 from storage.memory import MemoryStore

@@ -18,7 +18,7 @@ import msgpack
 from mesh.cluster import keys, schema
 from mesh.gossip import Gossip, GossipConfig
 from mesh.gossip.snapshot import ForeignSnapshot
-from mesh.node.bounds import StartupError
+from mesh.node.limits.bounds import StartupError
 from storage.datadir import refuse_from_now_on
 
 log = logging.getLogger("mesh.node.loop")   # the start-up messages are the node's

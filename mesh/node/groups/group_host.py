@@ -15,7 +15,7 @@ answers GROUP_FIND_COORDINATOR from the same view.
 
 Offsets, durable on a majority of the group's replicas, then answered (the etcd-raft
 "persist, then send" order; the rules in ``mesh.groups.replication``, carried out by
-``mesh.node.offset_replication``):
+``mesh.node.groups.offset_replication``):
 1. the core accepts a commit and returns ``PersistOffsets``;
 2. each partition's ``[offset, metadata, commit stamp]`` is staged in the turn's
    transaction, db ``offsets`` (key: msgpack ``[group, topic, partition]``), and the
@@ -83,14 +83,14 @@ from mesh.groups.offsets import (
 )
 from mesh.clock import Clock
 from mesh.groups.replication import DEFAULT_REPLICAS
-from mesh.node.offset_replication import OffsetReplication
-from mesh.node.ratelog import RateLimitedLog
+from mesh.node.groups.offset_replication import OffsetReplication
+from mesh.node.limits.ratelog import RateLimitedLog
 from mesh.wire.errors import ErrorCode, MeshError
 from storage.base import LogError
 
 __all__ = ["GroupHost", "GroupHostConfig", "OFFSETS_DB"]
 
-log = logging.getLogger("mesh.node.group_host")
+log = logging.getLogger("mesh.node.groups.group_host")
 
 OFFSETS_DB = "offsets"
 MAX_METADATA_CHARS = 256

@@ -27,7 +27,7 @@ from mesh.cluster.leaders import lead_claims
 
 __all__ = ["Publisher"]
 
-log = logging.getLogger("mesh.node.publish")
+log = logging.getLogger("mesh.node.peers.publish")
 
 
 class Publisher:

@@ -5,7 +5,7 @@ bounded queues, no linger). ``Dispatcher.handle`` takes one multipart message of
 peer message (first frame ``PROTOCOL_PEER``) goes to its core (gossip answers are sent at
 once; replication input is stepped, its effects staged by the replica host; offsets
 replication goes to the group host, ``GroupHost.handle_peer``); a client
-request goes to its handler (``mesh.node.handlers``, the data path, the group host).
+request goes to its handler (``mesh.node.requests.handlers``, the data path, the group host).
 
 Nothing a client or a peer sends can crash the loop: every message runs inside a guard.
 A client request that fails becomes an error response (logged once per client and code
@@ -15,9 +15,9 @@ an input nobody foresaw) may have left the turn's state half-updated: it calls
 ``on_doom(reason)`` (the node's ``DataPath.doom``: the turn is rolled back and nothing
 from it persisted; ``gossip_suspect`` is set when it came out of the gossip core), unless
 the request only reads (fetch, metadata, list offsets: nothing to roll back) and writes one traceback per exception site per minute
-(``mesh.node.ratelog``). Bodies are decoded with the node's bounds (``limits``,
+(``mesh.node.limits.ratelog``). Bodies are decoded with the node's bounds (``limits``,
 ``peer_limits``: ``mesh.wire.codec.DecodeLimits``); answers go out through the node's
-``Outbox`` (backlogs, quotas, gone clients: ``mesh.node.outbox``) when it has one.
+``Outbox`` (backlogs, quotas, gone clients: ``mesh.node.replication.outbox``) when it has one.
 """
 from __future__ import annotations
 
@@ -29,11 +29,11 @@ from typing import Callable
 import zmq
 
 from mesh.gossip import GossipAck, GossipAck2, GossipSyn
-from mesh.node.answer_budget import TRACK_MIN_BYTES
-from mesh.node.peers import sender_address
-from mesh.node.producer_state import owner_tag
-from mesh.node.ratelog import RateLimitedLog
-from mesh.node.raft_host import REPLICATION_MESSAGES
+from mesh.node.limits.answer_budget import TRACK_MIN_BYTES
+from mesh.node.peers.peers import sender_address
+from mesh.node.data.producer_state import owner_tag
+from mesh.node.limits.ratelog import RateLimitedLog
+from mesh.node.replication.raft_host import REPLICATION_MESSAGES
 from mesh.security.creds import BROKER_PRINCIPAL
 from mesh.wire import messages as m
 from mesh.wire.codec import PROTOCOL_CLIENT, PROTOCOL_PEER, ZERO_COPY_MIN_BYTES, pack, unpack
@@ -42,7 +42,7 @@ from mesh.wire.frames import recv_frames, send_frames
 
 __all__ = ["Dispatcher", "open_router"]
 
-log = logging.getLogger("mesh.node.dispatch")
+log = logging.getLogger("mesh.node.requests.dispatch")
 
 _GOSSIP_MESSAGES = (GossipSyn, GossipAck, GossipAck2)
 _THROTTLE_REFUSE_MS = 10_000   # a producer whose answers would wait longer has its batches refused
@@ -92,12 +92,12 @@ class Dispatcher:
         self.replicas = replicas
         self.directory = directory
         self._send = send
-        self.peer_clock = None   # mesh.node.peer_clock.PeerClock (the node sets it)
+        self.peer_clock = None   # mesh.node.peers.peer_clock.PeerClock (the node sets it)
         self.clock = clock
         self._rlog = RateLimitedLog(log)
         self.limits = None        # DecodeLimits for client bodies, set by the node
         self.peer_limits = None   # and for peer bodies
-        self.outbox = None        # mesh.node.outbox.Outbox, set by the node
+        self.outbox = None        # mesh.node.replication.outbox.Outbox, set by the node
         self.on_doom: Callable[[str], None] = lambda reason: None   # roll the turn back
         self.gossip_suspect = False
         self._due: dict[tuple[bytes, int], int] = {}   # produce answers held by the quota
@@ -105,11 +105,11 @@ class Dispatcher:
         self.user_id = ""                 # the ZAP User-Id of the message being handled
         self.peer_messages_refused = 0
         self._senders: dict[bytes, str] = {}   # peer routing id -> its address (sender_address)
-        self.metrics = None   # mesh.node.metrics.NodeMetrics (--metrics-port): request counts, latency, bytes
+        self.metrics = None   # mesh.node.ops.metrics.NodeMetrics (--metrics-port): request counts, latency, bytes
         self._principals: dict[bytes, str] = {}   # secured: client routing id -> its principal
         self.principal_of = self._principals.get   # (the outbox's per-principal answer budget)
         self.writer_tag = 0   # producer_state.owner_tag of the request being handled (0: open mode)
-        self.request_quota = None   # mesh.node.request_quota.RequestTimeQuota (request_percentage), set by the node
+        self.request_quota = None   # mesh.node.limits.request_quota.RequestTimeQuota (request_percentage), set by the node
         self._code_log = RateLimitedLog(log, window_ms=1_000)   # and at most one line per error code a second
         self.recv = functools.partial(recv_frames, router) if self.security is None else self._recv_secured
 

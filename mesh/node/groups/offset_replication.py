@@ -46,7 +46,7 @@ from mesh.wire.errors import ErrorCode
 
 __all__ = ["OffsetReplication"]
 
-log = logging.getLogger("mesh.node.group_host")
+log = logging.getLogger("mesh.node.groups.group_host")
 
 _MAX_PULL_QUEUE = 100_000
 _SEQ_RNG = random.SystemRandom()

@@ -52,7 +52,7 @@ from mesh.wire.errors import MeshError
 
 __all__ = ["Elastic", "ElasticSettings", "raft_config"]
 
-log = logging.getLogger("mesh.node.elastic")
+log = logging.getLogger("mesh.node.ops.elastic")
 
 _MAX_STEPS_PER_ROUND = 64
 _MIN_ROUND_MS = 100        # a committed step brings the next round forward, to at most this often

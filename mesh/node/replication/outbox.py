@@ -29,7 +29,7 @@ the same without its checks, while nothing is held or backlogged: ``busy``):
   wait (acks=0: it is over its rate and burst) or wait more than 10 s. A batch is judged
   by the debt before it, so one larger than the burst still goes in once the client is
   back under its rate.
-- Unread answers (``mesh.node.answer_budget``): answers of at least ``TRACK_MIN_BYTES``
+- Unread answers (``mesh.node.limits.answer_budget``): answers of at least ``TRACK_MIN_BYTES``
   are sent without copying and tracked until libzmq lets go of them; ``refusal(ident)``
   says when a new fetch answer must not be queued (the client's unread bytes, or the
   node's in all, with backlogs and held answers, are at their bound), and the dispatcher
@@ -45,14 +45,14 @@ from typing import Callable
 
 import zmq
 
-from mesh.node.answer_budget import TRACK_MIN_BYTES, AnswerBudget
-from mesh.node.ratelog import RateLimitedLog
+from mesh.node.limits.answer_budget import TRACK_MIN_BYTES, AnswerBudget
+from mesh.node.limits.ratelog import RateLimitedLog
 from mesh.wire.codec import ZERO_COPY_MIN_BYTES
 from mesh.wire.frames import send_frames
 
 __all__ = ["Outbox", "ByteRateQuota"]
 
-log = logging.getLogger("mesh.node.outbox")
+log = logging.getLogger("mesh.node.replication.outbox")
 
 _BURST_MS = 1000
 _MAX_CLIENTS = 100_000   # quota state is dropped for clients idle past their debt beyond this

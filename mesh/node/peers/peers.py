@@ -37,7 +37,7 @@ from mesh.wire.frames import send_frames
 
 __all__ = ["PeerLinks", "sender_address", "PEER_PREFIX"]
 
-log = logging.getLogger("mesh.node.peers")
+log = logging.getLogger("mesh.node.peers.peers")
 PEER_PREFIX = b"peer:"
 RECONNECT_MAX_MS = 300
 

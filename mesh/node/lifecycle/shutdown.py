@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 
-log = logging.getLogger("mesh.node.shutdown")
+log = logging.getLogger("mesh.node.lifecycle.shutdown")
 
 LAME_DUCK_MS = 500     # leaderships handed over: clients redirected this long
 LINGER_MS = 200        # the answers of the last turn still go out

@@ -20,7 +20,7 @@ except ImportError:   # not on every platform
 
 __all__ = ["StartupError", "router_options", "check_bounds", "raise_nofile_limit"]
 
-log = logging.getLogger("mesh.node.bounds")
+log = logging.getLogger("mesh.node.limits.bounds")
 
 
 class StartupError(Exception):
@@ -35,7 +35,7 @@ def router_options(cfg) -> dict:
     sees connections that share a routing id come and go, which any client can arrange.
     A silent connection is dropped by the TTL its *own* side announces in its PINGs: our
     clients announce 5 s (``mesh.client.transport``), peer links ``heartbeat_timeout_ms``
-    (``mesh.node.peers``). A hostile client that announces none keeps at most its bounded
+    (``mesh.node.peers.peers``). A hostile client that announces none keeps at most its bounded
     parked fetches and queued answers, and one of the ``max_connections``."""
     return {zmq.MAXMSGSIZE: cfg.max_frame_bytes, zmq.SNDHWM: cfg.client_sndhwm}
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 
-log = logging.getLogger("mesh.node.sidecars")
+log = logging.getLogger("mesh.node.lifecycle.sidecars")
 
 
 class Sidecars:

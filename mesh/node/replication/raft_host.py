@@ -35,7 +35,7 @@ Ready like any other call. Config changes the core reports (``Ready.configs``) a
 like messages: ``take_config_changes`` returns them only once the turn's sync made the
 history that holds them durable (the node then writes the leader's to gossip).
 
-acks=all waiters (``mesh.node.ack_waiters``) are answered when the commit offset passes
+acks=all waiters (``mesh.node.data.ack_waiters``) are answered when the commit offset passes
 their batch's end, failed with NOT_LEADER or TIMEOUT otherwise.
 
 Input checks (defense in depth, before the core sees a message): the core checks rows
@@ -67,15 +67,15 @@ from mesh.raft.membership import Config
 from mesh.raft.messages import parse_rows
 from mesh.raft.outbox import split_payload
 from mesh.clock import now_ms as _monotonic_ms
-from mesh.node.ack_waiters import AckWaiter, AckWaiters
-from mesh.node.producer_state import ProducerStates
-from mesh.node.raft_store import StateRows, StoreReader, check_append_payload, pack_state, unpack_state
+from mesh.node.data.ack_waiters import AckWaiter, AckWaiters
+from mesh.node.data.producer_state import ProducerStates
+from mesh.node.replication.raft_store import StateRows, StoreReader, check_append_payload, pack_state, unpack_state
 from storage.base import LogError, StoreBase
 
 __all__ = ["ReplicaHost", "StoreReader", "REPLICATION_MESSAGES", "pack_state", "unpack_state",
            "check_append_payload"]
 
-log = logging.getLogger("mesh.node.raft_host")
+log = logging.getLogger("mesh.node.replication.raft_host")
 _DROPPED = b"dropped:%d"   # meta: this pid's replica was dropped here (its raft state with it)
 
 

@@ -5,7 +5,7 @@
 ``reassign/<topic>/<uuid>/<p>``), exactly as topic create writes ``topic/<name>``: commit
 the turn first, write the register, persist the gossip snapshot with its own commit
 (``apply_cluster_change``), then answer. Every partition's leader reads them in its next
-balancing round (``mesh.node.elastic``). ``ListMovesRequest`` answers the moves that
+balancing round (``mesh.node.ops.elastic``). ``ListMovesRequest`` answers the moves that
 partitions led *here* have in progress; ``mesh partition moves`` asks every broker.
 
 Checks: a broker state names a broker gossip knows (or one a partition names) and is
@@ -24,7 +24,7 @@ from mesh.wire.errors import ErrorCode, MeshError
 
 __all__ = ["ElasticHandlers"]
 
-log = logging.getLogger("mesh.node.elastic")
+log = logging.getLogger("mesh.node.ops.elastic")
 
 
 def _invalid(text: str) -> MeshError:

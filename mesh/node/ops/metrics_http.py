@@ -13,7 +13,7 @@ broker process. This server is one daemon thread with a ``selectors`` loop:
   ``/metrics`` (or ``/``) is served; every answer closes its connection.
 
 The exposition is prometheus_client's ``generate_latest`` of the node's own registry (its
-collectors only read the snapshot the node loop swapped in: ``mesh.node.metrics``).
+collectors only read the snapshot the node loop swapped in: ``mesh.node.ops.metrics``).
 """
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 __all__ = ["MetricsServer", "MAX_CONNECTIONS", "REQUEST_TIMEOUT_S", "MAX_HEAD_BYTES"]
 
-log = logging.getLogger("mesh.node.metrics")
+log = logging.getLogger("mesh.node.ops.metrics")
 
 MAX_CONNECTIONS = 32
 REQUEST_TIMEOUT_S = 10.0

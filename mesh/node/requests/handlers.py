@@ -1,5 +1,5 @@
 """The node's answers to client requests: admin, metadata, list offsets (produce and fetch
-are the data path's, ``mesh.node.datapath``; consumer groups are the group host's).
+are the data path's, ``mesh.node.data.datapath``; consumer groups are the group host's).
 
 Each handler is ``handler(ident, rid, request, payload)`` and answers through ``reply``; a
 handler that cannot answer raises ``MeshError`` and the loop turns it into an error
@@ -31,9 +31,9 @@ from mesh.cluster import keys
 from mesh.cluster.catalog import Catalog, Topic
 from mesh.groups.offsets import coordination_set, coordinator_among
 from mesh.clock import Clock
-from mesh.node.datapath import DataPath
-from mesh.node.directory import Directory
-from mesh.node.security_handlers import SecurityHandlers
+from mesh.node.data.datapath import DataPath
+from mesh.node.lifecycle.directory import Directory
+from mesh.node.requests.security_handlers import SecurityHandlers
 from mesh.wire import messages as m
 from mesh.wire.errors import ErrorCode, MeshError
 from storage.base import CorruptBatch, LogError
@@ -41,7 +41,7 @@ from storage.timestamps import MAX_WALK_BATCHES, StillIndexing
 
 __all__ = ["ClientHandlers"]
 
-log = logging.getLogger("mesh.node.handlers")
+log = logging.getLogger("mesh.node.requests.handlers")
 
 MAX_METADATA_TOPICS = 10_000   # names in one metadata request (after duplicates are dropped)
 
@@ -65,9 +65,9 @@ class ClientHandlers:
         self.reply = reply
         self.clock = clock
         self.apply_cluster_change = apply_cluster_change
-        self.identity = identity   # "unconfirmed" | "confirmed" | "lost" (mesh.node.identity)
+        self.identity = identity   # "unconfirmed" | "confirmed" | "lost" (mesh.node.lifecycle.identity)
         self.learning = learning   # the cluster is still being learned (no peer heard yet, relearning)
-        self.peer_clock = None     # mesh.node.peer_clock.PeerClock (the node sets it): clock offsets
+        self.peer_clock = None     # mesh.node.peers.peer_clock.PeerClock (the node sets it): clock offsets
         self._table: dict[type, Callable] = {
             m.ProduceRequest: data.on_produce,
             m.FetchRequest: data.on_fetch,
@@ -77,13 +77,13 @@ class ClientHandlers:
             m.AlterTopicRequest: self.on_alter_topic,
             m.ListOffsetsRequest: self.on_list_offsets,
         }
-        # users and ACLs (``mesh.node.security_handlers``); secured mode sets ``.registry``
+        # users and ACLs (``mesh.node.requests.security_handlers``); secured mode sets ``.registry``
         self.security = SecurityHandlers(gossip=gossip, commit_turn=data.commit_turn,
                                          apply_cluster_change=apply_cluster_change, reply=reply)
         self._table.update(self.security.table())
 
     def extend(self, table: dict[type, Callable]) -> None:
-        """More request handlers (``mesh.node.elastic_handlers``)."""
+        """More request handlers (``mesh.node.requests.elastic_handlers``)."""
         self._table.update(table)
 
     def handler_for(self, msg: Any) -> Callable | None:

@@ -1,4 +1,4 @@
-"""The replication shell's storage side (used by ``mesh.node.raft_host``, which re-exports
+"""The replication shell's storage side (used by ``mesh.node.replication.raft_host``, which re-exports
 it): ``check_append_payload``, the check of a follower's incoming batches (walked and
 CRC-checked once; the store and the producer state reuse the walk), the ``repl`` state row
 (``pack_state`` / ``unpack_state``, written by ``StateRows``) and ``StoreReader``, the core's ``LogReader`` over the
@@ -20,7 +20,7 @@ from storage.base import CorruptBatch, StoreBase
 
 __all__ = ["check_append_payload", "pack_state", "unpack_state", "StoreReader", "StateRows"]
 
-log = logging.getLogger("mesh.node.raft_host")
+log = logging.getLogger("mesh.node.replication.raft_host")
 _STATE_KEY = struct.Struct(">Q")   # the ``repl`` row of a partition
 
 

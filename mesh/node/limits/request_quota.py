@@ -1,6 +1,6 @@
 """Per-principal request-time quota (Kafka's ``request_percentage``).
 
-Bytes quotas (``mesh.node.outbox``) do not bound what a request costs the node loop: a
+Bytes quotas (``mesh.node.replication.outbox``) do not bound what a request costs the node loop: a
 small body can be expensive to decode or handle. ``RequestTimeQuota`` charges each
 request's measured handling time (decode, authorization, handler) to its principal
 (open mode: its connection, as the byte quotas do) in a leaky bucket that drains at
@@ -9,7 +9,7 @@ principal in debt has its requests refused (THROTTLED, "send again in N ms") bef
 are decoded: a refusal costs a dict lookup, so one principal can take at most about
 ``percentage`` % of the loop however it shapes its requests. Kafka throttles by delaying
 answers and muting the channel; refusing is what the node already does to producers
-that do not wait for held answers (``mesh.node.dispatch``), and clients retry THROTTLED.
+that do not wait for held answers (``mesh.node.requests.dispatch``), and clients retry THROTTLED.
 Off (None) when the percentage is 0, Kafka's default (no quota).
 """
 from __future__ import annotations

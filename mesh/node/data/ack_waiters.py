@@ -1,4 +1,4 @@
-"""acks=all produce requests waiting for their partition's commit (``mesh.node.raft_host``).
+"""acks=all produce requests waiting for their partition's commit (``mesh.node.replication.raft_host``).
 
 A waiter is answered when the commit offset passes its batch's end, failed with NOT_LEADER
 when this node loses leadership or truncates below it, and with TIMEOUT when its deadline

@@ -71,18 +71,18 @@ from typing import Callable, NamedTuple
 from mesh.cluster.catalog import Topic
 from mesh.clock import now_ms as _monotonic_ms
 from mesh.clock import wall_ms as _wall_ms
-from mesh.node.ratelog import RateLimitedLog
+from mesh.node.limits.ratelog import RateLimitedLog
 from mesh.wire import messages as m
 from mesh.wire import records
 from mesh.wire.errors import ErrorCode, MeshError
-from mesh.node.producer_state import ProducerStates
-from mesh.node.raft_host import ReplicaHost
+from mesh.node.data.producer_state import ProducerStates
+from mesh.node.replication.raft_host import ReplicaHost
 from mesh.wire.topic_config import MAX_PARTITIONS
 from storage.base import CorruptBatch, LogError, StorageFull
 
 __all__ = ["DataPath", "DataLimits"]
 
-log = logging.getLogger("mesh.node.datapath")
+log = logging.getLogger("mesh.node.data.datapath")
 
 
 @dataclass(frozen=True)
@@ -173,7 +173,7 @@ class DataPath:
         self.last_commit_error = ""
         self._commit_log = RateLimitedLog(log, window_ms=1_000)   # a failing store fails every turn
         self.on_commit: list[Callable[[bool], None]] = []   # told after every commit_turn: ok or not
-        self.metrics = None   # mesh.node.metrics.NodeMetrics (--metrics-port)
+        self.metrics = None   # mesh.node.ops.metrics.NodeMetrics (--metrics-port)
 
     # -- helpers ------------------------------------------------------------------------
     def local_partition(self, topic: str, partition: int) -> tuple[Topic, int]:

@@ -10,7 +10,7 @@ Two threads, nothing mutable shared between them unsafely:
   per record; a histogram observation is one ``bisect`` and an add, ``_Buckets``), and once
   per ``refresh_ms`` builds an immutable snapshot (``refresh``: gauges read from the cores,
   counters' and histograms' running totals) and swaps it in with one attribute assignment;
-- the HTTP server thread (``mesh.node.metrics_http``: one thread, at most 32 connections,
+- the HTTP server thread (``mesh.node.ops.metrics_http``: one thread, at most 32 connections,
   10 s each) serves ``/metrics`` from this node's own ``CollectorRegistry`` (never the
   global one): the default process collector and ``_SnapshotCollector``, which only reads
   the last snapshot. A secured node serves it on 127.0.0.1 unless ``--metrics-host`` says
@@ -73,14 +73,14 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 
 from mesh.cluster import keys
 from mesh.gossip.parsing import MALFORMED_KINDS
-from mesh.node.metrics_http import MetricsServer
-from mesh.node.ratelog import RateLimitedLog
+from mesh.node.ops.metrics_http import MetricsServer
+from mesh.node.limits.ratelog import RateLimitedLog
 from mesh.wire import messages as m
 from mesh.wire.errors import ErrorCode
 
 __all__ = ["NodeMetrics", "REFRESH_MS", "serve_metrics"]
 
-log = logging.getLogger("mesh.node.metrics")
+log = logging.getLogger("mesh.node.ops.metrics")
 
 REFRESH_MS = 1_000
 GROUP_SERIES_MAX = 500              # groups with per-group series (the most lagging)
@@ -142,7 +142,7 @@ class NodeMetrics:
 
     # -- the HTTP server ------------------------------------------------------------------
     def serve(self, host: str, port: int) -> None:
-        """Serve ``/metrics`` on ``host:port`` (``mesh.node.metrics_http``: one daemon thread)."""
+        """Serve ``/metrics`` on ``host:port`` (``mesh.node.ops.metrics_http``: one daemon thread)."""
         self.refresh(force=True)
         self.server = MetricsServer(self.registry, host, port)
         self.server.start()
@@ -250,7 +250,7 @@ def metrics_host(config, secured: bool) -> str:
 def serve_metrics(node, config) -> NodeMetrics:
     """The node's metrics, served on ``config.metrics_port`` of ``metrics_host``; a port that
     cannot be bound stops the start (``StartupError``, the node's router and lock released)."""
-    from mesh.node.bounds import StartupError
+    from mesh.node.limits.bounds import StartupError
     mx = NodeMetrics(node, per_partition=config.metrics_per_partition)
     host = metrics_host(config, node.security.secured)
     try:
@@ -343,7 +343,7 @@ def _build_snapshot(mx: NodeMetrics, node) -> dict[str, list]:
 
 
 def _clock_families(node) -> list[list]:
-    """This clock against the peers' (``mesh.node.peer_clock``): no series without an estimate."""
+    """This clock against the peers' (``mesh.node.peers.peer_clock``): no series without an estimate."""
     pc = getattr(node, "peer_clock", None)
     if pc is None:
         return []

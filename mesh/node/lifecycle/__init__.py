@@ -1,0 +1,1 @@
+"""Start-up and shutdown of a broker process: the data directory and its lock (`directory`), the identity rules (`identity`: generation, store id, may this store vote), the first gossip round (`gossip_start`), the sidecar processes (`sidecars`: text gateway, Kafka listener) and the orderly stop (`shutdown`)."""

@@ -1,0 +1,1 @@
+"""Bounds on what clients may cost a broker: answer budgets per turn (`answer_budget`), decoded-input bounds (`bounds`), per-client byte and request quotas (`request_quota`), rate-limited logging (`ratelog`)."""

@@ -1,0 +1,1 @@
+"""Client and admin requests: the dispatch table (`dispatch`), admin, metadata and list-offsets answers (`handlers`), users and ACLs (`security_handlers`), membership changes asked by operators (`elastic_handlers`)."""
