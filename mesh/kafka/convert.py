@@ -27,6 +27,7 @@ from aiokafka.record.default_records import DefaultRecordBatchBuilder
 from crc32c import crc32c
 from aiokafka.record.memory_records import MemoryRecords
 
+from mesh.wire.compacted import ATTR_COMPACTED, compacted_columns
 from mesh.wire.records import decode_batch, encode_batch, iter_batches
 
 __all__ = ["ConvertError", "to_mesh", "to_kafka", "mesh_producer_id", "MAX_KAFKA_PRODUCER_ID", "KafkaBatchInfo"]
@@ -116,15 +117,22 @@ def to_kafka(payload, first_offset: int = 0) -> tuple[bytes, int]:
     for h, raw in iter_batches(payload, verify_crc=False):   # the native consumer's rule: the node checked
         if h.next_offset <= first_offset:
             continue
-        _, values, keys, deltas, headers = decode_batch(raw, h)
-        n = h.record_count
         b = DefaultRecordBatchBuilder(magic=2, compression_type=0, is_transactional=0, producer_id=-1,
                                       producer_epoch=-1, base_sequence=-1, batch_size=_BIG)
         ts0 = h.first_timestamp_ms
+        if h.attributes & ATTR_COMPACTED:   # offsets with gaps (compaction kept some records)
+            values, keys, deltas, headers, offs = compacted_columns(raw, h)
+            n = len(values)
+            if not n:
+                continue   # nothing left: the client steps to the next batch's offset
+        else:
+            _, values, keys, deltas, headers = decode_batch(raw, h)
+            n = h.record_count
+            offs = range(n)
         # one C call per record through map (no Python frame per record)
         tss = [ts0 + d for d in deltas] if deltas else repeat(ts0, n)
         hs = [[(k, v) for k, v in x] if x else _NO_HEADERS for x in headers] if headers else repeat(_NO_HEADERS, n)
-        for _ in map(b.append, range(n), tss, keys if keys else repeat(None, n), values, hs):
+        for _ in map(b.append, offs, tss, keys if keys else repeat(None, n), values, hs):
             pass
         buf = b.build()
         buf[0:8] = h.base_offset.to_bytes(8, "big")
