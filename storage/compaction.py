@@ -31,7 +31,7 @@ from __future__ import annotations
 from mesh.wire.compacted import encode_compacted
 from mesh.wire.records import ATTR_CONTROL, batch_records, parse_header
 
-__all__ = ["scan_batch", "rewrite_batch", "compact_batches", "kept_offsets"]
+__all__ = ["scan_batch", "rewrite_batch", "rewrite_batch_stats", "compact_batches", "kept_offsets"]
 
 
 def scan_batch(batch, newest: dict[bytes, int]) -> None:
@@ -50,15 +50,22 @@ def rewrite_batch(batch, newest: dict[bytes, int], horizon_ms: int) -> bytes | N
     """``batch`` with the records the rule drops left out (a compacted batch, valid CRC),
     or None when it keeps them all. ``newest``: ``scan_batch`` over every batch below the
     cut."""
+    return rewrite_batch_stats(batch, newest, horizon_ms)[0]
+
+
+def rewrite_batch_stats(batch, newest: dict[bytes, int], horizon_ms: int) -> tuple[bytes | None, int | None]:
+    """``rewrite_batch``, and the oldest timestamp of a tombstone it keeps (None: none)."""
     h, recs = batch_records(batch)
     if h.attributes & ATTR_CONTROL:
-        return None
+        return None, None
     base = h.base_offset
     kept = [r for r in recs if r[2] is None or (newest.get(r[2]) == base + r[0]
                                                   and not (r[1] is None and r[3] < horizon_ms))]
+    tombs = [r[3] for r in kept if r[1] is None and r[2] is not None]
+    tomb = min(tombs) if tombs else None
     if len(kept) == len(recs):
-        return None
-    return encode_compacted(h, kept)
+        return None, tomb
+    return encode_compacted(h, kept), tomb
 
 
 def compact_batches(batches: list[bytes], clean_end: int, horizon_ms: int) -> list[bytes]:
