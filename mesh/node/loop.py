@@ -159,7 +159,8 @@ class Node:
         self.snapshot_pace = SnapshotPace()   # when the gossip snapshot is staged (mesh.node.replication.snapshot_pace)
         self._isolated_logged = False
         self._isolated_since_ms: int | None = None
-        self.compactor = Compactor(self.store, self.catalog, self.replicas, config.compaction_bytes_per_s)
+        self.compactor = self.handlers.compactor = Compactor(self.store, self.catalog, self.replicas,
+                                                             config.compaction_bytes_per_s)
         self.turn = self._make_turn()
         self._start_sidecars(config, text_creds)
         if config.metrics_port is not None:   # /metrics on its own thread (mesh.node.ops.metrics_http)
