@@ -20,6 +20,7 @@ columns. Python touches each record once, to move its fields from one to the oth
 from __future__ import annotations
 
 import operator
+import struct
 import time
 from itertools import repeat
 
@@ -108,6 +109,16 @@ def to_mesh(records: bytes) -> tuple[bytes, KafkaBatchInfo]:
     return encode_batch(values, keys, timestamps, headers, producer_id=mesh_pid, base_sequence=mesh_seq), info
 
 
+_EMPTY_TAIL = struct.Struct(">hiqqqhii")   # attributes .. record count (the part the CRC covers)
+
+
+def _empty_kafka_batch(h) -> bytes:
+    """A Kafka v2 batch of no records spanning ``h``'s offsets (clients move past it)."""
+    tail = _EMPTY_TAIL.pack(0, h.record_count - 1, h.first_timestamp_ms, h.max_timestamp_ms, -1, -1, -1, 0)
+    head = struct.pack(">qiib", h.base_offset, 4 + 1 + 4 + len(tail), 0, 2)
+    return head + struct.pack(">I", crc32c(tail)) + tail
+
+
 def to_kafka(payload, first_offset: int = 0) -> tuple[bytes, int]:
     """(Kafka batches, records) of a native fetch's payload: every mesh batch as one Kafka
     batch, offsets unchanged. Batches wholly below ``first_offset`` are left out; a batch
@@ -123,8 +134,9 @@ def to_kafka(payload, first_offset: int = 0) -> tuple[bytes, int]:
         if h.attributes & ATTR_COMPACTED:   # offsets with gaps (compaction kept some records)
             values, keys, deltas, headers, offs = compacted_columns(raw, h)
             n = len(values)
-            if not n:
-                continue   # nothing left: the client steps to the next batch's offset
+            if not n:   # nothing left: an empty batch spanning its offsets, as Kafka's cleaner leaves
+                out.append(_empty_kafka_batch(h))
+                continue
         else:
             _, values, keys, deltas, headers = decode_batch(raw, h)
             n = h.record_count
@@ -136,6 +148,10 @@ def to_kafka(payload, first_offset: int = 0) -> tuple[bytes, int]:
             pass
         buf = b.build()
         buf[0:8] = h.base_offset.to_bytes(8, "big")
+        if h.attributes & ATTR_COMPACTED and offs[-1] != h.record_count - 1:
+            # the batch spans its offsets as stored (lastOffsetDelta), so clients step over the gap
+            buf[23:27] = (h.record_count - 1).to_bytes(4, "big")
+            buf[17:21] = crc32c(memoryview(buf)[21:]).to_bytes(4, "big")
         out.append(bytes(buf))
         count += n
     return b"".join(out), count
