@@ -112,3 +112,92 @@ def test_compaction_with_a_leader_killed_midway_leaves_every_replica_the_same_la
         views.append(recs)
     assert views[0] == views[1] == views[2]   # every replica holds the same records
     assert {k: v for _, k, v in views[0]} == want
+
+
+def test_cli_text_gateway_and_kafka_clients_read_a_compacted_topic(tmp_path):
+    """Offsets with gaps: ``mesh consume --from-beginning``, the text gateway's CONS and a
+    Kafka client (kafka-python, through the listener) each give the latest value of each
+    key, the tombstones still held, and nothing else; a Kafka create with the policy works."""
+    import json
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    import kafka
+
+    from mesh.testing.launcher import ROOT, BrokerProcess, free_port
+    text_port = free_port()
+    b = BrokerProcess("n1", str(tmp_path / "n1"), kafka_port=free_port(),
+                      extra=["--text-port", str(text_port), "--compaction-check-ms", "100"]).start()
+    try:
+        adm = kafka.KafkaAdminClient(bootstrap_servers=[b.kafka_address])
+        adm.create_topics([kafka.admin.NewTopic("kv", 1, 1, topic_configs={
+            "cleanup.policy": "compact", "min.cleanable.dirty.ratio": "0.01"})])
+        adm.close()
+        ws = [(b"k%d" % (i % 9), b"v%d" % i) for i in range(300)] + [(b"k4", None)]
+        with Producer(b.address) as p:
+            for k, v in ws:
+                p.send("kv", v, key=k)
+            p.flush()
+        latest = {}
+        for i, (k, v) in enumerate(ws):
+            latest[k] = (i, v)
+        want = sorted((i, k, v) for k, (i, v) in latest.items())
+        wait_until(lambda: parts(b, "kv").get("local_clean_end") == len(ws), 20, "kv compacted")
+        with Admin(b.address) as a:
+            assert a.describe_topic("kv")["config"]["cleanup.policy"] == 1
+        # the CLI
+        out = subprocess.run([sys.executable, "-m", "tools.cli", "consume", "kv", "--from-beginning",
+                              "--timeout-ms", "1500", "-f", "{offset} {key} {value}", "-b", b.address],
+                             cwd=ROOT, capture_output=True, text=True, timeout=60)
+        lines = out.stdout.split("\n")[:-1]
+        assert lines == [f"{i} {k.decode()} {'NULL' if v is None else v.decode()}" for i, k, v in want], out.stderr
+        described = subprocess.run([sys.executable, "-m", "tools.cli", "topic", "describe", "kv", "-b", b.address],
+                                   cwd=ROOT, capture_output=True, text=True, timeout=60).stdout
+        assert "cleanup.policy=compact" in described and "dirty" in described, described
+        # the text gateway
+        s = socket.create_connection(("127.0.0.1", text_port), timeout=10)
+        buf = b""
+
+        def line():
+            nonlocal buf
+            while b"\n" not in buf:
+                buf += s.recv(65536)
+            ln, _, buf = buf.partition(b"\n")
+            return ln.decode()
+        s.sendall(b"SUBS kv g1\n")
+        sub = line().split()
+        assert sub[0] == "OK"
+        got = []
+        deadline = time.monotonic() + 20
+        while len(got) < len(want) and time.monotonic() < deadline:
+            s.sendall(f"CONS kv {sub[1]}\n".encode())
+            while (ln := line()) != "END":
+                assert not ln.startswith("ERR"), ln
+                _p, off, obj = ln.split(" ", 2)
+                got.append((int(off), json.loads(obj)))
+        s.close()
+        assert [o for o, _ in got] == [i for i, _k, _v in want]
+        assert [obj.get("Key") for _o, obj in got] == [k.decode() for _i, k, _v in want]
+        # a Kafka client
+        cons = kafka.KafkaConsumer(bootstrap_servers=[b.kafka_address], enable_auto_commit=False)
+        tp = kafka.TopicPartition("kv", 0)
+        cons.assign([tp])
+        cons.seek_to_beginning()
+        rows = []
+        deadline = time.monotonic() + 30
+        while cons.position(tp) < len(ws) and time.monotonic() < deadline:
+            for recs in cons.poll(timeout_ms=500).values():
+                rows.extend(recs)
+        cons.close()
+        assert [(r.offset, r.key, r.value) for r in rows] == want
+        with pytest.raises(MeshError):   # a keyless record through the Kafka listener: refused too
+            with Producer(b.address, retries=0) as p:
+                p.send("kv", b"x").get(10)
+        prod = kafka.KafkaProducer(bootstrap_servers=[b.kafka_address], retries=0)
+        with pytest.raises(kafka.errors.KafkaError):
+            prod.send("kv", b"no key").get(10)
+        prod.close(5)
+    finally:
+        b.kill()
