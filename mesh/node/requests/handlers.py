@@ -134,7 +134,7 @@ class ClientHandlers:
         partitions go to live brokers that are not draining."""
         self._owned_here(req.name)
         self.data.commit_turn()
-        t = self.catalog.alter(req.name, req.partitions, req.replication_factor, self._active())
+        t = self.catalog.alter(req.name, req.partitions, req.replication_factor, self._active(), req.config)
         if not self.apply_cluster_change():
             raise MeshError(ErrorCode.STORAGE_ERROR, "topic altered but not persisted here (storage error)")
         log.info("altered topic %s: %d partitions, replication factor %d", req.name, t.partitions,
