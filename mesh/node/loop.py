@@ -352,6 +352,9 @@ class Node:
         d = self.outbox.next_due_ms()
         if d is not None:
             t = min(t, max(0, d - self.clock.now_ms()))
+        d = self.compactor.next_in_ms()   # a compaction job runs: its next slice
+        if d is not None:
+            t = min(t, d)
         return max(0, min(t, self.gossip.next_tick_ms - self.clock.wall_ms()))
 
     def _drain(self) -> None:
