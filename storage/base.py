@@ -257,6 +257,7 @@ class StoreBase:
         self.put("meta", b"logstart:%d" % pid, str(start_offset).encode())
         self._try_delete_meta(b"cleaned:%d" % pid)   # what the leader sends next is compacted as it holds it
         self._clean_cache.pop((b"cleaned", pid), None)
+        self._clean_cache.pop((b"bytes", pid), None)
 
     def _del_batch_sized(self, pid: int, base: int, st: list[int]) -> None:
         raw = self._get_batch(pid, base)
@@ -391,8 +392,10 @@ class StoreBase:
             got = (0, 0)
             if raw:
                 try:
-                    end, horizon = raw.split(b" ")
+                    end, horizon, *rest = raw.split(b" ")
                     got = (int(end), int(horizon))
+                    if rest:   # (cleaned: the bytes below the cut once applied)
+                        self._clean_cache[(b"bytes", pid)] = (int(rest[0]), 0)
                 except ValueError:
                     _log.error("partition %d: unreadable %s mark %r: taken as none", pid, kind.decode(), raw[:40])
             self._clean_cache[key] = got
@@ -410,9 +413,16 @@ class StoreBase:
         self.put("meta", b"clean:%d" % pid, b"%d %d" % (clean_end, horizon_ms))
         self._clean_cache[(b"clean", pid)] = (clean_end, horizon_ms)
 
-    def stage_clean_applied(self, pid: int, clean_end: int, horizon_ms: int) -> None:
-        self.put("meta", b"cleaned:%d" % pid, b"%d %d" % (clean_end, horizon_ms))
+    def stage_clean_applied(self, pid: int, clean_end: int, horizon_ms: int, clean_bytes: int = 0) -> None:
+        self.put("meta", b"cleaned:%d" % pid, b"%d %d %d" % (clean_end, horizon_ms, clean_bytes))
         self._clean_cache[(b"cleaned", pid)] = (clean_end, horizon_ms)
+        self._clean_cache[(b"bytes", pid)] = (clean_bytes, 0)
+
+    def clean_bytes(self, pid: int) -> int | None:
+        """Bytes below the applied cut once it was applied (None: not known)."""
+        self.clean_applied(pid)
+        got = self._clean_cache.get((b"bytes", pid))
+        return None if got is None else got[0]
 
     def stage_rewrite(self, pid: int, base: int, old_size: int, batch: bytes) -> None:
         """Replace the committed batch at ``base`` (``old_size`` bytes) by ``batch``, its

@@ -173,3 +173,29 @@ def test_readers_step_over_the_gaps():
             found = records_at_time(bytes(b), t, 0, s.log_end(PID))
             if found is not None:
                 assert found[0] in {x[0] for x in want}
+
+
+def test_the_dirty_ratio_survives_a_restart_of_the_compactor():
+    s = MemoryStore()
+    fill(s, seed=11)
+    cat = catalog()
+    comp = Compactor(s, cat, Replicas(s), bytes_per_s=1 << 20)
+    comp.plan(NOW, True)
+    s.commit()
+    run(comp, s)
+    ratio = comp.dirty_ratio(PID)
+    assert ratio == 0.0
+    s._clean_cache.clear()   # as after a restart: read back from meta
+    assert Compactor(s, cat, Replicas(s)).dirty_ratio(PID) == ratio
+
+
+def test_hostile_compaction_fields_in_rows_are_refused():
+    import pytest as _pytest
+    from mesh.raft.messages import HeartbeatRow, ReplHeartbeat, parse_rows
+    ok = ReplHeartbeat([[1, 1, 5, 0, 0, 0, 0, 3, 100]])
+    assert parse_rows(ok)[0].clean_end == 3
+    assert parse_rows(ReplHeartbeat([[1, 1, 5, 0, 0, 0, 0]]))[0].clean_end == 0   # an older broker's row
+    for bad in ([1, 1, 5, 0, 0, 0, 0, -5, 0], [1, 1, 5, 0, 0, 0, 0, 1 << 62, 0], [1, 1, 5, 0, 0, 0, 0, 0, "x"]):
+        with _pytest.raises(MeshError):
+            parse_rows(ReplHeartbeat([bad]))
+    assert HeartbeatRow._fields[-2:] == ("clean_end", "clean_horizon")
