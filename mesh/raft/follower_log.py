@@ -149,9 +149,11 @@ def follow_start(p: Partition, start: int) -> None:
 def follow_clean(p: Partition, clean_end: int, horizon_ms: int) -> None:
     """Compaction: hand the shell a leader's cut newer than the one this replica knows; it
     applies it to its own committed records (never above its commit on disk). The cut
-    and the horizon only grow, whichever leader sent them."""
-    if not clean_end:
-        return
+    and the horizon only grow, whichever leader sent them; a cut beyond our log end is
+    not taken (never clamped: a different cut would compact differently), and every row
+    carries it again."""
+    if not clean_end or clean_end > p.end:
+        return   # (none; or beyond what we hold: the leader counts stale matches; heard again later)
     end, horizon = p.host.reader.clean_cut(p.pid)
     if clean_end > end or horizon_ms > horizon:
         p.host.log_op(CleanTo(p.pid, max(end, clean_end), max(horizon, horizon_ms)))
