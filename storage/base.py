@@ -83,6 +83,11 @@ class StoreBase:
         self.post_commit: list = []   # callables run after every commit that succeeded
         self.on_rollback: list = []   # callables run after every rollback
         self.time_index = TimeIndex()   # per partition, max timestamps of runs of batches (in memory)
+        # compaction (``storage.compaction``, ``mesh.node.data.compactor``): per pid the cut
+        # decided by its leader (``clean:<pid>``) and the one applied here (``cleaned:<pid>``),
+        # each ``(clean_end, horizon_ms)``; cached from ``meta``, the cache dropped on rollback
+        self._clean_cache: dict[tuple[bytes, int], tuple[int, int]] = {}
+        self.compacted_bytes = 0   # bytes removed by rewritten batches, running total (metrics)
 
     # -- partition registry -----------------------------------------------------------
     def partition_id(self, topic: str, partition: int, create: bool = True,
@@ -142,6 +147,9 @@ class StoreBase:
             self._del_batch(pid, base)
         self.delete("meta", b"pid:" + topic.encode() + b"\x00" + str(partition).encode())
         self._try_delete_meta(b"logstart:%d" % pid)
+        self._try_delete_meta(b"clean:%d" % pid)
+        self._try_delete_meta(b"cleaned:%d" % pid)
+        self._clean_cache.clear()
         for k, _ in self.items("producers", struct.pack(">Q", pid)):
             self.delete("producers", k)
         self._parts.pop(pid, None)
@@ -247,6 +255,9 @@ class StoreBase:
         self._parts[pid] = [start_offset, start_offset, 0]
         self._repaired(pid, 0)
         self.put("meta", b"logstart:%d" % pid, str(start_offset).encode())
+        self._try_delete_meta(b"cleaned:%d" % pid)   # what the leader sends next is compacted as it holds it
+        self._clean_cache.pop((b"cleaned", pid), None)
+        self._clean_cache.pop((b"bytes", pid), None)
 
     def _del_batch_sized(self, pid: int, base: int, st: list[int]) -> None:
         raw = self._get_batch(pid, base)
@@ -279,6 +290,7 @@ class StoreBase:
                     self._parts[pid] = st
         self._undo = None
         self._pid_cache.clear()
+        self._clean_cache.clear()
         for fn in self.on_rollback:
             fn()
 
@@ -370,6 +382,57 @@ class StoreBase:
             seen.difference_update([o for o in seen if o >= cut])
             if not seen:
                 del self.corrupt[pid]
+
+    # -- compaction ---------------------------------------------------------------------
+    def _cut_of(self, kind: bytes, pid: int) -> tuple[int, int]:
+        key = (kind, pid)
+        got = self._clean_cache.get(key)
+        if got is None:
+            raw = self.get("meta", kind + b":%d" % pid)
+            got = (0, 0)
+            if raw:
+                try:
+                    end, horizon, *rest = raw.split(b" ")
+                    got = (int(end), int(horizon))
+                    if rest:   # (cleaned: the bytes below the cut once applied)
+                        self._clean_cache[(b"bytes", pid)] = (int(rest[0]), 0)
+                except ValueError:
+                    _log.error("partition %d: unreadable %s mark %r: taken as none", pid, kind.decode(), raw[:40])
+            self._clean_cache[key] = got
+        return got
+
+    def clean_target(self, pid: int) -> tuple[int, int]:
+        """``(clean_end, horizon_ms)`` of the latest cut its leader decided ((0, 0): none)."""
+        return self._cut_of(b"clean", pid)
+
+    def clean_applied(self, pid: int) -> tuple[int, int]:
+        """``(clean_end, horizon_ms)`` of the latest cut applied to this replica's log."""
+        return self._cut_of(b"cleaned", pid)
+
+    def stage_clean_target(self, pid: int, clean_end: int, horizon_ms: int) -> None:
+        self.put("meta", b"clean:%d" % pid, b"%d %d" % (clean_end, horizon_ms))
+        self._clean_cache[(b"clean", pid)] = (clean_end, horizon_ms)
+
+    def stage_clean_applied(self, pid: int, clean_end: int, horizon_ms: int, clean_bytes: int = 0) -> None:
+        self.put("meta", b"cleaned:%d" % pid, b"%d %d %d" % (clean_end, horizon_ms, clean_bytes))
+        self._clean_cache[(b"cleaned", pid)] = (clean_end, horizon_ms)
+        self._clean_cache[(b"bytes", pid)] = (clean_bytes, 0)
+
+    def clean_bytes(self, pid: int) -> int | None:
+        """Bytes below the applied cut once it was applied (None: not known)."""
+        self.clean_applied(pid)
+        got = self._clean_cache.get((b"bytes", pid))
+        return None if got is None else got[0]
+
+    def stage_rewrite(self, pid: int, base: int, old_size: int, batch: bytes) -> None:
+        """Replace the committed batch at ``base`` (``old_size`` bytes) by ``batch``, its
+        compacted form: same base offset and span (``mesh.wire.compacted``)."""
+        self._save_undo(pid)
+        self._put_batch(pid, base, batch)
+        st = self._parts[pid]
+        st[2] += len(batch) - old_size
+        self.compacted_bytes += old_size - len(batch)
+        self.time_index.drop(pid)
 
     # -- retention ----------------------------------------------------------------------
     def stage_cut_head(self, pid: int, offset: int, max_batches: int = 1000) -> int:

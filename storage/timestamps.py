@@ -162,13 +162,23 @@ def records_at_time(batch, timestamp_ms: int, from_offset: int, limit_offset: in
     lo, hi = max(0, from_offset - base), min(n, limit_offset - base)
     if lo >= hi or mx < timestamp_ms:
         return None
-    if first == mx:   # every record has this timestamp (no delta column)
+    compacted = batch[17] & 0x02   # (mesh.wire.compacted: offsets with gaps, decoded below)
+    if first == mx and not compacted:   # every record has this timestamp (no delta column)
         return base + lo, first
-    if lo == 0 and first >= timestamp_ms:
+    if lo == 0 and first >= timestamp_ms and not compacted:
         return base, first
     try:
-        deltas = msgpack.unpackb(memoryview(batch)[HEADER_SIZE:], raw=False)[2]
+        cols = msgpack.unpackb(memoryview(batch)[HEADER_SIZE:], raw=False)
+        deltas = cols[2]
     except Exception:   # an older broker stored it unchecked: no answer from it
+        return None
+    if len(cols) == 5:   # compacted (mesh.wire.compacted): the kept records at their offsets
+        try:
+            for od, d in zip(cols[4], deltas or [0] * len(cols[4])):
+                if lo <= od < hi and first + d >= timestamp_ms:
+                    return base + od, first + d
+        except TypeError:
+            pass
         return None
     if not isinstance(deltas, list) or len(deltas) != n:
         return None

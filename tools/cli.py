@@ -169,15 +169,19 @@ def topic_describe(name, as_json, bootstrap) -> None:
     if as_json:
         click.echo(json.dumps(t, indent=2, sort_keys=True))
         return
-    cfg = ",".join(f"{k}={v}" for k, v in sorted(t["config"].items()))
+    from mesh.wire.topic_config import compacted, shown_config
+    cfg = ",".join(f"{k}={v}" for k, v in sorted(shown_config(t["config"]).items()))
+    dirty = compacted(t["config"])   # a compacted topic: each partition's dirty ratio (its leader's)
     click.echo(f"Topic: {t['name']}  Partitions: {len(t['partitions'])}  "
                f"ReplicationFactor: {t['replication_factor']}  Config: {cfg}")
     click.echo(f"{'partition':>9} {'leader':>8} {'epoch':>5} {'replicas':<14} {'isr':<14} "
-               f"{'log_start':>10} {'log_end':>10} {'commit':>10}  recovering")
+               f"{'log_start':>10} {'log_end':>10} {'commit':>10}" + ("  dirty" if dirty else "") + "  recovering")
     for p in t["partitions"]:
+        ratio = p.get("dirty_ratio")
         click.echo(f"{p['partition']:>9} {str(p['leader']):>8} {p['epoch']:>5} {','.join(p['replicas']):<14} "
                    f"{','.join(p['isr']):<14} {p['log_start']:>10} {p['log_end']:>10} {p['high_watermark']:>10}  "
-                   f"{','.join(p.get('recovering') or []) or '-'}")
+                   + (f"{'-' if ratio is None else f'{ratio:.3f}':>5}  " if dirty else "")
+                   + f"{','.join(p.get('recovering') or []) or '-'}")
 
 
 @topic.command("delete")

@@ -135,18 +135,30 @@ def parse_replicas(text: str) -> list[str]:
               help="the new number of partitions (can only grow; keyed records may then map elsewhere)")
 @click.option("--replication-factor", "-r", type=click.IntRange(1), default=None,
               help="the new replication factor (each partition's leader adds or removes replicas)")
+@click.option("--config", "-c", "configs", multiple=True,
+              help="key=value to set, e.g. cleanup.policy=compact (the other configs stay)")
 @bootstrap_option
 @friendly
-def topic_alter(name, partitions, replication_factor, bootstrap) -> None:
-    """Add partitions to a topic and/or change its replication factor."""
-    if partitions is None and replication_factor is None:
-        raise click.UsageError("give --partitions N and/or --replication-factor N")
+def topic_alter(name, partitions, replication_factor, configs, bootstrap) -> None:
+    """Add partitions to a topic, change its replication factor and/or set configs."""
+    if partitions is None and replication_factor is None and not configs:
+        raise click.UsageError("give --partitions N, --replication-factor N and/or --config KEY=VALUE")
     from mesh.client import Admin
+    config = {}
+    for kv in configs:
+        k, sep, v = kv.partition("=")
+        if not sep or not k:
+            raise click.UsageError(f"--config wants KEY=VALUE, not {kv!r}")
+        config[k.strip()] = v.strip()
     with Admin(bootstrap) as admin:
         before = admin.metadata([name]).topics[0] if replication_factor else None
-        admin.alter_topic(name, partitions or 0, replication_factor or 0)
+        if config:
+            admin.alter_topic(name, partitions or 0, replication_factor or 0, config=config)
+        else:
+            admin.alter_topic(name, partitions or 0, replication_factor or 0)
     done = ([f"{partitions} partitions"] if partitions else []) + \
-        ([f"replication factor {replication_factor}"] if replication_factor else [])
+        ([f"replication factor {replication_factor}"] if replication_factor else []) + \
+        [f"{k}={v}" for k, v in config.items()]
     click.echo(f"altered topic {name}: {', '.join(done)}")
     if replication_factor:
         if before.get("replication_factor") == replication_factor and all(

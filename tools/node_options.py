@@ -37,6 +37,10 @@ BOUND_OPTIONS: list[tuple[str, int, int, str]] = [
                                               "beyond (or beyond fetch_max_bytes for one client), a fetch is answered "
                                               "THROTTLED instead of its records (the answer side of Kafka's "
                                               "queued.max.request.bytes)"),
+    ("compaction_bytes_per_s", 1, 8 << 20, "bytes a second the compactor reads and rewrites (compacted topics; "
+                                           "Kafka log.cleaner.io.max.bytes.per.second)"),
+    ("compaction_check_ms", 1, 1_000, "how often a leader looks for a compaction cut to decide "
+                                      "(Kafka log.cleaner.backoff.ms)"),
     ("heartbeat_ivl_ms", 1, 1_000, "ZeroMQ heartbeat (PING) interval on links to peers"),
     ("heartbeat_timeout_ms", 1, 3_000, "a peer link silent this long after a PING is dropped at both ends"),
     ("produce_quota_bytes_per_s", 0, 0, "per-client produce byte rate; answers are delayed to keep it, "

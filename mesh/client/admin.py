@@ -190,6 +190,8 @@ class Admin(ElasticAdmin, SecurityAdmin, ClientBase):
                         and all(type(q.get(k)) is int for k in ("log_start", "log_end", "high_watermark"))
                         and isinstance(q.get("isr"), list) and all(isinstance(x, str) for x in q["isr"])):
                     p.update({k: q[k] for k in _FIRST_HAND})
+                    if isinstance(q.get("dirty_ratio"), (int, float)):   # a compacted topic's leader says
+                        p["dirty_ratio"] = q["dirty_ratio"]
 
     def brokers(self) -> list[dict]:
         return self.metadata([]).brokers

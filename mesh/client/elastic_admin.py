@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Iterable
 
 from mesh.wire.errors import ErrorCode, MeshError
+from mesh.wire.topic_config import normalize_config
 from mesh.wire.messages import (BROKER_ACTIVE, BROKER_DRAINING, AlterTopicRequest, BrokerStateRequest,
                                 ErrorResponse, ListMovesRequest, MetadataRequest, ReassignRequest)
 
@@ -40,19 +41,23 @@ class ElasticAdmin:
     """Topic growth, broker decommission, manual reassignment and the moves in progress."""
 
     def alter_topic(self, name: str, partitions: int = 0, replication_factor: int = 0,
-                    wait_s: float = 10.0) -> None:
+                    wait_s: float = 10.0, config: dict | None = None) -> None:
         """Grow topic ``name`` to ``partitions`` (0: unchanged; partitions can only be
         added, as in Kafka: a keyed record may then land in another partition) and/or set
         its ``replication_factor`` (0: unchanged; the partitions' leaders then add or remove
         replicas one at a time). With ``wait_s``, returns once every live broker knows the
-        new shape (and a leader for every new partition)."""
-        _check(self._call(AlterTopicRequest(name, partitions, replication_factor)))
+        new shape (and a leader for every new partition). ``config``: topic configs to set
+        (e.g. ``{"cleanup.policy": "compact"}``), the others unchanged."""
+        _check(self._call(AlterTopicRequest(name, partitions, replication_factor, dict(config or {}))))
+
+        want = {k: v for k, v in normalize_config(config).items() if k in config} if config else {}
 
         def ok(topics: dict) -> bool:
             t = topics.get(name)
             return t is not None and len(t["partitions"]) >= partitions and all(
                 p.get("leader") for p in t["partitions"]) and (
-                not replication_factor or t.get("replication_factor") == replication_factor)
+                not replication_factor or t.get("replication_factor") == replication_factor) and (
+                not config or all(t["config"].get(k) == v for k, v in want.items()))
         if wait_s > 0:
             self._wait_everywhere(ok, wait_s, name)
 

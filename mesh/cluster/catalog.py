@@ -416,7 +416,8 @@ class Catalog:
                             f"the cluster holds {held} partitions; at most {MAX_CLUSTER_PARTITIONS} in all "
                             f"(asked for {more} more): delete a topic first")
 
-    def alter(self, name: str, partitions: int, replication_factor: int, live_nodes: list[str]) -> Topic:
+    def alter(self, name: str, partitions: int, replication_factor: int, live_nodes: list[str],
+              config: dict | None = None) -> Topic:
         """Grow topic ``name`` to ``partitions`` (0: unchanged; only growth, as Kafka's
         CreatePartitions) and set its ``replication_factor`` (0: unchanged). New partitions
         are placed over ``live_nodes``, starting at the brokers that lead the fewest of the
@@ -428,8 +429,14 @@ class Catalog:
         t = self.topic(name)
         if type(partitions) is not int or type(replication_factor) is not int:
             raise MeshError(ErrorCode.INVALID_REQUEST, "partitions and replication factor must be integers")
-        if partitions == 0 and replication_factor == 0:
-            raise MeshError(ErrorCode.INVALID_REQUEST, "nothing to alter: give partitions or a replication factor")
+        if config is not None and not isinstance(config, dict):
+            raise MeshError(ErrorCode.INVALID_CONFIG, "topic config must be a map of names to values")
+        cfg = normalize_config({**t.config, **config}) if config else t.config   # the keys given, set
+        if partitions == 0 and replication_factor == 0 and cfg == t.config:
+            if config:
+                return t                                # the same values again: a no-op
+            raise MeshError(ErrorCode.INVALID_REQUEST, "nothing to alter: give partitions, a replication "
+                                                       "factor or configs")
         if partitions and partitions <= t.partitions:
             raise MeshError(ErrorCode.INVALID_REQUEST,
                             f"topic {name!r} has {t.partitions} partitions: partitions can only be added, "
@@ -445,7 +452,7 @@ class Catalog:
         if rf > len(live) and (rf != t.replication_factor or partitions):
             raise MeshError(ErrorCode.INVALID_CONFIG,
                             f"replication factor {rf} is larger than the {len(live)} live broker(s) that are not draining")
-        if rf == t.replication_factor and not partitions:
+        if rf == t.replication_factor and not partitions and cfg == t.config:
             return t                                    # nothing changes: an idempotent no-op
         replicas = self._table(t)
         if partitions:
@@ -459,7 +466,7 @@ class Catalog:
             except ValueError as exc:
                 raise MeshError(ErrorCode.INVALID_CONFIG, str(exc))
         new = Topic(name=name, uuid=t.uuid, partitions=len(replicas), replication_factor=rf,
-                    config=t.config, replicas=tuple(replicas))
+                    config=cfg, replicas=tuple(replicas))
         existing = self.gossip.cluster_items(f"{TPARTS_PREFIX}{name}/{t.uuid}/")
         for key, value in topic_registers(new).items():  # the changed chunks first, the header last
             if existing.get(key) != value:

@@ -20,6 +20,7 @@ columns. Python touches each record once, to move its fields from one to the oth
 from __future__ import annotations
 
 import operator
+import struct
 import time
 from itertools import repeat
 
@@ -27,6 +28,7 @@ from aiokafka.record.default_records import DefaultRecordBatchBuilder
 from crc32c import crc32c
 from aiokafka.record.memory_records import MemoryRecords
 
+from mesh.wire.compacted import ATTR_COMPACTED, compacted_columns
 from mesh.wire.records import decode_batch, encode_batch, iter_batches
 
 __all__ = ["ConvertError", "to_mesh", "to_kafka", "mesh_producer_id", "MAX_KAFKA_PRODUCER_ID", "KafkaBatchInfo"]
@@ -107,6 +109,16 @@ def to_mesh(records: bytes) -> tuple[bytes, KafkaBatchInfo]:
     return encode_batch(values, keys, timestamps, headers, producer_id=mesh_pid, base_sequence=mesh_seq), info
 
 
+_EMPTY_TAIL = struct.Struct(">hiqqqhii")   # attributes .. record count (the part the CRC covers)
+
+
+def _empty_kafka_batch(h) -> bytes:
+    """A Kafka v2 batch of no records spanning ``h``'s offsets (clients move past it)."""
+    tail = _EMPTY_TAIL.pack(0, h.record_count - 1, h.first_timestamp_ms, h.max_timestamp_ms, -1, -1, -1, 0)
+    head = struct.pack(">qiib", h.base_offset, 4 + 1 + 4 + len(tail), 0, 2)
+    return head + struct.pack(">I", crc32c(tail)) + tail
+
+
 def to_kafka(payload, first_offset: int = 0) -> tuple[bytes, int]:
     """(Kafka batches, records) of a native fetch's payload: every mesh batch as one Kafka
     batch, offsets unchanged. Batches wholly below ``first_offset`` are left out; a batch
@@ -116,18 +128,30 @@ def to_kafka(payload, first_offset: int = 0) -> tuple[bytes, int]:
     for h, raw in iter_batches(payload, verify_crc=False):   # the native consumer's rule: the node checked
         if h.next_offset <= first_offset:
             continue
-        _, values, keys, deltas, headers = decode_batch(raw, h)
-        n = h.record_count
         b = DefaultRecordBatchBuilder(magic=2, compression_type=0, is_transactional=0, producer_id=-1,
                                       producer_epoch=-1, base_sequence=-1, batch_size=_BIG)
         ts0 = h.first_timestamp_ms
+        if h.attributes & ATTR_COMPACTED:   # offsets with gaps (compaction kept some records)
+            values, keys, deltas, headers, offs = compacted_columns(raw, h)
+            n = len(values)
+            if not n:   # nothing left: an empty batch spanning its offsets, as Kafka's cleaner leaves
+                out.append(_empty_kafka_batch(h))
+                continue
+        else:
+            _, values, keys, deltas, headers = decode_batch(raw, h)
+            n = h.record_count
+            offs = range(n)
         # one C call per record through map (no Python frame per record)
         tss = [ts0 + d for d in deltas] if deltas else repeat(ts0, n)
         hs = [[(k, v) for k, v in x] if x else _NO_HEADERS for x in headers] if headers else repeat(_NO_HEADERS, n)
-        for _ in map(b.append, range(n), tss, keys if keys else repeat(None, n), values, hs):
+        for _ in map(b.append, offs, tss, keys if keys else repeat(None, n), values, hs):
             pass
         buf = b.build()
         buf[0:8] = h.base_offset.to_bytes(8, "big")
+        if h.attributes & ATTR_COMPACTED and offs[-1] != h.record_count - 1:
+            # the batch spans its offsets as stored (lastOffsetDelta), so clients step over the gap
+            buf[23:27] = (h.record_count - 1).to_bytes(4, "big")
+            buf[17:21] = crc32c(memoryview(buf)[21:]).to_bytes(4, "big")
         out.append(bytes(buf))
         count += n
     return b"".join(out), count

@@ -46,6 +46,8 @@ class TopicsApi:
         seen: set[str] = set()
         for t in req.topics:
             res = {"name": t.name, "error_code": K.none, "error_message": None}
+            if ctx.api_version >= 5:   # (v5 answers each topic's configs; none listed here)
+                res["configs"] = []
             parts = self.defaults.num_partitions if t.num_partitions == -1 else t.num_partitions
             rf = min(self.defaults.default_replication_factor, live) if t.replication_factor == -1 \
                 else t.replication_factor

@@ -52,6 +52,8 @@ class NodeConfig:
     client_sndhwm: int = 16                  # answers queued in ZeroMQ per client pipe
     client_backlog_bytes: int = 4 << 20      # then in the node per client; beyond, answers dropped
     queued_max_answer_bytes: int = 256 << 20  # unread answers the node holds in all (mesh.node.limits.answer_budget)
+    compaction_bytes_per_s: int = 8 << 20    # the compactor's read/rewrite budget (mesh.node.data.compactor)
+    compaction_check_ms: int = 1_000         # how often a leader looks for a compaction cut
     heartbeat_ivl_ms: int = 1_000            # ZMTP PING on every link to a peer
     heartbeat_timeout_ms: int = 3_000        # a peer link silent this long after a PING: dropped (both ends)
     produce_quota_bytes_per_s: int = 0       # per client, 0 = off (quota producer_byte_rate)

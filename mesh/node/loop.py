@@ -74,6 +74,7 @@ from mesh.node.peers.peers import PeerLinks
 from mesh.node.replication.snapshot_pace import SnapshotPace
 from mesh.node.lifecycle.shutdown import Shutdown
 from mesh.node.lifecycle.sidecars import SidecarError, Sidecars
+from mesh.node.data.compactor import Compactor
 from mesh.node.turn import BrokerTurn, Task
 from mesh.node.wiring import wire_node
 from mesh.security.broker import BrokerSecurity, check_text_gateway
@@ -158,6 +159,8 @@ class Node:
         self.snapshot_pace = SnapshotPace()   # when the gossip snapshot is staged (mesh.node.replication.snapshot_pace)
         self._isolated_logged = False
         self._isolated_since_ms: int | None = None
+        self.compactor = self.handlers.compactor = Compactor(self.store, self.catalog, self.replicas,
+                                                             config.compaction_bytes_per_s)
         self.turn = self._make_turn()
         self._start_sidecars(config, text_creds)
         if config.metrics_port is not None:   # /metrics on its own thread (mesh.node.ops.metrics_http)
@@ -240,6 +243,10 @@ class Node:
             # by time only while this clock agrees with the peers' (DESIGN.md section 11)
             Task("retention", lambda: self.data.enforce_retention(self.clock.wall_ms(), self.peer_clock.trusted()),
                  period_ms=cfg.retention_check_ms),
+            # compacted topics (mesh.node.data.compactor): the leaders' cuts, then a slice of work
+            Task("compaction plan", lambda: self.compactor.plan(self.clock.wall_ms(), self.peer_clock.trusted()),
+                 period_ms=cfg.compaction_check_ms),
+            Task("compaction", lambda: self.compactor.step(self.clock.now_ms())),
             Task("producer expiry", lambda: self.producers.expire(self.clock.wall_ms()),
                  period_ms=min(_PRODUCER_EXPIRY_CHECK_MS, cfg.producer_id_expiration_ms),
                  when=self.peer_clock.trusted),
@@ -345,6 +352,9 @@ class Node:
         d = self.outbox.next_due_ms()
         if d is not None:
             t = min(t, max(0, d - self.clock.now_ms()))
+        d = self.compactor.next_in_ms()   # a compaction job runs: its next slice
+        if d is not None:
+            t = min(t, d)
         return max(0, min(t, self.gossip.next_tick_ms - self.clock.wall_ms()))
 
     def _drain(self) -> None:

@@ -16,7 +16,8 @@ another order. The steps, after the caller drained its socket into the handlers:
    replication tick (effects staged, sends held), held produce requests run again (a
    handover ended), corrupt batches reported, a moved gossip state acted on (catalog
    reconciled, snapshot marked due), stats published, peer links pruned, isolation noted,
-   the group host's tick, retention and producer-id expiry (staged), the elastic tick,
+   the group host's tick, retention, the compaction cut and a slice of compaction, and
+   producer-id expiry (staged), the elastic tick,
    a stopping node's handovers, the gossip snapshot (staged when due, in a turn that syncs
    anyway or after waiting for one);
 3. the commit: the turn's LMDB transaction with one sync (``DataPath.commit_turn``: then
@@ -41,7 +42,7 @@ log = logging.getLogger("mesh.node.turn")
 
 COMMIT = "commit"
 ORDER = ("clock", "gossip tick", "replication tick", "held produces", "corrupt batches", "gossip moved",
-         "stats", "peer links", "isolation", "groups", "retention", "producer expiry", "elastic", "hand over",
+         "stats", "peer links", "isolation", "groups", "retention", "compaction plan", "compaction", "producer expiry", "elastic", "hand over",
          "gossip snapshot", COMMIT, "publish", "outbox", "wake fetches", "identity", "metrics")
 
 

@@ -18,7 +18,7 @@ operation and the shell contract), then:
     outbox.py     coalescing: one message per peer and kind
 """
 from mesh.raft.config import ReplicationConfig
-from mesh.raft.log import Append, CutHead, EpochCache, LogOp, LogReader, PersistState, ResetLog, Truncate
+from mesh.raft.log import Append, CleanTo, CutHead, EpochCache, LogOp, LogReader, PersistState, ResetLog, Truncate
 from mesh.raft.manager import Ready, ReplicaManager
 from mesh.raft.membership import Config, check_step
 from mesh.raft.messages import (
@@ -29,7 +29,7 @@ from mesh.raft.partition import Role
 
 __all__ = [
     "ReplicaManager", "ReplicationConfig", "Ready", "Role", "Config", "check_step",
-    "Append", "Truncate", "ResetLog", "CutHead", "LogOp", "PersistState", "EpochCache", "LogReader",
+    "Append", "Truncate", "ResetLog", "CutHead", "CleanTo", "LogOp", "PersistState", "EpochCache", "LogReader",
     "PEER_MESSAGES", "PeerMessage", "ReplAppend", "ReplAppendResp", "ReplHeartbeat",
     "ReplHeartbeatResp", "ReplVote", "ReplVoteResp", "ReplTimeoutNow",
 ]

@@ -24,7 +24,9 @@ The partition's rules, in full:
    log start; a follower cuts its head to it, up to its own commit offset (``CutHead``),
    and never by its own clock, so all replicas agree on the log start (a follower behind
    it restarts there: rule 3's ``reset``). A leader whose log start moved is woken and
-   does not go quiet until it has beaten with the new start for a few beats.
+   does not go quiet until it has beaten with the new start for a few beats. The
+   leader's compaction cut travels the same way (``follow_clean``): decided by the leader
+   alone, applied by each replica to its own committed records.
 """
 from __future__ import annotations
 
@@ -32,13 +34,13 @@ from typing import TYPE_CHECKING
 
 from mesh.wire.errors import ErrorCode
 from mesh.raft import recovery
-from mesh.raft.log import Append, CutHead, ResetLog, Truncate
+from mesh.raft.log import Append, CleanTo, CutHead, ResetLog, Truncate
 from mesh.raft.messages import AppendRespRow, AppendRow
 
 if TYPE_CHECKING:
     from mesh.raft.partition import Partition
 
-__all__ = ["handle_append", "follow_start"]
+__all__ = ["handle_append", "follow_start", "follow_clean"]
 
 _NONE = int(ErrorCode.NONE)
 
@@ -70,6 +72,7 @@ def handle_append(p: Partition, src: str, row: AppendRow, payload: bytes) -> Non
     p._set_commit(min(row.commit, match))
     p.membership.note_cfg_commit(row.cfg_commit, row.cfg_commit_term)
     follow_start(p, row.log_start)
+    follow_clean(p, row.clean_end, row.clean_horizon)
     if p.recovering:
         if p.recover_term != p.term:
             # Where this leader's epoch starts in its log: it held every entry committed
@@ -141,6 +144,19 @@ def follow_start(p: Partition, start: int) -> None:
     cut = min(start, p.commit)
     if cut > p.host.reader.start_offset(p.pid):
         p.host.log_op(CutHead(p.pid, cut))
+
+
+def follow_clean(p: Partition, clean_end: int, horizon_ms: int) -> None:
+    """Compaction: hand the shell a leader's cut newer than the one this replica knows; it
+    applies it to its own committed records (never above its commit on disk). The cut
+    and the horizon only grow, whichever leader sent them; a cut beyond our log end is
+    not taken (never clamped: a different cut would compact differently), and every row
+    carries it again."""
+    if not clean_end or clean_end > p.end:
+        return   # (none; or beyond what we hold: the leader counts stale matches; heard again later)
+    end, horizon = p.host.reader.clean_cut(p.pid)
+    if clean_end > end or horizon_ms > horizon:
+        p.host.log_op(CleanTo(p.pid, max(end, clean_end), max(horizon, horizon_ms)))
 
 
 def reject(p: Partition, src: str, row: AppendRow) -> None:

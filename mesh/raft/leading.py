@@ -223,19 +223,21 @@ class LeaderState:
                 pr.probe_prev = self._send_append(peer, pr, data, ctx)
                 pr.probe_sent = True
 
-    def _append_ctx(self) -> tuple[int, tuple[int, int], tuple[int, int]]:
-        """(log start, committed config id, latest config id): the same for every append
-        row of one ``send_appends``."""
+    def _append_ctx(self) -> tuple[int, tuple[int, int], tuple[int, int], tuple[int, int]]:
+        """(log start, committed config id, latest config id, compaction cut): the same for
+        every append row of one ``send_appends``."""
         p = self.p
-        return p.host.reader.start_offset(p.pid), p.membership.cfg_commit_ident(), p.history.latest().ident
+        return (p.host.reader.start_offset(p.pid), p.membership.cfg_commit_ident(), p.history.latest().ident,
+                p.host.reader.clean_cut(p.pid))
 
     def _send_append(self, peer: str, pr: Progress, data: bool,
-                     ctx: tuple[int, tuple[int, int], tuple[int, int]]) -> int:
+                     ctx: tuple[int, tuple[int, int], tuple[int, int], tuple[int, int]]) -> int:
         """Send one append row from ``pr.next`` (``ctx``: ``_append_ctx()``); returns its
         prev_offset, or -1 when nothing was sent (switched to probing, or the reader cannot
         see the data yet)."""
         p = self.p
-        start, (cv, ct), latest = ctx
+        start, (cv, ct), latest, (clean_end, horizon) = ctx
+        clean_end = min(clean_end, p.commit)
         prev = pr.next
         if prev < start:
             if pr.state != PROBE:
@@ -243,7 +245,7 @@ class LeaderState:
                 return -1
             row = AppendRow(p.pid, p.term, start, p.cache.epoch_at(start - 1), start, 0,
                             self.epoch_start, p.commit, 0, 1, cv, ct, p.history.window(start, start),
-                            min(start, p.commit))
+                            min(start, p.commit), clean_end, horizon)
             p._send(peer, row)
             return start
         prev_epoch = p.cache.epoch_at(prev - 1) if prev > 0 else 0
@@ -264,7 +266,8 @@ class LeaderState:
             payload = bytes(payload)
         row = AppendRow(p.pid, p.term, prev, prev_epoch, end, epoch, self.epoch_start,
                         p.commit, len(payload), 0, cv, ct,
-                        p.history.window(prev, end) if pr.config_id != latest else [], min(start, p.commit))
+                        p.history.window(prev, end) if pr.config_id != latest else [], min(start, p.commit),
+                        clean_end, horizon)
         p._send(peer, row, payload)
         if payload and p.cfg.learner_bytes_per_tick > 0 and peer not in p.voters:
             p.host.learner_budget -= len(payload)   # may go below 0: repaid by the next ticks
@@ -278,10 +281,12 @@ class LeaderState:
         cv, ct = p.membership.cfg_commit_ident()
         quiesce = self._may_quiesce()
         start = p.host.reader.start_offset(p.pid)
+        clean_end, horizon = p.host.reader.clean_cut(p.pid)
+        clean_end = min(clean_end, p.commit)
         for peer in p.peers:
             pr = self.progress[peer]
             p._send(peer, HeartbeatRow(p.pid, p.term, min(p.commit, pr.match), cv, ct, int(quiesce),
-                                          start))
+                                          start, clean_end, horizon))
         if quiesce:
             quiescence.quiesce(p)
 
@@ -291,10 +296,10 @@ class LeaderState:
         p = self.p
         if not p.cfg.quiesce_after_beats:
             return False
-        start = p.host.reader.start_offset(p.pid)
+        start = (p.host.reader.start_offset(p.pid), p.host.reader.clean_cut(p.pid))
         if p.end != self.beat_end or start != self.beat_start:
             self.beat_end, self.beat_start, self.idle_beats = p.end, start, 0
-            return False   # (a moved log start too: the followers hear it for a few beats)
+            return False   # (a moved log start or cut too: the followers hear it for a few beats)
         self.idle_beats += 1
         if (self.idle_beats < p.cfg.quiesce_after_beats or self.transfer_to is not None
                 or p.commit != p.end or p.synced != p.end or not self.epoch_committed

@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from mesh.raft.membership import Config
     from mesh.wire.effects import Send
 
-__all__ = ["EpochCache", "Append", "Truncate", "ResetLog", "CutHead", "LogOp", "PersistState", "LogReader", "Ready",
+__all__ = ["EpochCache", "Append", "Truncate", "ResetLog", "CutHead", "CleanTo", "LogOp", "PersistState", "LogReader", "Ready",
            "NO_READY"]
 
 
@@ -170,7 +170,17 @@ class CutHead:
     offset: int
 
 
-LogOp: TypeAlias = Append | Truncate | ResetLog | CutHead  # a storage effect, applied in order
+@dataclass(frozen=True, slots=True)
+class CleanTo:
+    """A follower heard its leader's compaction cut (``clean_end``, ``horizon_ms``): the
+    shell records it and compacts its own committed records below ``clean_end`` by the
+    same rule (``storage.compaction``) once its commit on disk reaches it."""
+    pid: int
+    clean_end: int
+    horizon_ms: int
+
+
+LogOp: TypeAlias = Append | Truncate | ResetLog | CutHead | CleanTo  # a storage effect, applied in order
 
 
 class PersistState(NamedTuple):
@@ -235,4 +245,8 @@ class LogReader(Protocol):
 
     def start_offset(self, pid: int) -> int:
         """The log start (first retained offset)."""
+        ...
+
+    def clean_cut(self, pid: int) -> tuple[int, int]:
+        """The compaction cut this replica knows (``(clean_end, horizon_ms)``; (0, 0): none)."""
         ...

@@ -37,7 +37,10 @@ turns them into ``(offset, Config)`` pairs.
 
 Retention: appends and heartbeats end with the leader's log start (``log_start``; at most
 the row's commit in an append), which followers follow (``mesh.raft.partition``, rule
-11). A row without it (from a broker before this field) is taken with 0: nothing to cut. Appends and heartbeats carry the leader's
+11). A row without it (from a broker before this field) is taken with 0: nothing to cut.
+Compaction: appends and heartbeats then carry the leader's compaction cut (``clean_end``,
+``clean_horizon``; 0, 0: none), which followers apply to their own committed records
+(``mesh.node.data.compactor``). Appends and heartbeats carry the leader's
 committed config id; their answers the follower's latest config id; votes the
 candidate's latest config version (part of the log comparison).
 """
@@ -84,6 +87,8 @@ class AppendRow(NamedTuple):
     cfg_commit_term: int = 0
     configs: list = ()    # config markers from the one in force at prev_offset ([] when not carried)
     log_start: int = 0    # the leader's log start: followers cut their head to it once committed
+    clean_end: int = 0    # the leader's compaction cut (mesh.node.data.compactor): below it the
+    clean_horizon: int = 0   # newest record per key is kept, tombstones older than the horizon dropped
 
 
 class AppendRespRow(NamedTuple):
@@ -111,6 +116,8 @@ class HeartbeatRow(NamedTuple):
     cfg_commit_term: int = 0
     quiesce: int = 0      # 1: the leader goes quiet (idle, every live follower caught up); see manager
     log_start: int = 0    # as in AppendRow
+    clean_end: int = 0    # as in AppendRow
+    clean_horizon: int = 0
 
 
 class HeartbeatRespRow(NamedTuple):
@@ -262,7 +269,7 @@ def parse_rows(msg: object, max_replicas: int = 9) -> list[PeerRow]:
 
 
 # Trailing fields a row may lack (added after ``mesh-peer/6``; their defaults apply).
-_OPTIONAL_TAIL: dict[type, int] = {AppendRow: 1, HeartbeatRow: 1}
+_OPTIONAL_TAIL: dict[type, int] = {AppendRow: 3, HeartbeatRow: 3}
 
 
 def _typed(raw: object, row_type: type, kinds: tuple[type, ...], msg_name: str) -> PeerRow:
@@ -329,6 +336,8 @@ def _check_row(r: PeerRow) -> str | None:
             return "config id out of range"
         if not 0 <= r.log_start <= r.commit:
             return "a log start above the leader's commit"
+        if not (0 <= r.clean_end < MAX_OFFSET and 0 <= r.clean_horizon < MAX_OFFSET):
+            return "a compaction cut out of range"
     elif kind is AppendRespRow:
         if not (0 <= r.offset < MAX_OFFSET and 0 <= r.hint_end < MAX_OFFSET and 0 <= r.hint_epoch < MAX_TERM
                 and r.ok in (0, 1) and r.recovering in (0, 1) and r.code >= 0
@@ -337,7 +346,8 @@ def _check_row(r: PeerRow) -> str | None:
     elif kind is HeartbeatRow:
         if (r.term < 1 or not 0 <= r.commit < MAX_OFFSET or not 0 <= r.cfg_commit < MAX_VERSION
                 or not 0 <= r.cfg_commit_term <= r.term or r.quiesce not in (0, 1)
-                or not 0 <= r.log_start < MAX_OFFSET):
+                or not 0 <= r.log_start < MAX_OFFSET or not 0 <= r.clean_end < MAX_OFFSET
+                or not 0 <= r.clean_horizon < MAX_OFFSET):
             return "commit out of range"
     elif kind is HeartbeatRespRow:
         if (r.recovering not in (0, 1) or r.code < 0 or not 0 <= r.cfg_version < MAX_VERSION

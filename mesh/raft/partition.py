@@ -480,6 +480,7 @@ class Partition:
             self._set_commit(min(row.commit, self.end, self.agreed))
             self.membership.note_cfg_commit(row.cfg_commit, row.cfg_commit_term)
             follower_log.follow_start(self, row.log_start)
+            follower_log.follow_clean(self, row.clean_end, row.clean_horizon)
             self._send(src, HeartbeatRespRow(self.pid, self.term, _NONE, int(self.recovering),
                                              *self.history.latest().ident))
             if row.quiesce and self.commit >= row.commit and not self.recovering and self.cfg.quiesce_after_beats:

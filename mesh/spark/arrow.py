@@ -6,9 +6,11 @@ fixed (``SCHEMA_DDL``).
 """
 from __future__ import annotations
 
+import bisect
 import itertools
 
 from mesh.wire.errors import MeshError
+from mesh.wire.compacted import ATTR_COMPACTED, compacted_columns
 from mesh.wire.records import ATTR_CONTROL, decode_batch
 
 __all__ = ["SCHEMA_DDL", "spark_schema", "arrow_schema", "to_arrow"]
@@ -58,14 +60,23 @@ def to_arrow(pa, schema, topic: str, partition: int, batches, lo: int, hi: int, 
         if h.attributes & ATTR_CONTROL:
             continue
         try:
-            _, vs, ks, deltas, hs = decode_batch(b)
+            if h.attributes & ATTR_COMPACTED:   # offsets with gaps: the kept records in [lo, hi)
+                vs, ks, deltas, hs, offs = compacted_columns(b, h)
+            else:
+                _, vs, ks, deltas, hs = decode_batch(b)
+                offs = None
         except MeshError as exc:   # INVALID_RECORD
             if on_bad is None:
                 raise
             on_bad(h, exc)
             continue
-        n = h.record_count
-        a, z = max(0, lo - h.base_offset), min(n, hi - h.base_offset)
+        if offs is None:
+            n = h.record_count
+            a, z = max(0, lo - h.base_offset), min(n, hi - h.base_offset)
+        else:
+            n = len(vs)
+            a = bisect.bisect_left(offs, lo - h.base_offset)
+            z = bisect.bisect_left(offs, hi - h.base_offset)
         if a >= z:
             continue
         if a or z < n:
@@ -93,7 +104,10 @@ def to_arrow(pa, schema, topic: str, partition: int, batches, lo: int, hi: int, 
             ts.append(pc.add(pc.multiply(pa.array(deltas, pa.int64()), 1000), first_us))
         else:  # one timestamp for the whole batch: no Python int per record
             ts.append(pa.repeat(pa.scalar(first_us, pa.int64()), m))
-        runs.append((h.base_offset + a, m))
+        if offs is None:
+            runs.append((h.base_offset + a, m))
+        else:
+            runs.extend((h.base_offset + o, 1) for o in offs[a:z])
     n = len(values)
     if not n:
         return None

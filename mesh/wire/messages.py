@@ -286,10 +286,11 @@ BROKER_DRAINING = "draining"
 class AlterTopicRequest:
     """Grow a topic: ``partitions`` (0 = unchanged; may only grow, as in Kafka) and
     ``replication_factor`` (0 = unchanged; the partitions' leaders then add or remove
-    replicas one at a time)."""
+    replicas one at a time); ``config``: topic configs to set (the others unchanged)."""
     name: str
     partitions: int = 0
     replication_factor: int = 0
+    config: dict = field(default_factory=dict)
 
 
 @message("ALTER_TOPIC_R")

@@ -43,11 +43,12 @@ from typing import Iterator, NamedTuple, Sequence
 import msgpack
 
 from mesh.wire.errors import ErrorCode, MeshError
+from mesh.wire.compacted import ATTR_COMPACTED, compacted_columns
 from mesh.wire.record_check import check_columns, decode_columns
 
 __all__ = [
     "HEADER_SIZE", "BatchHeader", "Record", "encode_batch", "decode_batch", "parse_header",
-    "iter_batches", "patch_batch", "records_from", "validate_batch",
+    "iter_batches", "patch_batch", "records_from", "validate_batch", "ATTR_COMPACTED", "batch_records",
 ]
 
 MAGIC = 1
@@ -235,7 +236,10 @@ def records_from(topic: str, partition: int, batch, min_offset: int = 0,
                  header: BatchHeader | None = None) -> list[Record]:
     """Turn one batch into Records, skipping offsets below ``min_offset`` (``header``: see
     ``decode_batch``)."""
-    h, values, keys, deltas, headers = decode_batch(batch, header)
+    h = parse_header(batch) if header is None else header
+    if h.attributes & ATTR_COMPACTED:
+        return _compacted_records(topic, partition, batch, h, min_offset)
+    h, values, keys, deltas, headers = decode_batch(batch, h)
     n = h.record_count
     base = h.base_offset
     skip = max(0, min_offset - base)
@@ -251,3 +255,35 @@ def records_from(topic: str, partition: int, batch, min_offset: int = 0,
     # tuple.__new__ straight from C: no Python frame per record
     return list(map(_tuple_new, repeat(Record, m), zip(repeat(topic, m), repeat(partition, m),
                                                          offsets, tss, ks, vs, hs)))
+
+
+def _compacted_records(topic: str, partition: int, batch, h: BatchHeader, min_offset: int) -> list[Record]:
+    """``records_from`` of a batch compaction rewrote (``mesh.wire.compacted``): the kept
+    records at their own offsets, gaps stepped over."""
+    values, keys, deltas, headers, offs = compacted_columns(batch, h)
+    base, ts = h.base_offset, h.first_timestamp_ms
+    out = []
+    for i, od in enumerate(offs):
+        off = base + od
+        if off < min_offset:
+            continue
+        hs = tuple(map(tuple, headers[i])) if headers and headers[i] else _NO_HEADERS
+        out.append(_tuple_new(Record, (topic, partition, off, ts + (deltas[i] if deltas else 0),
+                                       keys[i] if keys else None, values[i], hs)))
+    return out
+
+
+def batch_records(batch, header: BatchHeader | None = None) -> tuple[BatchHeader, list[tuple]]:
+    """(header, [(offset delta, value, key, timestamp ms, headers), ...]) of any stored
+    batch, compacted or not: what compaction and the converters walk."""
+    h = parse_header(batch) if header is None else header
+    if h.attributes & ATTR_COMPACTED:
+        values, keys, deltas, headers, offs = compacted_columns(batch, h)
+    else:
+        _, values, keys, deltas, headers = decode_batch(batch, h)
+        offs = range(h.record_count)
+    n = len(values)
+    ts = h.first_timestamp_ms
+    return h, list(zip(offs, values, keys if keys else repeat(None, n),
+                       [ts + d for d in deltas] if deltas else repeat(ts, n),
+                       headers if headers else repeat(None, n)))

@@ -11,7 +11,8 @@ import re
 from mesh.wire.errors import ErrorCode, MeshError
 
 __all__ = ["TOPIC_DEFAULTS", "CONFIG_RANGES", "MAX_MESSAGE_BYTES", "validate_topic_name", "normalize_config",
-           "MAX_PARTITIONS", "RECENT_BATCHES"]
+           "MAX_PARTITIONS", "RECENT_BATCHES", "COMPACTION_DEFAULTS", "topic_setting", "compacted", "deletes",
+           "POLICY_NAMES", "shown_config"]
 
 _NAME = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
 MAX_PARTITIONS = 10_000
@@ -43,6 +44,69 @@ CONFIG_RANGES: dict[str, tuple[int, int]] = {
 }
 
 
+# Compaction (issue 40; Kafka's names and defaults). Kept out of TOPIC_DEFAULTS: a topic's
+# register holds these keys only when they were set, so a register without them (every
+# topic created before) stays normalized, and a broker that knows no compaction refuses
+# only the registers of topics that use it. Read them with ``topic_setting``.
+# cleanup.policy: 0 delete, 1 compact, 2 compact,delete (names accepted, see POLICY_NAMES).
+# min.cleanable.dirty.ratio: stored in thousandths (500 = 0.5); a str value ("0.5") is
+# taken as the fraction Kafka's users write, an int as thousandths (the stored form).
+COMPACTION_DEFAULTS: dict[str, int] = {
+    "cleanup.policy": 0,
+    "min.cleanable.dirty.ratio": 500,
+    "delete.retention.ms": 86_400_000,
+    "min.compaction.lag.ms": 0,
+    "max.compaction.lag.ms": -1,
+}
+POLICY_NAMES = {"delete": 0, "compact": 1, "compact,delete": 2, "delete,compact": 2}
+CONFIG_RANGES.update({
+    "cleanup.policy": (0, 2),
+    "min.cleanable.dirty.ratio": (0, 1000),
+    "delete.retention.ms": (0, _FOREVER_MS),
+    "min.compaction.lag.ms": (0, _FOREVER_MS),
+    "max.compaction.lag.ms": (-1, _FOREVER_MS),
+})
+
+
+def topic_setting(config: dict, name: str) -> int:
+    """A topic config's value, its default when the register does not hold it."""
+    v = config.get(name)
+    return (TOPIC_DEFAULTS.get(name) if name in TOPIC_DEFAULTS else COMPACTION_DEFAULTS[name]) if v is None else v
+
+
+def compacted(config: dict) -> bool:
+    return config.get("cleanup.policy", 0) in (1, 2)
+
+
+def deletes(config: dict) -> bool:
+    """Retention by time and size applies (policy delete, or compact,delete)."""
+    return config.get("cleanup.policy", 0) in (0, 2)
+
+
+def shown_config(config: dict) -> dict:
+    """A topic's config as users write it (describe): every key, policy by name, the ratio
+    as a fraction."""
+    out = {**TOPIC_DEFAULTS, **COMPACTION_DEFAULTS, **config}
+    out["cleanup.policy"] = {0: "delete", 1: "compact", 2: "compact,delete"}.get(out["cleanup.policy"], "?")
+    out["min.cleanable.dirty.ratio"] = out["min.cleanable.dirty.ratio"] / 1000
+    return out
+
+
+def _user_value(k: str, v):
+    """A compaction key's value as users write it, in its stored int form (None: not one)."""
+    if k == "cleanup.policy" and isinstance(v, str) and v.strip().lower().replace(" ", "") in POLICY_NAMES:
+        return POLICY_NAMES[v.strip().lower().replace(" ", "")]
+    if k == "min.cleanable.dirty.ratio" and (isinstance(v, float) or (isinstance(v, str) and len(v) <= 40)):
+        try:
+            f = float(v)
+        except ValueError:
+            return None
+        if f != f or not 0.0 <= f <= 1.0:
+            raise MeshError(ErrorCode.INVALID_CONFIG, f"topic config {k}={v!r} is out of range: 0..1")
+        return round(f * 1000)
+    return None
+
+
 def validate_topic_name(name: str) -> None:
     if not isinstance(name, str) or not _NAME.match(name) or name in (".", ".."):
         raise MeshError(ErrorCode.INVALID_REQUEST,
@@ -55,9 +119,11 @@ def normalize_config(config: dict) -> dict[str, int]:
     if config is not None and not isinstance(config, dict):
         raise MeshError(ErrorCode.INVALID_CONFIG, "topic config must be a map of names to integers")
     for k, v in (config or {}).items():
-        if k not in TOPIC_DEFAULTS:
-            raise MeshError(ErrorCode.INVALID_CONFIG,
-                            f"unknown topic config {k!r}; known: {', '.join(sorted(TOPIC_DEFAULTS))}")
+        if k not in TOPIC_DEFAULTS and k not in COMPACTION_DEFAULTS:
+            raise MeshError(ErrorCode.INVALID_CONFIG, f"unknown topic config {k!r}; known: "
+                                                      f"{', '.join(sorted([*TOPIC_DEFAULTS, *COMPACTION_DEFAULTS]))}")
+        if k in COMPACTION_DEFAULTS and (u := _user_value(k, v)) is not None:
+            v = u
         if isinstance(v, bool) or isinstance(v, float) or (isinstance(v, str) and len(v) > 40):
             raise MeshError(ErrorCode.INVALID_CONFIG, f"topic config {k}={str(v)[:40]!r} is not an integer")
         try:

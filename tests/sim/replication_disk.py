@@ -62,6 +62,9 @@ class SimDisk:
     def start_offset(self, pid: int) -> int:
         return self.mem.log_start(pid)
 
+    def clean_cut(self, pid: int) -> tuple[int, int]:
+        return self.mem.clean_target(pid)
+
     # -- staging (one turn) -----------------------------------------------------------------
     def stage_produce(self, pid: int, values: list[bytes], epoch: int, now_ms: int) -> tuple[int, int, bytes]:
         """A leader's append of a client batch: (base, end, stored bytes)."""

@@ -80,3 +80,48 @@ def test_a_batch_that_is_not_records_is_a_clear_error_or_skipped():
     from mesh.wire.errors import MeshError
     with pytest.raises(MeshError, match="record keys"):
         to_arrow(pa, arrow_schema(), "t", 0, batches, 0, 4)
+
+
+def _compacted_topic(broker, admin, name, writes):
+    """A compacted topic holding ``writes`` [(key, value)], compacted to its end."""
+    from mesh.testing.launcher import wait_until
+    admin.create_topic(name, partitions=1, config={"cleanup.policy": "compact", "min.cleanable.dirty.ratio": "0.01"})
+    produce(broker.address, name, [{"key": k, "value": v, "partition": 0} for k, v in writes])
+
+    def compacted():
+        p = admin.describe_topic(name)["partitions"][0]
+        return p.get("local_clean_end") == p["high_watermark"] == len(writes)
+    wait_until(compacted, 20, f"{name} compacted")
+
+
+def test_a_compacted_topic_reads_with_its_gaps(spark, broker, admin):
+    """Offsets of a compacted partition have gaps; the source steps over them (issue 40)."""
+    import os
+    t = f"compacted-{os.getpid()}"
+    writes = [(b"k%d" % (i % 7), b"v%d" % i) for i in range(200)] + [(b"k3", None)]
+    _compacted_topic(broker, admin, t, writes)
+    rows = sorted(_read(spark, broker, t).collect(), key=lambda r: r.offset)
+    latest = {}
+    for i, (k, v) in enumerate(writes):
+        latest[k] = (i, v)
+    want = sorted((i, k, v) for k, (i, v) in latest.items())   # the tombstone is kept (1 day)
+    assert [(r.offset, bytes(r.key), None if r.value is None else bytes(r.value)) for r in rows] == want
+    # a range that starts and ends inside the gaps
+    got = _read(spark, broker, t, startingOffsets=f'{{"{t}": {{"0": 5}}}}',
+                endingOffsets=f'{{"{t}": {{"0": {want[-2][0]}}}}}').collect()
+    assert sorted(r.offset for r in got) == [i for i, _k, _v in want if 5 <= i < want[-2][0]]
+
+
+def test_to_arrow_of_a_compacted_batch():
+    import pyarrow as pa
+
+    from mesh.spark.arrow import arrow_schema, to_arrow
+    from mesh.wire.records import encode_batch, iter_batches, patch_batch
+    from storage.compaction import compact_batches
+    b1 = patch_batch(encode_batch([b"1", b"2", b"3", b"4"], [b"a", b"b", b"a", b"c"], 5), 0, 1)
+    b2 = patch_batch(encode_batch([b"5", b"6"], [b"c", b"d"], 6), 4, 1)
+    batches = list(iter_batches(b"".join(compact_batches([b1, b2], 6, 0))))
+    rb = to_arrow(pa, arrow_schema(), "t", 0, batches, 0, 6)
+    assert rb.column(4).to_pylist() == [1, 2, 4, 5] and rb.column(1).to_pylist() == [b"2", b"3", b"5", b"6"]
+    rb = to_arrow(pa, arrow_schema(), "t", 0, batches, 2, 5)
+    assert rb.column(4).to_pylist() == [2, 4]

@@ -428,3 +428,24 @@ def test_the_partitions_of_all_topics_together_are_bounded(monkeypatch):
     cat.reconcile()
     with pytest.raises(MeshError, match="asked for 1 more"):
         cat.alter("a", 7, 0, ["n1"])
+
+
+def test_alter_sets_configs_and_an_old_register_without_compaction_keys_stays_valid():
+    from mesh.cluster.schema import validate_entry
+    cat, gossip, _ = make("n1")
+    t = cat.create("c", 2, 1, {"retention.ms": "1000"}, ["n1"])
+    cat.reconcile()
+    assert "cleanup.policy" not in gossip.values[keys.topic_key("c")]["config"]   # set keys only
+    new = cat.alter("c", 0, 0, ["n1"], {"cleanup.policy": "compact", "min.cleanable.dirty.ratio": "0.25"})
+    assert new.replicas == t.replicas and new.config["cleanup.policy"] == 1
+    assert new.config["min.cleanable.dirty.ratio"] == 250 and new.config["retention.ms"] == 1000
+    header = gossip.values[keys.topic_key("c")]
+    assert header["config"] == new.config
+    assert validate_entry(keys.topic_key("c"), header, 0) is None
+    cat.reconcile()
+    assert cat.topic("c").config["cleanup.policy"] == 1
+    assert cat.alter("c", 0, 0, ["n1"], {"cleanup.policy": "compact"}) is cat.topic("c")   # no change
+    with pytest.raises(MeshError):
+        cat.alter("c", 0, 0, ["n1"], {"cleanup.policy": "sometimes"})
+    with pytest.raises(MeshError):
+        cat.alter("c", 0, 0, ["n1"], {"min.cleanable.dirty.ratio": "1.5"})

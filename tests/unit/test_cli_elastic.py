@@ -40,10 +40,10 @@ class FakeAdmin:
         pass
 
     def __getattr__(self, name):
-        def call(*args):
+        def call(*args, **kwargs):
             if self.fail is not None:
                 raise self.fail
-            self.calls.append((name, *args))
+            self.calls.append((name, *args, *([kwargs] if kwargs else [])))
             return {"list_moves": self.moves, "metadata": self.md}.get(name)
         return call
 
@@ -111,7 +111,12 @@ def test_topic_alter(admin):
     assert run("topic", "alter", "orders", "-r", "3").exit_code == 0
     assert admin.calls[-1] == ("alter_topic", "orders", 0, 3)
     out = run("topic", "alter", "orders")
-    assert out.exit_code == 2 and "--partitions N and/or --replication-factor N" in out.output
+    assert out.exit_code == 2 and "--partitions N, --replication-factor N and/or --config" in out.output
+    out = run("topic", "alter", "orders", "--config", "cleanup.policy=compact", "-c", "delete.retention.ms=5")
+    assert out.exit_code == 0 and "cleanup.policy=compact" in out.output
+    assert admin.calls[-1] == ("alter_topic", "orders", 0, 0, {"config": {"cleanup.policy": "compact",
+                                                                          "delete.retention.ms": "5"}})
+    assert run("topic", "alter", "orders", "--config", "nonsense").exit_code == 2
     assert run("topic", "alter", "orders", "--partitions", "0").exit_code == 2
     admin.fail = MeshError(ErrorCode.INVALID_REQUEST, "topic 'orders' has 12 partitions: partitions can only be added")
     out = run("topic", "alter", "orders", "--partitions", "4")

@@ -14,7 +14,7 @@ import pytest
 
 from mesh.wire.errors import ErrorCode, MeshError
 from mesh.raft import (
-    PEER_MESSAGES, Append, CutHead, EpochCache, PersistState, ReplAppend, ReplAppendResp, ReplHeartbeat, ReplHeartbeatResp,
+    PEER_MESSAGES, Append, CleanTo, CutHead, EpochCache, PersistState, ReplAppend, ReplAppendResp, ReplHeartbeat, ReplHeartbeatResp,
     ReplVote, ReplicaManager, ReplicationConfig, ResetLog, Role, Truncate,
 )
 from mesh.raft.messages import AppendRespRow, AppendRow, HeartbeatRespRow, HeartbeatRow, VoteRow
@@ -66,6 +66,8 @@ class Net:
                 store.stage_truncate(op.pid, op.to_offset)
             elif type(op) is CutHead:
                 store.stage_cut_head(op.pid, op.offset)
+            elif type(op) is CleanTo:
+                store.mem.stage_clean_target(op.pid, op.clean_end, op.horizon_ms)
             else:
                 store.stage_reset(op.pid, op.start_offset)
         for st in rd.persist:
@@ -419,6 +421,34 @@ def test_a_follower_behind_the_leader_log_start_is_reset():
     resets = [op for rd in net.readies["n2"] for op in rd.log_ops if type(op) is ResetLog]
     assert resets == [ResetLog(1, 3)]
     assert net.log("n2") == net.log("n0") and net.cores["n2"].commit_offset(1) == 4
+
+
+def test_the_leaders_compaction_cut_reaches_every_follower_and_only_grows():
+    net = Net()
+    net.elect("n0")
+    for i in range(4):
+        net.produce("n0", data=b"%d" % i)
+    net.tick(2)
+    net.stores["n0"].mem.stage_clean_target(1, 3, 500)   # the leader's compactor decided
+    net.stores["n0"].sync()
+    net.cores["n0"].log_start_moved(1)
+    net.tick(2)
+    for nid in ("n1", "n2"):
+        cuts = [op for rd in net.readies[nid] for op in rd.log_ops if type(op) is CleanTo]
+        assert cuts == [CleanTo(1, 3, 500)], (nid, cuts)   # once, though every beat carries it
+        assert net.stores[nid].clean_cut(1) == (3, 500)
+    # rows with an older cut (a new leader that heard less) move nothing back
+    net.stores["n0"].mem.stage_clean_target(1, 2, 100)
+    net.stores["n0"].sync()
+    net.cores["n0"].log_start_moved(1)
+    net.tick(2)
+    assert net.stores["n1"].clean_cut(1) == (3, 500)
+    # a cut above the leader's commit is never carried beyond it
+    net.stores["n0"].mem.stage_clean_target(1, 99, 600)
+    net.stores["n0"].sync()
+    net.cores["n0"].log_start_moved(1)
+    net.tick(2)
+    assert net.stores["n1"].clean_cut(1) == (4, 600)
 
 
 def test_restart_recovers_term_vote_commit_and_epochs():

@@ -76,8 +76,9 @@ from mesh.wire import messages as m
 from mesh.wire import records
 from mesh.wire.errors import ErrorCode, MeshError
 from mesh.node.data.producer_state import ProducerStates
+from mesh.node.data.compactor import refuse_keyless
 from mesh.node.replication.raft_host import ReplicaHost
-from mesh.wire.topic_config import MAX_PARTITIONS
+from mesh.wire.topic_config import MAX_PARTITIONS, compacted, deletes
 from storage.base import CorruptBatch, LogError, StorageFull
 
 __all__ = ["DataPath", "DataLimits"]
@@ -233,6 +234,8 @@ class DataPath:
         if payload is None:
             raise MeshError(ErrorCode.INVALID_REQUEST, "produce request has no record batch frame")
         h = records.validate_batch(payload, t.config["max.message.bytes"])
+        if compacted(t.config):
+            refuse_keyless(payload)
         if h.max_timestamp_ms > self.wall_ms() + MAX_TIMESTAMP_AHEAD_MS or h.first_timestamp_ms > h.max_timestamp_ms:
             raise MeshError(ErrorCode.INVALID_REQUEST,
                             f"batch timestamps {h.first_timestamp_ms}..{h.max_timestamp_ms} ms: more than an hour "
@@ -581,6 +584,8 @@ class DataPath:
         try:
             for t in self.catalog.topics.values():
                 c = t.config
+                if not deletes(c):   # cleanup.policy=compact: kept until compaction drops it
+                    continue
                 retention_ms = c["retention.ms"] if by_time else None
                 for pid in t.pids:
                     if pid is not None and replicas.hosts(pid) and replicas.is_leader(pid):

@@ -37,6 +37,10 @@ Families (Prometheus conventions, base units; labels in braces):
   mesh_storage_sync_duration_seconds (histogram: a turn's commit + sync, turns that wrote),
   mesh_storage_map_used_bytes, mesh_storage_map_size_bytes,
   mesh_storage_retention_deleted_batches_total,
+  mesh_compaction_cleaned_bytes_total, mesh_compaction_read_bytes_total (scanned and
+  rewritten), mesh_compaction_dirty_ratio{topic,partition} (bytes not yet compacted over the
+  partition's bytes), mesh_compaction_lag_offsets{topic,partition} (the leader's cut minus
+  the one this replica applied), on compacted topics only (mesh.node.data.compactor),
   mesh_partition_log_size_bytes, mesh_partition_leader (0/1), mesh_partition_leader_epoch,
   mesh_partition_log_end_offset, mesh_partition_high_watermark ({topic,partition}),
   mesh_partition_follower_lag_records{topic,partition,follower} (on the leader: its log
@@ -333,6 +337,7 @@ def _build_snapshot(mx: NodeMetrics, node) -> dict[str, list]:
                           rows=[((), info["map_size"])]))
     out.append(_counter("mesh_storage_retention_deleted_batches_total", "Batches deleted by retention",
                         rows=[((), getattr(store, "retention_deleted_batches", 0))]))
+    out.extend(_compaction_families(node))
     out.extend(_partition_families(mx, node))
     out.extend(_gossip_families(mx, node, now_ms))
     out.extend(_group_families(mx, node))
@@ -340,6 +345,24 @@ def _build_snapshot(mx: NodeMetrics, node) -> dict[str, list]:
                       [((node.node_id, node.address, str(node.generation)), 1)]))
     out.extend(_clock_families(node))
     return {"families": out}
+
+
+def _compaction_families(node) -> list[list]:
+    comp = getattr(node, "compactor", None)
+    if comp is None:
+        return []
+    ratios, lags = [], []
+    for t, p, pid in comp.hosted_compacted():
+        ratios.append(((t.name, str(p)), round(comp.dirty_ratio(pid), 4)))
+        lags.append(((t.name, str(p)), comp.lag(pid)))
+    return [_counter("mesh_compaction_cleaned_bytes_total", "Bytes removed by compaction",
+                     rows=[((), comp.cleaned_bytes)]),
+            _counter("mesh_compaction_read_bytes_total", "Bytes compaction scanned or rewrote",
+                     rows=[((), comp.read_bytes)]),
+            _gauge("mesh_compaction_dirty_ratio", "Share of a compacted partition's bytes not yet compacted",
+                   ("topic", "partition"), sorted(ratios)),
+            _gauge("mesh_compaction_lag_offsets", "Offsets between the leader's compaction cut and the one "
+                   "applied here", ("topic", "partition"), sorted(lags))]
 
 
 def _clock_families(node) -> list[list]:

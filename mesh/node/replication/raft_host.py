@@ -58,7 +58,7 @@ from mesh.wire.effects import Send
 from mesh.wire.errors import ErrorCode
 from mesh.wire.records import iter_batches, patch_batch
 from mesh.raft import (
-    PEER_MESSAGES, Append, CutHead, PersistState, Ready, ReplAppend, ReplicaManager, ReplicationConfig, ResetLog,
+    PEER_MESSAGES, Append, CleanTo, CutHead, PersistState, Ready, ReplAppend, ReplicaManager, ReplicationConfig, ResetLog,
     Truncate,
 )
 from mesh.raft.log import NO_READY
@@ -296,6 +296,9 @@ class ReplicaHost:
             if type(op) is CutHead:
                 cuts = cuts or []
                 cuts.append(op)
+                continue
+            if type(op) is CleanTo:   # the leader's compaction cut: the compactor applies it
+                self.store.stage_clean_target(op.pid, op.clean_end, op.horizon_ms)
                 continue
             self.reader.tail.pop(op.pid, None)   # (a leader's log ops: none; never serve around one)
             self._hard.add(op.pid)

@@ -125,6 +125,9 @@ class StoreReader:
     def start_offset(self, pid: int) -> int:
         return self.store.log_start(pid)
 
+    def clean_cut(self, pid: int) -> tuple[int, int]:
+        return self.store.clean_target(pid)
+
 
 class StateRows:
     """Each hosted partition's ``repl`` state row: a change of term, vote, epoch cache,

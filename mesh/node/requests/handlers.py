@@ -27,6 +27,7 @@ from __future__ import annotations
 import logging
 from typing import Any, Callable
 
+from mesh.wire.topic_config import compacted
 from mesh.cluster import keys
 from mesh.cluster.catalog import Catalog, Topic
 from mesh.groups.offsets import coordination_set, coordinator_among
@@ -59,6 +60,7 @@ class ClientHandlers:
         self.catalog = catalog
         self.directory = directory
         self.store = store
+        self.compactor = None   # mesh.node.data.compactor.Compactor (set by the node): describe's dirty ratio
         self.replicas = replicas
         self.data = data
         self.peers = peers
@@ -132,7 +134,7 @@ class ClientHandlers:
         partitions go to live brokers that are not draining."""
         self._owned_here(req.name)
         self.data.commit_turn()
-        t = self.catalog.alter(req.name, req.partitions, req.replication_factor, self._active())
+        t = self.catalog.alter(req.name, req.partitions, req.replication_factor, self._active(), req.config)
         if not self.apply_cluster_change():
             raise MeshError(ErrorCode.STORAGE_ERROR, "topic altered but not persisted here (storage error)")
         log.info("altered topic %s: %d partitions, replication factor %d", req.name, t.partitions,
@@ -226,7 +228,15 @@ class ClientHandlers:
             isr = [r for r in reps if r in live]
         local = {}
         if pid is not None and self.replicas.hosts(pid):  # this node's own replica, first hand
-            local = {"local_end": self.store.log_end(pid), "local_recovering": self.replicas.recovering(pid)}
+            local = {"local_end": self.store.log_end(pid), "local_recovering": self.replicas.recovering(pid),
+                     "local_size_bytes": self.store.size_bytes(pid)}
+            if compacted(t.config) and self.compactor is not None:   # mesh.node.data.compactor
+                ratio = round(self.compactor.dirty_ratio(pid), 3)
+                local.update(local_clean_end=self.store.clean_applied(pid)[0], local_dirty_ratio=ratio,
+                             local_clean_target=self.store.clean_target(pid)[0],
+                             local_compaction=self.compactor.job_stats.get(pid, [0, 0, 0]))
+                if leader == self.node_id:
+                    local["dirty_ratio"] = ratio
         return {**local, "partition": p, "leader": leader,
                 "leader_address": addresses.get(leader) if leader else None,
                 "epoch": max(epoch, 0), "replicas": reps, "isr": isr,
