@@ -171,13 +171,8 @@ class Node:
                 self.sidecars.close()   # (serve_metrics released the router and the lock)
                 raise
 
-    @property
-    def generation(self) -> int:
-        return self.identity.generation
-
-    @property
-    def store_id(self) -> str:
-        return self.identity.store_id
+    generation = property(lambda self: self.identity.generation, doc="this life's generation (int)")
+    store_id = property(lambda self: self.identity.store_id, doc="this store's id (str)")
 
     def _open_gossip(self, seeds: list[str]) -> Gossip:
         """The gossip core from its snapshot (``mesh.node.lifecycle.gossip_start``), speaking for this node."""
@@ -243,9 +238,8 @@ class Node:
             # by time only while this clock agrees with the peers' (DESIGN.md section 11)
             Task("retention", lambda: self.data.enforce_retention(self.clock.wall_ms(), self.peer_clock.trusted()),
                  period_ms=cfg.retention_check_ms),
-            # compacted topics (mesh.node.data.compactor): the leaders' cuts, then a slice of work
             Task("compaction plan", lambda: self.compactor.plan(self.clock.wall_ms(), self.peer_clock.trusted()),
-                 period_ms=cfg.compaction_check_ms),
+                 period_ms=cfg.compaction_check_ms),  # compacted topics: the leaders' cuts, then a slice
             Task("compaction", lambda: self.compactor.step(self.clock.now_ms())),
             Task("producer expiry", lambda: self.producers.expire(self.clock.wall_ms()),
                  period_ms=min(_PRODUCER_EXPIRY_CHECK_MS, cfg.producer_id_expiration_ms),
@@ -345,17 +339,10 @@ class Node:
 
     # -- loop ---------------------------------------------------------------------------
     def _poll_timeout_ms(self) -> int:
-        t = self.replicas.next_tick_in_ms()
-        d = self.data.next_deadline_ms()
-        if d is not None:
-            t = min(t, max(0, d - self.clock.now_ms() + 1))
-        d = self.outbox.next_due_ms()
-        if d is not None:
-            t = min(t, max(0, d - self.clock.now_ms()))
-        d = self.compactor.next_in_ms()   # a compaction job runs: its next slice
-        if d is not None:
-            t = min(t, d)
-        return max(0, min(t, self.gossip.next_tick_ms - self.clock.wall_ms()))
+        now_ms, dues = self.clock.now_ms(), (self.data.next_deadline_ms(), self.outbox.next_due_ms())
+        waits = [max(0, d - now_ms + 1) for d in dues if d is not None]
+        waits += [w for w in (self.compactor.next_in_ms(),) if w is not None]   # a compaction job's next slice
+        return max(0, min(self.replicas.next_tick_in_ms(), self.gossip.next_tick_ms - self.clock.wall_ms(), *waits))
 
     def _drain(self) -> None:
         recv, handle, now_ms = self.dispatch.recv, self.dispatch.handle, self.clock.now_ms
