@@ -31,6 +31,7 @@ CORE_VERSIONS = {   # api key: (min, max) served by this package
     20: (1, 4),     # DeleteTopics
     22: (0, 4),     # InitProducerId
     32: (1, 4),     # DescribeConfigs (topics; brokers with no configs)
+    37: (0, 3),     # CreatePartitions
 }
 
 
@@ -47,7 +48,8 @@ def core_registry(defaults: TopicDefaults = TopicDefaults(), max_message_bytes: 
 
     handlers = {0: produce.on_produce, 1: fetch.on_fetch, 2: fetch.on_list_offsets, 3: meta.on_metadata,
                 18: on_api_versions, 19: topics.on_create_topics, 20: topics.on_delete_topics,
-                22: produce.on_init_producer_id, 32: configs.on_describe_configs}
+                22: produce.on_init_producer_id, 32: configs.on_describe_configs,
+                37: topics.on_create_partitions}
     for key, (lo, hi) in CORE_VERSIONS.items():
         reg.register(key, lo, hi, handlers[key])
     return reg

@@ -133,3 +133,25 @@ def test_confluent_admin_describe_configs(kcluster):
     with pytest.raises(ck.KafkaException) as exc:
         adm.describe_configs([gone], request_timeout=30)[gone].result(30)
     assert exc.value.args[0].code() == ck.KafkaError.UNKNOWN_TOPIC_OR_PART
+
+
+def test_confluent_admin_create_partitions(kcluster):
+    """AdminClient.create_partitions (CreatePartitions): the topic grows, every broker's
+    Metadata shows the new partitions with leaders and a producer can write to them; a count
+    not above the current one is refused."""
+    name = new_topic(kcluster, "grow", partitions=2, rf=2)
+    adm = admin.AdminClient({"bootstrap.servers": kcluster.brokers[0].kafka_address})
+    adm.create_partitions([admin.NewPartitions(name, 5)], request_timeout=30)[name].result(30)
+    for b in kcluster.brokers:
+        other = admin.AdminClient({"bootstrap.servers": b.kafka_address})
+        wait_until(lambda: len(other.list_topics(name, timeout=10).topics[name].partitions) == 5
+                   and all(pm.leader >= 0 for pm in other.list_topics(name, timeout=10).topics[name].partitions.values()),
+                   30, f"5 partitions with leaders seen through {b.kafka_address}")
+    p = ck.Producer({"bootstrap.servers": kcluster.brokers[1].kafka_address, "acks": "all"})
+    p.produce(name, b"into-four", partition=4)
+    assert p.flush(30) == 0
+    got = _confluent_read(kcluster.brokers[2].kafka_address, name, 5, 1)
+    assert [(g[0], g[3]) for g in got] == [(4, b"into-four")]
+    with pytest.raises(ck.KafkaException) as exc:
+        adm.create_partitions([admin.NewPartitions(name, 3)], request_timeout=30)[name].result(30)
+    assert exc.value.args[0].code() == ck.KafkaError.INVALID_PARTITIONS

@@ -1,4 +1,4 @@
-"""DescribeConfigs (mesh.kafka.configs): keys asked for, refusals, brokers, every version encodes."""
+"""DescribeConfigs (mesh.kafka.configs) and CreatePartitions (mesh.kafka.topics): keys asked for, refusals, every version encodes."""
 from __future__ import annotations
 
 import importlib
@@ -83,3 +83,29 @@ def test_refusals_unknown_topics_brokers_and_other_types():
     deny = _Deny(("DESCRIBE_CONFIGS", "CLUSTER", "kafka-cluster"))
     resp = ConfigsApi().on_describe_configs(_ctx(2, cache, deny), _request(2, [(4, "1", None)]))
     assert int(resp.results[0].error_code) == 31   # CLUSTER_AUTHORIZATION_FAILED
+
+
+def test_create_partitions_refusals_without_touching_the_mesh():
+    """CreatePartitions (mesh.kafka.topics): checks before any native call."""
+    from mesh.kafka.topics import TopicsApi
+    req_mod = importlib.import_module("kio.schema.create_partitions.v1.request")
+
+    def ask(*topics, validate_only=False, authorizer=None):
+        import datetime
+        req = req_mod.CreatePartitionsRequest(
+            topics=tuple(req_mod.CreatePartitionsTopic(name=n, count=c, assignments=a) for n, c, a in topics),
+            timeout=datetime.timedelta(seconds=5), validate_only=validate_only)
+        cache = _Cache({"t": {"partitions": [{}, {}]}, "u": {"partitions": [{}]}})
+        ctx = RequestContext(api_key=37, api_version=1, correlation_id=1, client_id="t", principal="u",
+                             peer_host="127.0.0.1", cluster=cache, authorizer=authorizer or _Deny(),
+                             mesh=None)   # no native link: any call into the mesh would fail the test
+        resp = TopicsApi().on_create_partitions(ctx, req)
+        assert encode_response(37, 1, 1, resp)
+        return [int(r.error_code) for r in resp.results]
+
+    assign = (req_mod.CreatePartitionsAssignment(broker_ids=(1,)),)
+    # INVALID_PARTITIONS (not more), UNKNOWN_TOPIC_OR_PARTITION, INVALID_REQUEST (assignments, named twice)
+    assert ask(("t", 2, None), ("nope", 3, None), ("u", 2, assign), ("t", 3, None), validate_only=True) \
+        == [37, 3, 42, 42]
+    assert ask(("u", 4, None), validate_only=True) == [0]
+    assert ask(("t", 3, None), authorizer=_Deny(("ALTER", "TOPIC", "t"))) == [29]
