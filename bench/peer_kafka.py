@@ -276,8 +276,8 @@ def run_kafka_bench(out_dir: str, message_bytes: int, messages: int, command: st
             f"Kafka port of one 3-broker cluster (RF 3, acks=all, idempotent, linger 5 ms): "
             f"{format_size(message_bytes)} records into one partition; blocking send latency over "
             f"{spec['latency_samples']:,} sends (each acknowledged before the next); async send and consume "
-            f"throughput over {messages:,} records (async send: the median of {spec['rounds']} rounds per client, "
-            f"interleaved).", "", table, "", rounds_line(native, kafka), "",
+            f"throughput over {messages:,} records (async send: each client's median of {spec['rounds']} "
+            f"interleaved rounds, the ratio the median of the rounds' ratios).", "", table, "", rounds_line(native, kafka), "",
             f"confluent-kafka producer: `{json.dumps(KAFKA_PRODUCER, sort_keys=True)}`", "",
             "## Setup", "", f"- command: `{command or '-'}`", f"- started {info['started']}",
             f"- machine at start: {describe(info['calibration'])}", ""]))
