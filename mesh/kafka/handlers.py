@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from mesh.kafka.build import make
 from mesh.kafka.codec import response_class
+from mesh.kafka.configs import ConfigsApi
 from mesh.kafka.fetch import FetchApi
 from mesh.kafka.meta import MetadataApi, TopicDefaults
 from mesh.kafka.produce import ProduceApi
@@ -29,6 +30,8 @@ CORE_VERSIONS = {   # api key: (min, max) served by this package
     19: (2, 5),     # CreateTopics
     20: (1, 4),     # DeleteTopics
     22: (0, 4),     # InitProducerId
+    32: (1, 4),     # DescribeConfigs (topics; brokers with no configs)
+    37: (0, 3),     # CreatePartitions
 }
 
 
@@ -36,6 +39,7 @@ def core_registry(defaults: TopicDefaults = TopicDefaults(), max_message_bytes: 
     reg = Registry()
     meta, topics = MetadataApi(defaults), TopicsApi(defaults)
     produce, fetch = ProduceApi(max_message_bytes=max_message_bytes), FetchApi()
+    configs = ConfigsApi()
 
     def on_api_versions(ctx, req):
         keys = [{"api_key": k, "min_version": lo, "max_version": hi} for k, lo, hi in reg.versions()]
@@ -44,7 +48,8 @@ def core_registry(defaults: TopicDefaults = TopicDefaults(), max_message_bytes: 
 
     handlers = {0: produce.on_produce, 1: fetch.on_fetch, 2: fetch.on_list_offsets, 3: meta.on_metadata,
                 18: on_api_versions, 19: topics.on_create_topics, 20: topics.on_delete_topics,
-                22: produce.on_init_producer_id}
+                22: produce.on_init_producer_id, 32: configs.on_describe_configs,
+                37: topics.on_create_partitions}
     for key, (lo, hi) in CORE_VERSIONS.items():
         reg.register(key, lo, hi, handlers[key])
     return reg

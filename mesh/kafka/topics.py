@@ -1,4 +1,5 @@
-"""CreateTopics (API 19, v2-5) and DeleteTopics (API 20, v1-4) through the native Admin.
+"""CreateTopics (API 19, v2-5), DeleteTopics (API 20, v1-4) and CreatePartitions (API 37,
+v0-3) through the native Admin.
 
 The mesh has no controller: the native Admin sends each change to the topic's owner and
 waits until every live broker knows it, so a client's next Metadata, wherever it asks,
@@ -6,7 +7,9 @@ sees the topic. A partition count or replication factor of -1 takes the listener
 defaults (``meta.TopicDefaults``); explicit replica assignments are not supported
 (INVALID_REQUEST); ``validate_only`` checks the name and numbers and creates nothing.
 Topic configs go to the mesh as they are (it refuses keys and values it does not know:
-INVALID_CONFIG with its message).
+INVALID_CONFIG with its message). CreatePartitions grows a topic (``Admin.alter_topic``:
+the mesh places the new partitions; a count not above the current one is
+INVALID_PARTITIONS, as in Kafka; explicit assignments INVALID_REQUEST; ALTER on the topic).
 """
 from __future__ import annotations
 
@@ -97,3 +100,38 @@ class TopicsApi:
             out.append(res)
         cache.refresh()
         return make(response_class(20, ctx.api_version), {"throttle_time": 0, "responses": out})
+
+    def on_create_partitions(self, ctx, req):
+        out = []
+        cache = ctx.cluster.fresh()
+        cache.refresh()   # the current counts (a topic grown a moment ago through another broker)
+        seen: set[str] = set()
+        changed = False
+        for t in req.topics:
+            res = {"name": t.name, "error_code": K.none, "error_message": None}
+            topic = cache.topic(t.name)
+            have = len(topic.get("partitions") or []) if topic else 0
+            if t.name in seen:
+                res.update(error_code=K.invalid_request, error_message="topic named twice")
+            elif not ctx.authorizer.allowed(ctx.principal, "ALTER", "TOPIC", t.name):
+                res["error_code"] = K.topic_authorization_failed
+            elif topic is None:
+                res.update(error_code=K.unknown_topic_or_partition, error_message=f"no topic {t.name!r}")
+            elif t.assignments:
+                res.update(error_code=K.invalid_request, error_message="replica assignments are not supported: "
+                                                                        "the mesh places replicas itself")
+            elif t.count <= have:
+                res.update(error_code=K.invalid_partitions,
+                           error_message=f"topic {t.name} has {have} partitions: ask for more (they are only added)")
+            elif not req.validate_only:
+                try:
+                    native_admin(ctx).alter_topic(t.name, partitions=t.count,
+                                                  wait_s=max(1.0, ms(req.timeout) / 1000))
+                    changed = True
+                except MeshError as exc:
+                    res.update(error_code=kafka_error(exc.code), error_message=exc.message[:500])
+            seen.add(t.name)
+            out.append(res)
+        if changed:
+            cache.refresh()
+        return make(response_class(37, ctx.api_version), {"throttle_time": 0, "results": out})

@@ -109,3 +109,49 @@ def test_kafka_python_produce_and_consume_with_assign(kcluster):
     assert cons.end_offsets(tps) == {tps[0]: 200, tps[1]: 200}
     assert cons.beginning_offsets(tps) == {tps[0]: 0, tps[1]: 0}
     cons.close()
+
+
+def test_confluent_admin_describe_configs(kcluster):
+    """AdminClient.describe_configs (DescribeConfigs): a topic's configs as the mesh keeps
+    them (one set at creation, the others defaults), an unknown topic refused."""
+    from mesh.client import Admin
+    from mesh.wire.topic_config import TOPIC_DEFAULTS
+    name = f"cfg-{int(time.time() * 1000) % 100000}"
+    with Admin(kcluster.bootstrap) as a:
+        a.create_topic(name, 1, 3, {"retention.ms": 3_600_000})
+    adm = admin.AdminClient({"bootstrap.servers": kcluster.brokers[1].kafka_address})
+    res = admin.ConfigResource(admin.ResourceType.TOPIC, name)
+    configs = adm.describe_configs([res], request_timeout=30)[res].result(30)
+    assert set(configs) == set(TOPIC_DEFAULTS)
+    assert configs["retention.ms"].value == "3600000" and not configs["retention.ms"].is_default
+    assert configs["retention.ms"].source == admin.ConfigSource.DYNAMIC_TOPIC_CONFIG.value
+    mmb = configs["max.message.bytes"]
+    assert mmb.value == str(TOPIC_DEFAULTS["max.message.bytes"]) and mmb.is_default
+    assert mmb.source == admin.ConfigSource.DEFAULT_CONFIG.value
+    assert not mmb.is_read_only and not mmb.is_sensitive
+    gone = admin.ConfigResource(admin.ResourceType.TOPIC, name + "-none")
+    with pytest.raises(ck.KafkaException) as exc:
+        adm.describe_configs([gone], request_timeout=30)[gone].result(30)
+    assert exc.value.args[0].code() == ck.KafkaError.UNKNOWN_TOPIC_OR_PART
+
+
+def test_confluent_admin_create_partitions(kcluster):
+    """AdminClient.create_partitions (CreatePartitions): the topic grows, every broker's
+    Metadata shows the new partitions with leaders and a producer can write to them; a count
+    not above the current one is refused."""
+    name = new_topic(kcluster, "grow", partitions=2, rf=2)
+    adm = admin.AdminClient({"bootstrap.servers": kcluster.brokers[0].kafka_address})
+    adm.create_partitions([admin.NewPartitions(name, 5)], request_timeout=30)[name].result(30)
+    for b in kcluster.brokers:
+        other = admin.AdminClient({"bootstrap.servers": b.kafka_address})
+        wait_until(lambda: len(other.list_topics(name, timeout=10).topics[name].partitions) == 5
+                   and all(pm.leader >= 0 for pm in other.list_topics(name, timeout=10).topics[name].partitions.values()),
+                   30, f"5 partitions with leaders seen through {b.kafka_address}")
+    p = ck.Producer({"bootstrap.servers": kcluster.brokers[1].kafka_address, "acks": "all"})
+    p.produce(name, b"into-four", partition=4)
+    assert p.flush(30) == 0
+    got = _confluent_read(kcluster.brokers[2].kafka_address, name, 5, 1)
+    assert [(g[0], g[3]) for g in got] == [(4, b"into-four")]
+    with pytest.raises(ck.KafkaException) as exc:
+        adm.create_partitions([admin.NewPartitions(name, 3)], request_timeout=30)[name].result(30)
+    assert exc.value.args[0].code() == ck.KafkaError.INVALID_PARTITIONS
