@@ -400,7 +400,7 @@ class DataPath:
             if moved:
                 self._wake(moved)   # below the commit offset is all in the store already (ReplicaHost)
             t0 = _perf() if self.metrics is not None and self.store.has_writes() else None
-            self.store.commit()
+            self.store.commit(self.now_ms())   # (synced unless write caching allows: storage.base)
             if t0 is not None:
                 self.metrics.synced(_perf() - t0)   # the turn's commit + sync
         except (StorageFull, LogError) as exc:
