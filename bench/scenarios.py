@@ -298,7 +298,8 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in [
              Workload(message_bytes=100, batch=0, linger_ms=1, in_flight=32, producers=1, consumers=1,
                       partitions=3, messages=0, duration_s=20, rate=10_000, mode="streaming")),
     # peer-nats: not cells; bench.peer runs it (its own clusters, no Spark)
-    Scenario("peer-nats", "the same 100 B workload against this mesh (3 brokers RF 3 acks=all; 1 broker) and a "
+    Scenario("peer-nats", "the same 100 B workload against this mesh (3 brokers RF 3 acks=all, fsync and write "
+                          "caching; 1 broker) and a "
                           "NATS JetStream cluster it starts (R3; R1): blocking publish latency, end-to-end latency "
                           "at 10,000 rec/s, async publish and consume throughput, side by side",
              Workload(message_bytes=100, batch=0, acks="all", replication_factor=3, producers=1, consumers=1,
