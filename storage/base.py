@@ -13,9 +13,9 @@ it was before the turn, and the caller fails the requests of that turn.
 Write caching (issue 41, ``docs/decisions/41-durability.md``): a partition in ``cached``
 (pid -> its ``flush.ms``) may have its log and producer rows committed without a sync. A
 turn's commit syncs unless every write it staged is such a row (or a ``put_soft`` row: a
-commit offset, volatile in Raft), and at the latest ``flush.ms`` after the first commit it
-did not sync (``unsynced_due_ms``: the node wakes for it; ``commit(now_ms)`` syncs then,
-with or without writes of its own). ``commit()`` without a clock always syncs. Anything
+commit offset, volatile in Raft); ``flush.ms`` after the first commit it did not sync
+(``unsynced_due_ms``: the node wakes for it) ``commit(now_ms)`` starts a sync of them all,
+with or without writes of its own (the LMDB store off the loop thread: ``storage.flusher``). ``commit()`` without a clock always syncs. Anything
 else (Raft term and vote, group offsets, metadata, deletes) makes the turn sync. With no
 partition cached, every commit syncs, as before.
 
@@ -122,7 +122,11 @@ class StoreBase:
         return self.unsynced_due_ms is not None and now_ms >= self.unsynced_due_ms
 
     def _wants_sync(self, now_ms: int | None) -> bool:
-        return (now_ms is None or self._must_sync or not self.cached or self.sync_due(now_ms))
+        return now_ms is None or self._must_sync or not self.cached
+
+    def _flush_behind(self) -> None:
+        """Sync every commit made so far, off the loop if the store can (``storage.flusher``)."""
+        self.sync_now()
 
     def _end_turn(self) -> None:
         self._must_sync, self._turn_flush_ms = False, None
@@ -338,6 +342,10 @@ class StoreBase:
             due = now_ms + (flush_ms if flush_ms is not None else 1000)   # (soft rows only: within a second)
             if self.unsynced_due_ms is None or due < self.unsynced_due_ms:
                 self.unsynced_due_ms = due
+        if self.unsynced_due_ms is not None and now_ms is not None and now_ms >= self.unsynced_due_ms:
+            self.syncs += 1
+            self.unsynced_due_ms = None
+            self._flush_behind()   # flush.ms since the first unsynced commit: a sync starts now
         self._undo = None
         self.time_index.committed()   # cuts of this turn again: a lookup meanwhile saw the old batches
         for fn in self.post_commit:   # (any commit: one made in the middle of a turn too)

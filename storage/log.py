@@ -37,6 +37,7 @@ import lmdb
 
 from mesh.wire.records import HEADER_SIZE
 from storage.base import LogError, StoreBase, StorageFull, batch_problem, key_of, unkey
+from storage.flusher import Flusher
 from storage.nosync import NoSyncFlag
 
 __all__ = ["Store"]
@@ -65,6 +66,8 @@ class Store(StoreBase):
         self.dbs = {name.decode(): self.env.open_db(name) for name in _DBS}
         # per-commit no-sync for write caching (None: not available, every commit syncs)
         self._nosync = NoSyncFlag.attach(self.env, path) if sync else None
+        self._flusher = Flusher(self.env)   # write caching's flush.ms syncs, off the loop
+        self._commits = 0                   # commits left unsynced so far (the flusher's numbers)
         self._log = self.dbs["log"]
         self._wtxn: lmdb.Transaction | None = None
         self._failed: LogError | None = None
@@ -298,8 +301,10 @@ class Store(StoreBase):
         False and this LMDB lets its no-sync flag be set per commit (``storage.nosync``).
         With no transaction, a ``sync`` flushes earlier unsynced commits. True if it synced."""
         txn, self._wtxn = self._wtxn, None
+        if self._flusher.error is not None:   # a sync behind failed: this one is made here
+            self._flusher.error, sync = None, True
         if txn is None:
-            if sync and self.unsynced_due_ms is not None:
+            if sync and self._commits > self._flusher.done:
                 self.sync_now()
                 return True
             return False
@@ -322,6 +327,10 @@ class Store(StoreBase):
         except lmdb.Error as exc:
             raise LogError(f"commit failed: {exc}") from exc
         self._note_room()
+        if skip:
+            self._commits += 1
+        else:
+            self._flusher.mark(self._commits)   # (its sync covered every commit before it)
         return not skip
 
     def _abort_txn(self) -> None:
@@ -431,11 +440,16 @@ class Store(StoreBase):
         """Force what is committed to disk (even with ``sync=False``)."""
         self.env.sync(True)
         self.unsynced_due_ms = None
+        self._flusher.mark(self._commits)
+
+    def _flush_behind(self) -> None:
+        self._flusher.request(self._commits)
 
     def close(self) -> None:
         """A clean close: what write caching left unsynced is synced first."""
         self._abort_txn()
-        if self.unsynced_due_ms is not None:
+        self._flusher.close()
+        if self._commits > self._flusher.done or self._flusher.error is not None:
             try:
                 self.sync_now()
             except lmdb.Error as exc:

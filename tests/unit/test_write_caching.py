@@ -86,6 +86,23 @@ def test_a_partition_no_longer_cached_has_what_it_left_unsynced_synced_at_once()
     assert store.syncs == 1 and store.unsynced_due_ms is None
 
 
+def test_lmdb_the_flush_ms_sync_runs_off_the_loop_thread(tmp_path):
+    from mesh.testing.launcher import wait_until
+    store = Store(str(tmp_path / "s"))
+    store.set_cached(CACHED, 10)
+    _append(store, CACHED)
+    store.commit(0)
+    assert store._flusher.done < store._commits == 1
+    store.commit(10)   # due: handed to the flusher, the loop goes on
+    assert store.unsynced_due_ms is None and store.syncs == 1
+    wait_until(lambda: store._flusher.done == 1, 10, "the flusher's sync")
+    _append(store, PLAIN)   # a synced commit covers every commit before it
+    _append(store, CACHED)
+    store.commit(20)
+    assert store._flusher.done == store._commits == 1 and store.unsynced_due_ms is None
+    store.close()
+
+
 def test_lmdb_write_caching_is_available_and_a_clean_close_syncs(tmp_path):
     store = Store(str(tmp_path / "s"))
     assert store._nosync is not None   # the flag word was found and proven (storage.nosync)
