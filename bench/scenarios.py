@@ -59,6 +59,7 @@ class Workload:
     rate: int = 0                    # target records/s for all producers; 0 = open throttle
     mode: str = "split"              # "split": produce then consume; "streaming": both at once
     group: str | None = None         # consumer group id (needs broker support)
+    write_caching: bool = False      # the cell's topic has write.caching on (issue 41); False: fsync
 
     def validate(self) -> None:
         def need(cond, msg):
@@ -91,7 +92,7 @@ KNOBS = tuple(f.name for f in dataclasses.fields(Workload))
 
 _SHORT = {"acks": "acks", "producers": "p", "consumers": "c", "partitions": "parts", "replication_factor": "rf",
           "rate": "r", "in_flight": "if", "linger_ms": "l", "batch_bytes": "bb", "keys": "keys", "key_space": "ks",
-          "messages": "n", "max_bytes": "max", "duration_s": "d", "group": "g"}
+          "messages": "n", "max_bytes": "max", "duration_s": "d", "group": "g", "write_caching": "wc"}
 
 
 @dataclass(frozen=True)
