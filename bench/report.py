@@ -305,8 +305,7 @@ def write_report(run_dir: str, analysis: dict, run_info: dict) -> str:
         ["started", run_info.get("started", "-")],
         ["workload wall time", f"{run_info.get('workload_s', 0):.1f} s"],
         ["cells", str(len(cells))],
-        ["cluster", where],
-        ["durability", _durability(run_info)],
+        ["cluster", where], ["durability", _durability(run_info)],
         ["machine", f"{env.get('cpu_count')} CPUs, {env.get('platform')}, load average at start "
                     f"{', '.join(f'{x:.1f}' for x in env.get('loadavg') or [])}"],
         ["machine at start", describe(env.get("calibration"))],

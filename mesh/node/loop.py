@@ -76,7 +76,6 @@ from mesh.node.lifecycle.shutdown import Shutdown
 from mesh.node.lifecycle.sidecars import SidecarError, Sidecars
 from mesh.node.turn import BrokerTurn, Task
 from mesh.node.wiring import wire_node
-from mesh.wire.topic_config import write_caching_of
 from mesh.security.broker import BrokerSecurity, check_text_gateway
 from storage.base import LogError
 from storage.datadir import open_data_dir, refuse_from_now_on, update_identity
@@ -346,9 +345,6 @@ class Node:
         d = self.outbox.next_due_ms()
         if d is not None:
             t = min(t, max(0, d - self.clock.now_ms()))
-        d = self.store.unsynced_due_ms   # write caching: the flush.ms sync (the turn's commit does it)
-        if d is not None:
-            t = min(t, max(0, d - self.clock.now_ms()))
         return max(0, min(t, self.gossip.next_tick_ms - self.clock.wall_ms()))
 
     def _drain(self) -> None:
@@ -553,13 +549,8 @@ class Node:
             self.replicas.remove(pid)
         if removed:
             self.data.forget(removed)
-        for pid in removed:
-            self.store.set_cached(pid, None)
         for pid in sorted(added):
             self.replicas.add(pid, raft_config(self.catalog.config_of_pid(pid)))
-            t = self.catalog.topics.get(self.catalog.local[pid][0])
-            self.store.set_cached(pid, None if t is None else
-                                  write_caching_of(t.config, self.cfg.write_caching, self.cfg.flush_ms))
             if len(added) <= 8:
                 log.info("now hosting %s/%d", *self.catalog.local[pid])
         if len(added) > 8:

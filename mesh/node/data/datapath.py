@@ -187,15 +187,17 @@ class DataPath:
         return t, pid
 
     def next_deadline_ms(self) -> int | None:
-        """When the earliest parked fetch or held produce times out (``now_ms`` scale), None
-        if nothing waits."""
+        """When the earliest parked fetch or held produce times out, or write caching's
+        flush.ms sync is due (the turn's commit starts it) (``now_ms`` scale), None if nothing
+        waits."""
         while self._deadlines and self._deadlines[0].done:
             heapq.heappop(self._deadlines)
         d = self._deadlines[0].deadline_ms if self._deadlines else None
         if self._held:
             h = min(held[0][4] for held in self._held.values())
             d = h if d is None else min(d, h)
-        return d
+        f = getattr(self.store, "unsynced_due_ms", None)
+        return d if f is None else f if d is None else min(d, f)
 
     @property
     def parked(self) -> int:
