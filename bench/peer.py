@@ -55,8 +55,8 @@ PAIRS = (("mesh-rf3", "nats-r3"), ("mesh-rf3-wc", "nats-r3"), ("mesh-rf1", "nats
 WRITE_CACHED = frozenset({"mesh-rf3-wc"})
 # what an acknowledgement means on each system: the report says it beside the numbers
 DURABILITY = {
-    "mesh-rf3": "acknowledged once 2 of 3 replicas synced (fdatasync) the record: survives any power loss",
-    "mesh-rf3-wc": "acknowledged once 2 of 3 replicas wrote it (page cache), synced within flush.ms (100 ms): "
+    "mesh-rf3": "acknowledged once 2 of 3 replicas synced (fdatasync) the record: survives a power loss of every replica",
+    "mesh-rf3-wc": "acknowledged once 2 of 3 replicas wrote it (page cache), a sync started within flush.ms (100 ms): "
                    "survives process kills; lost if those replicas lose power within the window",
     "mesh-rf1": "acknowledged once the one broker synced it",
     "nats-r3": "acknowledged once a majority of replicas hold it in memory/page cache; synced every 2 min "
