@@ -3,6 +3,9 @@ flush.ms far beyond the test (nothing it writes is synced by the timer), acks=al
 acknowledged one by one; the leader is SIGKILLed, then a follower, each restarted: a killed
 process loses nothing (the page cache holds what LMDB committed), so every acknowledged
 record is read back once, at its offset, in send order."""
+import re
+import urllib.request
+
 import pytest
 
 from mesh.client import Admin, Producer
@@ -17,8 +20,14 @@ def _leader(addrs, topic):
         return a.describe_topic(topic)["partitions"][0]["leader"]
 
 
+def _unsynced_commits(b) -> int:
+    text = urllib.request.urlopen(b.metrics_url, timeout=5).read().decode()
+    m = re.search(r"^mesh_storage_unsynced_commits_total (\d+)", text, re.M)
+    return int(m.group(1)) if m else 0
+
+
 def test_write_cached_acks_all_survive_sigkill_of_the_leader_and_of_a_follower(tmp_path):
-    c = Cluster(tmp_path, 3, extra=["--flush-ms", "600000"]).start()
+    c = Cluster(tmp_path, 3, extra=["--flush-ms", "600000"], metrics=True).start()
     try:
         with Admin(c.bootstrap) as a:
             a.create_topic("wc", partitions=1, replication_factor=3, config={"write.caching": "true"})
@@ -35,6 +44,8 @@ def test_write_cached_acks_all_survive_sigkill_of_the_leader_and_of_a_follower(t
                     acked[v] = p.send("wc", v, partition=0).get(20).offset
 
             send(50)
+            for b in c.brokers:   # the writes were really left unsynced on every replica
+                wait_until(lambda b=b: _unsynced_commits(b) >= 10, 20, f"{b.node_id}'s unsynced commits")
             for victim_is_leader in (True, False):
                 leader = wait_until(lambda: _leader(c.bootstrap, "wc"), 10, "a leader")
                 victim = next(b for b in c.brokers if (b.node_id == leader) == victim_is_leader)
