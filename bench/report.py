@@ -252,9 +252,10 @@ def _headline(cells: list[dict]) -> list[str]:
 def _durability(run_info: dict) -> str:
     """What an acks=all acknowledgement meant in the run's cells (issue 41)."""
     modes = {bool(c.get("write_caching")) for c in run_info.get("cells") or [{}]}
-    say = {False: "fsync (the default: acks=all once a majority of replicas synced the batch)",
-           True: "write caching (write.caching=true: acks=all once a majority of replicas wrote the batch, "
-                 "synced within flush.ms, 100 ms)"}
+    say = {False: "fsync (the default: a batch is acknowledged once synced, by the leader for acks=1, by a "
+                  "majority of replicas for acks=all)",
+           True: "write caching (write.caching=true: a batch is acknowledged once written, not yet synced, by the "
+                 "leader for acks=1, by a majority for acks=all; a sync starts within flush.ms, 100 ms)"}
     return "; ".join(say[m] for m in sorted(modes)) if len(modes) == 1 else "cells of both: " + "; ".join(
         say[m] for m in sorted(modes))
 
