@@ -99,6 +99,9 @@ def _knob_options(f):
     for opt, knob, conv, help_ in reversed(_KNOB_OPTIONS):
         f = click.option(opt, knob, callback=_list_of(conv), default=None, help=help_ + " [list sweeps]")(f)
     f = click.option("--keys/--no-keys", "keys", default=None, help="keyed records (murmur2 partitioning) or none")(f)
+    f = click.option("--write-caching/--fsync", "write_caching", default=None,
+                     help="topics with write.caching on (acks=all once a majority wrote it, synced within "
+                          "100 ms) or the default (once a majority synced it)")(f)
     f = click.option("--group", "group", default=None, help="consumer group id (needs broker support)")(f)
     return f
 

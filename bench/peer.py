@@ -3,12 +3,17 @@ JetStream, in one run, side by side with the ratio.
 
 Theory of operation
 -------------------
-Four systems are measured one after another, each on a cluster started for it and
+Five systems are measured one after another, each on a cluster started for it and
 stopped after it (so no two share the machine at once), alternating mesh and peer so
 that load from other work on the machine falls on both alike:
 
-    mesh, 3 brokers, RF 3, acks=all  |  NATS JetStream, 3 servers, R3
-    mesh, 1 broker,  RF 1, acks=all  |  NATS JetStream, 1 server,  R1
+    mesh, 3 brokers, RF 3, acks=all, fsync (the default)  |  NATS JetStream, 3 servers, R3
+    mesh, 3 brokers, RF 3, acks=all, write caching        |  (the same NATS R3 row)
+    mesh, 1 broker,  RF 1, acks=all, fsync                |  NATS JetStream, 1 server,  R1
+
+The report says what an acknowledgement means on each row (``DURABILITY``): the fsync
+rows are stronger than NATS's (it does not sync each message), the write-caching row is
+like for like with it (issue 41).
 
 On each, with ``message_bytes`` records into one partition / one stream (each is one
 ordered log): blocking publish latency (``latency_samples`` sends, each waiting for its
@@ -39,12 +44,25 @@ __all__ = ["run_peer", "run_mesh", "peer_spec", "side_by_side", "SYSTEMS"]
 
 # (key, label, system, servers, replicas), in the order they run
 SYSTEMS = (
-    ("mesh-rf3", "mesh 3 brokers RF 3 acks=all", "mesh", 3, 3),
+    ("mesh-rf3", "mesh 3 brokers RF 3 acks=all, fsync", "mesh", 3, 3),
     ("nats-r3", "NATS JetStream R3", "nats", 3, 3),
-    ("mesh-rf1", "mesh 1 broker RF 1", "mesh", 1, 1),
+    ("mesh-rf3-wc", "mesh 3 brokers RF 3 acks=all, write caching", "mesh", 3, 3),
+    ("mesh-rf1", "mesh 1 broker RF 1, fsync", "mesh", 1, 1),
     ("nats-r1", "NATS JetStream R1", "nats", 1, 1),
 )
-PAIRS = (("mesh-rf3", "nats-r3"), ("mesh-rf1", "nats-r1"))
+PAIRS = (("mesh-rf3", "nats-r3"), ("mesh-rf3-wc", "nats-r3"), ("mesh-rf1", "nats-r1"))
+# the mesh systems whose topics have write.caching on (issue 41: docs/decisions/41-durability.md)
+WRITE_CACHED = frozenset({"mesh-rf3-wc"})
+# what an acknowledgement means on each system: the report says it beside the numbers
+DURABILITY = {
+    "mesh-rf3": "acknowledged once 2 of 3 replicas synced (fdatasync) the record: survives a power loss of every replica",
+    "mesh-rf3-wc": "acknowledged once 2 of 3 replicas wrote it (page cache), a sync started within flush.ms (100 ms): "
+                   "survives process kills; lost if those replicas lose power within the window",
+    "mesh-rf1": "acknowledged once the one broker synced it",
+    "nats-r3": "acknowledged once a majority of replicas hold it in memory/page cache; synced every 2 min "
+               "(sync_interval default)",
+    "nats-r1": "acknowledged once the one server holds it; synced every 2 min",
+}
 
 # (label, key in a result, better): the rows of the side-by-side table
 MEASURES = (
@@ -66,15 +84,17 @@ def peer_spec(message_bytes: int, messages: int, e2e_rate: int = 10_000, e2e_sec
             "e2e_rate": e2e_rate or 10_000, "e2e_seconds": e2e_seconds or 5.0}
 
 
-def run_mesh(bootstrap: str, replication_factor: int, spec: dict) -> dict:
-    """The peer workload against a mesh cluster (see the module docstring)."""
+def run_mesh(bootstrap: str, replication_factor: int, spec: dict, write_caching: bool = False) -> dict:
+    """The peer workload against a mesh cluster (see the module docstring); ``write_caching``:
+    its topics have ``write.caching`` on."""
     from bench.cluster import create_topic
     from mesh.client import Consumer, Producer
     size, n, n_lat = spec["message_bytes"], spec["messages"], spec["latency_samples"]
     payload = b"m" * size
-    create_topic(bootstrap, "peer-lat", 1, replication_factor)
-    create_topic(bootstrap, "peer-thr", 1, replication_factor)
-    create_topic(bootstrap, "peer-e2e", 1, replication_factor)
+    config = {"write.caching": "true"} if write_caching else None
+    create_topic(bootstrap, "peer-lat", 1, replication_factor, config)
+    create_topic(bootstrap, "peer-thr", 1, replication_factor, config)
+    create_topic(bootstrap, "peer-e2e", 1, replication_factor, config)
     out: dict = {}
     with Producer(bootstrap) as p:  # default settings (acks=all)
         for _ in range(min(100, n_lat)):
@@ -158,11 +178,13 @@ def _report(out_dir: str, spec: dict, results: dict, info: dict) -> str:
              "was; compare runs by it)",
              "- systems run one after another, alternating mesh and NATS, each on a cluster started for it on "
              "127.0.0.1 (fresh data directories) and stopped after it.",
-             "- mesh: `Producer` with default settings (acks=all, linger 5 ms upper bound); the broker syncs "
-             "(fdatasync) before it acknowledges.",
+             "- mesh: `Producer` with default settings (acks=all, linger 5 ms upper bound); fsync rows: the "
+             "topics' default durability (the broker syncs before it acknowledges); write caching rows: the "
+             "topics have `write.caching=true` (flush.ms 100).",
              f"- NATS: {info.get('nats_version', 'nats-server')}, nats-py, file storage; JetStream acknowledges "
              "once the replicas hold a message but does not fsync each one (sync_interval default 2 min).",
-             ""]
+             "", "## Durability of each row", ""] + [
+             f"- {label}: {DURABILITY.get(key, '-')}" for key, label, *_ in SYSTEMS] + [""]
     if info.get("errors"):
         lines += ["## Errors", ""] + [f"- {k}: {v}" for k, v in info["errors"].items()] + [""]
     path = os.path.join(out_dir, "report.md")
@@ -198,7 +220,7 @@ def run_peer(out_dir: str, message_bytes: int, messages: int, command: str = "",
             if system == "mesh":
                 cluster = LocalCluster(servers, root).start()
                 try:
-                    results[key] = run_mesh(cluster.bootstrap, replicas, spec)
+                    results[key] = run_mesh(cluster.bootstrap, replicas, spec, key in WRITE_CACHED)
                 finally:
                     cluster.stop()
             else:

@@ -249,6 +249,17 @@ def _headline(cells: list[dict]) -> list[str]:
     return out
 
 
+def _durability(run_info: dict) -> str:
+    """What an acks=all acknowledgement meant in the run's cells (issue 41)."""
+    modes = {bool(c.get("write_caching")) for c in run_info.get("cells") or [{}]}
+    say = {False: "fsync (the default: a batch is acknowledged once synced, by the leader for acks=1, by a "
+                  "majority of replicas for acks=all)",
+           True: "write caching (write.caching=true: a batch is acknowledged once written, not yet synced, by the "
+                 "leader for acks=1, by a majority for acks=all; a sync starts within flush.ms, 100 ms)"}
+    return "; ".join(say[m] for m in sorted(modes)) if len(modes) == 1 else "cells of both: " + "; ".join(
+        say[m] for m in sorted(modes))
+
+
 def write_report(run_dir: str, analysis: dict, run_info: dict) -> str:
     """Write report.md, summary.csv and the plots; return the report's path."""
     cells = analysis["cells"]
@@ -295,7 +306,7 @@ def write_report(run_dir: str, analysis: dict, run_info: dict) -> str:
         ["started", run_info.get("started", "-")],
         ["workload wall time", f"{run_info.get('workload_s', 0):.1f} s"],
         ["cells", str(len(cells))],
-        ["cluster", where],
+        ["cluster", where], ["durability", _durability(run_info)],
         ["machine", f"{env.get('cpu_count')} CPUs, {env.get('platform')}, load average at start "
                     f"{', '.join(f'{x:.1f}' for x in env.get('loadavg') or [])}"],
         ["machine at start", describe(env.get("calibration"))],

@@ -59,6 +59,7 @@ class Workload:
     rate: int = 0                    # target records/s for all producers; 0 = open throttle
     mode: str = "split"              # "split": produce then consume; "streaming": both at once
     group: str | None = None         # consumer group id (needs broker support)
+    write_caching: bool = False      # the cell's topic has write.caching on (issue 41); False: fsync
 
     def validate(self) -> None:
         def need(cond, msg):
@@ -91,7 +92,7 @@ KNOBS = tuple(f.name for f in dataclasses.fields(Workload))
 
 _SHORT = {"acks": "acks", "producers": "p", "consumers": "c", "partitions": "parts", "replication_factor": "rf",
           "rate": "r", "in_flight": "if", "linger_ms": "l", "batch_bytes": "bb", "keys": "keys", "key_space": "ks",
-          "messages": "n", "max_bytes": "max", "duration_s": "d", "group": "g"}
+          "messages": "n", "max_bytes": "max", "duration_s": "d", "group": "g", "write_caching": "wc"}
 
 
 @dataclass(frozen=True)
@@ -298,7 +299,8 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in [
              Workload(message_bytes=100, batch=0, linger_ms=1, in_flight=32, producers=1, consumers=1,
                       partitions=3, messages=0, duration_s=20, rate=10_000, mode="streaming")),
     # peer-nats: not cells; bench.peer runs it (its own clusters, no Spark)
-    Scenario("peer-nats", "the same 100 B workload against this mesh (3 brokers RF 3 acks=all; 1 broker) and a "
+    Scenario("peer-nats", "the same 100 B workload against this mesh (3 brokers RF 3 acks=all, fsync and write "
+                          "caching; 1 broker) and a "
                           "NATS JetStream cluster it starts (R3; R1): blocking publish latency, end-to-end latency "
                           "at 10,000 rec/s, async publish and consume throughput, side by side",
              Workload(message_bytes=100, batch=0, acks="all", replication_factor=3, producers=1, consumers=1,

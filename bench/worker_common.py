@@ -41,6 +41,10 @@ def request_bytes(w: Workload) -> int:
 
 
 def topic_config(w: Workload) -> dict:
-    """Raise max.message.bytes when a batch of large messages needs it (128 KB x 50)."""
+    """Raise max.message.bytes when a batch of large messages needs it (128 KB x 50); write
+    caching on when the workload asks (``--write-caching``)."""
     need = request_bytes(w)
-    return {"max.message.bytes": need} if need > MIB else {}
+    out = {"max.message.bytes": need} if need > MIB else {}
+    if w.write_caching:
+        out["write.caching"] = "true"
+    return out

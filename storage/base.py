@@ -10,6 +10,15 @@ Group commit: ``stage_append`` assigns offsets and stages writes in the turn's t
 I/O error) every staged change is rolled back in memory too, so the store stays exactly as
 it was before the turn, and the caller fails the requests of that turn.
 
+Write caching (issue 41, ``docs/decisions/41-durability.md``): a partition in ``cached``
+(pid -> its ``flush.ms``) may have its log and producer rows committed without a sync. A
+turn's commit syncs unless every write it staged is such a row (or a ``put_soft`` row: a
+commit offset, volatile in Raft); ``flush.ms`` after the first commit it did not sync
+(``unsynced_due_ms``: the node wakes for it) ``commit(now_ms)`` starts a sync of them all,
+with or without writes of its own (the LMDB store off the loop thread: ``storage.flusher``). ``commit()`` without a clock always syncs. Anything
+else (Raft term and vote, group offsets, metadata, deletes) makes the turn sync. With no
+partition cached, every commit syncs, as before.
+
 Writers that batch their puts per turn (``mesh.node.data.producer_state``) register a callable
 in ``pre_commit`` (run at the start of every ``commit``, inside the transaction, so what
 they write is committed with it or not at all) and in ``on_rollback`` (run after every
@@ -27,6 +36,7 @@ from storage.timestamps import TimeIndex
 __all__ = ["StoreBase", "LogError", "StorageFull", "CorruptBatch", "batch_problem", "key_of", "unkey"]
 
 _KEY = struct.Struct(">QQ")
+_PID = struct.Struct(">Q")   # the partition id leading a log or producer key
 _log = logging.getLogger("storage")
 
 
@@ -88,6 +98,60 @@ class StoreBase:
         # each ``(clean_end, horizon_ms)``; cached from ``meta``, the cache dropped on rollback
         self._clean_cache: dict[tuple[bytes, int], tuple[int, int]] = {}
         self.compacted_bytes = 0   # bytes removed by rewritten batches, running total (metrics)
+        # write caching (module doc)
+        self.cached: dict[int, int] = {}   # pid -> flush.ms: its log and producer rows need no sync
+        self.unsynced_due_ms: int | None = None   # a commit not synced yet: synced by then
+        self.syncs = 0             # commits (or flushes) that synced
+        self.unsynced_commits = 0  # commits that did not
+        self._must_sync = False    # this turn staged a write that needs a sync
+        self._turn_flush_ms: int | None = None   # the smallest flush.ms of this turn's cached rows
+
+    # -- write caching ------------------------------------------------------------------
+    def set_cached(self, pid: int, flush_ms: int | None) -> None:
+        """``pid``'s rows commit without a sync, synced within ``flush_ms`` (None: synced
+        with every commit again; what it left unsynced is synced by the next commit)."""
+        if flush_ms is not None:
+            self.cached[pid] = max(0, int(flush_ms))
+        elif self.cached.pop(pid, None) is not None and self.unsynced_due_ms is not None:
+            self.unsynced_due_ms = 0
+
+    def _wrote(self, pid: int) -> None:
+        """A log or producer row of ``pid`` was staged."""
+        f = self.cached.get(pid)
+        if f is None:
+            self._must_sync = True
+        elif self._turn_flush_ms is None or f < self._turn_flush_ms:
+            self._turn_flush_ms = f
+
+    def sync_due(self, now_ms: int) -> bool:
+        return self.unsynced_due_ms is not None and now_ms >= self.unsynced_due_ms
+
+    def _wants_sync(self, now_ms: int | None) -> bool:
+        return now_ms is None or self._must_sync or not self.cached
+
+    def _flush_behind(self) -> None:
+        """Sync every commit made so far, off the loop if the store can (``storage.flusher``)."""
+        self.sync_now()
+
+    def _end_turn(self) -> None:
+        self._must_sync, self._turn_flush_ms = False, None
+
+    def put(self, db: str, key: bytes, value: bytes) -> None:
+        """Stage a row (a producer row of a cached partition needs no sync; any other does)."""
+        if db == "producers" and len(key) >= 8:
+            self._wrote(_PID.unpack_from(key)[0])
+        else:
+            self._must_sync = True
+        self._put_row(db, key, value)
+
+    def put_soft(self, db: str, key: bytes, value: bytes) -> None:
+        """Stage a row whose loss to a power cut is harmless (a Raft commit offset): it
+        makes no turn sync."""
+        self._put_row(db, key, value)
+
+    def delete(self, db: str, key: bytes) -> None:
+        self._must_sync = True
+        self._delete_row(db, key)
 
     # -- partition registry -----------------------------------------------------------
     def partition_id(self, topic: str, partition: int, create: bool = True,
@@ -201,6 +265,7 @@ class StoreBase:
             self._parts[pid] = st = [0, 0, 0]
         base = st[1]
         stored = patch_batch(batch, base, leader_epoch)
+        self._wrote(pid)
         self._put_batch(pid, base, stored)
         st[1] = end = base + record_count
         st[2] += len(stored)
@@ -224,6 +289,7 @@ class StoreBase:
         if st is None:
             st = self._parts[pid] = [0, 0, 0]
         put = self._put_batch
+        self._wrote(pid)
         for h, raw in batches:
             base = h.base_offset
             if base != st[1]:
@@ -265,21 +331,39 @@ class StoreBase:
             st[2] -= len(raw)
         self._del_batch(pid, base)
 
-    def commit(self) -> None:
-        """Make the turn durable with one sync, or roll everything back and raise."""
+    def commit(self, now_ms: int | None = None) -> None:
+        """Make the turn durable with one sync (or, when write caching allows it, commit it
+        without one: module doc), or roll everything back and raise."""
         try:
             for fn in self.pre_commit:
                 fn()
-            self._commit_txn()
+            wrote = self.has_writes()
+            sync = self._wants_sync(now_ms)
+            synced = self._commit_txn(sync)
         except Exception:
             self.rollback()
             raise
+        flush_ms = self._turn_flush_ms
+        self._end_turn()
+        if synced:
+            self.syncs += 1
+            self.unsynced_due_ms = None
+        elif wrote and not sync:
+            self.unsynced_commits += 1
+            due = now_ms + (flush_ms if flush_ms is not None else 1000)   # (soft rows only: within a second)
+            if self.unsynced_due_ms is None or due < self.unsynced_due_ms:
+                self.unsynced_due_ms = due
+        if self.unsynced_due_ms is not None and now_ms is not None and now_ms >= self.unsynced_due_ms:
+            self.syncs += 1
+            self.unsynced_due_ms = None
+            self._flush_behind()   # flush.ms since the first unsynced commit: a sync starts now
         self._undo = None
         self.time_index.committed()   # cuts of this turn again: a lookup meanwhile saw the old batches
         for fn in self.post_commit:   # (any commit: one made in the middle of a turn too)
             fn()
 
     def rollback(self) -> None:
+        self._end_turn()
         self._abort_txn()
         self.time_index.clear()   # (rebuilt when asked: cheaper than knowing what a turn undid)
         if self._undo:

@@ -37,6 +37,8 @@ import lmdb
 
 from mesh.wire.records import HEADER_SIZE
 from storage.base import LogError, StoreBase, StorageFull, batch_problem, key_of, unkey
+from storage.flusher import Flusher
+from storage.nosync import NoSyncFlag
 
 __all__ = ["Store"]
 
@@ -62,6 +64,10 @@ class Store(StoreBase):
             raise LogError(f"cannot open LMDB environment in {path!r}: {exc}") from exc
         self.path = path
         self.dbs = {name.decode(): self.env.open_db(name) for name in _DBS}
+        # per-commit no-sync for write caching (None: not available, every commit syncs)
+        self._nosync = NoSyncFlag.attach(self.env, path) if sync else None
+        self._flusher = Flusher(self.env)   # write caching's flush.ms syncs, off the loop
+        self._commits = 0                   # commits left unsynced so far (the flusher's numbers)
         self._log = self.dbs["log"]
         self._wtxn: lmdb.Transaction | None = None
         self._failed: LogError | None = None
@@ -244,6 +250,7 @@ class Store(StoreBase):
         return self._txn().get(key_of(pid, base), db=self._log)
 
     def _del_batch(self, pid: int, base: int) -> None:
+        self._must_sync = True
         self._delete(key_of(pid, base), self._log)
 
     def _delete(self, key: bytes, db) -> None:
@@ -278,32 +285,53 @@ class Store(StoreBase):
             limit -= 1
             yield base, v
 
-    def put(self, db: str, key: bytes, value: bytes) -> None:
+    def _put_row(self, db: str, key: bytes, value: bytes) -> None:
         self._put(key, value, self.dbs[db])
 
-    def delete(self, db: str, key: bytes) -> None:
+    def _delete_row(self, db: str, key: bytes) -> None:
         self._delete(key, self.dbs[db])
 
     def has_writes(self) -> bool:
         """True if this turn staged anything (its commit will sync)."""
         return self._wtxn is not None
 
-    def _commit_txn(self) -> None:
+    def _commit_txn(self, sync: bool = True) -> bool:
+        """Commit the turn's transaction, synced (LMDB: the pages, then the meta page, each
+        fdatasync'ed: a power cut leaves the last synced state whole) unless ``sync`` is
+        False and this LMDB lets its no-sync flag be set per commit (``storage.nosync``).
+        With no transaction, a ``sync`` flushes earlier unsynced commits. True if it synced."""
         txn, self._wtxn = self._wtxn, None
+        if self._flusher.error is not None:   # a sync behind failed: this one is made here
+            self._flusher.error, sync = None, True
         if txn is None:
-            return
+            if sync and self._commits > self._flusher.done:
+                self.sync_now()
+                return True
+            return False
         self._turn_bytes, self._probed = 0, False
         if self._failed is not None:
             failed, self._failed = self._failed, None
             txn.abort()
             raise failed
+        skip = not sync and self._nosync is not None
         try:
-            txn.commit()  # LMDB syncs on commit (sync=True): one fsync per turn
+            if skip:
+                self._nosync.set(True)
+            try:
+                txn.commit()  # LMDB syncs on commit (sync=True): one group commit per turn
+            finally:
+                if skip:
+                    self._nosync.set(False)
         except lmdb.MapFullError as exc:
             raise StorageFull(f"log store full ({self.env.info()['map_size']} bytes): {exc}") from exc
         except lmdb.Error as exc:
             raise LogError(f"commit failed: {exc}") from exc
         self._note_room()
+        if skip:
+            self._commits += 1
+        else:
+            self._flusher.mark(self._commits)   # (its sync covered every commit before it)
+        return not skip
 
     def _abort_txn(self) -> None:
         self._failed = None
@@ -411,7 +439,19 @@ class Store(StoreBase):
     def sync_now(self) -> None:
         """Force what is committed to disk (even with ``sync=False``)."""
         self.env.sync(True)
+        self.unsynced_due_ms = None
+        self._flusher.mark(self._commits)
+
+    def _flush_behind(self) -> None:
+        self._flusher.request(self._commits)
 
     def close(self) -> None:
+        """A clean close: what write caching left unsynced is synced first."""
         self._abort_txn()
+        self._flusher.close()
+        if self._commits > self._flusher.done or self._flusher.error is not None:
+            try:
+                self.sync_now()
+            except lmdb.Error as exc:
+                _log.error("could not sync the store on close: %s", exc)
         self.env.close()

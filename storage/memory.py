@@ -42,6 +42,7 @@ class MemoryStore(StoreBase):
 
     def _del_batch(self, pid, base):
         from storage.base import key_of
+        self._must_sync = True
         self._stage()["log"][key_of(pid, base)] = None
         lst = self._bases.get(pid, [])
         i = bisect.bisect_left(lst, base)
@@ -57,10 +58,10 @@ class MemoryStore(StoreBase):
         for base in self._bases.get(pid, [])[:limit]:
             yield base, self._logv[(pid, base)]
 
-    def put(self, db, key, value):
+    def _put_row(self, db, key, value):
         self._stage()[db][key] = bytes(value)
 
-    def delete(self, db, key):
+    def _delete_row(self, db, key):
         self._stage()[db][key] = None
 
     def get(self, db, key):
@@ -80,9 +81,10 @@ class MemoryStore(StoreBase):
     def has_writes(self) -> bool:
         return self._staged is not None
 
-    def _commit_txn(self):
+    def _commit_txn(self, sync: bool = True) -> bool:
+        """True if it synced (here: counted, as the LMDB store would)."""
         if self._staged is None:
-            return
+            return sync and self.unsynced_due_ms is not None
         for db, kv in self._staged.items():
             d = self._durable[db]
             for k, v in kv.items():
@@ -91,6 +93,7 @@ class MemoryStore(StoreBase):
                 else:
                     d[k] = v
         self._staged = None
+        return sync
 
     def _abort_txn(self):
         if self._staged is not None:

@@ -59,6 +59,8 @@ BOUND_OPTIONS: list[tuple[str, int, int, str]] = [
     ("shutdown_handover_ms", 0, 5_000, "on SIGTERM or Ctrl-C, hand every partition led here to a caught-up replica, "
                                        "waiting at most this long, then stop; a second signal stops at once; "
                                        "0 = stop at once (Kafka controlled.shutdown.enable)"),
+    ("flush_ms", 0, 100, "with write caching, data acknowledged but not synced yet is synced within this "
+                         "many ms (the default of a topic's flush.ms; Kafka/Redpanda flush.ms)"),
 ]
 
 
@@ -78,9 +80,11 @@ def node_bound_options(f):
     names = [name for name, _, _, _ in BOUND_OPTIONS]
 
     @functools.wraps(f)
-    def wrapper(*args, reset_gossip, metrics_port, metrics_host, metrics_per_partition, replace_dead_after, balance, **kwargs):
+    def wrapper(*args, reset_gossip, metrics_port, metrics_host, metrics_per_partition, replace_dead_after, balance,
+                write_caching, **kwargs):
         bounds = {name: kwargs.pop(name) for name in names}
         bounds["reset_gossip"] = reset_gossip
+        bounds["write_caching"] = write_caching   # issue 41
         bounds.update(replace_dead_after_ms=parse_duration_ms(replace_dead_after), balance=balance)   # issue 14
         bounds.update(metrics_port=metrics_port, metrics_host=metrics_host, metrics_per_partition=metrics_per_partition)   # issue 16
         return f(*args, bounds=bounds, **kwargs)
@@ -91,6 +95,11 @@ def node_bound_options(f):
     wrapper = click.option("--balance/--no-balance", default=True, show_default=True,
                            help="move replicas and leaderships on its own toward a balanced cluster "
                                 "(new brokers, decommissions, dead brokers); off: manual reassign only")(wrapper)
+    wrapper = click.option("--write-caching/--no-write-caching", default=False, show_default=True,
+                           help="the default of a topic's write.caching: acks=all is answered once a majority "
+                                "of replicas has written the batch, synced within --flush-ms (a majority losing "
+                                "power within it can lose acknowledged writes); off: once a majority synced it "
+                                "(Redpanda write_caching_default)")(wrapper)
     wrapper = click.option("--metrics-port", type=click.IntRange(1, 65535), default=None,
                            help="serve Prometheus metrics on http://HOST:PORT/metrics (HOST: --metrics-host); "
                                 "off by default")(wrapper)

@@ -45,7 +45,7 @@ from mesh.cluster.keys import (TOPIC_PREFIX, TPARTS_CHUNK_BYTES, TPARTS_CHUNK_PA
 from mesh.cluster.configs import PartitionConfig, configs_by_topic, overlay
 from mesh.cluster.keys import PCONF_PREFIX, REASSIGN_PREFIX
 from mesh.cluster.placement import place_replicas
-from mesh.wire.topic_config import MAX_PARTITIONS, normalize_config, validate_topic_name
+from mesh.wire.topic_config import MAX_PARTITIONS, normalize_config, validate_topic_name, write_caching_of
 
 __all__ = ["Catalog", "Topic", "TOPIC_PREFIX", "MAX_REPLICATION_FACTOR", "cluster_pid", "split_replicas",
            "topic_registers", "topics_from_registers"]
@@ -251,6 +251,9 @@ class Catalog:
         self._signature = None      # the registers' bucket hashes at the last rebuild
         self._calls = 0
         self._overlaid: dict[str, tuple] = {}   # name -> (base row, pconf values, overlaid row)
+        # the broker's write.caching and flush.ms for topics that set neither (mesh node
+        # --write-caching, --flush-ms; set by the wiring): the store is told per hosted partition
+        self.cache_default: tuple[bool, int] = (False, 100)
 
     def _overlay(self, topics: dict[str, Topic]) -> dict[str, Topic]:
         """The topic rows with each partition's effective config (``mesh.cluster.configs``),
@@ -304,6 +307,12 @@ class Catalog:
         name, p = self.local[pid]
         return self.topics[name].config_of(p)
 
+    def write_caching(self, pid: int) -> int | None:
+        """Local partition ``pid``'s flush.ms if its topic's writes are cached (``write.caching``,
+        else the broker's ``cache_default``), None if every write is synced first (issue 41)."""
+        t = self.topics.get(self.local[pid][0]) if pid in self.local else None
+        return None if t is None else write_caching_of(t.config, *self.cache_default)
+
     # -- topics -------------------------------------------------------------------------
     def reconcile(self) -> tuple[set[int], set[int]]:
         """Rebuild from gossip; returns (pids added, pids removed) on this node. Gossip's
@@ -353,7 +362,12 @@ class Catalog:
         self.local = {pid: (name, p) for name, p, pid in wanted.values()}
         self._loaded = True
         now = set(self.local)
-        return now - before, before - now
+        added, removed = now - before, before - now
+        for pid in removed:
+            self.store.set_cached(pid, None)
+        for pid in added:   # (a topic's configs never change: set once, when hosted)
+            self.store.set_cached(pid, self.write_caching(pid))
+        return added, removed
 
     def _gone(self, store_key: str, registers: Mapping[str, Any]) -> str | None:
         """Why the cluster's metadata says local data ``<name>#<uuid>`` is no topic's any more

@@ -38,7 +38,7 @@ _MAX_RTT_MS = 10_000       # a round trip longer than this says nothing about tr
 
 
 class ClockOffsets:
-    __slots__ = ("bound_ms", "max_age_ms", "max_peers", "_samples", "_state")
+    __slots__ = ("bound_ms", "max_age_ms", "max_peers", "_samples", "_state", "_memo")
 
     def __init__(self, bound_ms: int = 30_000, max_age_ms: int = 60_000, max_peers: int = 1024) -> None:
         if bound_ms < 0 or max_age_ms <= 0 or max_peers <= 0:
@@ -48,6 +48,10 @@ class ClockOffsets:
         self.max_peers = max_peers
         self._samples: dict[str, tuple[int, int]] = {}   # peer -> (offset ms, mono ms when taken)
         self._state: str | None = None
+        # (mono ms, valid, estimate) of the last ``estimate_ms``: it is asked per produced batch
+        # (the idempotent producer's stamps, through ``correction_ms``), within one millisecond
+        # many times; every change of ``_samples`` clears it
+        self._memo: tuple = (None, None, None)
 
     def observe(self, peer: str, their_wall_ms: object, my_wall_ms: int, mono_ms: int, rtt_ms: int = 0) -> bool:
         """Take one stamp of ``peer``; False (ignored) if it is no wall clock reading."""
@@ -58,14 +62,17 @@ class ClockOffsets:
         if peer not in self._samples and len(self._samples) >= self.max_peers:
             self._drop_oldest()
         self._samples[peer] = (their_wall_ms + rtt_ms // 2 - my_wall_ms, mono_ms)
+        self._memo = (None, None, None)
         return True
 
     def forget(self, peer: str) -> None:
         self._samples.pop(peer, None)
+        self._memo = (None, None, None)
 
     def _drop_oldest(self) -> None:
         oldest = min(self._samples, key=lambda p: (self._samples[p][1], p))
         del self._samples[oldest]
+        self._memo = (None, None, None)
 
     def _fresh(self, mono_ms: int) -> list[int]:
         horizon = mono_ms - self.max_age_ms
@@ -83,12 +90,18 @@ class ClockOffsets:
     def estimate_ms(self, mono_ms: int) -> int | None:
         """Median of the fresh samples (peers' clock minus ours) and our own 0; None without
         a fresh sample."""
+        memo = self._memo
+        if memo[0] == mono_ms and memo[1] is not None:
+            return memo[2]
         s = self._fresh(mono_ms)
         if not s:
-            return None
-        s = sorted(s + [0])
-        mid = len(s) // 2
-        return s[mid] if len(s) % 2 else (s[mid - 1] + s[mid]) // 2
+            est = None
+        else:
+            s = sorted(s + [0])
+            mid = len(s) // 2
+            est = s[mid] if len(s) % 2 else (s[mid - 1] + s[mid]) // 2
+        self._memo = (mono_ms, True, est)   # the same millisecond, no new sample: the same answer
+        return est
 
     def state(self, mono_ms: int, alone: bool) -> str:
         est = self.estimate_ms(mono_ms)

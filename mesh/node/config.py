@@ -80,4 +80,6 @@ class NodeConfig:
     move_rate_bytes: int = 32 << 20          # catch-up bytes/s this broker sends to new replicas (0 = no cap)
     max_moves_per_broker: int = 4            # moves in progress per source and per target broker
     balance: bool = True                     # False: never move replicas on its own (manual reassign only)
+    write_caching: bool = False   # a topic's write.caching default (issue 41: docs/decisions/41-durability.md)
+    flush_ms: int = 100           # a topic's flush.ms default: unsynced writes synced within it
     shutdown_handover_ms: int = 5_000        # SIGTERM: hand led partitions over for at most this long, then stop

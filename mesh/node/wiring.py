@@ -73,6 +73,7 @@ def wire_node(node, config, clock, rng: Callable[[], random.Random], router, pee
     seeded random source per part."""
     gossip, store, peer_clock = node.gossip, node.store, node.peer_clock
     node.catalog = catalog = Catalog(config.node_id, gossip, store)
+    catalog.cache_default = (config.write_caching, config.flush_ms)   # issue 41
     node.publish = publish = Publisher(config.node_id, gossip, catalog, store)  # lead/, stats/
     node.directory = directory = Directory(config.node_id, node.address, gossip, clock.wall_ms, node._local_leader)
     parts = wire_data(

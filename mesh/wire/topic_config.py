@@ -10,9 +10,9 @@ import re
 
 from mesh.wire.errors import ErrorCode, MeshError
 
-__all__ = ["TOPIC_DEFAULTS", "CONFIG_RANGES", "MAX_MESSAGE_BYTES", "validate_topic_name", "normalize_config",
-           "MAX_PARTITIONS", "RECENT_BATCHES", "COMPACTION_DEFAULTS", "topic_setting", "compacted", "deletes",
-           "POLICY_NAMES", "shown_config"]
+__all__ = ["TOPIC_DEFAULTS", "CONFIG_RANGES", "BROKER_DEFAULTED", "write_caching_of", "MAX_MESSAGE_BYTES",
+           "validate_topic_name", "normalize_config", "MAX_PARTITIONS", "RECENT_BATCHES", "COMPACTION_DEFAULTS",
+           "topic_setting", "compacted", "deletes", "POLICY_NAMES", "shown_config"]
 
 _NAME = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
 MAX_PARTITIONS = 10_000
@@ -36,11 +36,18 @@ TOPIC_DEFAULTS: dict[str, int] = {
     "max.message.bytes": MAX_RECORD_BYTES + BATCH_OVERHEAD_BYTES,
 }
 
+# Configs a topic may leave unset: then each broker's default holds (``mesh node
+# --write-caching``, ``--flush-ms``; issue 41, docs/decisions/41-durability.md). write.caching
+# is 0 or 1 ("true"/"false" accepted, as Redpanda's).
+BROKER_DEFAULTED = ("write.caching", "flush.ms")
+
 # Inclusive ranges; -1 (unlimited) is inside where it is allowed.
 CONFIG_RANGES: dict[str, tuple[int, int]] = {
     "retention.ms": (-1, _FOREVER_MS),
     "retention.bytes": (-1, 1 << 50),
     "max.message.bytes": (1024, MAX_MESSAGE_BYTES),
+    "write.caching": (0, 1),
+    "flush.ms": (0, 3_600_000),
 }
 
 
@@ -107,6 +114,16 @@ def _user_value(k: str, v):
     return None
 
 
+def write_caching_of(config: dict, default: bool, default_flush_ms: int) -> int | None:
+    """The topic's flush.ms if its writes are cached (``write.caching``, else the broker's
+    default), None if every write is synced before it is acknowledged."""
+    on = config.get("write.caching")
+    if not (default if on is None else on):
+        return None
+    f = config.get("flush.ms")
+    return default_flush_ms if f is None else f
+
+
 def validate_topic_name(name: str) -> None:
     if not isinstance(name, str) or not _NAME.match(name) or name in (".", ".."):
         raise MeshError(ErrorCode.INVALID_REQUEST,
@@ -119,11 +136,13 @@ def normalize_config(config: dict) -> dict[str, int]:
     if config is not None and not isinstance(config, dict):
         raise MeshError(ErrorCode.INVALID_CONFIG, "topic config must be a map of names to integers")
     for k, v in (config or {}).items():
-        if k not in TOPIC_DEFAULTS and k not in COMPACTION_DEFAULTS:
-            raise MeshError(ErrorCode.INVALID_CONFIG, f"unknown topic config {k!r}; known: "
-                                                      f"{', '.join(sorted([*TOPIC_DEFAULTS, *COMPACTION_DEFAULTS]))}")
+        if k not in CONFIG_RANGES:
+            raise MeshError(ErrorCode.INVALID_CONFIG,
+                            f"unknown topic config {k!r}; known: {', '.join(sorted(CONFIG_RANGES))}")
         if k in COMPACTION_DEFAULTS and (u := _user_value(k, v)) is not None:
             v = u
+        if k == "write.caching" and isinstance(v, (bool, str)) and str(v).lower() in ("true", "false"):
+            v = int(str(v).lower() == "true")
         if isinstance(v, bool) or isinstance(v, float) or (isinstance(v, str) and len(v) > 40):
             raise MeshError(ErrorCode.INVALID_CONFIG, f"topic config {k}={str(v)[:40]!r} is not an integer")
         try:

@@ -87,13 +87,13 @@ class SimStore(MemoryStore):
         self.durable_state: dict[int, bytes | None] = {}
         self._snapshot()
 
-    def commit(self) -> None:
+    def commit(self, now_ms: int | None = None) -> None:
         if self.armed:
             self.armed = False
             self.commits_failed += 1
             self.rollback()
             raise LogError("simulated: the disk refused the turn's commit")
-        super().commit()
+        super().commit(now_ms)
         self.commits_ok += 1
         self._snapshot()
 

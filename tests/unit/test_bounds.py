@@ -285,7 +285,7 @@ def test_doomed_turn_is_rolled_back_at_commit():
         def rollback(self):
             Store.rolled += 1
 
-        def commit(self):
+        def commit(self, now_ms=None):
             Store.committed += 1
 
         def has_writes(self):

@@ -230,7 +230,7 @@ def test_a_retry_of_a_batch_staged_this_turn_is_answered_only_after_the_turn_com
         def has_writes(self):
             return True
 
-        def commit(self):
+        def commit(self, now_ms=None):
             raise LogError("no space left on device")
 
         def rollback(self):

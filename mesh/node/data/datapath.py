@@ -188,15 +188,17 @@ class DataPath:
         return t, pid
 
     def next_deadline_ms(self) -> int | None:
-        """When the earliest parked fetch or held produce times out (``now_ms`` scale), None
-        if nothing waits."""
+        """When the earliest parked fetch or held produce times out, or write caching's
+        flush.ms sync is due (the turn's commit starts it) (``now_ms`` scale), None if nothing
+        waits."""
         while self._deadlines and self._deadlines[0].done:
             heapq.heappop(self._deadlines)
         d = self._deadlines[0].deadline_ms if self._deadlines else None
         if self._held:
             h = min(held[0][4] for held in self._held.values())
             d = h if d is None else min(d, h)
-        return d
+        f = getattr(self.store, "unsynced_due_ms", None)
+        return d if f is None else f if d is None else min(d, f)
 
     @property
     def parked(self) -> int:
@@ -403,7 +405,7 @@ class DataPath:
             if moved:
                 self._wake(moved)   # below the commit offset is all in the store already (ReplicaHost)
             t0 = _perf() if self.metrics is not None and self.store.has_writes() else None
-            self.store.commit()
+            self.store.commit(self.now_ms())   # (synced unless write caching allows: storage.base)
             if t0 is not None:
                 self.metrics.synced(_perf() - t0)   # the turn's commit + sync
         except (StorageFull, LogError) as exc:

@@ -41,6 +41,8 @@ Families (Prometheus conventions, base units; labels in braces):
   rewritten), mesh_compaction_dirty_ratio{topic,partition} (bytes not yet compacted over the
   partition's bytes), mesh_compaction_lag_offsets{topic,partition} (the leader's cut minus
   the one this replica applied), on compacted topics only (mesh.node.data.compactor),
+  mesh_storage_syncs_total, mesh_storage_unsynced_commits_total (write caching: commits
+  left to the flush.ms sync),
   mesh_partition_log_size_bytes, mesh_partition_leader (0/1), mesh_partition_leader_epoch,
   mesh_partition_log_end_offset, mesh_partition_high_watermark ({topic,partition}),
   mesh_partition_follower_lag_records{topic,partition,follower} (on the leader: its log
@@ -338,6 +340,10 @@ def _build_snapshot(mx: NodeMetrics, node) -> dict[str, list]:
     out.append(_counter("mesh_storage_retention_deleted_batches_total", "Batches deleted by retention",
                         rows=[((), getattr(store, "retention_deleted_batches", 0))]))
     out.extend(_compaction_families(node))
+    out.append(_counter("mesh_storage_syncs_total", "Commits and flushes that synced the store",
+                        rows=[((), getattr(store, "syncs", 0))]))
+    out.append(_counter("mesh_storage_unsynced_commits_total", "Commits left unsynced by write caching "
+                        "(synced within flush.ms)", rows=[((), getattr(store, "unsynced_commits", 0))]))
     out.extend(_partition_families(mx, node))
     out.extend(_gossip_families(mx, node, now_ms))
     out.extend(_group_families(mx, node))

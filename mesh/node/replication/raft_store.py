@@ -164,8 +164,10 @@ class StateRows:
         self.write(st)
         return True
 
-    def write(self, st: PersistState) -> None:
-        self.store.put("repl", _STATE_KEY.pack(st.pid), pack_state(st))
+    def write(self, st: PersistState, soft: bool = False) -> None:
+        """``soft``: only the commit offset changed (its loss to a power cut is harmless: a
+        turn of write-cached partitions need not sync for it, ``StoreBase.put_soft``)."""
+        (self.store.put_soft if soft else self.store.put)("repl", _STATE_KEY.pack(st.pid), pack_state(st))
         self.persisted[st.pid] = st
         self.lazy.pop(st.pid, None)
 
@@ -173,7 +175,7 @@ class StateRows:
         if self.lazy and now_ms >= self._next_lazy_flush_ms:
             self._next_lazy_flush_ms = now_ms + 1000
             for st in list(self.lazy.values()):
-                self.write(st)   # commit only: not hard state
+                self.write(st, soft=True)   # commit only: not hard state
 
     def commit_on_disk(self, pid: int) -> int:
         """The commit offset on disk: retention cuts only below it."""
