@@ -51,11 +51,11 @@ from mesh.gossip.config import GossipConfig
 from mesh.gossip.core import Gossip
 from mesh.gossip.detector import FailureDetector
 from mesh.gossip.membership import Member, MembershipEvent
-from mesh.gossip.messages import GossipAck, GossipAck2, GossipSyn
+from mesh.gossip.messages import GossipAck, GossipAck2, GossipPing, GossipPingAck, GossipSyn
 from mesh.gossip.rows import ALIVE, DEAD, LEFT, SUSPECT
 
 __all__ = [
-    "Gossip", "GossipConfig", "GossipSyn", "GossipAck", "GossipAck2",
+    "Gossip", "GossipConfig", "GossipSyn", "GossipAck", "GossipAck2", "GossipPing", "GossipPingAck",
     "FailureDetector", "Member", "MembershipEvent",
     "ALIVE", "SUSPECT", "DEAD", "LEFT",
 ]

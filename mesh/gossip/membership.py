@@ -435,9 +435,19 @@ class Membership:
             if st == SUSPECT:
                 self.status[o] = Verdict(SUSPECT, max(since, now_ms))
 
-    def judge(self, now_ms: int) -> None:
-        """Move origins along ALIVE -> SUSPECT -> DEAD -> removed as time passes (R4, R5)."""
+    def judge(self, now_ms: int, expired=None) -> None:
+        """Move origins along ALIVE -> SUSPECT -> DEAD -> removed as time passes (R4, R5).
+        ``expired(origin, now_ms)``: with probes, whether a SUSPECT origin's suspicion ran
+        out (``mesh.gossip.suspicion``; one learned second-hand and never suspected waits)."""
         status = self.status
+        if expired is not None:
+            for o, (st, since) in list(status.items()):
+                if st == SUSPECT:
+                    if expired(o, now_ms):
+                        self.set_status(o, DEAD, now_ms)
+                elif now_ms - since >= self.config.tombstone_gc_ms:
+                    self._remove(o, now_ms)
+            return
         for o in [o for o in self.detector.expired(now_ms) if o not in status]:
             if o in self.rows:
                 self.set_status(o, SUSPECT, now_ms)
