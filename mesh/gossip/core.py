@@ -54,7 +54,7 @@ _STATS = ("rounds", "syn_received", "ack_received", "ack2_received", "malformed"
           *(f"malformed_{k}" for k in MALFORMED_KINDS))
 
 
-_YOUNG_BEATS = 2     # with probes, a life beats until past this (peers echo a young life's row: rounds.py)
+_YOUNG_BEATS = 0     # with probes, a life beats once (then only to refute: mesh.gossip.probes)
 
 
 def _draw_life(rng: random.Random) -> int:
@@ -127,7 +127,7 @@ class Gossip:
             self._next_hb_ms = now_ms + self.config.effective_heartbeat_ms
             if (self._members.heard_peer or not self._members.hold_heartbeat) and (
                     probes is None or self._members.rows[self.node_id].heartbeat <= _YOUNG_BEATS):
-                self._members.beat()     # (with probes a heartbeat moves only while young, and to refute)
+                self._members.beat()     # (with probes: its first beat, then only to refute)
         out = probes.tick(now_ms) if probes is not None else []
         if now_ms < self._next_round_ms:
             return out

@@ -39,7 +39,7 @@ from mesh.gossip.membership import Membership
 from mesh.gossip.messages import GossipPing, GossipPingAck
 from mesh.gossip.parsing import Malformed, parse_rows
 from mesh.gossip.rows import ALIVE, DEAD, MAX_COUNTER, MAX_NAME_CHARS, SUSPECT
-from mesh.gossip.suspicion import MAX_NEWS, MAX_SUSPECTERS, Suspicions, parse_suspects
+from mesh.gossip.suspicion import FIRST_BEAT, MAX_NEWS, MAX_SUSPECTERS, Suspicions, parse_suspects
 from mesh.wire.effects import Send
 
 __all__ = ["Probes"]
@@ -96,10 +96,10 @@ class Probes:
     def round(self, now_ms: int) -> list[Send]:
         """Once a round: spread refutations found, start a probe."""
         m = self._m
-        for o in self._sus.sweep():
+        for o in self._sus.sweep(now_ms):
             self.spread[o] = self._sus.limit()
         hb = m.rows[m.node_id].heartbeat
-        if hb != self._own_hb:       # our heartbeat moved (a young life's beats): news
+        if hb != self._own_hb:       # our heartbeat moved (our first beat): news
             self._own_hb = hb
             self.spread[m.node_id] = self._sus.limit()
         out: list[Send] = []
@@ -212,9 +212,9 @@ class Probes:
                 before = [(o, m.rows[o].heartbeat) for o in known]
                 m.merge_rows(known, now_ms)
                 limit = self._sus.limit()
-                for o, hb in before:      # newer to us: news to pass on (a refutation, a young life)
+                for o, hb in before:      # a newer beat past the first one is a refutation: pass it on
                     r = m.rows.get(o)
-                    if r is not None and r.heartbeat > hb and o != m.node_id:
+                    if r is not None and r.heartbeat > max(hb, FIRST_BEAT) and o != m.node_id:
                         self.spread[o] = limit
         answer, refute = self._sus.merge(suspects, now_ms) if suspects else ([], False)
         if refute:
@@ -225,6 +225,8 @@ class Probes:
         """We are suspected at our current row: a newer heartbeat says otherwise (R2)."""
         m = self._m
         m.beat()
+        while m.rows[m.node_id].heartbeat <= FIRST_BEAT:
+            m.beat()
         self._stats["refutations"] += 1
         self.health = min(_MAX_HEALTH, self.health + 1)
         self.spread[m.node_id] = self._sus.limit()

@@ -49,8 +49,9 @@ if TYPE_CHECKING:
     from mesh.gossip.membership import Membership
 
 __all__ = ["Suspicion", "Suspicions", "SUSPICION_K", "MAX_SUSPECTERS", "MAX_NEWS", "parse_suspects",
-           "retransmit_limit"]
+           "retransmit_limit", "FIRST_BEAT"]
 
+FIRST_BEAT = 1               # a life's first beat (0 -> 1) refutes nothing: views of it may lag
 SUSPICION_K = 3              # independent confirmations that bring the timeout down to its min
 MAX_SUSPECTERS = SUSPICION_K + 1
 MAX_NEWS = 8                 # suspicions (and rows) piggybacked on one message, at most
@@ -98,9 +99,10 @@ class Suspicions:
 
     def __init__(self, members: "Membership", config: "GossipConfig", stats: dict[str, int]) -> None:
         self._m = members
+        self.records: dict[str, Suspicion] = {}
+        members.suspected = self.records
         self._config = config
         self._stats = stats
-        self.records: dict[str, Suspicion] = {}
         self.lo_ms, self.hi_ms = config.effective_suspicion_ms
         self.hold_until_ms = 0       # after a local stall: nobody convicted before this (S3)
 
@@ -111,7 +113,7 @@ class Suspicions:
         """The record still speaks of the row we hold for ``o`` (S2)."""
         r = self._m.rows.get(o)
         return (r is not None and not r.left and r.generation == rec.generation
-                and r.heartbeat <= rec.heartbeat)
+                and r.heartbeat <= max(rec.heartbeat, FIRST_BEAT))
 
     def timeout_ms(self, rec: Suspicion) -> int:
         # (min, max) grow with log10(n), as news (the suspicion, then its refutation) needs
@@ -140,7 +142,7 @@ class Suspicions:
             return False
         rec = self.records.get(o)
         me = m.node_id
-        if rec is not None and rec.generation == r.generation and rec.heartbeat >= r.heartbeat:
+        if rec is not None and rec.generation == r.generation and max(rec.heartbeat, FIRST_BEAT) >= r.heartbeat:
             if me in rec.by or len(rec.by) >= MAX_SUSPECTERS:
                 return False
             rec.by.append(me)
@@ -148,7 +150,7 @@ class Suspicions:
             return True
         if m.status_of(o) == DEAD:
             return False            # convicted already (a probe of a dead node, to heal partitions)
-        self.records[o] = Suspicion(r.generation, r.heartbeat, [me], now_ms, self.limit())
+        self.records[o] = Suspicion(r.generation, max(r.heartbeat, FIRST_BEAT), [me], now_ms, self.limit())
         self._stats["suspicions_raised"] += 1
         if m.status_of(o) == ALIVE:
             m.set_status(o, SUSPECT, now_ms)
@@ -167,6 +169,7 @@ class Suspicions:
             r = rows.get(o)
             if r is None:
                 continue
+            hb = max(hb, FIRST_BEAT)
             if o == me:
                 if gen == r.generation and hb >= r.heartbeat and not m.left:
                     refute = True
@@ -196,18 +199,20 @@ class Suspicions:
                     rec.sends = self.limit()
         return answer, refute
 
-    def sweep(self) -> list[str]:
-        """Drop records a newer row ended (S2); returns the origins whose rows refuted one
-        (news: the refutation spreads). Records of convicted nodes go once spread."""
+    def sweep(self, now_ms: int) -> list[str]:
+        """Drop records a newer row ended (S2), and bring their origins back; returns the
+        origins whose rows refuted one (news: the refutation spreads). A convicted node's
+        record stays until the node is collected: only a refutation revives it (R5)."""
         out = []
         m = self._m
         for o, rec in list(self.records.items()):
             if not self._holds(o, rec):
                 del self.records[o]
-                if o in m.rows:
+                r = m.rows.get(o)
+                if r is not None:
                     out.append(o)
-            elif rec.sends <= 0 and m.status_of(o) == DEAD:
-                del self.records[o]
+                    if r.generation == rec.generation and not r.left and m.status_of(o) in (SUSPECT, DEAD):
+                        m.set_status(o, ALIVE, now_ms)
         return out
 
     def restart(self, now_ms: int) -> None:

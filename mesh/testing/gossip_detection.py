@@ -31,7 +31,7 @@ def scenario_detect(nodes: int = 200, seed: int = 7, loss: float = 0.01, *, kill
                     bound_ms: int = 20_000) -> Report:
     cfg = GossipConfig.lan()
     wire = nodes <= 2000 if wire is None else wire
-    report = Report("detect", _argv("detect", nodes, seed, loss, kills=kills))
+    report = Report("detect", _argv("detect", nodes, seed, loss, kills=kills)[2:], module="mesh.testing.gossip_detection")
     sim = Simulation(seed, cfg, NetConfig(loss=loss, delay_max_ms=delay_max_ms), wire=wire,
                      full_check_every=1 if nodes <= 64 else 997)
     ids = _node_ids(nodes)
