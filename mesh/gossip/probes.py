@@ -2,8 +2,9 @@
 
 Theory of operation
 -------------------
-With ``GossipConfig.probes``, every round a node pings one random member (one still
-unconfirmed, learned second-hand, half the time if there is any). An answer within
+With ``GossipConfig.probes``, every round a node pings one random member (a suspect it
+has not probed itself since it learned of the suspicion first: its own, independent
+evidence; else one still unconfirmed, learned second-hand, half the time if there is any). An answer within
 ``probe_timeout_ms`` (times the local health factor, below) ends the probe. Without one,
 the node asks ``indirect_probes`` random members to ping the target for it (a ping
 *request*); an answer relayed by any of them within three timeouts of the start ends the
@@ -139,13 +140,17 @@ class Probes:
     def _pick(self) -> str | None:
         m = self._m
         rng = self._rng
+        probing = {p.target for p in self.in_flight.values()}
+        me = m.node_id
+        for o, rec in self._sus.records.items():   # a suspicion we have not confirmed: our own probe
+            if me not in rec.by and o not in probing and m.status_of(o) == SUSPECT:
+                return o
         if m.status and rng.random() < 0.5:
             records = self._sus.records
             fresh = [o for o, (st, _) in m.status.items() if st == SUSPECT and o not in records]
             if fresh:
                 return rng.choice(fresh)
         targets = m.targets
-        me = m.node_id
         if len(targets) < 2:
             return None
         p = me
