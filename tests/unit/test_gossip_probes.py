@@ -132,3 +132,20 @@ def test_phi_mode_sends_no_pings():
     net = Net(["a", "b", "c"], GossipConfig())
     net.run(3_000)
     assert not any(kind.startswith("GossipPing") for _, _, kind in net.sent)
+
+
+def test_a_partial_digest_pushes_a_changed_row_and_the_answer_expands_no_bucket():
+    ids = [f"n{i:03d}" for i in range(200)]
+    nodes = Gossip.converged_cluster([(o, f"addr-{o}", 1) for o in ids], [], [random.Random(o) for o in ids],
+                                     GossipConfig(), 0)
+    a, b = nodes[0], nodes[1]
+    a.set_local("k", 1)
+    syn = a._rounds.syn(b.node_id)
+    assert syn.rows_hash and len(syn.digest) < 40
+    (ack,) = b.receive(a.address, decode_body(type(syn).OP, encode_body(syn)), 1)
+    assert ack.msg.rows_hash == [] and [r[0] for r in ack.msg.digest] == [a.node_id]   # only the row asked for
+    (ack2,) = a.receive(b.address, ack.msg, 2)
+    assert b.receive(a.address, ack2.msg, 3) == []
+    assert b.node_items(a.node_id) == {"k": 1}
+    # and b pushes that row on in its next partial digests
+    assert a.node_id in [r[0] for r in b._rounds.syn(nodes[2].node_id).digest]
