@@ -34,7 +34,7 @@ class GossipConfig:
     probes: bool = False
     probe_timeout_ms: int = 0           # 0: one interval; a direct ping unanswered this long goes indirect
     indirect_probes: int = 3            # peers asked to ping the target for us (SWIM's k)
-    suspicion_min_ms: int = 0           # 0: 6 intervals; a suspicion confirmed by SUSPICION_K peers
+    suspicion_min_ms: int = 0           # 0: 5 intervals; a suspicion confirmed by SUSPICION_K peers
     suspicion_max_ms: int = 0           # 0: 4 times the min; a suspicion nobody else confirmed
     retransmit_mult: int = 4            # news (suspicions, refutations) piggybacks this * log10(n+1) times
 
@@ -62,13 +62,13 @@ class GossipConfig:
     def lan(cls, **overrides) -> "GossipConfig":
         """The preset the broker uses (memberlist's DefaultLANConfig idea): brokers on one
         low-loss network, liveness by SWIM probes with Lifeguard suspicion
-        (``mesh.gossip.probes``): a direct ping answered within 300 ms, else through 3
-        peers within 900 ms, else a suspicion; convicted 1.2-4.8 s (times log10 of the
+        (``mesh.gossip.probes``): a direct ping answered within 250 ms, else through 3
+        peers within 750 ms, else a suspicion; convicted 1.0-4.0 s (times log10 of the
         cluster size, at least 1) after a node learns it, the less the more peers confirmed
         it. Checked by the stall-hour simulation (1% loss, a node stalling 1 s in every
         10 s: no false conviction) and ``mesh.testing.gossip_detection`` (50-1,000 nodes).
         (``phi_threshold`` and ``dead_after_ms`` apply with ``probes=False`` only.)"""
-        return cls(**{"phi_threshold": 4.0, "dead_after_ms": 1_000, "probes": True, "probe_timeout_ms": 300,
+        return cls(**{"phi_threshold": 4.0, "dead_after_ms": 1_000, "probes": True, "probe_timeout_ms": 250,
                       **overrides})
 
     @property
@@ -78,7 +78,7 @@ class GossipConfig:
     @property
     def effective_suspicion_ms(self) -> tuple[int, int]:
         """(min, max) of the suspicion timeout (``mesh.gossip.suspicion``)."""
-        lo = self.suspicion_min_ms or 6 * self.interval_ms
+        lo = self.suspicion_min_ms or 5 * self.interval_ms
         return lo, max(lo, self.suspicion_max_ms or 4 * lo)
 
     @property

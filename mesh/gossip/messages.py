@@ -8,7 +8,8 @@ Flat lists of fields keep them compact and cheap to validate (``mesh.gossip.pars
     cluster         16 bucket hashes (uint32), or [] when the store is empty / matched
     cluster_entries [key, clock, writer, value, deleted, ...]
     rows_hash       64 bucket hashes of the sender's rows (uint32, ``Membership.row_hashes``),
-                    or [] when the digest is the sender's whole table
+                    or [] when the digest is the sender's whole table, or [0] in a partial
+                    SYN that omits them (every other one: ``rounds._HASHES_EVERY``)
 
 A SYN's digest is the sender's whole table while it has at most ``FULL_DIGEST_ROWS``
 rows; above that it is a *partial* digest (the sender's row, the receiver's, and a

@@ -15,8 +15,9 @@ When nothing changed, only digests travel (heartbeats ride in them); an exchange
 nothing to say ends after the SYN.
 
 Above ``FULL_DIGEST_ROWS`` rows the digest would make every SYN O(N), so a SYN carries a
-*partial* digest instead (the sender's row, the receiver's, ``_HOT_ROWS`` random live
-ones: heartbeat news) and the 64 bucket hashes of the sender's table without heartbeats
+*partial* digest instead (the sender's row, the receiver's, rows whose version just
+changed here (``Membership.recent``), ``_HOT_ROWS`` random live ones: heartbeat news) and,
+in every ``_HASHES_EVERY``-th SYN (else ``[0]``), the 64 bucket hashes of the sender's table without heartbeats
 (``Membership.row_hashes``). The receiver answers rows of the partial digest where it holds
 another version (heartbeats alone: never), and its rows of every bucket whose hash differs
 with its own hashes; the ACK2 then carries the sender's rows of the buckets that still
@@ -55,7 +56,8 @@ _MAX_CLUSTER_ENTRIES = 1_000_000
 FULL_DIGEST_ROWS = 128       # a table this small goes whole in every SYN (~4 KB); a larger one, partially
 PROBE_FULL_DIGEST_ROWS = 16  # the same with probes (heartbeats carry no liveness: whole digests buy nothing)
 _HOT_ROWS = 32               # rows of others (a random sample: heartbeat news) in a partial SYN
-_PROBE_HOT_ROWS = 4          # the same with probes
+_PROBE_HOT_ROWS = 1          # the same with probes
+_HASHES_EVERY = 2            # a partial SYN carries the row bucket hashes once in this many (else [0])
 _MAX_RECENT_ROWS = 32        # rows whose version just changed here (Membership.recent) in a partial SYN
 _MAX_EXPAND_ROWS = 256       # rows of mismatched buckets in one ACK or ACK2, at most (whole buckets)
 
@@ -85,6 +87,7 @@ class Rounds:
         self._interval_ms = config.interval_ms
         self._seed_backoff_ms = config.interval_ms
         self._next_seed_ms = now_ms
+        self._syns = 0
         self._full_rows = PROBE_FULL_DIGEST_ROWS if config.probes else FULL_DIGEST_ROWS
         self._hot_rows = _PROBE_HOT_ROWS if config.probes else _HOT_ROWS
         # with probes a life beats once (its first view of itself released it), then only to refute
@@ -100,8 +103,9 @@ class Rounds:
         rows = m.rows
         if len(rows) <= self._full_rows:
             return GossipSyn(self._node_id, list(rows.values()), cluster, reg.gc_clock)
-        return GossipSyn(self._node_id, self._partial_digest(dest), cluster, reg.gc_clock,
-                         rows_hash=list(m.row_hashes()))
+        self._syns += 1
+        hashes = list(m.row_hashes()) if self._syns % _HASHES_EVERY == 0 else [0]   # ([0]: omitted)
+        return GossipSyn(self._node_id, self._partial_digest(dest), cluster, reg.gc_clock, rows_hash=hashes)
 
     def _partial_digest(self, dest: str | None) -> list[Row]:
         rows = self._members.rows
@@ -211,6 +215,10 @@ class Rounds:
     def on_syn(self, src: str, msg: GossipSyn, now_ms: int) -> list[Send]:
         their_buckets = parse_buckets(msg.cluster)
         their_gc = parse_gc_clock(msg.cluster_gc, self._check, now_ms)
+        if type(msg.rows_hash) is list and len(msg.rows_hash) == 1:   # a partial digest, hashes omitted
+            if msg.rows_hash[0] != 0:
+                raise Malformed("row buckets")
+            return self._on_partial_syn(src, msg, their_buckets, their_gc, None, now_ms)
         their_rows_hash = parse_row_hashes(msg.rows_hash, ROW_BUCKETS)
         if their_rows_hash is not None:
             return self._on_partial_syn(src, msg, their_buckets, their_gc, their_rows_hash, now_ms)
@@ -277,7 +285,7 @@ class Rounds:
         return [Send(src, ack)]
 
     def _on_partial_syn(self, src: str, msg: GossipSyn, their_buckets: list[int] | None, their_gc: int,
-                        their_rows_hash: list[int], now_ms: int) -> list[Send]:
+                        their_rows_hash: list[int] | None, now_ms: int) -> list[Send]:
         """A SYN with a partial digest: merge its rows, answer where they differ from ours
         (not for heartbeats alone: those spread by push) and with our rows of every bucket
         whose hash differs (``_MAX_EXPAND_ROWS`` at most), plus our hashes (``on_ack``)."""
@@ -299,8 +307,8 @@ class Rounds:
             if sender not in reply_rows:
                 reply_rows.append(sender)
             must_reply = True
-        mine_hash = self._adjusted(m.row_hashes(), rows)
-        unexplained = mine_hash != their_rows_hash     # (differences in rows both listed are answered above)
+        mine_hash = self._adjusted(m.row_hashes(), rows) if their_rows_hash is not None else None
+        unexplained = their_rows_hash is not None and mine_hash != their_rows_hash   # (listed rows: answered above)
         if unexplained:
             expanded = self._expand(mine_hash, their_rows_hash)
             listed = {r.node_id for r in reply_rows}
