@@ -52,10 +52,11 @@ _INDIRECT_SPAN = 3            # a probe fails this many timeouts after it starte
 
 
 class _Probe:
-    __slots__ = ("target", "start_ms", "indirect")
+    __slots__ = ("target", "generation", "start_ms", "indirect")
 
-    def __init__(self, target: str, start_ms: int) -> None:
+    def __init__(self, target: str, generation: int, start_ms: int) -> None:
         self.target = target
+        self.generation = generation    # a probe of one life says nothing of the next (a restart)
         self.start_ms = start_ms
         self.indirect = False
 
@@ -125,7 +126,8 @@ class Probes:
             if age >= _INDIRECT_SPAN * t:
                 del self.in_flight[seq]
                 self._stats["probes_failed"] += 1
-                if self._sus.suspect(p.target, now_ms):
+                r = self._m.rows.get(p.target)
+                if r is not None and r.generation == p.generation and self._sus.suspect(p.target, now_ms):
                     self.health = min(_MAX_HEALTH, self.health + 1)
             elif age >= t and not p.indirect:
                 p.indirect = True
@@ -164,7 +166,7 @@ class Probes:
 
     def _ping(self, target: str, now_ms: int) -> Send:
         seq = self._next_seq()
-        self.in_flight[seq] = _Probe(target, now_ms)
+        self.in_flight[seq] = _Probe(target, self._m.rows[target].generation, now_ms)
         self._stats["probes_sent"] += 1
         return Send(self._m.rows[target].address, GossipPing(self._m.node_id, seq, "", self._rows_news(),
                                                              self._sus.news(target)))

@@ -149,3 +149,18 @@ def test_a_partial_digest_pushes_a_changed_row_and_the_answer_expands_no_bucket(
     assert b.node_items(a.node_id) == {"k": 1}
     # and b pushes that row on in its next partial digests
     assert a.node_id in [r[0] for r in b._rounds.syn(nodes[2].node_id).digest]
+
+
+def test_a_probe_of_a_node_that_restarted_meanwhile_does_not_suspect_its_new_life():
+    net = Net(["a", "b", "c"])
+    net.run(1_000)
+    a = net.by_id["a"]
+    probes = a._probes
+    probes.in_flight.clear()
+    net.down.add("addr-b")                # the ping is lost; b restarts with generation 2
+    net.deliver("addr-a", [probes._ping("b", net.now)])
+    (seq,) = probes.in_flight
+    row = a._members.rows["b"]
+    a._members.set_row(row._replace(generation=2, heartbeat=1))
+    net.deliver("addr-a", probes.tick(net.now + 10 * CFG.effective_probe_timeout_ms))
+    assert seq not in probes.in_flight and "b" not in probes._sus.records
