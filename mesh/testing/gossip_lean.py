@@ -11,12 +11,15 @@ matter, and the model keeps exactly those:
    own fixed phase (drawn uniformly in the first interval, as ``Gossip.__init__`` does),
    and sends one SYN (fanout 1) to a uniformly random other node; with
    ``seed_probe_prob`` one more to a seed.
-2. Push-pull in one exchange: if exactly one side holds the new version, it crosses. When
-   the sender holds it: SYN (its row, or a differing bucket hash) -> ACK (the receiver's
-   older row) -> ACK2 (the delta): 3 messages. When the receiver holds it: SYN -> ACK (its
-   rows of the differing bucket) -> ACK2 (the sender's older row) -> ACK2 (the delta): 4
-   messages (``Rounds.on_ack``, ``on_ack2``). Each message is lost with ``loss``; a lost
-   message ends the exchange.
+2. What one exchange carries (``Rounds``). A node's k-th partial SYN carries the row
+   bucket hashes when k is even (``_HASHES_EVERY``), and the updated row while it is the
+   origin's own or was among the last ``RECENT_SENDS`` it pushed since it learned it
+   (``Membership.recent``). When the SYN's sender holds the new version, it crosses if the
+   SYN carries the row or the hashes: SYN -> ACK (the receiver's older row) -> ACK2 (the
+   delta), 3 messages. When the receiver holds it, it crosses only if the SYN carries the
+   hashes: SYN -> ACK (its rows of the differing bucket) -> ACK2 (the sender's older row)
+   -> ACK2 (the delta), 4 messages (``on_ack``, ``on_ack2``). Each message is lost with
+   ``loss``; a lost message ends the exchange.
 3. Message delays of 1-10 ms (the simulator's default), small against the 200 ms
    interval: an exchange completes before most nodes' next round.
 
@@ -31,6 +34,9 @@ import random
 import sys
 import time
 
+from mesh.gossip.membership import RECENT_SENDS
+from mesh.gossip.rounds import _HASHES_EVERY as HASHES_EVERY
+
 __all__ = ["lean_spread", "main"]
 
 
@@ -42,8 +48,11 @@ def lean_spread(nodes: int, seed: int = 7, loss: float = 0.0, interval_ms: int =
     order = sorted(range(nodes), key=phase.__getitem__)
     t0 = 3 * interval_ms + rng.randrange(interval_ms)     # the update, at a random node and time
     have_at = [None] * nodes                                # when each node got it (ms)
+    pushes = [RECENT_SENDS] * nodes                         # partial digests that still carry it
+    syns = [0] * nodes
     origin = rng.randrange(nodes)
     have_at[origin] = t0
+    pushes[origin] = 1 << 30                                # its own row: in every SYN
     count = 1
     lo, hi = delay_ms
     for k in range(3, max_rounds + 4):
@@ -56,7 +65,12 @@ def lean_spread(nodes: int, seed: int = 7, loss: float = 0.0, interval_ms: int =
             ai, aj = have_at[i], have_at[j]
             hi_ = ai is not None and ai <= t
             hj = aj is not None and aj <= t + hi      # (it got there before our SYN did)
-            if hi_ == hj:
+            syns[i] += 1
+            hashes = syns[i] % HASHES_EVERY == 0
+            carried = hi_ and pushes[i] > 0
+            if carried:
+                pushes[i] -= 1
+            if hi_ == hj or not (hashes or carried):
                 continue
             msgs = 3 if hi_ else 4
             if loss and any(rng.random() < loss for _ in range(msgs)):
