@@ -22,7 +22,10 @@ R3 Tombstones are collected after ``tombstone_gc_ms``; a peer behind that horizo
    a reset (``namespaces``).
 R4 Liveness: phi-accrual on heartbeat arrivals, ALIVE -> SUSPECT -> DEAD, LEFT final,
    second-hand news unconfirmed, a local stall convicts nobody (``membership``,
-   ``detector``).
+   ``detector``). With ``GossipConfig.probes`` (the broker preset) SWIM probes and
+   Lifeguard suspicion instead: a failed probe (direct, then through k peers) suspects,
+   independent peers confirm, the suspect refutes with a newer heartbeat, each node
+   convicts on its own timer (``probes``, ``suspicion``).
 R5 No zombies: collected origins go to a graveyard that stale rows cannot pass
    (``membership``).
 R6 Cluster registers: the greater stamp wins; collected tombstones are defended by kills
@@ -41,7 +44,7 @@ R8 Bounds: deltas per message (``max_delta_bytes``), entry size, key length, num
 Modules, one per mechanism: ``messages`` (wire dataclasses), ``rows`` (typed rows and
 sizes), ``parsing`` (validation), ``checks`` (what a peer may write), ``namespaces`` (per-origin state and deltas),
 ``registers`` (cluster registers), ``membership`` (generations, liveness, graveyard),
-``detector`` (phi accrual), ``rounds`` (peer selection and the exchange), ``snapshot``
+``detector`` (phi accrual), ``probes`` and ``suspicion`` (SWIM, Lifeguard), ``rounds`` (peer selection and the exchange), ``snapshot``
 (persistence), ``config`` (``GossipConfig``), ``clock_offset`` (this node's clock offset
 from its peers' stamps), and ``core`` (the ``Gossip`` facade).
 """
@@ -51,11 +54,11 @@ from mesh.gossip.config import GossipConfig
 from mesh.gossip.core import Gossip
 from mesh.gossip.detector import FailureDetector
 from mesh.gossip.membership import Member, MembershipEvent
-from mesh.gossip.messages import GossipAck, GossipAck2, GossipSyn
+from mesh.gossip.messages import GossipAck, GossipAck2, GossipPing, GossipPingAck, GossipSyn
 from mesh.gossip.rows import ALIVE, DEAD, LEFT, SUSPECT
 
 __all__ = [
-    "Gossip", "GossipConfig", "GossipSyn", "GossipAck", "GossipAck2",
+    "Gossip", "GossipConfig", "GossipSyn", "GossipAck", "GossipAck2", "GossipPing", "GossipPingAck",
     "FailureDetector", "Member", "MembershipEvent",
     "ALIVE", "SUSPECT", "DEAD", "LEFT",
 ]

@@ -32,13 +32,15 @@ from typing import Any
 from mesh.gossip.checks import EntryCheck, Validator
 from mesh.gossip.config import GossipConfig
 from mesh.gossip.membership import Member, MembershipEvent, Membership
-from mesh.gossip.messages import GossipSyn
+from mesh.gossip.messages import GossipPing, GossipPingAck, GossipSyn
 from mesh.gossip.namespaces import Namespace, Namespaces
 from mesh.gossip.parsing import MALFORMED_KINDS, Malformed
+from mesh.gossip.probes import Probes
 from mesh.gossip.registers import ClusterRegisters
 from mesh.gossip.rounds import Rounds
 from mesh.gossip.rows import MAX_LIFE, Row
 from mesh.gossip.snapshot import restore_snapshot, take_snapshot
+from mesh.gossip.suspicion import Suspicions
 from mesh.wire.effects import Send
 
 __all__ = ["Gossip"]
@@ -47,8 +49,12 @@ _STATS = ("rounds", "syn_received", "ack_received", "ack2_received", "malformed"
           "deltas_applied", "deltas_skipped", "resets_sent", "resets_applied", "truncated",
           "stalls", "identity_conflicts", "seed_probes", "stale_cluster_killed", "stale_cluster_dropped",
           "nodes_refused", "other_lives", "identity_conflicts_refused", "generation_jumps_refused", "kills_refused",
-          "snapshot_dropped",
+          "snapshot_dropped", "probes_sent", "probes_failed", "indirect_probes_sent", "relayed_pings",
+          "suspicions_raised", "refutations", "pings_ignored",
           *(f"malformed_{k}" for k in MALFORMED_KINDS))
+
+
+_YOUNG_BEATS = 0     # with probes, a life beats once (then only to refute: mesh.gossip.probes)
 
 
 def _draw_life(rng: random.Random) -> int:
@@ -88,6 +94,12 @@ class Gossip:
         self._registers = ClusterRegisters(node_id, rng, self.stats, config.max_entry_bytes)
         self._rounds = Rounds(self._members, self._namespaces, self._registers, seeds, rng, config,
                               self.stats, now_ms, self._check)
+        self._probes: Probes | None = None
+        self._expired = None
+        if config.probes:
+            sus = Suspicions(self._members, config, self.stats)
+            self._probes = Probes(self._members, sus, rng, config, self.stats)
+            self._expired = sus.expired
         self._interval_ms = config.interval_ms
         self._last_step_ms = now_ms
         self._next_round_ms = now_ms + rng.randrange(config.interval_ms)
@@ -110,26 +122,37 @@ class Gossip:
             self._members.check_confirmed()
         if self._next_round_ms > now_ms + self._interval_ms:   # the clock went backwards
             self._next_round_ms = now_ms + self._interval_ms
+        probes = self._probes
         if now_ms >= self._next_hb_ms:
             self._next_hb_ms = now_ms + self.config.effective_heartbeat_ms
-            if self._members.heard_peer or not self._members.hold_heartbeat:
-                self._members.beat()
+            if (self._members.heard_peer or not self._members.hold_heartbeat) and (
+                    probes is None or self._members.rows[self.node_id].heartbeat <= _YOUNG_BEATS):
+                self._members.beat()     # (with probes: its first beat, then only to refute)
+        out = probes.tick(now_ms) if probes is not None else []
         if now_ms < self._next_round_ms:
-            return []
+            return out
         self._next_round_ms = now_ms + self._interval_ms
         self.stats["rounds"] += 1
-        self._members.judge(now_ms)
+        self._members.judge(now_ms, self._expired)
         if now_ms >= self._next_gc_ms:
             self._next_gc_ms = now_ms + self._gc_sweep_ms
             self._collect(now_ms)
-        return self._rounds.start(now_ms)
+        if probes is not None:
+            out += probes.round(now_ms)
+        out += self._rounds.start(now_ms)
+        return out
 
     def receive(self, src_address: str, msg: Any, now_ms: int) -> list[Send]:
         """A gossip message from ``src_address`` (the sender's gossip address: replies go there)."""
         self._observe(now_ms)
         unheard = self._members.hold_heartbeat and not self._members.heard_peer
         try:
-            out = self._rounds.dispatch(src_address, msg, now_ms)
+            if self._probes is not None and type(msg) is GossipPing:
+                out = self._probes.on_ping(src_address, msg, now_ms)
+            elif self._probes is not None and type(msg) is GossipPingAck:
+                out = self._probes.on_ack(src_address, msg, now_ms)
+            else:
+                out = self._rounds.dispatch(src_address, msg, now_ms)
         except Malformed as exc:
             self.stats["malformed"] += 1
             self.stats[f"malformed_{exc.kind}"] += 1
@@ -261,7 +284,9 @@ class Gossip:
         """The earliest time at which ``tick`` has something to do (a poll timeout hint)."""
         if self._members.left:
             return self._last_step_ms + self._interval_ms
-        return min(self._next_round_ms, self._next_hb_ms)
+        nxt = min(self._next_round_ms, self._next_hb_ms)
+        probe = self._probes.next_deadline_ms() if self._probes is not None else None
+        return nxt if probe is None else min(nxt, probe)
 
     @property
     def isolated(self) -> bool:
@@ -337,6 +362,8 @@ class Gossip:
             self.stats["stalls"] += 1            # our own loop stalled (R4)
             self._last_step_ms = now_ms
             self._members.on_stall(now_ms)
+            if self._probes is not None:
+                self._probes.on_stall(now_ms)
         if now_ms > self._members.now_ms:
             self._members.now_ms = now_ms
 

@@ -68,9 +68,10 @@ from mesh.gossip.rows import ALIVE, DEAD, LEFT, MAX_GENERATION, MAX_GENERATION_J
 if TYPE_CHECKING:
     from mesh.gossip.namespaces import Namespace
 
-__all__ = ["Member", "MembershipEvent", "Membership", "ROW_BUCKETS", "row_bucket", "row_hash"]
+__all__ = ["Member", "MembershipEvent", "Membership", "ROW_BUCKETS", "RECENT_SENDS", "row_bucket", "row_hash"]
 
 ROW_BUCKETS = 64            # the table is compared as this many bucket hashes (``Membership.row_hashes``)
+RECENT_SENDS = 3            # partial digests that carry a row after its hash changed here (``Rounds``)
 
 
 def row_bucket(origin: str) -> int:
@@ -140,6 +141,8 @@ class Membership:
         self._hashes: list[int] | None = None   # per bucket: sum of row_hash mod 2**32 (None: not yet computed)
         self._hashes_shared = False
         self._in_bucket: list[dict[str, None]] | None = None   # per bucket: its origins (with _hashes)
+        self.recent: dict[str, int] = {}    # origins whose row hash just changed here: partial digests left
+        self.suspected: dict | None = None  # with probes: suspicion records; only a refutation revives those
 
     def detector_floor(self, gap_ms: int) -> None:
         """The shortest mean gap the detector assumes between one origin's heartbeat news
@@ -183,6 +186,8 @@ class Membership:
         o = (old or new).node_id
         b = row_bucket(o)
         h[b] = (h[b] - ho + hn) & 0xFFFFFFFF
+        if new is not None:
+            self.recent[o] = RECENT_SENDS     # a new version: pushed in our next partial digests
         if old is None:
             self._in_bucket[b][o] = None
         elif new is None:
@@ -255,7 +260,7 @@ class Membership:
                                                        mine.gc_version, mine.address, mine.left, mine.life))
                     self.detector.report(o, now_ms)
                     st = status.get(o)
-                    if st is not None and st.status != LEFT:
+                    if st is not None and st.status != LEFT and (self.suspected is None or o not in self.suspected):
                         self.set_status(o, ALIVE, now_ms)
                 continue
             self._merge_row(r, now_ms, o == sender)
@@ -380,7 +385,7 @@ class Membership:
         elif hb_moved:
             self.detector.report(o, now_ms)
             st = self.status.get(o)
-            if st is not None and st.status in (SUSPECT, DEAD):
+            if st is not None and st.status in (SUSPECT, DEAD) and (self.suspected is None or o not in self.suspected):
                 self.set_status(o, ALIVE, now_ms)
 
     def _adopt(self, r: Row, now_ms: int, old_status: str, from_itself: bool) -> None:
@@ -435,9 +440,19 @@ class Membership:
             if st == SUSPECT:
                 self.status[o] = Verdict(SUSPECT, max(since, now_ms))
 
-    def judge(self, now_ms: int) -> None:
-        """Move origins along ALIVE -> SUSPECT -> DEAD -> removed as time passes (R4, R5)."""
+    def judge(self, now_ms: int, expired=None) -> None:
+        """Move origins along ALIVE -> SUSPECT -> DEAD -> removed as time passes (R4, R5).
+        ``expired(origin, now_ms)``: with probes, whether a SUSPECT origin's suspicion ran
+        out (``mesh.gossip.suspicion``; one learned second-hand and never suspected waits)."""
         status = self.status
+        if expired is not None:
+            for o, (st, since) in list(status.items()):
+                if st == SUSPECT:
+                    if expired(o, now_ms):
+                        self.set_status(o, DEAD, now_ms)
+                elif now_ms - since >= self.config.tombstone_gc_ms:
+                    self._remove(o, now_ms)
+            return
         for o in [o for o in self.detector.expired(now_ms) if o not in status]:
             if o in self.rows:
                 self.set_status(o, SUSPECT, now_ms)

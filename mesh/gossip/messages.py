@@ -8,7 +8,8 @@ Flat lists of fields keep them compact and cheap to validate (``mesh.gossip.pars
     cluster         16 bucket hashes (uint32), or [] when the store is empty / matched
     cluster_entries [key, clock, writer, value, deleted, ...]
     rows_hash       64 bucket hashes of the sender's rows (uint32, ``Membership.row_hashes``),
-                    or [] when the digest is the sender's whole table
+                    or [] when the digest is the sender's whole table, or [0] in a partial
+                    SYN that omits them (every other one: ``rounds._HASHES_EVERY``)
 
 A SYN's digest is the sender's whole table while it has at most ``FULL_DIGEST_ROWS``
 rows; above that it is a *partial* digest (the sender's row, the receiver's, and a
@@ -21,6 +22,15 @@ SYN and ACK end with ``wall_ms``, the sender's wall clock when the message left 
 shell stamps it; 0 when not stamped): what ``mesh.gossip.clock_offset`` estimates this
 node's clock offset from.
 
+With ``GossipConfig.probes`` (``mesh.gossip.probes``) two more messages carry liveness,
+SWIM-style, with news piggybacked on each::
+
+    GossipPing      a direct ping (``target`` empty), or a ping request: ping ``target``
+                    for me and pass its answer back (SWIM's indirect probe)
+    GossipPingAck   the answer; ``node_id`` is the node that answered the ping
+    rows            [row, ...] rows worth spreading (refutations), ``Row`` layout
+    suspects        [[node_id, generation, heartbeat, [suspecter, ...]], ...]
+
 Digest rows and deltas are built as ``mesh.gossip.rows.Row`` and ``Delta`` (NamedTuples,
 which msgpack encodes as exactly these arrays); decoded messages hold plain lists.
 """
@@ -30,7 +40,7 @@ from dataclasses import dataclass, field
 
 from mesh.wire.codec import message
 
-__all__ = ["GossipSyn", "GossipAck", "GossipAck2"]
+__all__ = ["GossipSyn", "GossipAck", "GossipAck2", "GossipPing", "GossipPingAck"]
 
 
 @message("GOSSIP_SYN")
@@ -64,3 +74,22 @@ class GossipAck2:
     deltas: list
     cluster_entries: list
     digest: list = field(default_factory=list)
+
+
+@message("GOSSIP_PING")
+@dataclass(frozen=True, slots=True)
+class GossipPing:
+    node_id: str
+    seq: int
+    target: str = ""       # empty: ping me; else ping this node for me (indirect probe)
+    rows: list = field(default_factory=list)
+    suspects: list = field(default_factory=list)
+
+
+@message("GOSSIP_PING_ACK")
+@dataclass(frozen=True, slots=True)
+class GossipPingAck:
+    node_id: str           # who answered the ping (the target, also when relayed)
+    seq: int
+    rows: list = field(default_factory=list)
+    suspects: list = field(default_factory=list)

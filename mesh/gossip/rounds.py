@@ -15,8 +15,9 @@ When nothing changed, only digests travel (heartbeats ride in them); an exchange
 nothing to say ends after the SYN.
 
 Above ``FULL_DIGEST_ROWS`` rows the digest would make every SYN O(N), so a SYN carries a
-*partial* digest instead (the sender's row, the receiver's, ``_HOT_ROWS`` random live
-ones: heartbeat news) and the 64 bucket hashes of the sender's table without heartbeats
+*partial* digest instead (the sender's row, the receiver's, rows whose version just
+changed here (``Membership.recent``), ``_HOT_ROWS`` random live ones: heartbeat news) and,
+in every ``_HASHES_EVERY``-th SYN (else ``[0]``), the 64 bucket hashes of the sender's table without heartbeats
 (``Membership.row_hashes``). The receiver answers rows of the partial digest where it holds
 another version (heartbeats alone: never), and its rows of every bucket whose hash differs
 with its own hashes; the ACK2 then carries the sender's rows of the buckets that still
@@ -38,7 +39,7 @@ from typing import Any
 
 from mesh.gossip.checks import EntryCheck
 from mesh.gossip.config import GossipConfig
-from mesh.gossip.membership import ROW_BUCKETS, Membership
+from mesh.gossip.membership import ROW_BUCKETS, Membership, row_bucket, row_hash
 from mesh.gossip.messages import GossipAck, GossipAck2, GossipSyn
 from mesh.gossip.namespaces import Namespaces
 from mesh.gossip.parsing import Malformed, parse_buckets, parse_deltas, parse_gc_clock, parse_registers, parse_row_hashes, parse_rows
@@ -53,7 +54,11 @@ _ECHO_BEATS = 2              # a SYN whose sender's life is this young gets its 
 _CONFIRM_FANOUT = 8          # an unconfirmed life's SYNs per round, at most (larger clusters: confirm_wait_ms)
 _MAX_CLUSTER_ENTRIES = 1_000_000
 FULL_DIGEST_ROWS = 128       # a table this small goes whole in every SYN (~4 KB); a larger one, partially
+PROBE_FULL_DIGEST_ROWS = 16  # the same with probes (heartbeats carry no liveness: whole digests buy nothing)
 _HOT_ROWS = 32               # rows of others (a random sample: heartbeat news) in a partial SYN
+_PROBE_HOT_ROWS = 1          # the same with probes
+_HASHES_EVERY = 2            # a partial SYN carries the row bucket hashes once in this many (else [0])
+_MAX_RECENT_ROWS = 32        # rows whose version just changed here (Membership.recent) in a partial SYN
 _MAX_EXPAND_ROWS = 256       # rows of mismatched buckets in one ACK or ACK2, at most (whole buckets)
 
 
@@ -82,6 +87,11 @@ class Rounds:
         self._interval_ms = config.interval_ms
         self._seed_backoff_ms = config.interval_ms
         self._next_seed_ms = now_ms
+        self._syns = 0
+        self._full_rows = PROBE_FULL_DIGEST_ROWS if config.probes else FULL_DIGEST_ROWS
+        self._hot_rows = _PROBE_HOT_ROWS if config.probes else _HOT_ROWS
+        # with probes a life beats once (its first view of itself released it), then only to refute
+        self._echo_beats = 0 if config.probes else _ECHO_BEATS
 
     def syn(self, dest: str | None = None) -> GossipSyn:
         """The SYN of this round (to ``dest``, a node id, if known): the whole table while it
@@ -91,23 +101,48 @@ class Rounds:
         m.sending_own_row()
         cluster = list(reg.buckets) if reg.entries else []
         rows = m.rows
-        if len(rows) <= FULL_DIGEST_ROWS:
+        if len(rows) <= self._full_rows:
             return GossipSyn(self._node_id, list(rows.values()), cluster, reg.gc_clock)
-        return GossipSyn(self._node_id, self._partial_digest(dest), cluster, reg.gc_clock,
-                         rows_hash=list(m.row_hashes()))
+        self._syns += 1
+        hashes = list(m.row_hashes()) if self._syns % _HASHES_EVERY == 0 else [0]   # ([0]: omitted)
+        return GossipSyn(self._node_id, self._partial_digest(dest), cluster, reg.gc_clock, rows_hash=hashes)
 
     def _partial_digest(self, dest: str | None) -> list[Row]:
         rows = self._members.rows
         targets = self._members.targets            # (ALIVE or SUSPECT: news worth spreading)
-        picks = self._rng.sample(targets, _HOT_ROWS) if len(targets) > _HOT_ROWS else targets
-        hot = [rows[o] for o in picks]
+        n = self._hot_rows
+        picks = self._rng.sample(targets, n) if len(targets) > n else targets
         out = [rows[self._node_id]]
         d = rows.get(dest) if dest is not None else None
         if d is not None and d.node_id != self._node_id:
             out.append(d)
         seen = {r.node_id for r in out}
-        out += [r for r in hot if r.node_id not in seen]
+        recent = self._members.recent
+        for o, left in list(recent.items())[:_MAX_RECENT_ROWS]:   # news of versions: pushed first
+            if left <= 1:
+                del recent[o]
+            else:
+                recent[o] = left - 1
+            r = rows.get(o)
+            if r is not None and o not in seen:
+                seen.add(o)
+                out.append(r)
+        out += [rows[o] for o in picks if o not in seen]
         return out
+
+    def _adjusted(self, mine: list[int], rows: dict[str, Row]) -> list[int]:
+        """Our row bucket hashes as they would be with the peer's version of each row it
+        listed: buckets that still differ hold something neither side listed."""
+        adj = None
+        get = self._members.rows.get
+        for o, a in rows.items():
+            r = get(o)
+            if r is None or not _same_version(r, a):
+                if adj is None:
+                    adj = list(mine)
+                b = row_bucket(o)
+                adj[b] = (adj[b] + row_hash(a) - (0 if r is None else row_hash(r))) & 0xFFFFFFFF
+        return mine if adj is None else adj
 
     # ---------------------------------------------------------- peer selection ---------
 
@@ -120,7 +155,7 @@ class Rounds:
         dests: list[str] = []
         targets = m.targets
         others = m.others()
-        if len(rows) > FULL_DIGEST_ROWS:
+        if len(rows) > self._full_rows:
             # partial digests carry one origin's row to a given node about every
             # n / (fanout * (1 + _HOT_ROWS)) rounds, a newer heartbeat about half as often:
             # the detector's floor follows (R4)
@@ -159,7 +194,7 @@ class Rounds:
             return []
         seen = {self._address}
         out = []
-        full = len(rows) <= FULL_DIGEST_ROWS
+        full = len(rows) <= self._full_rows
         syn = self.syn() if full else None
         for d in dests:
             if d not in seen:
@@ -180,6 +215,10 @@ class Rounds:
     def on_syn(self, src: str, msg: GossipSyn, now_ms: int) -> list[Send]:
         their_buckets = parse_buckets(msg.cluster)
         their_gc = parse_gc_clock(msg.cluster_gc, self._check, now_ms)
+        if type(msg.rows_hash) is list and len(msg.rows_hash) == 1:   # a partial digest, hashes omitted
+            if msg.rows_hash[0] != 0:
+                raise Malformed("row buckets")
+            return self._on_partial_syn(src, msg, their_buckets, their_gc, None, now_ms)
         their_rows_hash = parse_row_hashes(msg.rows_hash, ROW_BUCKETS)
         if their_rows_hash is not None:
             return self._on_partial_syn(src, msg, their_buckets, their_gc, their_rows_hash, now_ms)
@@ -221,7 +260,7 @@ class Rounds:
         # (and a row for the sender ahead of the one it sent is another life of it: answered
         # always, so the sender sees the conflict now)
         sender = m.rows.get(msg.node_id) if msg.node_id != self._node_id else None
-        if sender is not None and (sender.heartbeat <= _ECHO_BEATS or sender != own):
+        if sender is not None and (sender.heartbeat <= self._echo_beats or sender != own):
             if sender not in reply_rows:
                 reply_rows.append(sender)
             must_reply = True
@@ -246,7 +285,7 @@ class Rounds:
         return [Send(src, ack)]
 
     def _on_partial_syn(self, src: str, msg: GossipSyn, their_buckets: list[int] | None, their_gc: int,
-                        their_rows_hash: list[int], now_ms: int) -> list[Send]:
+                        their_rows_hash: list[int] | None, now_ms: int) -> list[Send]:
         """A SYN with a partial digest: merge its rows, answer where they differ from ours
         (not for heartbeats alone: those spread by push) and with our rows of every bucket
         whose hash differs (``_MAX_EXPAND_ROWS`` at most), plus our hashes (``on_ack``)."""
@@ -264,12 +303,13 @@ class Rounds:
                 reply_rows.append(r)
                 must_reply = True
         sender = m.rows.get(msg.node_id) if msg.node_id != self._node_id else None
-        if sender is not None and (sender.heartbeat <= _ECHO_BEATS or sender != own):
+        if sender is not None and (sender.heartbeat <= self._echo_beats or sender != own):
             if sender not in reply_rows:
                 reply_rows.append(sender)
             must_reply = True
-        mine_hash = m.row_hashes()
-        if mine_hash != their_rows_hash:
+        mine_hash = self._adjusted(m.row_hashes(), rows) if their_rows_hash is not None else None
+        unexplained = their_rows_hash is not None and mine_hash != their_rows_hash   # (listed rows: answered above)
+        if unexplained:
             expanded = self._expand(mine_hash, their_rows_hash)
             listed = {r.node_id for r in reply_rows}
             reply_rows += [r for r in expanded if r.node_id not in listed]
@@ -293,7 +333,7 @@ class Rounds:
         deltas = self._namespaces.deltas([(r.node_id, rows[r.node_id]) for r in reply_rows if r.node_id in rows],
                                          budget)
         ack = GossipAck(self._node_id, reply_rows, deltas, cluster_reply, centries, reg.gc_clock,
-                        rows_hash=list(m.row_hashes()))
+                        rows_hash=list(m.row_hashes()) if unexplained else [])
         return [Send(src, ack)]
 
     def _expand(self, mine: list[int], theirs: list[int]) -> list[Row]:
@@ -325,16 +365,27 @@ class Rounds:
         self._namespaces.apply(deltas, now_ms)
         out_rows: list[Row] = []
         new_origins: list = []
-        if their_rows_hash is not None and self._members.row_hashes() != their_rows_hash:
+        mine_hash = self._adjusted(self._members.row_hashes(), rows) if their_rows_hash is not None else None
+        if their_rows_hash is not None and mine_hash != their_rows_hash:
             # our rows of the differing buckets where the peer showed another version (or none)
-            for r in self._expand(self._members.row_hashes(), their_rows_hash):
+            for r in self._expand(mine_hash, their_rows_hash):
                 a = rows.get(r.node_id)
                 if a is None or not _same_version(a, r):
                     out_rows.append(r)
                     if a is None:
                         new_origins.append((r.node_id, None))
-            if any(r.node_id == self._node_id for r in out_rows):
-                self._members.sending_own_row()
+        if len(self._members.rows) > self._full_rows:
+            # rows the peer listed (of its buckets that differed) where it is ahead: it did not
+            # know our version, so it sent no deltas; our row goes back and it does (on_ack2)
+            listed = {r.node_id for r in out_rows}
+            get = self._members.rows.get
+            for o, a in rows.items():
+                r = get(o)
+                if (r is not None and o not in listed and not _same_version(a, r)
+                        and (a.generation, a.max_version) > (r.generation, r.max_version)):
+                    out_rows.append(r)
+        if any(r.node_id == self._node_id for r in out_rows):
+            self._members.sending_own_row()
         reg = self._registers
         kills = reg.merge(their_entries, their_sizes, now_ms, check.kill_limit(now_ms))
         budget = Budget(self._config.max_delta_bytes - 20 * len(kills))

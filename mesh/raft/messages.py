@@ -1,4 +1,4 @@
-"""Wire messages of partition replication (peer protocol ``mesh-peer/7``).
+"""Wire messages of partition replication (peer protocol ``mesh-peer/8``).
 
 MultiRaft coalescing is built into the message shapes: every message carries a list of
 *rows*, one row per partition, and a node sends at most one message of each kind to each

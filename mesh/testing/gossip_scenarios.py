@@ -30,13 +30,14 @@ class Report:
     argv: list[str]
     metrics: dict[str, Any] = field(default_factory=dict)
     failures: list[str] = field(default_factory=list)
+    module: str = "mesh.testing.gossip_scenarios"
 
     @property
     def ok(self) -> bool:
         return not self.failures
 
     def reproduce(self) -> str:
-        return "reproduce with: python -m mesh.testing.gossip_scenarios " + " ".join(self.argv)
+        return f"reproduce with: python -m {self.module} " + " ".join(self.argv)
 
     def render(self) -> str:
         lines = [f"scenario: {self.scenario}"]
@@ -81,7 +82,9 @@ def _node_ids(n: int) -> list[str]:
     return [f"n{i:0{width}d}" for i in range(n)]
 
 
-def _spread_config(heartbeats: bool) -> GossipConfig:
+def _spread_config(heartbeats: bool, lan: bool = False) -> GossipConfig:
+    if lan:       # the broker's preset: SWIM probes, heartbeats only while a life is young
+        return GossipConfig.lan()
     if heartbeats:
         return GossipConfig()
     # heartbeats (and so the detector) effectively off: a 10,000-node digest of moving
@@ -91,17 +94,17 @@ def _spread_config(heartbeats: bool) -> GossipConfig:
 
 def scenario_spread(nodes: int = 1000, seed: int = 7, loss: float = 0.0, *, dup: float = 0.0,
                     heartbeats: bool | None = None, wire: bool | None = None,
-                    max_rounds: float | None = None, churn: float = 0.0) -> Report:
+                    max_rounds: float | None = None, churn: float = 0.0, lan: bool = False) -> Report:
     """One update at one node of a converged cluster: rounds until every node has it.
     ``churn``: metadata writes per second across the cluster meanwhile (offset commits and
     leader changes in random nodes' namespaces, one in five a topic register)."""
     heartbeats = nodes <= 2000 if heartbeats is None else heartbeats
     wire = nodes <= 2000 if wire is None else wire
-    cfg = _spread_config(heartbeats)
+    cfg = _spread_config(heartbeats, lan)
     report = Report("spread", _argv("spread", nodes, seed, loss, dup=dup,
                                     no_heartbeats=not heartbeats and nodes <= 2000,
                                     no_wire=not wire and nodes <= 2000, wire=wire and nodes > 2000,
-                                    churn=churn or None))
+                                    churn=churn or None, lan=lan))
     sim = Simulation(seed, cfg, NetConfig(loss=loss, dup=dup), wire=wire,
                      full_check_every=1 if nodes <= 64 else 997)
     ids = _node_ids(nodes)
@@ -123,11 +126,12 @@ def scenario_spread(nodes: int = 1000, seed: int = 7, loss: float = 0.0, *, dup:
             else:
                 g.set_local(f"offset/g{churn_rng.randrange(20)}", churn_rng.randrange(10**6))
         step_ms = max(1, int(1000 / churn))
-        for t in range(step_ms, int(((max_rounds or 60) + 20) * interval), step_ms):
+        for t in range(step_ms, int(((max_rounds or 60) + 40) * interval), step_ms):
             sim.call_at(t, write)
-    sim.run_until(2 * interval)
+    warm = 20 if lan else 2      # (the broker preset's young lives beat 3 times: news, first)
+    sim.run_until(warm * interval)
     b_idle, t_idle = sim.total_bytes(), sim.now_ms
-    sim.run_until(12 * interval)
+    sim.run_until((warm + 10) * interval)
     steady = (sim.total_bytes() - b_idle) / nodes / ((sim.now_ms - t_idle) / 1000)
     origin = ids[sim.rng.randrange(nodes)]
     sim.watch_entries.add((origin, "probe"))
@@ -481,6 +485,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-wire", action="store_true", help="spread: skip msgpack encoding")
     p.add_argument("--wire", action="store_true", help="spread: msgpack encoding above 2,000 nodes too")
     p.add_argument("--churn", type=float, default=0.0, help="spread: metadata writes per second meanwhile")
+    p.add_argument("--lan", action="store_true", help="spread: the broker's preset (SWIM probes)")
     args = p.parse_args(argv)
     kwargs: dict[str, Any] = {"seed": args.seed}
     if args.nodes is not None:
@@ -500,6 +505,8 @@ def main(argv: list[str] | None = None) -> int:
             kwargs["wire"] = True
         if args.churn:
             kwargs["churn"] = args.churn
+        if args.lan:
+            kwargs["lan"] = True
     t = time.perf_counter()
     report = run_scenario(args.scenario, **kwargs)
     print(report.render())

@@ -54,14 +54,15 @@ __all__ = [
 ]
 
 PROTOCOL_CLIENT = b"mesh/1"
-PROTOCOL_PEER = b"mesh-peer/7"  # 2: store identity, lives and recovering flags in replication;
+PROTOCOL_PEER = b"mesh-peer/8"  # 2: store identity, lives and recovering flags in replication;
 #                                 3: gossip keys chunked (tparts/, lead/, stats/, recovering/<topic>/<k>), users, ACLs;
 #                                 4: replication carries config markers and config ids (membership change);
 #                                 5: gossip rows carry their origin's life (Row.life);
 #                                 6: heartbeat rows say when a partition goes quiet (quiescence);
 #                                 7: group commits replicated (GROUP_REPLICATE, GROUP_OFFSETS_PULL), gossip
 #                                    digests carry the sender's wall clock, appends the leader's log start;
-#                                    partial gossip digests with row bucket hashes (rows_hash, ACK2 digest)
+#                                    partial gossip digests with row bucket hashes (rows_hash, ACK2 digest);
+#                                 8: gossip SWIM probes (GOSSIP_PING, GOSSIP_PING_ACK: suspicions, refutations)
 PROTOCOLS = (PROTOCOL_CLIENT, PROTOCOL_PEER)
 
 REGISTRY: dict[bytes, type] = {}

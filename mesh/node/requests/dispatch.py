@@ -28,7 +28,7 @@ from typing import Callable
 
 import zmq
 
-from mesh.gossip import GossipAck, GossipAck2, GossipSyn
+from mesh.gossip import GossipAck, GossipAck2, GossipPing, GossipPingAck, GossipSyn
 from mesh.node.limits.answer_budget import TRACK_MIN_BYTES
 from mesh.node.peers.peers import sender_address
 from mesh.node.data.producer_state import owner_tag
@@ -44,7 +44,7 @@ __all__ = ["Dispatcher", "open_router"]
 
 log = logging.getLogger("mesh.node.requests.dispatch")
 
-_GOSSIP_MESSAGES = (GossipSyn, GossipAck, GossipAck2)
+_GOSSIP_MESSAGES = (GossipSyn, GossipAck, GossipAck2, GossipPing, GossipPingAck)
 _THROTTLE_REFUSE_MS = 10_000   # a producer whose answers would wait longer has its batches refused
 _READ_ONLY = frozenset({m.FetchRequest, m.MetadataRequest, m.ListOffsetsRequest})   # change no state
 
