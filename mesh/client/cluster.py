@@ -21,6 +21,7 @@ from typing import Iterable, NamedTuple
 
 from mesh.wire.errors import ErrorCode, MeshError, retriable
 from mesh.client.transport import parse_address
+from mesh.cluster.liveness import row_is_up
 from mesh.wire.messages import ListOffsetsRequest, ListOffsetsResponse, MetadataRequest, MetadataResponse
 from mesh.wire.types import TopicPartition
 
@@ -92,7 +93,7 @@ class ClusterView:
     def addresses(self) -> list[str]:
         """Brokers to ask: those alive in the last answer (shuffled), then the bootstrap
         addresses; any whose connection the transport knows is down go last."""
-        alive = [b["address"] for b in self.brokers.values() if b.get("status", "alive") == "alive"]
+        alive = [b["address"] for b in self.brokers.values() if row_is_up(b, strict=True)]
         rest = [a for a in self.bootstrap if a not in alive]
         self._rng.shuffle(alive)
         out = alive + rest

@@ -72,6 +72,7 @@ from prometheus_client import CollectorRegistry, ProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
 from mesh.cluster import keys
+from mesh.cluster.liveness import is_up
 from mesh.gossip.parsing import MALFORMED_KINDS
 from mesh.node.ops.metrics_http import MetricsServer
 from mesh.node.limits.ratelog import RateLimitedLog
@@ -409,7 +410,7 @@ def _gossip_families(mx: NodeMetrics, node, now_ms: int) -> list[list]:
     lag_ms = 0
     for mem in gossip.members(now_ms):
         states[mem.status] = states.get(mem.status, 0) + 1
-        if mem.node_id != node.node_id and mem.status in ("alive", "suspect") and mem.last_heard_ms is not None:
+        if mem.node_id != node.node_id and is_up(mem.status) and mem.last_heard_ms is not None:
             lag_ms = max(lag_ms, now_ms - mem.last_heard_ms)
     st = gossip.stats
     refused = [((kind,), st.get(f"malformed_{kind}", 0)) for kind in MALFORMED_KINDS]

@@ -12,7 +12,7 @@ turn first, then apply the change to gossip, reconcile and persist it with their
 commit, and answer only once the change is on this node's disk.
 
 A topic is created, altered and deleted by one broker, its *owner*: the rendezvous hash of
-its name over the brokers that may coordinate (``mesh.groups.offsets.coordination_set``),
+its name over the brokers that may coordinate (``mesh.cluster.ownership.topic_owner``),
 as a group's coordinator is chosen. Another broker answers COORDINATOR_MOVED naming the
 owner, and the admin client asks there. A topic's shape is several last-writer-wins
 registers written from the writer's own view, so two brokers changing one topic at once
@@ -29,7 +29,8 @@ from typing import Any, Callable
 
 from mesh.cluster import keys
 from mesh.cluster.catalog import Catalog, Topic
-from mesh.groups.offsets import coordination_set, coordinator_among
+from mesh.cluster.liveness import draining_ids
+from mesh.cluster.ownership import topic_owner
 from mesh.clock import Clock
 from mesh.node.data.datapath import DataPath
 from mesh.node.lifecycle.directory import Directory
@@ -93,7 +94,7 @@ class ClientHandlers:
     def _owned_here(self, name: Any) -> None:
         """COORDINATOR_MOVED naming the broker that owns topic ``name`` (module doc), unless
         it is this one."""
-        owner = coordinator_among("topic:" + str(name), coordination_set(self.gossip.members(self.clock.wall_ms())))
+        owner = topic_owner(str(name), self.gossip.members(self.clock.wall_ms()))
         if owner is not None and owner != self.node_id:
             addr = self.directory.address_of(owner)
             raise MeshError(ErrorCode.COORDINATOR_MOVED, f"topic {name!r} is created, altered and deleted "
@@ -104,9 +105,7 @@ class ClientHandlers:
 
     def _active(self) -> list[str]:
         """Live brokers that are not draining: where new replicas may go."""
-        draining = {key[len(keys.BROKER_PREFIX):]
-                    for key, v in self.gossip.cluster_items(keys.BROKER_PREFIX).items()
-                    if isinstance(v, dict) and v.get("state") == m.BROKER_DRAINING}
+        draining = draining_ids(self.gossip.cluster_items(keys.BROKER_PREFIX))
         return [n for n in self.directory.live() if n not in draining]
 
     def on_create_topic(self, ident, rid, req: m.CreateTopicRequest, payload) -> None:
