@@ -50,7 +50,7 @@ from mesh.wire.errors import ErrorCode, MeshError
 
 __all__ = [
     "PROTOCOL_CLIENT", "PROTOCOL_PEER", "REGISTRY", "message", "encode_body", "decode_body",
-    "pack", "unpack", "op_of", "DecodeLimits", "NO_LIMITS", "ZERO_COPY_MIN_BYTES",
+    "pack", "unpack", "op_of", "DecodeLimits", "NO_LIMITS", "ZERO_COPY_MIN_BYTES", "ROWS",
 ]
 
 PROTOCOL_CLIENT = b"mesh/1"
@@ -92,6 +92,7 @@ _TYPE_NAMES: dict[type, tuple[str, ...]] = {}  # what each field must be, for er
 _DECODERS: dict[bytes, tuple[type, Callable[[list], Any]]] = {}   # op -> (class, generated decoder)
 _GETTERS: dict[type, Callable[[Any], tuple]] = {}
 _REQUIRED: dict[type, int] = {}              # fields without a default, per message class
+ROWS: dict[type, dict[str, type]] = {}       # list fields of typed rows, per message class (``message``)
 
 
 class _Factory:
@@ -168,7 +169,7 @@ def _slot_setters(cls: type, fields: tuple) -> list | None:
     return setters
 
 
-def _compile(cls: type, hints: dict) -> Callable[[list], Any]:
+def _compile(cls: type, hints: dict, rows: dict[str, type]) -> Callable[[list], Any]:
     """Generated from the annotations when a class is registered: ``decode(values)``, the
     message from a body's field values, or MeshError(INVALID_REQUEST) naming the first
     field whose top-level type is wrong (fields past ``len(values)`` take their defaults);
@@ -196,6 +197,10 @@ def _compile(cls: type, hints: dict) -> Callable[[list], Any]:
         step = [f"v = vs[{i}]"]
         if expr != "True":
             step += [f"if not {expr}:", f"    _bad_type(_cls, {i}, v)"]
+        if f.name in rows:
+            assert setters is not None, f"{cls.__name__}: typed rows need a plain frozen slotted dataclass"
+            env[f"_r{i}"] = _row_reader(cls, f.name, rows[f.name])
+            step.append(f"v = _r{i}(v)")
         if setters is not None:
             env[f"_s{i}"] = setters[i]
             step.append(f"_s{i}(o, v)")
@@ -229,8 +234,41 @@ def _compile(cls: type, hints: dict) -> Callable[[list], Any]:
     return env["decode"]
 
 
-def message(op: str):
-    """Register a frozen, slotted dataclass as a wire message with operation ``op``."""
+def _row_reader(cls: type, name: str, row: type) -> Callable[[list], list]:
+    """A list field's elements as ``row.from_wire(element)`` (a typed row, e.g. a NamedTuple),
+    or MeshError(INVALID_REQUEST) naming the field when one is not an array of its shape."""
+    make = row.from_wire
+
+    def read(v: list) -> list:
+        out = []
+        for x in v:
+            if x.__class__ is not list and not isinstance(x, (list, tuple)):
+                raise MeshError(ErrorCode.INVALID_REQUEST, f"{cls.__name__}.{name}: {row.__name__} arrays expected")
+            try:
+                out.append(make(x))
+            except (TypeError, ValueError):
+                raise MeshError(ErrorCode.INVALID_REQUEST, f"{cls.__name__}.{name}: a {row.__name__} has "
+                                                           f"{len(row._fields)} elements, not {len(x)}") from None
+        return out
+
+    return read
+
+
+def _row_getter(get: Callable[[Any], tuple], index: int, row: type) -> Callable[[Any], tuple]:
+    """``get`` with field ``index``'s rows turned into their wire arrays (``row.to_wire``)."""
+    def getter(msg):
+        vs = list(get(msg))
+        vs[index] = [r.to_wire() if isinstance(r, row) else r for r in vs[index]]
+        return tuple(vs)
+    return getter
+
+
+def message(op: str, rows: dict[str, type] | None = None):
+    """Register a frozen, slotted dataclass as a wire message with operation ``op``.
+
+    ``rows``: list fields whose elements are typed rows ({field: row class}); the wire keeps
+    plain arrays: decoding makes each one ``row.from_wire(array)``, encoding packs a row as
+    ``row.to_wire()`` when the class has one (a NamedTuple packs as its array otherwise)."""
 
     def wrap(cls):
         if not dataclasses.is_dataclass(cls):
@@ -245,9 +283,14 @@ def message(op: str):
         _FIELDS[cls] = names
         _REQUIRED[cls] = sum(1 for f in dataclasses.fields(cls)
                              if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING)
-        _DECODERS[key] = (cls, _compile(cls, hints))
+        ROWS[cls] = dict(rows or {})
+        _DECODERS[key] = (cls, _compile(cls, hints, ROWS[cls]))
         get = operator.attrgetter(*names) if names else (lambda msg: ())
-        _GETTERS[cls] = get if len(names) != 1 else (lambda msg, g=get: (g(msg),))
+        get = get if len(names) != 1 else (lambda msg, g=get: (g(msg),))
+        for name, row in (rows or {}).items():
+            if hasattr(row, "to_wire"):
+                get = _row_getter(get, names.index(name), row)
+        _GETTERS[cls] = get
         return cls
 
     return wrap

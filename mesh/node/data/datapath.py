@@ -221,7 +221,7 @@ class DataPath:
         theirs). Another listener (Kafka's) passes its principal's tag here."""
         if owner is None:
             owner = self.writer_tag()
-        if req.acks not in (0, 1, -1):
+        if req.acks not in m.ACKS_WIRE:
             raise MeshError(ErrorCode.INVALID_REQUEST, f"acks must be 0, 1 or -1 (all), not {req.acks}")
         if req.timeout_ms < 0:
             raise MeshError(ErrorCode.INVALID_REQUEST, f"timeout_ms must be >= 0, not {req.timeout_ms}")
@@ -251,14 +251,14 @@ class DataPath:
             dup = producers.check(pid, h, owner) if owner else producers.check(pid, h)
             if dup is not None:  # a retry of a batch we already have: answer as before
                 end = dup + h.record_count
-                if req.acks == -1 and end > replicas.commit_offset(pid):
+                if req.acks == m.Acks.ALL and end > replicas.commit_offset(pid):
                     replicas.park_ack(pid, ident, rid, dup, end, req.timeout_ms)
-                elif req.acks == 1:
+                elif req.acks == m.Acks.LEADER:
                     # after the turn's sync, as the batch it repeats: that one may be staged in
                     # this very turn, and a commit that fails takes it back (an acknowledged
                     # record lost: the client took the early answer and never retried)
                     self._staged.append(_tuple_new(_Staged, (ident, rid, 1, pid, dup, end, 0)))
-                elif req.acks != 0:
+                elif req.acks != m.Acks.NONE:
                     self.reply(ident, rid, m.ProduceResponse(0, base_offset=dup))
                 return
         try:
@@ -412,7 +412,7 @@ class DataPath:
                 log.error("group commit failed, %d produce requests refused: %s (%d in a row)", len(staged), exc,
                           self.commit_failures)
             for s in staged:
-                if s.acks != 0:
+                if s.acks != m.Acks.NONE:
                     self.reply(s.ident, s.rid, m.ProduceResponse(int(ErrorCode.STORAGE_ERROR), str(exc)))
             for listener in self.on_commit:
                 listener(False)
@@ -420,9 +420,9 @@ class DataPath:
         self.commit_failures = 0   # (the producer states heard of the commit: store.post_commit)
         reply, store = self.reply, self.store
         for s in staged:
-            if s.acks == 1:
+            if s.acks == m.Acks.LEADER:
                 reply(s.ident, s.rid, m.ProduceResponse(0, base_offset=s.base, log_start=store.log_start(s.pid)))
-            elif s.acks == -1:
+            elif s.acks == m.Acks.ALL:
                 self.replicas.park_ack(s.pid, s.ident, s.rid, s.base, s.end, s.timeout_ms)
         self._grown.update(self.replicas.after_commit(True))
         for listener in self.on_commit:
@@ -514,18 +514,18 @@ class DataPath:
                 n = sum(len(c) for c in got)
                 chunks.extend(got)
                 total += n
-                parts.append([topic, partition, 0, hw, start, n, None])
+                parts.append(m.FetchPart(topic, partition, 0, hw, start, n, None))
                 if n and self.metrics is not None:
                     self.metrics.fetched(topic, n)
             except CorruptBatch:  # logged once and reported to the core by the store (note_corrupt)
                 has_error = True
-                parts.append([topic, partition, int(ErrorCode.CORRUPT_MESSAGE), -1, -1, 0, None])
+                parts.append(m.FetchPart(topic, partition, int(ErrorCode.CORRUPT_MESSAGE), -1, -1, 0, None))
             except MeshError as exc:
                 has_error = True
                 start = hw = -1
                 if exc.code == ErrorCode.OFFSET_OUT_OF_RANGE and pid is not None:
                     start, hw = self.store.log_start(pid), self.replicas.commit_offset(pid)
-                parts.append([topic, partition, int(exc.code), hw, start, 0, exc.leader])
+                parts.append(m.FetchPart(topic, partition, int(exc.code), hw, start, 0, exc.leader))
         if not (force or has_error or total >= max(1, w.min_bytes)):
             return False
         w.done = True

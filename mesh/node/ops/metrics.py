@@ -164,7 +164,7 @@ class NodeMetrics:
         acks = None
         if cls is m.ProduceRequest:
             acks = _ACKS.get(msg.acks)
-            if msg.acks == 0:   # never answered: counted when handled (``handled``)
+            if msg.acks == m.Acks.NONE:   # never answered: counted when handled (``handled``)
                 self._open_acks0 = _perf()
                 return
         pending = self._pending

@@ -258,16 +258,16 @@ class ClientHandlers:
                 if by_time:   # Kafka's answer when no record reaches it: offset -1, timestamp -1
                     off, ts = self.store.offset_for_time(pid, which, self.replicas.commit_offset(pid),
                                                          budget) or (-1, -1)
-                    out.append([topic, partition, 0, off, None, ts])
+                    out.append(m.OffsetsPart(topic, partition, 0, off, None, ts))
                     continue
                 off = self.store.log_start(pid) if which == m.EARLIEST else self.replicas.commit_offset(pid)
-                out.append([topic, partition, 0, off, None])
+                out.append(m.OffsetsPart(topic, partition, 0, off, None))
             except MeshError as exc:
-                out.append([topic, partition, int(exc.code), -1, exc.leader] + ([-1] if by_time else []))
+                out.append(m.OffsetsPart(topic, partition, int(exc.code), -1, exc.leader, -1 if by_time else None))
             except StillIndexing as exc:   # bounded work per request: the client asks again
-                out.append([topic, partition, int(ErrorCode.TIMEOUT), -1, None, -1])
+                out.append(m.OffsetsPart(topic, partition, int(ErrorCode.TIMEOUT), -1, None, -1))
                 log.debug("%s/%s: %s", topic, partition, exc)
             except LogError as exc:   # a damaged batch (CorruptBatch: noted for repair) or a failed read
-                out.append([topic, partition, int(ErrorCode.STORAGE_ERROR if not isinstance(exc, CorruptBatch)
-                                                  else ErrorCode.CORRUPT_MESSAGE), -1, None, -1])
+                out.append(m.OffsetsPart(topic, partition, int(ErrorCode.STORAGE_ERROR if not isinstance(exc, CorruptBatch)
+                                                               else ErrorCode.CORRUPT_MESSAGE), -1, None, -1))
         self.reply(ident, rid, m.ListOffsetsResponse(out))
