@@ -306,14 +306,18 @@ class Rounds:
             out += rows
         return out
 
-    def on_ack(self, src: str, msg: GossipAck, now_ms: int) -> list[Send]:
+    def _parse_answer(self, msg: GossipAck | GossipAck2, now_ms: int) -> tuple:
+        """(rows, deltas, cluster entries, their sizes) of an ACK or ACK2, checked; Malformed."""
         limit = 4 * self._config.max_nodes      # rows beyond max_nodes are refused one by one
-        check = self._check
         if type(msg.node_id) is not str:
             raise Malformed("sender")
         rows = parse_rows(msg.digest, limit)
-        deltas = parse_deltas(msg.deltas, limit, check, now_ms)
-        their_entries, their_sizes = parse_registers(msg.cluster_entries, _MAX_CLUSTER_ENTRIES, check, now_ms)
+        deltas = parse_deltas(msg.deltas, limit, self._check, now_ms)
+        return (rows, deltas) + parse_registers(msg.cluster_entries, _MAX_CLUSTER_ENTRIES, self._check, now_ms)
+
+    def on_ack(self, src: str, msg: GossipAck, now_ms: int) -> list[Send]:
+        check = self._check
+        rows, deltas, their_entries, their_sizes = self._parse_answer(msg, now_ms)
         their_buckets = parse_buckets(msg.cluster)
         their_gc = parse_gc_clock(msg.cluster_gc, check, now_ms)
         their_rows_hash = parse_row_hashes(msg.rows_hash, ROW_BUCKETS)
@@ -348,13 +352,8 @@ class Rounds:
         return [Send(src, GossipAck2(self._node_id, deltas_out, centries, out_rows))]
 
     def on_ack2(self, src: str, msg: GossipAck2, now_ms: int) -> list[Send]:
-        limit = 4 * self._config.max_nodes
         check = self._check
-        if type(msg.node_id) is not str:
-            raise Malformed("sender")
-        rows = parse_rows(msg.digest, limit)
-        deltas = parse_deltas(msg.deltas, limit, check, now_ms)
-        their_entries, their_sizes = parse_registers(msg.cluster_entries, _MAX_CLUSTER_ENTRIES, check, now_ms)
+        rows, deltas, their_entries, their_sizes = self._parse_answer(msg, now_ms)
         if rows:
             self._members.merge_rows(rows, now_ms)
         self._namespaces.apply(deltas, now_ms)
