@@ -74,6 +74,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from mesh.cluster import keys
 from mesh.cluster.liveness import is_up
 from mesh.gossip.parsing import MALFORMED_KINDS
+from mesh.gossip.rows import ALIVE, DEAD, LEFT, SUSPECT
 from mesh.node.ops.metrics_http import MetricsServer
 from mesh.node.limits.ratelog import RateLimitedLog
 from mesh.wire import messages as m
@@ -402,11 +403,11 @@ def _partition_families(mx: NodeMetrics, node) -> list[list]:
 def _gossip_families(mx: NodeMetrics, node, now_ms: int) -> list[list]:
     gossip = node.gossip
     for ev in gossip.take_events():
-        if ev.new == "suspect":
+        if ev.new == SUSPECT:
             mx.suspicions += 1
-        elif ev.new == "dead":
+        elif ev.new == DEAD:
             mx.deaths += 1
-    states = dict.fromkeys(("alive", "suspect", "dead", "left"), 0)
+    states = dict.fromkeys((ALIVE, SUSPECT, DEAD, LEFT), 0)
     lag_ms = 0
     for mem in gossip.members(now_ms):
         states[mem.status] = states.get(mem.status, 0) + 1
