@@ -2,7 +2,7 @@
 
 Theory of operation
 -------------------
-Gossip judges every member ALIVE, SUSPECT, DEAD or LEFT (``mesh.gossip.rows``, rule R4):
+Gossip judges every member ALIVE, SUSPECT, DEAD or LEFT (``mesh.wire.types``, rule R4):
 SUSPECT is a broker that missed heartbeats but is not convicted, DEAD one convicted, LEFT
 one that said goodbye (final). Every caller that picks brokers asks one of two questions,
 both answered here so that no caller spells the statuses out:
@@ -27,8 +27,8 @@ from __future__ import annotations
 from typing import Any, Iterable, Mapping
 
 from mesh.cluster.keys import BROKER_PREFIX
-from mesh.gossip.rows import ALIVE, LEFT, SUSPECT
 from mesh.wire.messages import BROKER_DRAINING
+from mesh.wire.types import ALIVE, LEFT, SUSPECT
 
 __all__ = ["UP_STATUSES", "is_up", "is_member", "row_is_up", "up_ids", "draining_ids"]
 

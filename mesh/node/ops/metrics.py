@@ -74,11 +74,11 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from mesh.cluster import keys
 from mesh.cluster.liveness import is_up
 from mesh.gossip.parsing import MALFORMED_KINDS
-from mesh.gossip.rows import ALIVE, DEAD, LEFT, SUSPECT
 from mesh.node.ops.metrics_http import MetricsServer
 from mesh.node.limits.ratelog import RateLimitedLog
 from mesh.wire import messages as m
 from mesh.wire.errors import ErrorCode
+from mesh.wire.types import ALIVE, DEAD, LEFT, SUSPECT
 
 __all__ = ["NodeMetrics", "REFRESH_MS", "serve_metrics"]
 
