@@ -458,7 +458,7 @@ class Producer:
                         msg = ProduceRequest(b.topic, b.partition, acks, int(timeout_ms))
                         head = heads[tp] = (type(msg).OP, encode_body(msg))
                     rid = next_rid()
-                    seq.sent(tp, b, rid if acks != Acks.NONE else None, now_ms, addr)
+                    seq.sent(tp, b, rid if acks else None, now_ms, addr)   # acks: an int, 0 = Acks.NONE
                     burst.append((addr, head[0], head[1], b.payload, rid))
             for addr, op, body, payload, rid in burst:
                 send_encoded(addr, op, body, payload, rid)

@@ -237,19 +237,13 @@ def _compile(cls: type, hints: dict, rows: dict[str, type]) -> Callable[[list], 
 def _row_reader(cls: type, name: str, row: type) -> Callable[[list], list]:
     """A list field's elements as ``row.from_wire(element)`` (a typed row, e.g. a NamedTuple),
     or MeshError(INVALID_REQUEST) naming the field when one is not an array of its shape."""
-    make = row.from_wire
+    make = row.from_wire   # ValueError (or TypeError) unless its argument is an array of the row's shape
 
     def read(v: list) -> list:
-        out = []
-        for x in v:
-            if x.__class__ is not list and not isinstance(x, (list, tuple)):
-                raise MeshError(ErrorCode.INVALID_REQUEST, f"{cls.__name__}.{name}: {row.__name__} arrays expected")
-            try:
-                out.append(make(x))
-            except (TypeError, ValueError):
-                raise MeshError(ErrorCode.INVALID_REQUEST, f"{cls.__name__}.{name}: a {row.__name__} has "
-                                                           f"{len(row._fields)} elements, not {len(x)}") from None
-        return out
+        try:
+            return [make(x) for x in v]
+        except (TypeError, ValueError) as exc:
+            raise MeshError(ErrorCode.INVALID_REQUEST, f"{cls.__name__}.{name}: {exc}") from None
 
     return read
 

@@ -49,6 +49,7 @@ class Acks(enum.IntEnum):
 
 
 ACKS_WIRE = frozenset(int(a) for a in Acks)   # what a ProduceRequest's acks may be
+_tuple_new = tuple.__new__
 _ACKS_NAMED = {"0": Acks.NONE, "1": Acks.LEADER, "-1": Acks.ALL, "all": Acks.ALL}
 
 
@@ -64,9 +65,11 @@ class FetchPart(NamedTuple):
     nbytes: int
     leader: str | None
 
-    @classmethod
-    def from_wire(cls, v: list) -> "FetchPart":
-        return cls._make(v)
+    @staticmethod
+    def from_wire(v: list) -> "FetchPart":
+        if v.__class__ is not list or len(v) != 7:
+            raise ValueError(f"a FetchPart is an array of 7 elements, not {v!r:.40}")
+        return _tuple_new(FetchPart, v)   # (without the NamedTuple's Python __new__: on every fetch)
 
 
 class OffsetsPart(NamedTuple):
@@ -83,9 +86,13 @@ class OffsetsPart(NamedTuple):
     def to_wire(self) -> tuple:
         return self if self.timestamp is not None else self[:5]
 
-    @classmethod
-    def from_wire(cls, v: list) -> "OffsetsPart":
-        return cls._make(v) if len(v) == 6 else cls._make((*v, None))
+    @staticmethod
+    def from_wire(v: list) -> "OffsetsPart":
+        if v.__class__ is list and len(v) == 6:
+            return _tuple_new(OffsetsPart, v)
+        if v.__class__ is not list or len(v) != 5:
+            raise ValueError(f"an OffsetsPart is an array of 5 or 6 elements, not {v!r:.40}")
+        return _tuple_new(OffsetsPart, (*v, None))
 
 
 @message("ERROR")
