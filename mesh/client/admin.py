@@ -7,6 +7,7 @@ from mesh.client.cluster import ClusterView
 from mesh.client.elastic_admin import ElasticAdmin, Moves
 from mesh.client.security_admin import SecurityAdmin
 from mesh.client.transport import Transport, parse_address
+from mesh.cluster.liveness import row_is_up
 from mesh.wire.errors import ErrorCode, MeshError
 from mesh.wire.messages import CreateTopicRequest, DeleteTopicRequest, MetadataRequest
 
@@ -121,7 +122,7 @@ class Admin(ElasticAdmin, SecurityAdmin, ClientBase):
         ms), so the poll waits at least twice as long as the last answer took: it takes at
         most a third of a broker's time."""
         deadline = time.monotonic() + wait_s
-        pending = [b["address"] for b in self.metadata([]).brokers if b.get("status") == "alive"]
+        pending = [b["address"] for b in self.metadata([]).brokers if row_is_up(b, strict=True)]
         while pending and time.monotonic() < deadline:
             addr = pending[0]
             t0 = time.monotonic()

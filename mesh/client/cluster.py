@@ -21,7 +21,9 @@ from typing import Iterable, NamedTuple
 
 from mesh.wire.errors import ErrorCode, MeshError, retriable
 from mesh.client.transport import parse_address
-from mesh.wire.messages import ListOffsetsRequest, ListOffsetsResponse, MetadataRequest, MetadataResponse
+from mesh.cluster.liveness import row_is_up
+from mesh.wire.messages import (ListOffsetsRequest, ListOffsetsResponse, MetadataRequest, MetadataResponse,
+                                OffsetsPart)
 from mesh.wire.types import TopicPartition
 
 __all__ = ["ClusterView", "TopicPartition", "PartitionInfo", "LIST_OFFSETS_BACKOFF_S", "merge_topics"]
@@ -92,7 +94,7 @@ class ClusterView:
     def addresses(self) -> list[str]:
         """Brokers to ask: those alive in the last answer (shuffled), then the bootstrap
         addresses; any whose connection the transport knows is down go last."""
-        alive = [b["address"] for b in self.brokers.values() if b.get("status", "alive") == "alive"]
+        alive = [b["address"] for b in self.brokers.values() if row_is_up(b, strict=True)]
         rest = [a for a in self.bootstrap if a not in alive]
         self._rng.shuffle(alive)
         out = alive + rest
@@ -203,14 +205,14 @@ class ClusterView:
         got = self._ask_offsets(specs, timeout_ms, request_timeout_ms, False)
         out: dict[TopicPartition, tuple[int, int] | None] = {}
         for tp, part in got.items():
-            off, ts = part[3], part[5] if len(part) > 5 else -1
-            out[tp] = (off, ts) if off >= 0 else None
+            ts = part.timestamp if part.timestamp is not None else -1
+            out[tp] = (part.offset, ts) if part.offset >= 0 else None
         return out
 
     def _ask_offsets(self, specs: dict[TopicPartition, int], timeout_ms: int, request_timeout_ms: int,
-                     partial: bool) -> dict[TopicPartition, list]:
+                     partial: bool) -> dict[TopicPartition, OffsetsPart]:
         """{tp: the leader's answer part} for {tp: spec} (see ``list_offsets``)."""
-        out: dict[TopicPartition, list] = {}
+        out: dict[TopicPartition, OffsetsPart] = {}
         skipped: set[TopicPartition] = set()   # partial: a non-retriable error
         pending = list(specs)
         deadline = self._clock() + timeout_ms / 1000
@@ -243,15 +245,15 @@ class ClusterView:
                     last = exc
                     continue
                 for part in resp.parts:
-                    topic, partition, err, _off, leader = part[:5]
-                    tp = TopicPartition(topic, partition)
+                    tp = TopicPartition(part.topic, part.partition)
                     if tp not in specs:
                         continue
-                    if not err:
+                    if not part.error:
                         out[tp] = part
                         continue
-                    last = MeshError(err, f"list offsets of {topic}/{partition}", leader=leader)
-                    if not retriable(err):
+                    leader = part.leader
+                    last = MeshError(part.error, f"list offsets of {tp.topic}/{tp.partition}", leader=leader)
+                    if not retriable(part.error):
                         if not partial:
                             raise last
                         skipped.add(tp)

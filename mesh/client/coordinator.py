@@ -11,6 +11,7 @@ import time
 
 from mesh.client.cluster import ClusterView
 from mesh.client.transport import Transport
+from mesh.cluster.liveness import row_is_up
 from mesh.groups import GroupFindCoordinator
 from mesh.wire.errors import ErrorCode, MeshError, retriable
 
@@ -76,7 +77,7 @@ class Coordinator:
         """COORDINATORMOVED (with the new coordinator's node id) or no answer."""
         self.node_id = self.address = None
         broker = self.cluster.brokers.get(hint) if hint else None
-        if broker and broker.get("address") and broker.get("status", "alive") in ("alive", "suspect"):
+        if broker and broker.get("address") and row_is_up(broker):
             self.node_id, self.address = hint, broker["address"]
 
     def call(self, msg, timeout_ms: int, attempts: int = 3):

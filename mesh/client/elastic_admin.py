@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Iterable
 
+from mesh.cluster.liveness import row_is_up
 from mesh.wire.errors import ErrorCode, MeshError
 from mesh.wire.topic_config import normalize_config
 from mesh.wire.messages import (BROKER_ACTIVE, BROKER_DRAINING, AlterTopicRequest, BrokerStateRequest,
@@ -95,7 +96,7 @@ class ElasticAdmin:
         leaders = {(t["name"], p["partition"]): p.get("leader")
                    for t in md.topics if not t.get("error") for p in t.get("partitions", [])}
         brokers = {b["address"]: b["id"] for b in md.brokers
-                   if b.get("status", "alive") in ("alive", "suspect") and b.get("address")}
+                   if row_is_up(b) and b.get("address")}
         rids = {self.transport.send(addr, ListMovesRequest(topics)): addr for addr in sorted(brokers)}
         got = self.transport.gather(list(rids), timeout_ms or self.timeout_ms)
         unanswered: dict[str, str] = {}

@@ -6,6 +6,7 @@ import logging
 from mesh.client.admin import ClientBase
 from mesh.client.cluster import TopicPartition
 from mesh.client.coordinator import MOVED, Coordinator
+from mesh.cluster.liveness import row_is_up
 from mesh.groups import GroupDelete, GroupDescribe, GroupFetchOffsets, GroupList, GroupResetOffsets
 from mesh.wire.errors import ErrorCode, MeshError
 from mesh.wire.messages import EARLIEST, LATEST
@@ -32,7 +33,7 @@ class GroupAdmin(ClientBase):
         self.cluster.refresh([])
         out: dict[str, dict] = {}
         for b in sorted(self.cluster.brokers.values(), key=lambda b: b["id"]):
-            if b.get("status", "alive") != "alive":
+            if not row_is_up(b, strict=True):
                 continue
             try:
                 resp, _ = self.transport.call(b["address"], GroupList(), timeout_ms=self.timeout_ms)

@@ -52,7 +52,7 @@ from mesh.client.waker import waker as _waker
 from mesh.security.creds import load_creds
 from mesh.wire.codec import encode_body
 from mesh.wire.errors import ErrorCode, MeshError
-from mesh.wire.messages import ErrorResponse, ProduceRequest, ProduceResponse
+from mesh.wire.messages import Acks, ErrorResponse, ProduceRequest, ProduceResponse
 from mesh.wire.partitioner import partition_for_key
 from mesh.wire.records import encode_batch
 from mesh.wire.topic_config import MAX_RECORD_BYTES, RECENT_BATCHES
@@ -60,7 +60,6 @@ from mesh.wire.topic_config import MAX_RECORD_BYTES, RECENT_BATCHES
 __all__ = ["Producer", "RecordMetadata", "RecordFuture", "BatchFuture"]
 
 log = logging.getLogger("mesh.producer")
-_ACKS = {"0": 0, "1": 1, "all": -1, "-1": -1, 0: 0, 1: 1, -1: -1}
 _VALUE_TYPES = frozenset((bytes, bytearray, type(None)))   # send_batch's values (None: null; not str)
 _KEY_TYPES = frozenset((bytes, bytearray, type(None)))
 _REFRESH_EVERY_S = 0.1  # at most this often a metadata refresh from the I/O thread
@@ -77,9 +76,7 @@ class Producer:
                  buffer_memory: int = 64 << 20, max_block_ms: int = 60_000,
                  max_record_bytes: int = MAX_RECORD_BYTES, enable_idempotence: bool = True,
                  context=None, creds=None):
-        if acks not in _ACKS:
-            raise ValueError(f"acks must be 0, 1 or 'all', not {acks!r}")
-        self.acks = _ACKS[acks]
+        self.acks = Acks.parse(acks)
         self.linger_s = linger_ms / 1000
         self.batch_size = batch_size
         if enable_idempotence and not 1 <= max_in_flight < RECENT_BATCHES:
@@ -93,7 +90,7 @@ class Producer:
         self.buffer_memory = buffer_memory
         self.max_block_s = max_block_ms / 1000
         self.max_record_bytes = max_record_bytes
-        self.idempotent = enable_idempotence and self.acks != 0
+        self.idempotent = enable_idempotence and self.acks != Acks.NONE
         self._bootstrap = bootstrap
         # user side
         self._mutex = threading.RLock()           # held directly on the hot path (send)
@@ -394,7 +391,7 @@ class Producer:
         need_refresh = False
         next_refresh = next_expire_ms = 0.0
         heads: dict[tuple, tuple[bytes, bytes]] = {}   # tp -> its ProduceRequest (op, body), encoded once
-        acks, linger_s, mutex, leader_of = self.acks, self.linger_s, self._mutex, io_cluster.leader_of
+        acks, linger_s, mutex, leader_of = int(self.acks), self.linger_s, self._mutex, io_cluster.leader_of
         next_rid, send_encoded = transport.next_rid, transport.send_encoded
         burst: list = []
         now = time.monotonic()
@@ -461,7 +458,7 @@ class Producer:
                         msg = ProduceRequest(b.topic, b.partition, acks, int(timeout_ms))
                         head = heads[tp] = (type(msg).OP, encode_body(msg))
                     rid = next_rid()
-                    seq.sent(tp, b, rid if acks != 0 else None, now_ms, addr)
+                    seq.sent(tp, b, rid if acks else None, now_ms, addr)   # acks: an int, 0 = Acks.NONE
                     burst.append((addr, head[0], head[1], b.payload, rid))
             for addr, op, body, payload, rid in burst:
                 send_encoded(addr, op, body, payload, rid)
@@ -515,7 +512,7 @@ class Producer:
                 else:
                     need_refresh = True
         self._complete()
-        transport.close(linger_ms=2000 if self.acks == 0 else 0)  # acks=0: let queued sends leave
+        transport.close(linger_ms=2000 if self.acks == Acks.NONE else 0)  # acks=0: let queued sends leave
         self._close_waker()
 
     def _close_waker(self) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 from typing import Callable, Iterable
 
+from mesh.cluster.liveness import row_is_up
 from mesh.wire.errors import MeshError
 from mesh.wire.messages import (AddAclRequest, AddUserRequest, ListAclsRequest, ListUsersRequest,
                                 RemoveAclRequest, RemoveUserRequest)
@@ -87,7 +88,7 @@ class SecurityAdmin:
         if wait_s <= 0:
             return
         deadline = time.monotonic() + wait_s
-        pending = [b["address"] for b in self.metadata([]).brokers if b.get("status") == "alive"]
+        pending = [b["address"] for b in self.metadata([]).brokers if row_is_up(b, strict=True)]
         while pending and time.monotonic() < deadline:
             addr = pending[0]
             try:

@@ -33,10 +33,11 @@ import subprocess
 import sys
 import threading
 import time
+from typing import Callable
 
 from mesh.gateway.text import CLOSE_WAIT_S
 
-__all__ = ["GatewayProcess", "GatewayError", "main"]
+__all__ = ["GatewayProcess", "GatewayError", "main", "child_args", "run_child"]
 
 log = logging.getLogger("mesh.gateway.process")
 
@@ -116,28 +117,59 @@ class GatewayProcess:
 
 
 # -- the child --------------------------------------------------------------------------
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m mesh.gateway.process",
-                                description="The text protocol gateway of one node (started by the node).")
+def child_args(prog: str, description: str, argv: list[str] | None,
+               more: Callable[[argparse.ArgumentParser], None]) -> argparse.Namespace:
+    """A sidecar child's command line: ``--node``, ``--address`` (the node's), ``more``'s own
+    arguments, ``--creds`` and ``--log-level``."""
+    p = argparse.ArgumentParser(prog=prog, description=description)
     p.add_argument("--node", required=True)
     p.add_argument("--address", required=True, help="the node's HOST:PORT")
-    p.add_argument("--port", type=int, required=True)
-    p.add_argument("--max-session-timeout-ms", type=int, required=True)
-    p.add_argument("--max-connections", type=int, required=True)
-    p.add_argument("--idle-timeout-ms", type=int, required=True)
-    p.add_argument("--evict-idle-ms", type=int, required=True)
-    p.add_argument("--max-subscriptions", type=int, required=True)
+    more(p)
     p.add_argument("--creds")
     p.add_argument("--log-level", type=int, default=logging.INFO)
-    args = p.parse_args(argv)
+    return p.parse_args(argv)
+
+
+def run_child(args: argparse.Namespace, tag: str, what: str, where: str,
+              start: Callable[[], Callable[[], None]], logger: logging.Logger) -> int:
+    """A sidecar child's life (module doc): its log lines on stderr named
+    ``[<node>/<tag>]``; ``start()`` serves and returns how to stop; a failure to start is
+    the first line on stdout (``<where>: <type>: <reason>``, status 1), else ``ready``;
+    then it serves until SIGTERM/SIGINT or until its parent is gone."""
     h = logging.StreamHandler(sys.stderr)
-    h.setFormatter(logging.Formatter(f"%(asctime)s %(levelname)s [{args.node}/text] %(name)s: %(message)s"))
+    h.setFormatter(logging.Formatter(f"%(asctime)s %(levelname)s [{args.node}/{tag}] %(name)s: %(message)s"))
     logging.basicConfig(level=args.log_level, handlers=[h])
     parent = os.getppid()
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     try:
+        close = start()
+    except Exception as exc:
+        print(f"{where}: {type(exc).__name__}: {exc}", flush=True)
+        return 1
+    print(_READY, flush=True)
+    try:
+        while not stop.wait(PARENT_POLL_S):
+            if os.getppid() != parent:
+                logger.warning("the node (pid %d) is gone: %s stops", parent, what)
+                break
+    finally:
+        close()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    def more(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--port", type=int, required=True)
+        for name in ("--max-session-timeout-ms", "--max-connections", "--idle-timeout-ms", "--evict-idle-ms",
+                     "--max-subscriptions"):
+            p.add_argument(name, type=int, required=True)
+
+    args = child_args("python -m mesh.gateway.process", "The text protocol gateway of one node (started by the "
+                      "node).", argv, more)
+
+    def start():
         from mesh.gateway.text import TextGateway
         creds = None
         if args.creds:
@@ -147,18 +179,9 @@ def main(argv: list[str] | None = None) -> int:
                          max_connections=args.max_connections, idle_timeout_ms=args.idle_timeout_ms,
                          evict_idle_ms=args.evict_idle_ms, max_subscriptions=args.max_subscriptions,
                          creds=creds)
-    except Exception as exc:
-        print(f"text gateway on port {args.port}: {type(exc).__name__}: {exc}", flush=True)
-        return 1
-    print(_READY, flush=True)
-    try:
-        while not stop.wait(PARENT_POLL_S):
-            if os.getppid() != parent:
-                log.warning("the node (pid %d) is gone: the text gateway stops", parent)
-                break
-    finally:
-        gw.close()
-    return 0
+        return gw.close
+
+    return run_child(args, "text", "the text gateway", f"text gateway on port {args.port}", start, log)
 
 
 if __name__ == "__main__":

@@ -225,11 +225,7 @@ class Rounds:
         m = self._members
         same = type(msg.digest) is list and msg.digest == list(m.rows.values())
         rows = m.rows if same else parse_rows(msg.digest, 4 * self._config.max_nodes)
-        own = rows.get(msg.node_id) if type(msg.node_id) is str else None
-        if own is None or own.address != src:
-            # every node's SYN carries its own row (its whole digest): anything else is not
-            # a peer joining or gossiping, and gets nothing of the cluster's state
-            raise Malformed("a SYN must carry its sender's own row, at the address it came from", "hello")
+        own = self._senders_row(rows, msg, src)
         if same:
             m.heard_from(msg.node_id, own, now_ms)   # the same digest, row for row: nothing to merge
             if msg.node_id != m.node_id:
@@ -253,36 +249,52 @@ class Rounds:
                 reply_rows.append(r)
                 if r.heartbeat > a.heartbeat + _HEARTBEAT_SLACK_BEATS:
                     must_reply = True
-        # a life just begun (heartbeat 0 held until a peer's view of it, then its first
-        # beats) gets its row back as we now hold it: the view it waits for to beat, then
-        # to be confirmed (Membership.saw_our_row), in one exchange instead of waiting for
-        # a peer to pick it as a target
-        # (and a row for the sender ahead of the one it sent is another life of it: answered
-        # always, so the sender sees the conflict now)
-        sender = m.rows.get(msg.node_id) if msg.node_id != self._node_id else None
-        if sender is not None and (sender.heartbeat <= self._echo_beats or sender != own):
-            if sender not in reply_rows:
-                reply_rows.append(sender)
-            must_reply = True
-        budget = Budget(self._config.max_delta_bytes)
-        reg = self._registers
-        mine = reg.hashes()
-        theirs = their_buckets or ZERO_BUCKETS
-        centries: list = []
-        cluster_reply: list = []
-        if theirs != mine:
-            mismatched = {i for i in range(BUCKETS) if theirs[i] != mine[i]}
-            centries = reg.entries_for(mismatched, budget)
-            cluster_reply = list(mine)
-        else:
-            reg.adopt_gc_clock(their_gc)           # same store as the sender: its horizon is ours
+        must_reply = self._echo_sender(msg.node_id, own, reply_rows) or must_reply
+        budget, cluster_reply, centries = self._registers_reply(their_buckets, their_gc)
         if not must_reply and not cluster_reply:
             return []
         if rows.get(self._node_id) != m.rows[self._node_id]:
             m.sending_own_row()              # (our row is among reply_rows, or they hold a higher one)
         deltas = self._namespaces.deltas([(r.node_id, rows.get(r.node_id)) for r in reply_rows], budget)
-        ack = GossipAck(self._node_id, reply_rows, deltas, cluster_reply, centries, reg.gc_clock)
+        ack = GossipAck(self._node_id, reply_rows, deltas, cluster_reply, centries, self._registers.gc_clock)
         return [Send(src, ack)]
+
+    @staticmethod
+    def _senders_row(rows: dict[str, Row], msg: GossipSyn, src: str) -> Row:
+        """The sender's own row in its SYN, at the address it came from. Every node's SYN
+        carries it (whole digest or partial): anything else is not a peer joining or
+        gossiping, and gets nothing of the cluster's state."""
+        own = rows.get(msg.node_id) if type(msg.node_id) is str else None
+        if own is None or own.address != src:
+            raise Malformed("a SYN must carry its sender's own row, at the address it came from", "hello")
+        return own
+
+    def _echo_sender(self, sender_id: str, own: Row, reply_rows: list[Row]) -> bool:
+        """A life just begun (heartbeat 0 held until a peer's view of it, then its first
+        beats) gets its row back as we now hold it: the view it waits for to beat, then to
+        be confirmed (``Membership.saw_our_row``), in one exchange instead of waiting for a
+        peer to pick it as a target; and a row for the sender ahead of the one it sent is
+        another life of it, answered always so the sender sees the conflict now. True when
+        the SYN must be answered for this."""
+        sender = self._members.rows.get(sender_id) if sender_id != self._node_id else None
+        if sender is None or not (sender.heartbeat <= self._echo_beats or sender != own):
+            return False
+        if sender not in reply_rows:
+            reply_rows.append(sender)
+        return True
+
+    def _registers_reply(self, their_buckets: list[int] | None, their_gc: int) -> tuple[Budget, list, list]:
+        """(the reply's byte budget, our bucket hashes, our cluster entries of the buckets
+        whose hashes differ from the sender's), both empty when every bucket agrees: then
+        the sender holds the same registers, and its GC horizon is ours."""
+        budget = Budget(self._config.max_delta_bytes)
+        reg = self._registers
+        mine = reg.hashes()
+        theirs = their_buckets or ZERO_BUCKETS
+        if theirs == mine:
+            reg.adopt_gc_clock(their_gc)
+            return budget, [], []
+        return budget, list(mine), reg.entries_for({i for i in range(BUCKETS) if theirs[i] != mine[i]}, budget)
 
     def _on_partial_syn(self, src: str, msg: GossipSyn, their_buckets: list[int] | None, their_gc: int,
                         their_rows_hash: list[int] | None, now_ms: int) -> list[Send]:
@@ -291,9 +303,7 @@ class Rounds:
         whose hash differs (``_MAX_EXPAND_ROWS`` at most), plus our hashes (``on_ack``)."""
         m = self._members
         rows = parse_rows(msg.digest, 4 * self._config.max_nodes)
-        own = rows.get(msg.node_id) if type(msg.node_id) is str else None
-        if own is None or own.address != src:
-            raise Malformed("a SYN must carry its sender's own row, at the address it came from", "hello")
+        own = self._senders_row(rows, msg, src)
         m.merge_rows(rows, now_ms, msg.node_id)
         reply_rows: list[Row] = []
         must_reply = False
@@ -302,11 +312,7 @@ class Rounds:
             if r is not None and r != a and not _same_version(r, a):
                 reply_rows.append(r)
                 must_reply = True
-        sender = m.rows.get(msg.node_id) if msg.node_id != self._node_id else None
-        if sender is not None and (sender.heartbeat <= self._echo_beats or sender != own):
-            if sender not in reply_rows:
-                reply_rows.append(sender)
-            must_reply = True
+        must_reply = self._echo_sender(msg.node_id, own, reply_rows) or must_reply
         mine_hash = self._adjusted(m.row_hashes(), rows) if their_rows_hash is not None else None
         unexplained = their_rows_hash is not None and mine_hash != their_rows_hash   # (listed rows: answered above)
         if unexplained:
@@ -314,17 +320,7 @@ class Rounds:
             listed = {r.node_id for r in reply_rows}
             reply_rows += [r for r in expanded if r.node_id not in listed]
             must_reply = True
-        budget = Budget(self._config.max_delta_bytes)
-        reg = self._registers
-        mine = reg.hashes()
-        theirs = their_buckets or ZERO_BUCKETS
-        centries: list = []
-        cluster_reply: list = []
-        if theirs != mine:
-            centries = reg.entries_for({i for i in range(BUCKETS) if theirs[i] != mine[i]}, budget)
-            cluster_reply = list(mine)
-        else:
-            reg.adopt_gc_clock(their_gc)
+        budget, cluster_reply, centries = self._registers_reply(their_buckets, their_gc)
         if not must_reply and not cluster_reply:
             return []
         if any(r.node_id == self._node_id for r in reply_rows):
@@ -332,7 +328,7 @@ class Rounds:
         # deltas only where the sender showed its row (for the others we do not know its version)
         deltas = self._namespaces.deltas([(r.node_id, rows[r.node_id]) for r in reply_rows if r.node_id in rows],
                                          budget)
-        ack = GossipAck(self._node_id, reply_rows, deltas, cluster_reply, centries, reg.gc_clock,
+        ack = GossipAck(self._node_id, reply_rows, deltas, cluster_reply, centries, self._registers.gc_clock,
                         rows_hash=list(m.row_hashes()) if unexplained else [])
         return [Send(src, ack)]
 
@@ -350,14 +346,18 @@ class Rounds:
             out += rows
         return out
 
-    def on_ack(self, src: str, msg: GossipAck, now_ms: int) -> list[Send]:
+    def _parse_answer(self, msg: GossipAck | GossipAck2, now_ms: int) -> tuple:
+        """(rows, deltas, cluster entries, their sizes) of an ACK or ACK2, checked; Malformed."""
         limit = 4 * self._config.max_nodes      # rows beyond max_nodes are refused one by one
-        check = self._check
         if type(msg.node_id) is not str:
             raise Malformed("sender")
         rows = parse_rows(msg.digest, limit)
-        deltas = parse_deltas(msg.deltas, limit, check, now_ms)
-        their_entries, their_sizes = parse_registers(msg.cluster_entries, _MAX_CLUSTER_ENTRIES, check, now_ms)
+        deltas = parse_deltas(msg.deltas, limit, self._check, now_ms)
+        return (rows, deltas) + parse_registers(msg.cluster_entries, _MAX_CLUSTER_ENTRIES, self._check, now_ms)
+
+    def on_ack(self, src: str, msg: GossipAck, now_ms: int) -> list[Send]:
+        check = self._check
+        rows, deltas, their_entries, their_sizes = self._parse_answer(msg, now_ms)
         their_buckets = parse_buckets(msg.cluster)
         their_gc = parse_gc_clock(msg.cluster_gc, check, now_ms)
         their_rows_hash = parse_row_hashes(msg.rows_hash, ROW_BUCKETS)
@@ -403,13 +403,8 @@ class Rounds:
         return [Send(src, GossipAck2(self._node_id, deltas_out, centries, out_rows))]
 
     def on_ack2(self, src: str, msg: GossipAck2, now_ms: int) -> list[Send]:
-        limit = 4 * self._config.max_nodes
         check = self._check
-        if type(msg.node_id) is not str:
-            raise Malformed("sender")
-        rows = parse_rows(msg.digest, limit)
-        deltas = parse_deltas(msg.deltas, limit, check, now_ms)
-        their_entries, their_sizes = parse_registers(msg.cluster_entries, _MAX_CLUSTER_ENTRIES, check, now_ms)
+        rows, deltas, their_entries, their_sizes = self._parse_answer(msg, now_ms)
         if rows:
             self._members.merge_rows(rows, now_ms)
         self._namespaces.apply(deltas, now_ms)

@@ -27,6 +27,8 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
+from mesh.wire.types import ALIVE, DEAD, LEFT, SUSPECT
+
 __all__ = [
     "ALIVE", "SUSPECT", "DEAD", "LEFT",
     "Row", "Delta", "Entry", "Register", "Grave", "Verdict",
@@ -36,9 +38,8 @@ __all__ = [
     "Budget", "size_of", "check_key", "entry_size", "register_size",
 ]
 
-# Member states. "unknown" (just learned) and "removed" (collected into the graveyard)
-# appear only in membership events.
-ALIVE, SUSPECT, DEAD, LEFT = "alive", "suspect", "dead", "left"
+# Member states (``mesh.wire.types``: metadata answers carry them too). "unknown" (just
+# learned) and "removed" (collected into the graveyard) appear only in membership events.
 
 
 class Row(NamedTuple):

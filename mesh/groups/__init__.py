@@ -8,7 +8,7 @@ Pure cores (no clock, no socket, randomness injected), by concern:
 * ``coordinator``: ``GroupCoordinator``, the broker side (its docstring states the rules);
 * ``member``: ``GroupMemberState``, the client side of the heartbeat protocol;
 * ``assignors``: range, round-robin, cooperative-sticky;
-* ``rendezvous``: which broker coordinates a group;
+* which broker coordinates a group: ``mesh.cluster.ownership`` (re-exported here);
 * ``offsets``: the committed-offsets view the node's group host keeps (last writer wins),
   takeover, adoption and rehoming.
 
@@ -25,7 +25,7 @@ from mesh.groups.messages import (
     GroupListResponse, GroupResetOffsets, GroupResetOffsetsResponse, check_group_id,
     error_response,
 )
-from mesh.groups.rendezvous import coordinator_for, ranked_nodes
+from mesh.cluster.ownership import coordinator_for, ranked_nodes
 from mesh.groups.state import GroupConfig, MemberRemoved, PersistOffsets
 
 __all__ = [

@@ -14,7 +14,7 @@ Modelled on Kafka's KIP-848 ("next generation" rebalance): assignment is compute
 server, members learn it from their heartbeats, and partitions move incrementally.
 
 A member heartbeats ``GROUP_HEARTBEAT`` to the group's coordinator (the broker chosen by
-``mesh.groups.rendezvous.coordinator_for``) with its subscription and the partitions it holds
+``mesh.cluster.ownership.coordinator_for``) with its subscription and the partitions it holds
 right now. Member id ``""`` with epoch 0 joins (the coordinator makes up the id); epoch
 -1 leaves. The answer carries the member's id, its *member epoch* and the partitions it
 may hold.

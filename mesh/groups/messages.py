@@ -168,7 +168,7 @@ class GroupListResponse:
 @message("GROUP_FIND_COORDINATOR")
 @dataclass(frozen=True, slots=True)
 class GroupFindCoordinator:
-    """Answered by the shell from its gossip view with ``mesh.groups.rendezvous.coordinator_for``."""
+    """Answered by the shell from its gossip view with ``mesh.cluster.ownership.coordinator_for``."""
     group_id: str
 
 

@@ -28,7 +28,7 @@ The fold is monotone, so it is incremental (``node_moved`` and ``entry_moved`` s
 namespace entries to read again) and needs no deletes.
 
 Coordination: a group is coordinated by ``coordinator_for`` over the *coordination set*,
-the brokers the gossip view does not hold DEAD or LEFT (``coordination_set``: ALIVE and
+the brokers the gossip view holds up (``mesh.cluster.ownership.coordination_set``: ALIVE and
 SUSPECT both count, so a broker that misses a few heartbeats does not bounce its groups
 around). When the set changes (``on_cluster_change``):
 
@@ -86,13 +86,14 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
 from mesh.cluster.keys import OFFSETS_CHUNK_PARTITIONS, offsets_key
+from mesh.cluster.liveness import is_member
+from mesh.cluster.ownership import coordination_set, coordinator_among
 from mesh.groups.messages import check_partitions
-from mesh.groups.rendezvous import coordinator_for
 from mesh.groups.state import DELETED
 
 __all__ = [
     "OffsetBook", "Takeover", "Moved", "MalformedOffsets", "Stamp", "Chunk", "DELETED",
-    "COORDINATING_STATUSES", "coordination_set", "coordinator_among", "sees_majority", "starts_alone",
+    "sees_majority", "starts_alone",
     "takeover_due", "chunk_of", "encode_chunk",
 ]
 
@@ -102,7 +103,6 @@ Committed = tuple[int, str, int]  # (offset, metadata, wall_ms)
 OffsetEntry = tuple[str, int, int, str]          # (topic, partition, offset, metadata)
 StampedEntry = tuple[str, int, int, str, int]    # ... and the commit's wall_ms
 
-COORDINATING_STATUSES = ("alive", "suspect")
 _NO_STAMP: Stamp = (-1, -1)
 _MAX_FETCH_PARTITIONS = 100_000   # a fetch of offsets answered from the merged view (as the coordinator's bound)
 
@@ -135,19 +135,6 @@ class Moved:
 # ---------------------------------------------------------------------------------------
 # Pure helpers
 
-def coordination_set(members: Iterable[Any]) -> frozenset[str]:
-    """The node ids of gossip members that may coordinate groups (not DEAD, not LEFT)."""
-    return frozenset(m.node_id for m in members if m.status in COORDINATING_STATUSES)
-
-
-def coordinator_among(group_id: str, nodes: Iterable[str]) -> str | None:
-    """``coordinator_for``, or None when no node may coordinate."""
-    try:
-        return coordinator_for(group_id, nodes)
-    except ValueError:
-        return None
-
-
 def starts_alone(seeded: bool, member_ids: Iterable[str], node_id: str) -> bool:
     """A node started without seeds that knows no other node: no takeover grace at start."""
     return not seeded and all(m == node_id for m in member_ids)
@@ -157,7 +144,7 @@ def sees_majority(members: Iterable[Any]) -> bool:
     """More than half of the brokers gossip knows (those that did not leave) may coordinate:
     a broker cut off from the others may not know a group's members, so it deletes nothing."""
     members = list(members)
-    known = sum(1 for m in members if m.status != "left")
+    known = sum(1 for m in members if is_member(m.status))
     return 2 * len(coordination_set(members)) > known
 
 

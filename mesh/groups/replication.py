@@ -59,7 +59,7 @@ from typing import Any, Hashable, Iterable
 from mesh.groups.messages import (
     GroupReplicate, check_group_id, check_int, check_list, check_topic, invalid,
 )
-from mesh.groups.rendezvous import ranked_nodes
+from mesh.cluster.ownership import ranked_nodes
 from mesh.groups.state import DELETED
 
 __all__ = [

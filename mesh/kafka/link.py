@@ -19,6 +19,7 @@ import time
 
 from mesh.client.cluster import ClusterView
 from mesh.client.transport import Transport
+from mesh.cluster.liveness import row_is_up
 from mesh.kafka.context import KafkaBroker
 from mesh.kafka.ids import resolve_collisions
 from mesh.wire.errors import MeshError
@@ -161,8 +162,7 @@ class MetaCache:
         with self._lock:
             out = []
             for mid, kb in self._kafka.items():
-                status = self.brokers_raw.get(mid, {}).get("status", "alive")
-                if mid == self.mesh_id or status in ("alive", "suspect"):
+                if mid == self.mesh_id or row_is_up(self.brokers_raw.get(mid, {})):
                     out.append(kb)
             return sorted(out, key=lambda b: b.node_id)
 

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 from kio.schema.errors import ErrorCode as K
 
+from mesh.cluster.liveness import row_is_up
 from mesh.kafka.build import make
 from mesh.kafka.codec import response_class
 from mesh.kafka.ids import topic_id
@@ -110,7 +111,7 @@ class MetadataApi:
 
     def _create(self, ctx, names: list[str]) -> bool:
         from mesh.kafka.topics import native_admin
-        live = sum(1 for b in ctx.cluster.brokers_raw.values() if b.get("status", "alive") == "alive") or 1
+        live = sum(1 for b in ctx.cluster.brokers_raw.values() if row_is_up(b, strict=True)) or 1
         rf = max(1, min(self.defaults.default_replication_factor, live))
         made = False
         for name in names:

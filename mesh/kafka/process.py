@@ -10,7 +10,9 @@ more client of its node: it needs the node's address, its Kafka host, port and n
   reason it could not (a port in use), raised as ``KafkaError``. Its log lines go to the
   node's stderr, named ``[<node>/kafka]``.
 - The child ends on SIGTERM/SIGINT, and on its own when its parent is gone (``getppid``
-  every ``PARENT_POLL_S``), so a node killed with -9 leaves no listener on its port.
+  every ``mesh.gateway.process.PARENT_POLL_S``), so a node killed with -9 leaves no listener
+  on its port. The child's life (its arguments, ``ready``, stop) is the text gateway's
+  (``mesh.gateway.process.run_child``); only what it serves differs (``_serve``).
 - ``close``: SIGTERM, then SIGKILL after ``CLOSE_WAIT_S``. Idempotent.
 """
 from __future__ import annotations
@@ -18,21 +20,16 @@ from __future__ import annotations
 import argparse
 import gc
 import logging
-import os
-import signal
 import sys
-import threading
 
-from mesh.gateway.process import GatewayProcess
+from mesh.gateway.process import GatewayProcess, child_args, run_child
 
 __all__ = ["KafkaProcess", "KafkaError", "kafka_listener_of", "main", "security_argv"]
 
 log = logging.getLogger("mesh.kafka.process")
 
 START_WAIT_S = 20.0
-PARENT_POLL_S = 0.5
 CLOSE_WAIT_S = 3.0
-_READY = "ready"
 GC_GEN0_THRESHOLD = 100_000   # container allocations between young collections (CPython's default: 700)
 
 
@@ -104,74 +101,61 @@ def kafka_listener_of(config, secured: bool, insecure: bool) -> tuple[str, int, 
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m mesh.kafka.process",
-                                description="The Kafka wire-protocol listener of one node (started by the node).")
-    p.add_argument("--node", required=True)
-    p.add_argument("--address", required=True, help="the node's HOST:PORT")
-    p.add_argument("--host", required=True)
-    p.add_argument("--port", type=int, required=True)
-    p.add_argument("--kafka-id", type=int, required=True)
-    p.add_argument("--creds")
-    p.add_argument("--secrets", help="the node's secrets directory: SASL required (mesh.kafka.security)")
-    p.add_argument("--tls-cert", help="PEM certificate chain: the port speaks TLS (mesh.kafka.tls)")
-    p.add_argument("--tls-key", help="PEM private key of --tls-cert")
-    p.add_argument("--max-request-bytes", type=int, default=100 << 20)
-    p.add_argument("--log-level", type=int, default=logging.INFO)
-    args = p.parse_args(argv)
-    h = logging.StreamHandler(sys.stderr)
-    h.setFormatter(logging.Formatter(f"%(asctime)s %(levelname)s [{args.node}/kafka] %(name)s: %(message)s"))
-    logging.basicConfig(level=args.log_level, handlers=[h])
-    parent = os.getppid()
-    stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
-    try:
-        from mesh.kafka.handlers import core_registry
-        from mesh.kafka.link import MeshLinks, MetaCache
-        from mesh.kafka.server import KafkaServer, ServerLimits
-        from mesh.kafka import sasl
-        from mesh.kafka.security import ListenerSecurity
-        # security (mesh.kafka.security): on a secured node SASL with the mesh's users, every
-        # request authorized by its ACLs here, the native client with the cluster keypair
-        sec = ListenerSecurity.start(args.address, secrets_dir=args.secrets, tls_cert=args.tls_cert,
-                                     tls_key=args.tls_key)
-        creds = sec.node_creds(args.secrets)
-        if creds is None and args.creds:
-            from mesh.security.creds import Creds
-            creds = Creds.load(args.creds)
-        links = MeshLinks(args.address, creds)
-        cache = MetaCache(links, args.node, args.host, args.port, args.kafka_id)
-        reg = core_registry()
-        if sec.secured:
-            sasl.register(reg)
-        from mesh.client.transport import Transport
-        from mesh.kafka.groups import ClassicGroups
-        # classic consumer groups on the mesh's server-side assignor (mesh.kafka.groups)
-        groups = ClassicGroups(Transport(creds=creds), [args.address])
-        versions = groups.versions()
-        for key, fn in groups.handlers().items():
-            reg.register(key, *versions[key], fn)
-        server = KafkaServer(args.host, args.port, reg, cache, links, authorizer=sec.authorizer,
-                             limits=ServerLimits(max_request_bytes=args.max_request_bytes),
-                             auth=(lambda conn: sec.new_session()) if sec.secured else None,
-                             ssl_context=sec.ssl_context)
-    except Exception as exc:
-        print(f"Kafka listener on {args.host}:{args.port}: {type(exc).__name__}: {exc}", flush=True)
-        return 1
+    def more(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--host", required=True)
+        p.add_argument("--port", type=int, required=True)
+        p.add_argument("--kafka-id", type=int, required=True)
+        p.add_argument("--secrets", help="the node's secrets directory: SASL required (mesh.kafka.security)")
+        p.add_argument("--tls-cert", help="PEM certificate chain: the port speaks TLS (mesh.kafka.tls)")
+        p.add_argument("--tls-key", help="PEM private key of --tls-cert")
+        p.add_argument("--max-request-bytes", type=int, default=100 << 20)
+
+    args = child_args("python -m mesh.kafka.process", "The Kafka wire-protocol listener of one node (started by "
+                      "the node).", argv, more)
+    return run_child(args, "kafka", "the Kafka listener", f"Kafka listener on {args.host}:{args.port}",
+                     lambda: _serve(args), log)
+
+
+def _serve(args: argparse.Namespace):
+    """Start the listener (``main``'s arguments); how to stop it."""
+    from mesh.kafka.handlers import core_registry
+    from mesh.kafka.link import MeshLinks, MetaCache
+    from mesh.kafka.server import KafkaServer, ServerLimits
+    from mesh.kafka import sasl
+    from mesh.kafka.security import ListenerSecurity
+    # security (mesh.kafka.security): on a secured node SASL with the mesh's users, every
+    # request authorized by its ACLs here, the native client with the cluster keypair
+    sec = ListenerSecurity.start(args.address, secrets_dir=args.secrets, tls_cert=args.tls_cert,
+                                 tls_key=args.tls_key)
+    creds = sec.node_creds(args.secrets)
+    if creds is None and args.creds:
+        from mesh.security.creds import Creds
+        creds = Creds.load(args.creds)
+    links = MeshLinks(args.address, creds)
+    cache = MetaCache(links, args.node, args.host, args.port, args.kafka_id)
+    reg = core_registry()
+    if sec.secured:
+        sasl.register(reg)
+    from mesh.client.transport import Transport
+    from mesh.kafka.groups import ClassicGroups
+    # classic consumer groups on the mesh's server-side assignor (mesh.kafka.groups)
+    groups = ClassicGroups(Transport(creds=creds), [args.address])
+    versions = groups.versions()
+    for key, fn in groups.handlers().items():
+        reg.register(key, *versions[key], fn)
+    server = KafkaServer(args.host, args.port, reg, cache, links, authorizer=sec.authorizer,
+                         limits=ServerLimits(max_request_bytes=args.max_request_bytes),
+                         auth=(lambda conn: sec.new_session()) if sec.secured else None,
+                         ssl_context=sec.ssl_context)
     tune_gc()
-    print(_READY, flush=True)
     log.info("Kafka listener of %s on %s:%d (Kafka node id %d)", args.node, args.host, server.port, args.kafka_id)
-    try:
-        while not stop.wait(PARENT_POLL_S):
-            if os.getppid() != parent:
-                log.warning("the node (pid %d) is gone: the Kafka listener stops", parent)
-                break
-    finally:
+
+    def close() -> None:
         server.close()
         groups.close()
         links.close_all()
         sec.close()
-    return 0
+    return close
 
 
 if __name__ == "__main__":

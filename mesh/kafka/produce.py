@@ -33,7 +33,7 @@ from mesh.kafka.context import Deferred
 from mesh.kafka.convert import MAX_KAFKA_PRODUCER_ID, ConvertError, to_mesh
 from mesh.kafka.meta import kafka_error
 from mesh.wire.errors import ErrorCode, MeshError
-from mesh.wire.messages import ErrorResponse, ProduceRequest, ProduceResponse
+from mesh.wire.messages import ACKS_WIRE, Acks, ErrorResponse, ProduceRequest, ProduceResponse
 from mesh.wire.topic_config import TOPIC_DEFAULTS
 
 __all__ = ["ProduceApi"]
@@ -77,7 +77,7 @@ class ProduceApi:
                 order.append(key)
                 res = results[key] = {"index": p.index, "error_code": K.none, "base_offset": -1,
                                       "log_start_offset": -1, "error_message": None}
-                if acks not in (0, 1, -1):
+                if acks not in ACKS_WIRE:
                     res["error_code"] = K.invalid_required_acks
                     continue
                 if req.transactional_id is not None:
@@ -109,7 +109,7 @@ class ProduceApi:
         flight = _Flight(ctx.mesh, acks, timeout_ms, results)
         for topic, partition, batch in sends:
             flight.send(topic, partition, batch)
-        if acks == 0:
+        if acks == Acks.NONE:
             return None
         by_topic: dict[str, list] = {}
         for name, index in order:
@@ -153,7 +153,7 @@ class _Flight:
             self.waiting.append((time.monotonic() + _BACKOFF_S, topic, partition, batch))
             return
         rid = transport.send(addr, ProduceRequest(topic, partition, self.acks, self.timeout_ms), batch)
-        if self.acks != 0:
+        if self.acks != Acks.NONE:
             self.inflight[rid] = (topic, partition, batch, addr, time.monotonic())
 
     def wait(self) -> None:

@@ -18,6 +18,7 @@ import logging
 from kio.schema.errors import ErrorCode as K
 
 from mesh.client.admin import Admin
+from mesh.cluster.liveness import row_is_up
 from mesh.kafka.build import make, ms
 from mesh.kafka.codec import response_class
 from mesh.kafka.meta import VALID_TOPIC, TopicDefaults, kafka_error
@@ -45,7 +46,7 @@ class TopicsApi:
 
     def on_create_topics(self, ctx, req):
         out = []
-        live = sum(1 for b in ctx.cluster.fresh().brokers_raw.values() if b.get("status", "alive") == "alive") or 1
+        live = sum(1 for b in ctx.cluster.fresh().brokers_raw.values() if row_is_up(b, strict=True)) or 1
         seen: set[str] = set()
         for t in req.topics:
             res = {"name": t.name, "error_code": K.none, "error_message": None}

@@ -60,7 +60,8 @@ import msgpack
 import zmq
 
 from mesh.cluster import keys
-from mesh.gossip import ALIVE, SUSPECT, Gossip
+from mesh.cluster.liveness import is_up
+from mesh.gossip import Gossip
 from mesh.clock import SYSTEM_CLOCK, Clock
 from mesh.node.peers.peer_clock import PeerClock
 from mesh.node.config import NodeConfig
@@ -269,7 +270,7 @@ class Node:
             self._running = False
 
     def _hand_over(self) -> None:
-        gone = {m.node_id for m in self.gossip.members(self.clock.wall_ms()) if m.status != "alive"}
+        gone = {m.node_id for m in self.gossip.members(self.clock.wall_ms()) if not is_up(m.status, strict=True)}
         if self.shutdown.turn(self.clock.now_ms(), gone):
             self._running = False
 
@@ -279,8 +280,7 @@ class Node:
         gc.set_threshold(*_GC_THRESHOLDS)
         # links to the peers the restored gossip state knows, before the first round
         self.peers.connect(sorted(mem.address for mem in self.gossip.members(self.clock.wall_ms())
-                                  if mem.node_id != self.node_id and mem.address != self.address
-                                  and mem.status in (ALIVE, SUSPECT)))
+                                  if mem.node_id != self.node_id and mem.address != self.address and is_up(mem.status)))
         log.info("node %s (generation %d) serving on %s, data in %s, seeds %s", self.node_id,
                  self.generation, self.address, self.cfg.data_dir, ",".join(self.cfg.seeds) or "none")
         poller = zmq.Poller()
@@ -410,7 +410,7 @@ class Node:
         """Links only to seeds, members not DEAD or LEFT, and addresses used within the
         last minute (``PeerLinks.prune``)."""
         self.peers.prune(set(self.cfg.seeds) | {mem.address for mem in self.gossip.members(self.clock.wall_ms())
-                                                if mem.status in (ALIVE, SUSPECT)})
+                                                if is_up(mem.status)})
 
     def _check_damaged(self) -> None:
         """A store whose every commit fails on a damaged page (one the start-up checks did

@@ -64,7 +64,7 @@ from mesh.client.cluster import ClusterView
 from mesh.client.sequencer import RETRY, SPLIT, RetryPolicy, SeqBatch, Sequencer
 from mesh.client.transport import Transport
 from mesh.wire.errors import ErrorCode, MeshError
-from mesh.wire.messages import ErrorResponse, ProduceRequest, ProduceResponse
+from mesh.wire.messages import Acks, ErrorResponse, ProduceRequest, ProduceResponse
 from mesh.wire.partitioner import partition_for_key
 from mesh.wire.records import encode_batch
 from mesh.spark.options import MeshOptions, MeshSparkError, _int_option, require_pyarrow
@@ -75,7 +75,7 @@ from pyspark.sql.datasource import DataSourceArrowWriter, DataSourceStreamArrowW
 
 __all__ = ["MeshSinkConfig", "MeshBatchWriter", "MeshStreamWriter", "MeshCommitMessage", "producer_id_for"]
 
-_ACKS = {"all": -1, "-1": -1, "1": 1}
+_ACKS = {"all": Acks.ALL, "-1": Acks.ALL, "1": Acks.LEADER}   # not NONE: acks=0 cannot be exactly-once
 _BUFFER_BYTES = 32 << 20    # encoded but unacknowledged, per task
 # 5 in flight per partition (within the broker's window of RECENT_BATCHES); a partition
 # that fails 50 times in a row fails the task; backoff 0.1 s per failure up to 1 s
@@ -110,7 +110,7 @@ class MeshSinkConfig:
         acks = raw.get("acks", "all").strip().lower()
         if acks not in _ACKS:
             raise MeshSparkError(f"option acks={acks!r}: use all or 1 (acks=0 cannot be exactly-once)")
-        self.acks = _ACKS[acks]
+        self.acks = int(_ACKS[acks])
         self.delivery_timeout_ms = _int_option(raw, "deliveryTimeoutMs", 120_000, 1)
         self.max_batch_records = _int_option(raw, "maxBatchRecords", 10_000, 1)
         self.max_batch_bytes = _int_option(raw, "maxBatchBytes", 512 << 10, 1024)

@@ -237,7 +237,8 @@ def read_range(part: MeshPartition) -> Iterator:
             elif isinstance(resp, ErrorResponse):
                 problem = MeshError(resp.error, resp.message, leader=resp.leader)
             else:
-                (_t, _p, err, hw, log_start, nbytes, hint) = resp.parts[0]
+                got = resp.parts[0]
+                err, hw, log_start, nbytes, hint = got.error, got.high_watermark, got.log_start, got.nbytes, got.leader
                 if err == ErrorCode.OFFSET_OUT_OF_RANGE and off < log_start:
                     if opts.fail_on_data_loss and not part.new_partition:
                         raise MeshSparkError(

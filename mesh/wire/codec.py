@@ -50,7 +50,7 @@ from mesh.wire.errors import ErrorCode, MeshError
 
 __all__ = [
     "PROTOCOL_CLIENT", "PROTOCOL_PEER", "REGISTRY", "message", "encode_body", "decode_body",
-    "pack", "unpack", "op_of", "DecodeLimits", "NO_LIMITS", "ZERO_COPY_MIN_BYTES",
+    "pack", "unpack", "op_of", "DecodeLimits", "NO_LIMITS", "ZERO_COPY_MIN_BYTES", "ROWS",
 ]
 
 PROTOCOL_CLIENT = b"mesh/1"
@@ -93,6 +93,7 @@ _TYPE_NAMES: dict[type, tuple[str, ...]] = {}  # what each field must be, for er
 _DECODERS: dict[bytes, tuple[type, Callable[[list], Any]]] = {}   # op -> (class, generated decoder)
 _GETTERS: dict[type, Callable[[Any], tuple]] = {}
 _REQUIRED: dict[type, int] = {}              # fields without a default, per message class
+ROWS: dict[type, dict[str, type]] = {}       # list fields of typed rows, per message class (``message``)
 
 
 class _Factory:
@@ -169,7 +170,7 @@ def _slot_setters(cls: type, fields: tuple) -> list | None:
     return setters
 
 
-def _compile(cls: type, hints: dict) -> Callable[[list], Any]:
+def _compile(cls: type, hints: dict, rows: dict[str, type]) -> Callable[[list], Any]:
     """Generated from the annotations when a class is registered: ``decode(values)``, the
     message from a body's field values, or MeshError(INVALID_REQUEST) naming the first
     field whose top-level type is wrong (fields past ``len(values)`` take their defaults);
@@ -197,6 +198,10 @@ def _compile(cls: type, hints: dict) -> Callable[[list], Any]:
         step = [f"v = vs[{i}]"]
         if expr != "True":
             step += [f"if not {expr}:", f"    _bad_type(_cls, {i}, v)"]
+        if f.name in rows:
+            assert setters is not None, f"{cls.__name__}: typed rows need a plain frozen slotted dataclass"
+            env[f"_r{i}"] = _row_reader(cls, f.name, rows[f.name])
+            step.append(f"v = _r{i}(v)")
         if setters is not None:
             env[f"_s{i}"] = setters[i]
             step.append(f"_s{i}(o, v)")
@@ -230,8 +235,35 @@ def _compile(cls: type, hints: dict) -> Callable[[list], Any]:
     return env["decode"]
 
 
-def message(op: str):
-    """Register a frozen, slotted dataclass as a wire message with operation ``op``."""
+def _row_reader(cls: type, name: str, row: type) -> Callable[[list], list]:
+    """A list field's elements as ``row.from_wire(element)`` (a typed row, e.g. a NamedTuple),
+    or MeshError(INVALID_REQUEST) naming the field when one is not an array of its shape."""
+    make = row.from_wire   # ValueError (or TypeError) unless its argument is an array of the row's shape
+
+    def read(v: list) -> list:
+        try:
+            return [make(x) for x in v]
+        except (TypeError, ValueError) as exc:
+            raise MeshError(ErrorCode.INVALID_REQUEST, f"{cls.__name__}.{name}: {exc}") from None
+
+    return read
+
+
+def _row_getter(get: Callable[[Any], tuple], index: int, row: type) -> Callable[[Any], tuple]:
+    """``get`` with field ``index``'s rows turned into their wire arrays (``row.to_wire``)."""
+    def getter(msg):
+        vs = list(get(msg))
+        vs[index] = [r.to_wire() if isinstance(r, row) else r for r in vs[index]]
+        return tuple(vs)
+    return getter
+
+
+def message(op: str, rows: dict[str, type] | None = None):
+    """Register a frozen, slotted dataclass as a wire message with operation ``op``.
+
+    ``rows``: list fields whose elements are typed rows ({field: row class}); the wire keeps
+    plain arrays: decoding makes each one ``row.from_wire(array)``, encoding packs a row as
+    ``row.to_wire()`` when the class has one (a NamedTuple packs as its array otherwise)."""
 
     def wrap(cls):
         if not dataclasses.is_dataclass(cls):
@@ -246,9 +278,14 @@ def message(op: str):
         _FIELDS[cls] = names
         _REQUIRED[cls] = sum(1 for f in dataclasses.fields(cls)
                              if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING)
-        _DECODERS[key] = (cls, _compile(cls, hints))
+        ROWS[cls] = dict(rows or {})
+        _DECODERS[key] = (cls, _compile(cls, hints, ROWS[cls]))
         get = operator.attrgetter(*names) if names else (lambda msg: ())
-        _GETTERS[cls] = get if len(names) != 1 else (lambda msg, g=get: (g(msg),))
+        get = get if len(names) != 1 else (lambda msg, g=get: (g(msg),))
+        for name, row in (rows or {}).items():
+            if hasattr(row, "to_wire"):
+                get = _row_getter(get, names.index(name), row)
+        _GETTERS[cls] = get
         return cls
 
     return wrap

@@ -6,7 +6,9 @@ Every response carries ``error`` (an ``ErrorCode``) and ``message`` (human-reada
 """
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from mesh.wire.codec import message
 
@@ -14,7 +16,7 @@ __all__ = [
     "ErrorResponse", "ProduceRequest", "ProduceResponse", "FetchRequest", "FetchResponse",
     "MetadataRequest", "MetadataResponse", "CreateTopicRequest", "CreateTopicResponse",
     "DeleteTopicRequest", "DeleteTopicResponse", "ListOffsetsRequest", "ListOffsetsResponse",
-    "EARLIEST", "LATEST",
+    "EARLIEST", "LATEST", "Acks", "ACKS_WIRE", "FetchPart", "OffsetsPart",
     "AddUserRequest", "AddUserResponse", "RemoveUserRequest", "RemoveUserResponse",
     "ListUsersRequest", "ListUsersResponse", "AddAclRequest", "AddAclResponse",
     "RemoveAclRequest", "RemoveAclResponse", "ListAclsRequest", "ListAclsResponse",
@@ -26,6 +28,71 @@ __all__ = [
 
 EARLIEST = -2
 LATEST = -1
+
+
+class Acks(enum.IntEnum):
+    """A produce request's ``acks``, as Kafka numbers them (the wire carries the int):
+    NONE (0) is never answered, LEADER (1) is answered once the leader's turn synced it,
+    ALL (-1) once a majority of the replicas hold it (the commit offset passed it)."""
+    NONE = 0
+    LEADER = 1
+    ALL = -1
+
+    @classmethod
+    def parse(cls, value: object) -> "Acks":
+        """0, 1, -1, "0", "1", "-1" or "all"; ValueError for anything else."""
+        got = _ACKS_NAMED.get(value) if type(value) is str else (
+            cls(value) if type(value) is int and value in ACKS_WIRE else None)
+        if got is None:
+            raise ValueError(f"acks must be 0, 1 or 'all', not {value!r}")
+        return got
+
+
+ACKS_WIRE = frozenset(int(a) for a in Acks)   # what a ProduceRequest's acks may be
+_tuple_new = tuple.__new__
+_ACKS_NAMED = {"0": Acks.NONE, "1": Acks.LEADER, "-1": Acks.ALL, "all": Acks.ALL}
+
+
+class FetchPart(NamedTuple):
+    """One partition of a ``FetchResponse`` (on the wire, the 7-element array it packs as):
+    its ``nbytes`` of batches follow the previous parts' in the payload frame; ``leader``,
+    an address, comes with NOT_LEADER."""
+    topic: str
+    partition: int
+    error: int
+    high_watermark: int
+    log_start: int
+    nbytes: int
+    leader: str | None
+
+    @staticmethod
+    def from_wire(v: list) -> "FetchPart":
+        if v.__class__ is not list or len(v) != 7:
+            raise ValueError(f"a FetchPart is an array of 7 elements, not {v!r:.40}")
+        return _tuple_new(FetchPart, v)   # (without the NamedTuple's Python __new__: on every fetch)
+
+
+class OffsetsPart(NamedTuple):
+    """One partition of a ``ListOffsetsResponse``. On the wire a 5-element array, or 6 with
+    ``timestamp`` when the part was asked by timestamp (EARLIEST/LATEST parts keep five, as
+    older clients read them)."""
+    topic: str
+    partition: int
+    error: int
+    offset: int
+    leader: str | None
+    timestamp: int | None = None
+
+    def to_wire(self) -> tuple:
+        return self if self.timestamp is not None else self[:5]
+
+    @staticmethod
+    def from_wire(v: list) -> "OffsetsPart":
+        if v.__class__ is list and len(v) == 6:
+            return _tuple_new(OffsetsPart, v)
+        if v.__class__ is not list or len(v) != 5:
+            raise ValueError(f"an OffsetsPart is an array of 5 or 6 elements, not {v!r:.40}")
+        return _tuple_new(OffsetsPart, (*v, None))
 
 
 @message("ERROR")
@@ -42,7 +109,7 @@ class ProduceRequest:
     """One record batch for one partition travels in the payload frame."""
     topic: str
     partition: int
-    acks: int            # 0, 1, or -1 (all)
+    acks: int            # an Acks: 0, 1, or -1 (all)
     timeout_ms: int = 30_000
 
 
@@ -66,11 +133,12 @@ class FetchRequest:
     max_bytes: int = 16 << 20
 
 
-@message("FETCH_R")
+@message("FETCH_R", rows={"parts": FetchPart})
 @dataclass(frozen=True, slots=True)
 class FetchResponse:
-    """parts: [[topic, partition, error, high_watermark, log_start, nbytes, leader], ...];
-    the payload frame holds every part's batches back to back, in this order."""
+    """parts: [FetchPart, ...] (each a [topic, partition, error, high_watermark, log_start,
+    nbytes, leader] array on the wire); the payload frame holds every part's batches back to
+    back, in this order."""
     parts: list
     error: int = 0
     message: str = ""
@@ -132,12 +200,11 @@ class ListOffsetsRequest:
     parts: list
 
 
-@message("LIST_OFFSETS_R")
+@message("LIST_OFFSETS_R", rows={"parts": OffsetsPart})
 @dataclass(frozen=True, slots=True)
 class ListOffsetsResponse:
-    """parts: [[topic, partition, error, offset, leader], ...]; a part asked by timestamp
-    has a sixth element, the record's timestamp (offset and timestamp -1: no record reaches
-    it below the high watermark). EARLIEST/LATEST parts keep five, as older clients read them."""
+    """parts: [OffsetsPart, ...]; a part asked by timestamp carries the record's timestamp
+    (offset and timestamp -1: no record reaches it below the high watermark)."""
     parts: list
     error: int = 0
     message: str = ""

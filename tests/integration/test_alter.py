@@ -113,7 +113,7 @@ def test_lowering_the_replication_factor_just_after_a_broker_died_keeps_every_pa
     left with voters [live, dead]: no quorum, no leader, and nobody to change them again. A leader now
     removes a voter only if it heard a quorum of those left within an election timeout, and
     the voter it heard least recently first."""
-    from mesh.groups.rendezvous import coordinator_for
+    from mesh.cluster.ownership import coordinator_for
     from mesh.testing.workload import topic_view
     by_id = {b.node_id: b for b in cluster3.brokers}
     owner = by_id[coordinator_for("topic:s", by_id)]   # makes the alter: it must live

@@ -20,7 +20,7 @@ from click.testing import CliRunner
 
 from mesh.client import Admin, Consumer, Producer
 from mesh.client.group_admin import GroupAdmin
-from mesh.groups.rendezvous import coordinator_for
+from mesh.cluster.ownership import coordinator_for
 from mesh.testing.launcher import ROOT, Cluster, wait_until
 from tools.cli import main as cli
 

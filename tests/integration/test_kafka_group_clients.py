@@ -375,7 +375,7 @@ def test_confluent_group_survives_its_coordinators_death(tmp_path):
     sessions): the members find the new coordinator, rejoin, and read what comes next."""
     if "kafka" not in inspect.signature(Cluster).parameters:
         pytest.skip("no Kafka listener in this tree yet")
-    from mesh.groups.rendezvous import coordinator_for
+    from mesh.cluster.ownership import coordinator_for
     old = os.environ.get("MESH_GROUP_MAX_SESSION_MS")
     os.environ["MESH_GROUP_MAX_SESSION_MS"] = str(SESSION_MS)
     try:

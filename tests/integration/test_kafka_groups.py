@@ -299,7 +299,7 @@ def test_find_list_describe(cluster, groups):
     resp = groups.find_coordinator(ctx(10, 4), req("find_coordinator", 4, "FindCoordinatorRequest", key_type=0,
                                                     coordinator_keys=("kg5",)))
     (coord,) = resp.coordinators
-    from mesh.groups.rendezvous import coordinator_for
+    from mesh.cluster.ownership import coordinator_for
     assert coord.error_code == K.none
     assert coord.node_id == int(coordinator_for("kg5", ["n1", "n2", "n3"])[1:])
     old = groups.find_coordinator(ctx(10, 0), req("find_coordinator", 0, "FindCoordinatorRequest", key="kg5"))
@@ -426,7 +426,7 @@ def test_members_rejoin_when_the_coordinator_dies(tmp_path):
     """SIGKILL of the group's coordinator: the native sessions end (the new coordinator does
     not know them), the classic members are told UNKNOWN_MEMBER_ID, rejoin under new ids and
     share the partitions again; a commit after that goes to the new coordinator."""
-    from mesh.groups.rendezvous import coordinator_for
+    from mesh.cluster.ownership import coordinator_for
     old = os.environ.get("MESH_GROUP_MAX_SESSION_MS")
     os.environ["MESH_GROUP_MAX_SESSION_MS"] = str(SESSION_MS)
     try:

@@ -18,6 +18,7 @@ from mesh.client import Admin, Consumer, ErrorCode, MeshError, Producer, TopicPa
 from mesh.client.transport import Transport
 from mesh.testing.launcher import ROOT, BrokerProcess, free_port, wait_until
 from mesh.wire import messages as m
+from mesh.wire.codec import encode_body
 from mesh.wire.records import _PREFIX_CRC, _TAIL, MAGIC, encode_batch
 
 pytestmark = pytest.mark.integration
@@ -132,7 +133,8 @@ def test_offsets_for_times_finds_the_first_record_at_or_after_a_time(broker):
             resp, _ = tr.call(broker.address, m.ListOffsetsRequest([[t, 0, m.LATEST], [t, 0, 2500]]))
         finally:
             tr.close()
-        assert resp.parts == [[t, 0, 0, 4, None], [t, 0, 0, 3, None, 3000]]
+        assert resp.parts == [m.OffsetsPart(t, 0, 0, 4, None), m.OffsetsPart(t, 0, 0, 3, None, 3000)]
+        assert msgpack.unpackb(encode_body(resp))[0] == [[t, 0, 0, 4, None], [t, 0, 0, 3, None, 3000]]
     out = cli(broker, "consume", t, "--partition", "0", "--from-time", "1970-01-01T00:00:01.5Z", "--count", "3",
               "--format", "{offset}")
     assert out.split() == ["1", "2", "3"]

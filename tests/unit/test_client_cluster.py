@@ -5,7 +5,8 @@ import pytest
 
 from mesh.client.cluster import ClusterView, TopicPartition, merge_topics
 from mesh.wire.errors import ErrorCode, MeshError
-from mesh.wire.messages import EARLIEST, LATEST, ListOffsetsRequest, ListOffsetsResponse, MetadataResponse
+from mesh.wire.messages import (EARLIEST, LATEST, ListOffsetsRequest, ListOffsetsResponse, MetadataResponse,
+                                OffsetsPart)
 
 NL, LNA = ErrorCode.NOT_LEADER, ErrorCode.LEADER_NOT_AVAILABLE
 
@@ -67,9 +68,9 @@ def offsets(table):
         for t, p, _ in msg.parts:
             v = table[(t, p)]
             if isinstance(v, tuple):  # (error, leader hint)
-                parts.append([t, p, v[0], -1, v[1]])
+                parts.append(OffsetsPart(t, p, v[0], -1, v[1]))
             else:
-                parts.append([t, p, 0, v, None])
+                parts.append(OffsetsPart(t, p, 0, v, None))
         return ListOffsetsResponse(parts)
     return answer
 
@@ -236,10 +237,10 @@ def test_offsets_for_times_asks_again_while_the_leader_is_indexing(view):
     """A leader still indexing answers a part TIMEOUT (retriable); the view asks again.
     Answers by time carry the record's timestamp (a sixth element); -1 means none."""
     def indexing(msg):
-        return ListOffsetsResponse([[t, p, int(ErrorCode.TIMEOUT), -1, None, -1] for t, p, _ in msg.parts])
+        return ListOffsetsResponse([OffsetsPart(t, p, int(ErrorCode.TIMEOUT), -1, None, -1) for t, p, _ in msg.parts])
 
     def found(msg):
-        return ListOffsetsResponse([[t, p, 0, 3, None, 1500] if p == 0 else [t, p, 0, -1, None, -1]
+        return ListOffsetsResponse([OffsetsPart(t, p, 0, 3, None, 1500) if p == 0 else OffsetsPart(t, p, 0, -1, None, -1)
                                     for t, p, _ in msg.parts])
     view.transport.metadata = MetadataResponse(0, [], [topic("t", ["a:1", "a:1"])])
     view.transport.answers = {"a:1": [indexing, found]}

@@ -4,7 +4,7 @@ from hypothesis import given, settings, strategies as st
 
 from mesh.wire import messages as m
 from mesh.wire.errors import ErrorCode, MeshError, retriable
-from mesh.wire.codec import PROTOCOL_CLIENT, decode_body, pack, unpack
+from mesh.wire.codec import PROTOCOL_CLIENT, decode_body, encode_body, pack, unpack
 
 
 def test_round_trip_every_client_message():
@@ -12,7 +12,8 @@ def test_round_trip_every_client_message():
         m.ProduceRequest("orders", 3, -1, 500),
         m.ProduceResponse(0, "", 42, 0, None),
         m.FetchRequest([["orders", 0, 10, 1024]], 100, 1, 4096),
-        m.FetchResponse([["orders", 0, 0, 12, 0, 100, None]]),
+        m.FetchResponse([m.FetchPart("orders", 0, 0, 12, 0, 100, None)]),
+        m.ListOffsetsResponse([m.OffsetsPart("t", 0, 0, 5, None), m.OffsetsPart("t", 1, 0, 3, None, 1500)]),
         m.MetadataRequest(None),
         m.MetadataResponse(0, [{"id": "n1", "address": "127.0.0.1:1"}], [], "n1"),
         m.CreateTopicRequest("t", 6, 1, {"retention.ms": "10"}),
@@ -23,6 +24,35 @@ def test_round_trip_every_client_message():
     for msg in msgs:
         proto, rid, back, payload = unpack(pack(PROTOCOL_CLIENT, 7, msg, b"raw"))
         assert (proto, rid, back, payload) == (PROTOCOL_CLIENT, 7, msg, b"raw")
+
+
+def test_fetch_and_list_offsets_parts_are_typed_rows_and_plain_arrays_on_the_wire():
+    """The client protocol's fetch and list-offsets answers decode into typed rows; the wire
+    keeps the arrays it always had (a list-offsets part asked by timestamp has six
+    elements, the others five), so older clients and brokers read them as before."""
+    fetch = m.FetchResponse([m.FetchPart("orders", 0, 0, 12, 0, 100, None)])
+    assert msgpack.unpackb(encode_body(fetch)) == [[["orders", 0, 0, 12, 0, 100, None]], 0, ""]
+    back = decode_body(b"FETCH_R", msgpack.packb([[["orders", 0, 6, -1, -1, 0, "127.0.0.1:1"]]]))
+    assert back.parts[0].error == 6 and back.parts[0].leader == "127.0.0.1:1"
+    offsets = m.ListOffsetsResponse([m.OffsetsPart("t", 0, 0, 5, None), m.OffsetsPart("t", 1, 0, 3, None, 1500)])
+    assert msgpack.unpackb(encode_body(offsets))[0] == [["t", 0, 0, 5, None], ["t", 1, 0, 3, None, 1500]]
+    five, six = decode_body(b"LIST_OFFSETS_R", encode_body(offsets)).parts
+    assert (five.offset, five.timestamp, six.offset, six.timestamp) == (5, None, 3, 1500)
+    for bad in ([["t", 0, 0]], [["t", 0, 0, 1, None, 2, 3]], ["t"], [7]):
+        with pytest.raises(MeshError, match="OffsetsPart") as exc:
+            decode_body(b"LIST_OFFSETS_R", msgpack.packb([bad]))
+        assert exc.value.code == ErrorCode.INVALID_REQUEST
+    with pytest.raises(MeshError, match="FetchPart"):
+        decode_body(b"FETCH_R", msgpack.packb([[["orders", 0, 0]]]))
+
+
+def test_acks_names_the_wire_values():
+    assert (m.Acks.NONE, m.Acks.LEADER, m.Acks.ALL) == (0, 1, -1) and m.ACKS_WIRE == {0, 1, -1}
+    assert [m.Acks.parse(v) for v in ("0", "1", "all", "-1", 0, 1, -1)] == [0, 1, -1, -1, 0, 1, -1]
+    for bad in ("2", 2, None, 1.0, "ALL "):
+        with pytest.raises(ValueError):
+            m.Acks.parse(bad)
+    assert msgpack.unpackb(encode_body(m.ProduceRequest("t", 0, m.Acks.ALL))) == ["t", 0, -1, 30_000]
 
 
 def test_defaults_fill_missing_trailing_fields():
@@ -98,12 +128,14 @@ def test_generated_decoders_and_inits_build_what_the_dataclass_would():
     import dataclasses
     import typing
     import mesh.gossip, mesh.groups.messages, mesh.raft.messages  # noqa: F401 - register their messages
-    from mesh.wire.codec import REGISTRY, encode_body
+    from mesh.wire.codec import REGISTRY, ROWS, encode_body
 
     for op, cls in REGISTRY.items():
         fields = dataclasses.fields(cls)
         hints = typing.get_type_hints(cls)
-        full = [_sample(hints[f.name]) for f in fields]
+        full = [_sample(hints[f.name]) if f.name not in ROWS[cls]
+                else [ROWS[cls][f.name]._make(_sample(t) for t in typing.get_type_hints(ROWS[cls][f.name]).values())]
+                for f in fields]
         required = [v for v, f in zip(full, fields)
                     if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
         defaults = [f.default if f.default_factory is dataclasses.MISSING else f.default_factory()

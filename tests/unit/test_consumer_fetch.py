@@ -8,7 +8,7 @@ import pytest
 
 from mesh.client.consumer import Consumer, TopicPartition
 from mesh.wire.errors import ErrorCode, MeshError
-from mesh.wire.messages import FetchResponse
+from mesh.wire.messages import FetchPart, FetchResponse
 from mesh.wire.records import encode_batch, patch_batch
 
 ADDR = "127.0.0.1:1"   # never connected: nothing here sends
@@ -30,7 +30,7 @@ def consumer_fetching(offsets: dict) -> tuple[Consumer, int]:
 
 
 def part(tp, payload: bytes, err: int = 0, hw: int = 0):
-    return [tp.topic, tp.partition, err, hw, 0, len(payload), None]
+    return FetchPart(tp.topic, tp.partition, err, hw, 0, len(payload), None)
 
 
 T0, T1 = TopicPartition("t", 0), TopicPartition("t", 1)

@@ -8,10 +8,10 @@ from types import SimpleNamespace
 import pytest
 
 from mesh.cluster.keys import OFFSETS_CHUNK_PARTITIONS, OFFSETS_PREFIX
+from mesh.cluster.ownership import coordination_set, coordinator_among
 from mesh.groups import coordinator_for
 from mesh.groups.offsets import (
-    MalformedOffsets, Moved, OffsetBook, Takeover, chunk_of, coordination_set, coordinator_among,
-    encode_chunk, starts_alone, takeover_due,
+    MalformedOffsets, Moved, OffsetBook, Takeover, chunk_of, encode_chunk, starts_alone, takeover_due,
 )
 
 

@@ -70,6 +70,8 @@ from typing import Any, Callable, Iterable, Mapping
 import msgpack
 
 from mesh.cluster.keys import OFFSETS_PREFIX, offsets_key
+from mesh.cluster.liveness import is_member
+from mesh.cluster.ownership import coordination_set, coordinator_among
 from mesh.groups import (
     GROUP_REQUESTS, GroupCommit, GroupConfig, GroupCoordinator, GroupDelete, GroupDescribe,
     GroupDescribeResponse, GroupFetchOffsets, GroupFetchOffsetsResponse, GroupFindCoordinator,
@@ -78,8 +80,7 @@ from mesh.groups import (
 )
 from mesh.groups.messages import GROUP_PEER_MESSAGES
 from mesh.groups.offsets import (
-    MalformedOffsets, Moved, OffsetBook, Takeover, coordination_set, coordinator_among,
-    sees_majority, starts_alone,
+    MalformedOffsets, Moved, OffsetBook, Takeover, sees_majority, starts_alone,
 )
 from mesh.clock import Clock
 from mesh.groups.replication import DEFAULT_REPLICAS
@@ -480,7 +481,7 @@ class GroupHost:
 
     def known_brokers(self, now_ms: int) -> int:
         """Brokers gossip knows, but those that left (a commit's majority counts them)."""
-        return sum(1 for m in self._gossip.members(now_ms) if m.status != "left")
+        return sum(1 for m in self._gossip.members(now_ms) if is_member(m.status))
 
     def _sees_majority(self, now_ms: int) -> bool:
         return sees_majority(self._gossip.members(now_ms))

@@ -47,6 +47,7 @@ from mesh.cluster.balance_steps import (AddLearner, Balancer, Led, Promote, Remo
                                         Transfer, live_for_removal)
 from mesh.cluster.catalog import cluster_pid
 from mesh.cluster.configs import PartitionConfig, keep_local
+from mesh.cluster.liveness import is_up
 from mesh.raft.membership import Config
 from mesh.wire.errors import MeshError
 
@@ -58,7 +59,6 @@ _MAX_STEPS_PER_ROUND = 64
 _MIN_ROUND_MS = 100        # a committed step brings the next round forward, to at most this often
 _COST_FACTOR = 10          # ... and a round that took c ms is followed by the next no sooner than 10 c
 _MAX_ROUND_GAP_MS = 30_000   # (a wall clock that jumped mid-round does not stop balancing for long)
-_ALIVE = ("alive", "suspect")
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,7 +194,7 @@ class Elastic:
         """Every broker gossip lists, plus those ``named`` by a config but unknown here."""
         states = {k[len(keys.BROKER_PREFIX):]: v.get("state") for k, v in
                   self.gossip.cluster_items(keys.BROKER_PREFIX).items() if isinstance(v, dict)}
-        seen: dict[str, bool] = {m.node_id: m.status in _ALIVE for m in self.gossip.members(now_ms)}
+        seen: dict[str, bool] = {m.node_id: is_up(m.status) for m in self.gossip.members(now_ms)}
         out = []
         for node in sorted(set(seen) | named):
             alive = seen.get(node, False)

@@ -43,6 +43,7 @@ from mesh.wire.frames import recv_frames, send_frames
 __all__ = ["Dispatcher", "open_router"]
 
 log = logging.getLogger("mesh.node.requests.dispatch")
+_ACKS_NONE = m.Acks.NONE   # bound once (an enum member's lookup: ~1 us)
 
 _GOSSIP_MESSAGES = (GossipSyn, GossipAck, GossipAck2, GossipPing, GossipPingAck)
 _THROTTLE_REFUSE_MS = 10_000   # a producer whose answers would wait longer has its batches refused
@@ -208,7 +209,7 @@ class Dispatcher:
 
     def _charge_produce(self, ident: bytes, rid: int, msg, payload) -> None:
         debt = self.outbox.debt_ms("produce", ident)
-        if debt and (msg.acks == 0 or debt > _THROTTLE_REFUSE_MS):
+        if debt and (msg.acks == _ACKS_NONE or debt > _THROTTLE_REFUSE_MS):
             # no answer to hold back (acks=0), or the client does not wait for its held
             # answers: delaying them would not slow its writes down, so refuse the batch
             # (judged by the debt before it: a batch larger than the burst still goes in
@@ -217,7 +218,7 @@ class Dispatcher:
                                                  f"({self.outbox.quotas['produce'].rate_per_ms * 1000:.0f} "
                                                  f"bytes/s); send again in {debt} ms")
         delay = self.outbox.charge("produce", ident, len(payload))
-        if delay and msg.acks != 0:
+        if delay and msg.acks != _ACKS_NONE:
             if len(self._due) >= 100_000:
                 self._due.clear()   # answers that never came (the client left): forget them
             self._due[(bytes(ident), rid)] = self.clock.now_ms() + delay

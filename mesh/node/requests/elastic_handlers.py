@@ -19,6 +19,7 @@ from typing import Any, Callable
 
 from mesh.cluster import keys
 from mesh.cluster.catalog import MAX_REPLICATION_FACTOR
+from mesh.cluster.liveness import draining_ids
 from mesh.wire import messages as m
 from mesh.wire.errors import ErrorCode, MeshError
 
@@ -87,8 +88,8 @@ class ElasticHandlers:
         down = sorted(set(reps) - set(self.gossip.live_members(self.wall_ms())))
         if down:   # as Kafka: a replica could not be added there, and the move would wait forever
             raise _invalid(f"broker {', '.join(down)} is not alive")
-        draining = [x for x in reps if (self.gossip.cluster_items(keys.broker_key(x)).get(keys.broker_key(x))
-                                        or {}).get("state") == m.BROKER_DRAINING]
+        draining_now = draining_ids(self.gossip.cluster_items(keys.BROKER_PREFIX))
+        draining = [x for x in reps if x in draining_now]
         if draining:
             raise _invalid(f"broker {', '.join(draining)} is being decommissioned")
         self.commit_turn()

@@ -12,7 +12,7 @@ turn first, then apply the change to gossip, reconcile and persist it with their
 commit, and answer only once the change is on this node's disk.
 
 A topic is created, altered and deleted by one broker, its *owner*: the rendezvous hash of
-its name over the brokers that may coordinate (``mesh.groups.offsets.coordination_set``),
+its name over the brokers that may coordinate (``mesh.cluster.ownership.topic_owner``),
 as a group's coordinator is chosen. Another broker answers COORDINATOR_MOVED naming the
 owner, and the admin client asks there. A topic's shape is several last-writer-wins
 registers written from the writer's own view, so two brokers changing one topic at once
@@ -30,7 +30,8 @@ from typing import Any, Callable
 from mesh.wire.topic_config import compacted
 from mesh.cluster import keys
 from mesh.cluster.catalog import Catalog, Topic
-from mesh.groups.offsets import coordination_set, coordinator_among
+from mesh.cluster.liveness import draining_ids
+from mesh.cluster.ownership import topic_owner
 from mesh.clock import Clock
 from mesh.node.data.datapath import DataPath
 from mesh.node.lifecycle.directory import Directory
@@ -95,7 +96,7 @@ class ClientHandlers:
     def _owned_here(self, name: Any) -> None:
         """COORDINATOR_MOVED naming the broker that owns topic ``name`` (module doc), unless
         it is this one."""
-        owner = coordinator_among("topic:" + str(name), coordination_set(self.gossip.members(self.clock.wall_ms())))
+        owner = topic_owner(str(name), self.gossip.members(self.clock.wall_ms()))
         if owner is not None and owner != self.node_id:
             addr = self.directory.address_of(owner)
             raise MeshError(ErrorCode.COORDINATOR_MOVED, f"topic {name!r} is created, altered and deleted "
@@ -106,9 +107,7 @@ class ClientHandlers:
 
     def _active(self) -> list[str]:
         """Live brokers that are not draining: where new replicas may go."""
-        draining = {key[len(keys.BROKER_PREFIX):]
-                    for key, v in self.gossip.cluster_items(keys.BROKER_PREFIX).items()
-                    if isinstance(v, dict) and v.get("state") == m.BROKER_DRAINING}
+        draining = draining_ids(self.gossip.cluster_items(keys.BROKER_PREFIX))
         return [n for n in self.directory.live() if n not in draining]
 
     def on_create_topic(self, ident, rid, req: m.CreateTopicRequest, payload) -> None:
@@ -269,16 +268,16 @@ class ClientHandlers:
                 if by_time:   # Kafka's answer when no record reaches it: offset -1, timestamp -1
                     off, ts = self.store.offset_for_time(pid, which, self.replicas.commit_offset(pid),
                                                          budget) or (-1, -1)
-                    out.append([topic, partition, 0, off, None, ts])
+                    out.append(m.OffsetsPart(topic, partition, 0, off, None, ts))
                     continue
                 off = self.store.log_start(pid) if which == m.EARLIEST else self.replicas.commit_offset(pid)
-                out.append([topic, partition, 0, off, None])
+                out.append(m.OffsetsPart(topic, partition, 0, off, None))
             except MeshError as exc:
-                out.append([topic, partition, int(exc.code), -1, exc.leader] + ([-1] if by_time else []))
+                out.append(m.OffsetsPart(topic, partition, int(exc.code), -1, exc.leader, -1 if by_time else None))
             except StillIndexing as exc:   # bounded work per request: the client asks again
-                out.append([topic, partition, int(ErrorCode.TIMEOUT), -1, None, -1])
+                out.append(m.OffsetsPart(topic, partition, int(ErrorCode.TIMEOUT), -1, None, -1))
                 log.debug("%s/%s: %s", topic, partition, exc)
             except LogError as exc:   # a damaged batch (CorruptBatch: noted for repair) or a failed read
-                out.append([topic, partition, int(ErrorCode.STORAGE_ERROR if not isinstance(exc, CorruptBatch)
-                                                  else ErrorCode.CORRUPT_MESSAGE), -1, None, -1])
+                out.append(m.OffsetsPart(topic, partition, int(ErrorCode.STORAGE_ERROR if not isinstance(exc, CorruptBatch)
+                                                               else ErrorCode.CORRUPT_MESSAGE), -1, None, -1))
         self.reply(ident, rid, m.ListOffsetsResponse(out))

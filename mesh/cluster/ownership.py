@@ -1,8 +1,10 @@
-"""Rendezvous (highest-random-weight) hashing: which broker coordinates a consumer group.
+"""Name ownership: which broker coordinates a consumer group and owns a topic's name.
 
 Theory of operation
 -------------------
-Every broker scores every (node, group) pair with a stable hash and the highest score wins.
+Rendezvous (highest-random-weight) hashing over the *coordination set*, the brokers gossip
+holds up (``mesh.cluster.liveness.is_up``: ALIVE or SUSPECT). Every broker scores every
+(node, name) pair with a stable hash and the highest score wins.
 Any broker computes the same answer from the same set of live node ids, with no
 coordination, and when a node dies only the groups it coordinated move (each to the node
 that scored second for it); nothing else is reshuffled.
@@ -11,13 +13,19 @@ The hash is BLAKE2b over the UTF-8 bytes of the node id and the group id, separa
 NUL byte so ("a", "bc") and ("ab", "c") cannot collide. Python's ``hash()`` is salted per
 process and must never be used here. Ties (astronomically unlikely) go to the smaller node
 id, so the result does not depend on the order of ``live_node_ids``.
+
+A group is coordinated by ``coordinator_for(group_id, ...)``; a topic is created, altered
+and deleted by ``topic_owner`` (its name prefixed ``topic:``, so a topic and a group of one
+name may have different owners), which serializes its writes (``mesh.node.requests.handlers``).
 """
 from __future__ import annotations
 
 import hashlib
-from typing import Iterable
+from typing import Any, Iterable
 
-__all__ = ["coordinator_for", "ranked_nodes", "score"]
+from mesh.cluster.liveness import up_ids
+
+__all__ = ["coordinator_for", "ranked_nodes", "score", "coordination_set", "coordinator_among", "topic_owner"]
 
 
 def score(group_id: str, node_id: str) -> int:
@@ -42,3 +50,21 @@ def coordinator_for(group_id: str, live_node_ids: Iterable[str]) -> str:
     if best is None:
         raise ValueError(f"no live node to coordinate group {group_id!r}")
     return best[1]
+
+
+def coordination_set(members: Iterable[Any]) -> frozenset[str]:
+    """The node ids of gossip members that may coordinate groups and own names (up)."""
+    return up_ids(members)
+
+
+def coordinator_among(group_id: str, nodes: Iterable[str]) -> str | None:
+    """``coordinator_for``, or None when no node may coordinate."""
+    try:
+        return coordinator_for(group_id, nodes)
+    except ValueError:
+        return None
+
+
+def topic_owner(name: str, members: Iterable[Any]) -> str | None:
+    """The broker that creates, alters and deletes topic ``name``, over gossip ``members``."""
+    return coordinator_among("topic:" + name, coordination_set(members))
