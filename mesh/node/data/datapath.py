@@ -78,8 +78,9 @@ from mesh.wire import records
 from mesh.wire.errors import ErrorCode, MeshError
 from mesh.node.data.producer_state import ProducerStates
 from mesh.node.data.compactor import refuse_keyless
+from mesh.node.data.retention import enforce_retention
 from mesh.node.replication.raft_host import ReplicaHost
-from mesh.wire.topic_config import MAX_PARTITIONS, compacted, deletes
+from mesh.wire.topic_config import MAX_PARTITIONS, compacted
 from storage.base import CorruptBatch, LogError, StorageFull
 
 __all__ = ["DataPath", "DataLimits"]
@@ -581,22 +582,5 @@ class DataPath:
 
     # -- retention ----------------------------------------------------------------------
     def enforce_retention(self, now_ms: int, by_time: bool = True) -> None:
-        """The leader decides where each partition's log starts (by ``retention.bytes``, and
-        by ``retention.ms`` only when ``by_time``: its clock agrees with its peers'); its
-        appends and heartbeats carry the new start to the followers, which cut to it
-        (``mesh.raft.partition``, rule 11). A follower never cuts on its own clock."""
-        store, replicas = self.store, self.replicas
-        try:
-            for t in self.catalog.topics.values():
-                c = t.config
-                if not deletes(c):   # cleanup.policy=compact: kept until compaction drops it
-                    continue
-                retention_ms = c["retention.ms"] if by_time else None
-                for pid in t.pids:
-                    if pid is not None and replicas.hosts(pid) and replicas.is_leader(pid):
-                        before = store.log_start(pid)
-                        if store.stage_retention(pid, now_ms, retention_ms, c["retention.bytes"],
-                                                 keep_from=replicas.persisted_commit(pid)) > before:
-                            replicas.log_start_moved(pid)
-        except LogError as exc:  # the turn is doomed: commit_turn rolls it back and says so
-            log.error("retention pass failed: %s", exc)
+        """One retention pass (``mesh.node.data.retention``)."""
+        enforce_retention(self.store, self.catalog, self.replicas, now_ms, by_time)
