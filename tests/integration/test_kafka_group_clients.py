@@ -305,7 +305,10 @@ const [brokers, topic, group, want] = process.argv.slice(2)
 const kafka = new Kafka({ clientId: 'kjs', brokers: brokers.split(','), logLevel: logLevel.NOTHING })
 const seen = new Set(); const held = [new Set(), new Set()]
 const members = [0, 1].map(() => kafka.consumer({ groupId: group, sessionTimeout: 6000, heartbeatInterval: 500 }))
-const done = () => seen.size >= Number(want) && held[0].size > 0 && held[1].size > 0
+// done once both hold a share and the shares split the partitions: a member whose session
+// lapsed on a busy host still shows its last assignment until it rejoins
+const split = () => held[0].size > 0 && held[1].size > 0 && ![...held[0]].some(p => held[1].has(p))
+const done = () => seen.size >= Number(want) && split()
 async function main() {
   for (const [i, c] of members.entries()) {
     c.on(c.events.GROUP_JOIN, e => {
