@@ -345,13 +345,7 @@ class Node:
         return max(0, min(self.replicas.next_tick_in_ms(), self.gossip.next_tick_ms - self.clock.wall_ms(), *waits))
 
     def _drain(self) -> None:
-        """Ready messages into their handlers. A message that advanced a commit (a
-        follower's append answer) has its acks=all answers sent before the next message is
-        handled (``BrokerTurn.early_acks``): an RF-3 leader usually finds both followers'
-        answers queued together (it was in its own sync when they came), and the first
-        one already commits."""
         recv, handle, now_ms = self.dispatch.recv, self.dispatch.handle, self.clock.now_ms
-        replicas, turn = self.replicas, self.turn
         until_ms = now_ms() + self.cfg.max_drain_ms
         for _ in range(self.cfg.max_requests_per_turn):
             try:
@@ -359,8 +353,8 @@ class Node:
             except zmq.Again:
                 break
             handle(frames)
-            if replicas.commit_moved:
-                turn.early_acks()
+            if self.replicas.commit_moved:   # a follower's answer committed: ack before the next message
+                self.turn.early_acks()       # (an RF-3 leader back from its sync finds both answers queued)
             if now_ms() >= until_ms:
                 break
 
