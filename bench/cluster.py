@@ -50,14 +50,20 @@ def create_topic(bootstrap: str, name: str, partitions: int, replication_factor:
                  config: dict | None = None, timeout_s: float = 20.0) -> None:
     from mesh.client import Admin
     from mesh.wire.errors import MeshError
+    deadline = time.monotonic() + timeout_s
     with Admin(bootstrap) as a:
-        try:
-            a.create_topic(name, partitions, replication_factor, config or {})
-        except MeshError as exc:
-            raise BenchError(f"cannot create topic {name} ({partitions} partitions, replication factor "
-                             f"{replication_factor}): broker says {exc.code.name}: {exc.message}") from None
+        while True:
+            try:
+                a.create_topic(name, partitions, replication_factor, config or {})
+                break
+            except MeshError as exc:
+                # a loaded host: a broker just started may look down to gossip for a moment
+                if "live broker" in (exc.message or "") and time.monotonic() < deadline:
+                    time.sleep(0.2)  # polling interval of a deadline loop
+                    continue
+                raise BenchError(f"cannot create topic {name} ({partitions} partitions, replication factor "
+                                 f"{replication_factor}): broker says {exc.code.name}: {exc.message}") from None
         # wait until leaders are known (immediate on one broker; a gossip round or two on many)
-        deadline = time.monotonic() + timeout_s
         while True:
             try:
                 t = a.describe_topic(name)

@@ -353,6 +353,8 @@ class Node:
             except zmq.Again:
                 break
             handle(frames)
+            if self.replicas.commit_moved:   # a follower's answer committed: ack before the next message
+                self.turn.early_acks()       # (an RF-3 leader back from its sync finds both answers queued)
             if now_ms() >= until_ms:
                 break
 

@@ -83,9 +83,14 @@ class BrokerTurn:
         self._rlog = rlog or RateLimitedLog(log)
         self.last_commit_ok = True
 
+    def early_acks(self) -> None:
+        """What the commit advances so far allow (also called by the drain, after a
+        message that advanced a commit: its answers need not wait for the rest of it)."""
+        self.step("early acks", self.data.answer_committed)
+
     def drained(self) -> None:
         """Step 1: what the drain's commit advances allow, and the leaders' early appends."""
-        self.step("early acks", self.data.answer_committed)
+        self.early_acks()
         if not self.data.doomed:   # (a doomed turn sends nothing)
             self.step("early appends", self.replicas.send_early_appends)
 

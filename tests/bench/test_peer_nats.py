@@ -46,3 +46,43 @@ def test_peer_scenario_without_the_peer_says_how_to_install_it(tmp_path, monkeyp
     assert "nats-server is not on the PATH" in res.output
     assert "apt-get install nats-server" in res.output and "pip install .[peer]" in res.output
     assert not (tmp_path / "r").exists()
+
+
+def test_create_topic_waits_while_a_just_started_broker_looks_down(monkeypatch):
+    """On a loaded host a broker of a cluster just started can look down to gossip for a
+    moment: peer-nats lost whole rows to "replication factor 3 is larger than the 2 live
+    brokers". The bench retries that refusal until its deadline; other refusals fail at once."""
+    import mesh.client
+    from bench.cluster import create_topic
+    from bench.scenarios import BenchError
+    from mesh.wire.errors import ErrorCode, MeshError
+
+    calls = []
+
+    class FakeAdmin:
+        def __init__(self, bootstrap):
+            pass
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def create_topic(self, name, partitions, rf, config):
+            calls.append(name)
+            if name == "bad":
+                raise MeshError(ErrorCode.INVALID_CONFIG, "unknown topic config 'x'")
+            if len(calls) < 3:
+                raise MeshError(ErrorCode.INVALID_CONFIG, "replication factor 3 is larger than the 2 live "
+                                                          "broker(s) that are not draining")
+
+        def describe_topic(self, name):
+            return {"partitions": [{"leader_address": "127.0.0.1:1"}]}
+
+    monkeypatch.setattr(mesh.client, "Admin", FakeAdmin)
+    create_topic("127.0.0.1:1", "t", 1, 3, timeout_s=10)
+    assert calls == ["t", "t", "t"]
+    with pytest.raises(BenchError, match="unknown topic config"):
+        create_topic("127.0.0.1:1", "bad", 1, 3, timeout_s=10)
+    assert calls.count("bad") == 1

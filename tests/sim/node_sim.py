@@ -291,6 +291,8 @@ class NodeSim(NodeClients, NodeChecks):
                 self._peer_in(b, src, frames)
             else:
                 self._client_in(b, src, frames)
+            if b.host.commit_moved:   # as the node's drain: answered before the next message
+                b.turn.early_acks()
         b.turn.drained()   # acks=all answers and fetch wake-ups, the leaders' early appends
         b.stopped = False
         ok = b.turn.run()   # the node's turn: ticks, held produces, handovers, commit, wake-ups

@@ -425,7 +425,8 @@ def test_a_turn_drains_for_at_most_max_drain_ms_then_goes_on():
 
     cfg = NodeConfig(node_id="n1")
     fake = SimpleNamespace(cfg=cfg, dispatch=SimpleNamespace(recv=recv, handle=handle),
-                           clock=SimpleNamespace(now_ms=lambda: clock_ms[0]))
+                           clock=SimpleNamespace(now_ms=lambda: clock_ms[0]),
+                           replicas=SimpleNamespace(commit_moved=False), turn=None)
     Node._drain(fake)
     assert len(handled) == 4 and clock_ms[0] == 120     # 100 ms budget: stopped after the message that crossed it
     handled.clear()

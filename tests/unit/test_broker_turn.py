@@ -88,3 +88,36 @@ def test_the_drained_step_sends_no_early_append_in_a_doomed_turn():
 def test_an_unknown_step_is_refused():
     with pytest.raises(ValueError):
         _turn([], [Task("coffee", lambda: None)])
+
+
+def test_the_drain_answers_a_commit_advance_before_handling_the_next_message():
+    """An RF-3 leader in its own sync finds both followers' append answers queued; the first
+    one commits, so its acks=all answers leave before the second is handled (issue 41:
+    traced, the second answer's handling delayed every such acknowledgement)."""
+    from types import SimpleNamespace
+    import zmq
+    from mesh.node.loop import Node, NodeConfig
+
+    log, queue = [], [[b"peer", b"answer from n2"], [b"peer", b"answer from n3"]]
+    replicas = SimpleNamespace(commit_moved=False)
+
+    def recv(flags):
+        if not queue:
+            raise zmq.Again()
+        return queue.pop(0)
+
+    def handle(frames):
+        log.append(frames[1])
+        replicas.commit_moved = frames[1] == b"answer from n2"   # the first answer commits
+
+    class Data(Parts):
+        def answer_committed(self):
+            log.append("early acks")
+            replicas.commit_moved = False
+
+    data = Data(log)
+    fake = SimpleNamespace(cfg=NodeConfig(node_id="n1"), dispatch=SimpleNamespace(recv=recv, handle=handle),
+                           clock=SimpleNamespace(now_ms=lambda: 0), replicas=replicas,
+                           turn=BrokerTurn(data, data, lambda: 0, []))
+    Node._drain(fake)
+    assert log == [b"answer from n2", "early acks", b"answer from n3"]

@@ -400,6 +400,11 @@ class ReplicaHost:
                 self._waiters.answer(pid, commit, self.store.log_start, self.reply)
         return set(committed)
 
+    @property
+    def commit_moved(self) -> bool:
+        """A commit offset moved since the last ``answer_committed``."""
+        return bool(self._committed)
+
     def _send_early(self) -> None:
         """Send the held leader appends that may leave before the sync (module doc)."""
         if not self._held:
