@@ -24,8 +24,10 @@ matter, and the model keeps exactly those:
 3. Message delays of 1-10 ms (the simulator's default), small against the 200 ms
    interval: an exchange completes before most nodes' next round.
 
-It does not model bytes (the full simulator measures them at 1,000 nodes), liveness, or
-several updates at once. ``--check N`` runs the full simulator's spread scenario at N nodes
+It does not model bytes (the full simulator measures them at 1,000 and 10,000 nodes; at
+100,000 a row bucket holds ~1,560 rows, and an ACK expanding one sends it whole, ~40 KB),
+liveness, several updates at once, or ``max_nodes`` (20,000 by default: a real 100,000-node
+cluster needs it raised). ``--check N`` runs the full simulator's spread scenario at N nodes
 with the same settings next to the model, so the two can be compared.
 """
 from __future__ import annotations
