@@ -17,7 +17,7 @@ nothing to say ends after the SYN.
 Above ``FULL_DIGEST_ROWS`` rows the digest would make every SYN O(N), so a SYN carries a
 *partial* digest instead (the sender's row, the receiver's, rows whose version just
 changed here (``Membership.recent``), ``_HOT_ROWS`` random live ones: heartbeat news) and,
-in every ``_HASHES_EVERY``-th SYN (else ``[0]``), the 64 bucket hashes of the sender's table without heartbeats
+in every ``_HASHES_EVERY``-th SYN (every SYN from ``HASHES_EVERY_SYN_ROWS`` rows on, else ``[0]``), the 64 bucket hashes of the sender's table without heartbeats
 (``Membership.row_hashes``). The receiver answers rows of the partial digest where it holds
 another version (heartbeats alone: never), and its rows of every bucket whose hash differs
 with its own hashes; the ACK2 then carries the sender's rows of the buckets that still
@@ -57,9 +57,16 @@ FULL_DIGEST_ROWS = 128       # a table this small goes whole in every SYN (~4 KB
 PROBE_FULL_DIGEST_ROWS = 16  # the same with probes (heartbeats carry no liveness: whole digests buy nothing)
 _HOT_ROWS = 32               # rows of others (a random sample: heartbeat news) in a partial SYN
 _PROBE_HOT_ROWS = 1          # the same with probes
-_HASHES_EVERY = 2            # a partial SYN carries the row bucket hashes once in this many (else [0])
+_HASHES_EVERY = 2            # a partial SYN carries the row bucket hashes once in this many (else [0]) ...
+HASHES_EVERY_SYN_ROWS = 4_096  # ... and in every one from this many rows on (pull rate: rounds at 10^4-10^5)
 _MAX_RECENT_ROWS = 32        # rows whose version just changed here (Membership.recent) in a partial SYN
 _MAX_EXPAND_ROWS = 256       # rows of mismatched buckets in one ACK or ACK2, at most (whole buckets)
+
+
+def hashes_every(rows: int) -> int:
+    """A partial SYN carries the row bucket hashes once in this many: every other one up to
+    ``HASHES_EVERY_SYN_ROWS`` rows, every one from there (docs/decisions/42-swim-probes.md)."""
+    return 1 if rows >= HASHES_EVERY_SYN_ROWS else _HASHES_EVERY
 
 
 def _same_version(a: Row, b: Row) -> bool:
@@ -104,7 +111,8 @@ class Rounds:
         if len(rows) <= self._full_rows:
             return GossipSyn(self._node_id, list(rows.values()), cluster, reg.gc_clock)
         self._syns += 1
-        hashes = list(m.row_hashes()) if self._syns % _HASHES_EVERY == 0 else [0]   # ([0]: omitted)
+        every = hashes_every(len(rows))
+        hashes = list(m.row_hashes()) if self._syns % every == 0 else [0]   # ([0]: omitted)
         return GossipSyn(self._node_id, self._partial_digest(dest), cluster, reg.gc_clock, rows_hash=hashes)
 
     def _partial_digest(self, dest: str | None) -> list[Row]:

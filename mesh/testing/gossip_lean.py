@@ -12,7 +12,8 @@ matter, and the model keeps exactly those:
    and sends one SYN (fanout 1) to a uniformly random other node; with
    ``seed_probe_prob`` one more to a seed.
 2. What one exchange carries (``Rounds``). A node's k-th partial SYN carries the row
-   bucket hashes when k is even (``_HASHES_EVERY``), and the updated row while it is the
+   bucket hashes when k is a multiple of ``hashes_every(nodes)`` (every other SYN below
+   ``HASHES_EVERY_SYN_ROWS`` rows, every SYN from there), and the updated row while it is the
    origin's own or was among the last ``RECENT_SENDS`` it pushed since it learned it
    (``Membership.recent``). When the SYN's sender holds the new version, it crosses if the
    SYN carries the row or the hashes: SYN -> ACK (the receiver's older row) -> ACK2 (the
@@ -23,8 +24,10 @@ matter, and the model keeps exactly those:
 3. Message delays of 1-10 ms (the simulator's default), small against the 200 ms
    interval: an exchange completes before most nodes' next round.
 
-It does not model bytes (the full simulator measures them at 1,000 nodes), liveness, or
-several updates at once. ``--check N`` runs the full simulator's spread scenario at N nodes
+It does not model bytes (the full simulator measures them at 1,000 and 10,000 nodes; at
+100,000 a row bucket holds ~1,560 rows, and an ACK expanding one sends it whole, ~40 KB),
+liveness, several updates at once, or ``max_nodes`` (20,000 by default: a real 100,000-node
+cluster needs it raised). ``--check N`` runs the full simulator's spread scenario at N nodes
 with the same settings next to the model, so the two can be compared.
 """
 from __future__ import annotations
@@ -35,7 +38,7 @@ import sys
 import time
 
 from mesh.gossip.membership import RECENT_SENDS
-from mesh.gossip.rounds import _HASHES_EVERY as HASHES_EVERY
+from mesh.gossip.rounds import hashes_every
 
 __all__ = ["lean_spread", "main"]
 
@@ -54,6 +57,7 @@ def lean_spread(nodes: int, seed: int = 7, loss: float = 0.0, interval_ms: int =
     have_at[origin] = t0
     pushes[origin] = 1 << 30                                # its own row: in every SYN
     count = 1
+    every = hashes_every(nodes)
     lo, hi = delay_ms
     for k in range(3, max_rounds + 4):
         base = k * interval_ms
@@ -66,7 +70,7 @@ def lean_spread(nodes: int, seed: int = 7, loss: float = 0.0, interval_ms: int =
             hi_ = ai is not None and ai <= t
             hj = aj is not None and aj <= t + hi      # (it got there before our SYN did)
             syns[i] += 1
-            hashes = syns[i] % HASHES_EVERY == 0
+            hashes = syns[i] % every == 0
             carried = hi_ and pushes[i] > 0
             if carried:
                 pushes[i] -= 1

@@ -164,3 +164,15 @@ def test_a_probe_of_a_node_that_restarted_meanwhile_does_not_suspect_its_new_lif
     a._members.set_row(row._replace(generation=2, heartbeat=1))
     net.deliver("addr-a", probes.tick(net.now + 10 * CFG.effective_probe_timeout_ms))
     assert seq not in probes.in_flight and "b" not in probes._sus.records
+
+
+def test_a_large_table_puts_its_row_bucket_hashes_in_every_partial_syn():
+    # the pull rate bounds the spread's rounds at 10^4-10^5 nodes (docs/decisions/42-swim-probes.md);
+    # a smaller table keeps them in every other SYN (bytes)
+    from mesh.gossip.rounds import HASHES_EVERY_SYN_ROWS
+    for n, want in ((200, [False, True, False, True]), (HASHES_EVERY_SYN_ROWS, [True] * 4)):
+        ids = [f"n{i:05d}" for i in range(n)]
+        rng = random.Random(1)
+        (a, b, *_) = Gossip.converged_cluster([(o, f"addr-{o}", 1) for o in ids], [], [rng] * n, CFG, 0)
+        got = [a._rounds.syn(b.node_id).rows_hash != [0] for _ in range(4)]
+        assert got == want, n
