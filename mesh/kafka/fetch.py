@@ -18,7 +18,6 @@ which clients do not retry); -3 (the record with the largest timestamp, v7) like
 from __future__ import annotations
 
 import logging
-import time
 
 from kio.schema.errors import ErrorCode as K
 

@@ -118,7 +118,7 @@ class Compactor:
 
     # -- the leader's decision -----------------------------------------------------------
     def plan(self, now_ms: int, clock_trusted: bool) -> None:
-        store, replicas = self.store, self.replicas
+        replicas = self.replicas
         for t, _p, pid in self._compacted_pids():
             try:
                 if replicas.is_leader(pid) and pid not in self._jobs:
