@@ -8,13 +8,15 @@ one that said goodbye (final). Every caller that picks brokers asks one of two q
 both answered here so that no caller spells the statuses out:
 
 * ``is_up(status)``: ALIVE or SUSPECT. The broker still counts: it coordinates groups and
-  owns topic names (``mesh.cluster.ownership``), keeps its links, its place in the
-  balancer's view and in a client's coordinator cache. Counting SUSPECT keeps a broker
-  that misses a few heartbeats (one slow turn) from bouncing its groups and leaderships.
+  owns topic names (``mesh.cluster.ownership``), takes new replicas (placement, a Kafka
+  topic's default replication factor), its leadership claims count
+  (``mesh.node.lifecycle.directory``), it keeps its links, its place in the balancer's
+  view and in a client's coordinator cache. A suspicion is a question, not a verdict: on
+  a loaded host a live broker misses a probe (one slow turn) and refutes it a round later,
+  and counting SUSPECT keeps that from refusing creates, hiding leaders or bouncing groups.
 * ``is_up(status, strict=True)``: ALIVE only, heard from lately. For work handed to a
   broker now or waited for (a shutdown's handover target, the brokers an admin call waits
-  for, a client's first addresses to try, the brokers a Kafka topic's default replication
-  factor is counted over): a suspect one would only make the caller wait.
+  for, a client's first addresses to try): a suspect one would only make the caller wait.
 
 ``is_member(status)``: not LEFT, the brokers a majority is counted over (a DEAD broker may
 come back; a LEFT one said it will not). ``row_is_up`` reads a metadata answer's broker row

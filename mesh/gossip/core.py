@@ -341,6 +341,13 @@ class Gossip:
         """
         return self._members.live_members()
 
+    def up_members(self, now_ms: int) -> list[str]:
+        """Node ids ALIVE or SUSPECT, self included (unless it left), sorted: the brokers that
+        still count (``mesh.cluster.liveness.is_up``). A suspicion is a question, not a
+        verdict: under load a live broker is suspected for a round and refutes it."""
+        m = self._members   # its targets: ALIVE or SUSPECT, self included
+        return sorted(o for o in m.targets if o != m.node_id or not m.left)
+
     def take_events(self) -> list[MembershipEvent]:
         """Membership changes since the last call (bounded: the oldest are dropped)."""
         return self._members.take_events()

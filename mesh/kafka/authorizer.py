@@ -8,7 +8,10 @@ every user, superusers included, since it carries SCRAM keys) every ``refresh_s`
 a poll that finds nothing new is answered with a version and no payload, so a quiet
 cluster costs one small round trip a second. Users and ACLs are gossip registers, so the
 node answers from memory what every broker already agrees on; a change made anywhere
-reaches the listener within a few gossip rounds plus one poll. Until the first answer
+reaches the listener within a few gossip rounds plus one poll; a login or a decision that
+misses (an unknown user, a denial) asks for a poll at once and waits for it, once per
+miss and view (``SecurityView.refresh_once``), so a password or an ACL just set on this
+broker works for the very next request. Until the first answer
 the view is empty: every SASL login fails and every request of a principal is denied
 (fail closed); if the node stops answering the last view stays (the listener ends with
 its node).
@@ -47,6 +50,9 @@ __all__ = ["SecurityView", "SecurityState", "KafkaAuthorizer", "OPERATION_MAP", 
 log = logging.getLogger("mesh.kafka.security")
 
 DEFAULT_REFRESH_S = 1.0
+_MIN_POLL_GAP_S = 0.05       # polls asked for by misses: at most 20 a second
+_ASK_WAIT_S = 1.0            # a miss waits at most this long for its poll
+_MAX_ASKED = 10_000          # misses remembered per view (a client spraying names: forgotten)
 _CACHE_ENTRIES = 100_000
 OPERATION_MAP = {"READ": "read", "WRITE": "write", "CREATE": "create", "DELETE": "delete",
                  "DESCRIBE": "describe", "ALTER": "alter", "ALL": "all",
@@ -115,8 +121,14 @@ class SecurityView:
         self.ready = threading.Event()        # set by the first view received
         self.polls = 0
         self.failures = 0
+        self.asked = 0                         # polls asked for by a miss (``refresh_now``)
         self._stop = threading.Event()
+        self._wake = threading.Event()
         self._thread: threading.Thread | None = None
+        self._polled = threading.Condition()
+        self._started = self._done = 0         # polls begun, polls finished (the poller's thread)
+        self._asked_for: set = set()           # misses already refreshed for, in this state
+        self._asked_state: SecurityState | None = None
 
     def apply(self, resp: Any) -> bool:
         """Take a ``KafkaSecurityResponse``; True if the view changed."""
@@ -147,11 +159,20 @@ class SecurityView:
         return self.apply(resp)
 
     def start(self) -> "SecurityView":
-        """Poll every ``refresh_s`` on a daemon thread until ``stop()``."""
+        """Poll every ``refresh_s`` on a daemon thread until ``stop()``, and at once (at most
+        every ``_MIN_POLL_GAP_S``) when a miss asks for it (``refresh_now``)."""
         def run() -> None:
             while not self._stop.is_set():
+                with self._polled:
+                    self._started += 1
                 self.poll()
-                self._stop.wait(self.refresh_s)
+                with self._polled:
+                    self._done += 1
+                    self._polled.notify_all()
+                if self._stop.wait(_MIN_POLL_GAP_S):
+                    break
+                self._wake.wait(max(0.0, self.refresh_s - _MIN_POLL_GAP_S))
+                self._wake.clear()
             close = getattr(self.fetch, "close", None)
             if close is not None:
                 close()
@@ -161,12 +182,36 @@ class SecurityView:
 
     def stop(self, timeout_s: float = 5.0) -> None:
         self._stop.set()
+        self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout_s)
 
     # -- for SASL (mesh.kafka.sasl.SaslSession's lookup) --------------------------------
     def lookup(self, user: str, mechanism: str) -> ScramCredential | None:
-        return self.state.credentials.get(user, {}).get(mechanism)
+        cred = self.state.credentials.get(user, {}).get(mechanism)
+        if cred is None and self.refresh_once(("user", user, mechanism)):
+            cred = self.state.credentials.get(user, {}).get(mechanism)
+        return cred
+
+    def refresh_once(self, miss: Any, timeout_s: float = _ASK_WAIT_S) -> bool:
+        """A lookup or a decision missed in this view: it may be a change the poll has not
+        brought yet (a user just given a Kafka password, an ACL just added: the README's
+        next command uses it at once). Ask for a poll that begins now and wait for it, once
+        per ``miss`` and view (a client repeating a refused request does not poll again),
+        at most ``timeout_s``. True if the view may have changed."""
+        if self._thread is None or self._stop.is_set():
+            return False
+        with self._polled:
+            if self._asked_state is not self.state or len(self._asked_for) >= _MAX_ASKED:
+                self._asked_state, self._asked_for = self.state, set()
+            if miss in self._asked_for:
+                return False
+            self._asked_for.add(miss)
+            want = self._started + 1           # a poll that begins after the miss
+            self.asked += 1
+        self._wake.set()
+        with self._polled:
+            return self._polled.wait_for(lambda: self._done >= want, timeout_s)
 
 
 class KafkaAuthorizer:
@@ -192,6 +237,9 @@ class KafkaAuthorizer:
             got = self._cache.get(key)
         if got is None:
             got = self._decide(state, principal, op, rtype, name)
+            if not got and self.view.refresh_once(key):   # a grant not polled yet? ask once
+                state = self.view.state
+                got = self._decide(state, principal, op, rtype, name)
             with self._lock:
                 if self._cache_state is state:
                     if len(self._cache) >= _CACHE_ENTRIES:

@@ -69,6 +69,7 @@ from mesh.node.limits.bounds import StartupError, check_bounds, raise_nofile_lim
 from mesh.node.limits.ratelog import RateLimitedLog
 from mesh.node.requests.dispatch import open_router
 from mesh.node.ops.elastic import raft_config
+from mesh.node.ops.membership_log import log_membership_events
 from mesh.node.lifecycle.gossip_start import make_gossip, open_gossip, seeded_rng
 from mesh.node.lifecycle.identity import BUMP_WINDOW_MS, LOST, Identity
 from mesh.node.peers.peers import PeerLinks
@@ -93,9 +94,8 @@ _ISOLATED_WARN_MS = 5_000      # no live peer this long (seeds set): say so (a s
 # partitions a broker holds some 200,000 long-lived objects, and each request that builds
 # many short-lived ones (a metadata answer, a 4,096-row replication message) pushed some of
 # them into the old generation, so a full collection ran about once a second even on a
-# settled cluster asked for metadata: 70-240 ms of the loop each (finding nothing), 10-20%
-# of the CPU. Young collections every 50,000 objects instead of 700: what dies young is
-# freed by reference counting before it is ever scanned.
+# settled cluster asked for metadata: 70-240 ms of the loop each (finding nothing), 10-20% of the
+# CPU. Young collections every 50,000 objects: what dies young is freed by refcounting first.
 _GC_THRESHOLDS = (50_000, 20, 10)
 _DAMAGED_COMMITS = 50          # commits in a row failing on a damaged page: the store is given up
 _DAMAGE_MARKS = ("MDB_CORRUPTED", "MDB_PAGE_NOTFOUND")
@@ -366,12 +366,13 @@ class Node:
         self.turn.run()
 
     def _gossip_moved(self, now_ms: int) -> None:
-        """If the gossip state moved (not on mere heartbeats): users and ACLs, the topic
-        catalog (local partitions created and dropped; the group host told), and the
-        snapshot marked due (``_maybe_snapshot`` stages it before the commit)."""
+        """If the gossip state moved (not on mere heartbeats): membership changes logged,
+        users and ACLs, the topic catalog (local partitions created and dropped; the group
+        host told), the snapshot marked due (``_maybe_snapshot`` stages it before the commit)."""
         step = self.turn.step
         if self.gossip.version != self._seen_version:
             self._seen_version = self.gossip.version
+            log_membership_events(self.gossip.take_events(), self.node_id, self.metrics)
             step("security sync", self.security_sync.refresh)   # users and ACLs: cluster-wide within a few rounds
             if self._relearning:
                 self._relearn_quiet_since = now_ms

@@ -316,12 +316,13 @@ def test_silence_leads_to_suspect_then_dead_and_a_heartbeat_revives():
     while a.status_of("b") == ALIVE:
         net.run(50, paused={b.address})
     t_suspect = net.now - t0
+    assert a.live_members(net.now) == ["a"] and a.up_members(net.now) == ["a", "b"]   # a suspect still counts
     while a.status_of("b") == SUSPECT:
         net.run(50, paused={b.address})
     t_dead = net.now - t0
     assert a.status_of("b") == DEAD
     assert 2_000 <= t_suspect <= 10_000 and t_dead - t_suspect >= CFG.dead_after_ms
-    assert a.live_members(net.now) == ["a"]
+    assert a.live_members(net.now) == a.up_members(net.now) == ["a"]
     events = [(e.node_id, e.old, e.new) for e in a.take_events()]
     assert ("b", ALIVE, SUSPECT) in events and ("b", SUSPECT, DEAD) in events
     net.run(1_000)                                           # b's heartbeat moves again

@@ -164,6 +164,29 @@ def test_the_poller_thread_refreshes_and_stops():
     assert not v._thread.is_alive()
 
 
+def test_a_miss_asks_for_a_poll_at_once_so_a_password_or_acl_just_set_works_for_the_next_request():
+    node = FakeNode()
+    v = SecurityView(node, refresh_s=3600).start()   # the periodic poll never comes again
+    a = KafkaAuthorizer(v)
+    try:
+        assert v.ready.wait(10)
+        node.shell.call(m.AddUserRequest("alice", KEY_A, SCRAM))   # set just now
+        assert v.lookup("alice", "SCRAM-SHA-256") is not None and v.asked == 1
+        assert v.lookup("mallory", "SCRAM-SHA-256") is None and v.asked == 2
+        assert v.lookup("mallory", "SCRAM-SHA-256") is None and v.asked == 2   # once per miss and view
+        node.shell.call(m.AddAclRequest("alice", "allow", ["read"], "topic", "orders"))
+        assert a.allowed("alice", "READ", "TOPIC", "orders") and v.asked == 3
+        assert not a.allowed("alice", "WRITE", "TOPIC", "orders") and v.asked == 4
+        assert not a.allowed("alice", "WRITE", "TOPIC", "orders") and v.asked == 4   # cached, no poll
+        polls = v.polls
+        for i in range(50):   # a client spraying names costs one poll each at most, rate-limited
+            assert v.lookup(f"u{i}", "SCRAM-SHA-256") is None
+        assert v.polls - polls <= 50
+    finally:
+        v.stop()
+    assert v.lookup("nobody", "SCRAM-SHA-256") is None and v.asked == 54   # stopped: no wait
+
+
 def test_users_carry_kafka_credentials_without_a_password():
     s = Shell()
     assert s.call(m.AddUserRequest("alice", KEY_A, SCRAM)) == m.AddUserResponse(0)

@@ -1,6 +1,6 @@
 """Who is where, from this node's gossip view: live brokers, addresses, partition leaders.
 
-Lookups only: liveness is the gossip core's (``live_members``), leader choice is
+Lookups only: liveness is the gossip core's (``up_members``), leader choice is
 ``mesh.cluster.leaders`` (a rule every broker applies alike); this module just feeds them
 the node's clock and replicas and turns node ids into addresses for clients and peers.
 """
@@ -30,8 +30,12 @@ class Directory:
         self._address_version = -1
 
     def live(self) -> list[str]:
-        """Node ids of the brokers this node sees alive (itself included)."""
-        return self.gossip.live_members(self.wall_ms())
+        """Node ids of the brokers this node sees up, alive or suspect (itself included):
+        where replicas go and whose leadership claims count. A suspect is a broker that
+        missed a probe (one slow turn on a loaded host) and refutes it a round later;
+        leaving it out refused topic creates and hid leaders meanwhile. A dead leader's
+        claim loses to its successor's higher epoch anyway."""
+        return self.gossip.up_members(self.wall_ms())
 
     def address_of(self, node_id: str) -> str | None:
         """Called on every message to a peer: a dict lookup, rebuilt only when the gossip

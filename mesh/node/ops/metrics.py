@@ -431,12 +431,7 @@ def _partition_families(mx: NodeMetrics, node) -> list[list]:
 
 
 def _gossip_families(mx: NodeMetrics, node, now_ms: int) -> list[list]:
-    gossip = node.gossip
-    for ev in gossip.take_events():
-        if ev.new == SUSPECT:
-            mx.suspicions += 1
-        elif ev.new == DEAD:
-            mx.deaths += 1
+    gossip = node.gossip   # (suspicions and deaths: counted by the loop as it logs them)
     states = dict.fromkeys((ALIVE, SUSPECT, DEAD, LEFT), 0)
     lag_ms = 0
     for mem in gossip.members(now_ms):

@@ -144,7 +144,7 @@ class ClientHandlers:
     def on_metadata(self, ident, rid, req: m.MetadataRequest, payload) -> None:
         now = self.clock.wall_ms()
         members = self.gossip.members(now)
-        live = set(self.gossip.live_members(now))
+        live = set(self.directory.live())
         brokers = []
         stats: dict[str, dict] = {}        # node -> {stats/<topic>/<k>: {"<p>": [start, end, hw]}}
         recovering: dict[str, dict] = {}   # node -> {recovering/<topic>/<k>: [partitions refilling]}
