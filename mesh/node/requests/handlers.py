@@ -231,8 +231,9 @@ class ClientHandlers:
                      "local_size_bytes": self.store.size_bytes(pid)}
             if compacted(t.config) and self.compactor is not None:   # mesh.node.data.compactor
                 ratio = round(self.compactor.dirty_ratio(pid), 3)
-                local.update(local_clean_end=self.store.clean_applied(pid)[0], local_dirty_ratio=ratio,
-                             local_clean_target=self.store.clean_target(pid)[0],
+                applied, target = self.store.clean_applied(pid), self.store.clean_target(pid)
+                local.update(local_clean_end=applied[0], local_dirty_ratio=ratio, local_clean_target=target[0],
+                             local_clean_pending=applied != target,   # (a horizon alone may move)
                              local_compaction=self.compactor.job_stats.get(pid, [0, 0, 0]))
                 if leader == self.node_id:
                     local["dirty_ratio"] = ratio
