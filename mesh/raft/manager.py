@@ -590,6 +590,9 @@ class ReplicaManager:
     def commit_offset(self, pid: int) -> int:
         return self._part(pid).commit
 
+    def commit_known(self, pid: int) -> bool:   # a new leader's commit may lag its predecessor's (KIP-207)
+        return (p := self._part(pid)).role is Role.LEADER and p.commit >= p.epoch_start
+
     def end_offset(self, pid: int) -> int:
         return self._part(pid).end
 
@@ -610,9 +613,7 @@ class ReplicaManager:
 
     def follower_silence(self, pid: int) -> dict[str, int]:
         """Leader only ({} elsewhere): ticks since each follower and learner was last heard
-        (``Partition.follower_silence``): the balancer removes a voter only if a quorum of
-        those left was heard lately (``mesh.cluster.balance_steps.live_for_removal``), the
-        longest silent first, and promotes a learner only once heard able to vote."""
+        (``Partition.follower_silence``), for the balancer (``balance_steps.live_for_removal``)."""
         return self._part(pid).follower_silence()
 
     def epoch_cache(self, pid: int) -> tuple[tuple[int, int], ...]:
@@ -629,8 +630,7 @@ class ReplicaManager:
         return self._part(pid).isr()
 
     def status(self, pid: int) -> dict:
-        """Everything ``topic describe`` may show, msgpack-friendly (with this broker's
-        ``store`` id and whether the node has ``confirmed`` its identity)."""
+        """What ``topic describe`` shows, msgpack-friendly (``store`` id, identity ``confirmed``)."""
         d = self._part(pid).describe()
         d["store"] = self.store_id
         d["confirmed"] = self.confirmed

@@ -302,7 +302,10 @@ def test_aiokafka_join_commit_leave(gcluster):
 _KJS_SCRIPT = r"""
 const { Kafka, logLevel } = require('kafkajs')
 const [brokers, topic, group, want] = process.argv.slice(2)
-const kafka = new Kafka({ clientId: 'kjs', brokers: brokers.split(','), logLevel: logLevel.NOTHING })
+// kafkajs's own errors and warnings go to stderr (shown if the test fails)
+const logCreator = () => ({ namespace, level, label, log }) =>
+  console.error(`${new Date().toISOString()} ${label} [${namespace}] ${log.message} ${JSON.stringify(log)}`)
+const kafka = new Kafka({ clientId: 'kjs', brokers: brokers.split(','), logLevel: logLevel.WARN, logCreator })
 const seen = new Set(); const held = [new Set(), new Set()]
 const members = [0, 1].map(() => kafka.consumer({ groupId: group, sessionTimeout: 6000, heartbeatInterval: 500 }))
 // done once both hold a share and the shares split the partitions: a member whose session
@@ -311,6 +314,7 @@ const split = () => held[0].size > 0 && held[1].size > 0 && ![...held[0]].some(p
 const done = () => seen.size >= Number(want) && split()
 async function main() {
   for (const [i, c] of members.entries()) {
+    c.on(c.events.CRASH, e => console.error(`member ${i} crashed: ${e.payload.error} (restart: ${e.payload.restart})`))
     c.on(c.events.GROUP_JOIN, e => {
       held[i] = new Set(Object.entries(e.payload.memberAssignment).flatMap(([t, ps]) => ps.map(p => `${t}/${p}`)))
     })
@@ -335,9 +339,10 @@ def test_kafkajs_group_of_two(gcluster, tmp_path):
                          capture_output=True, timeout=150, env=dict(os.environ, NODE_PATH=modules))
     assert out.returncode == 0, out.stderr.decode()[-2000:]
     result = json.loads(out.stdout.decode().strip().splitlines()[-1])
-    assert {v.encode() for v in result["seen"]} >= sent
+    assert {v.encode() for v in result["seen"]} >= sent, out.stderr.decode()[-4000:]
     shares = [set(h) for h in result["held"]]
-    assert all(shares) and not (shares[0] & shares[1]) and len(shares[0] | shares[1]) == 4
+    assert all(shares) and not (shares[0] & shares[1]) and len(shares[0] | shares[1]) == 4, \
+        (shares, out.stderr.decode()[-4000:])
 
 
 def test_one_offsets_namespace_with_metadata(gcluster):

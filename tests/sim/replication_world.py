@@ -138,12 +138,14 @@ class Sim(Checkers):
         self.canon: dict[int, PartLog] = {pid: PartLog() for pid in self.pids}
         self.canon_term: dict[int, list[int]] = {pid: [] for pid in self.pids}
         self.acked: dict[str, tuple] = {}
+        self.acked_end: dict[int, int] = {}   # pid -> the end of its last acknowledged batch
         self.produced = 0
         self.refused = 0
         self.sent_messages: dict[str, int] = {nid: 0 for nid in self.node_ids}
         self.sent_rows: dict[str, int] = {nid: 0 for nid in self.node_ids}
         self.counts = {"crash": 0, "mid_turn_crash": 0, "pause": 0, "partition": 0, "retention": 0,
-                       "resets": 0, "truncates": 0, "cuts": 0, "elections": 0, "wipe": 0, "rollback": 0, "corrupt": 0}
+                       "resets": 0, "truncates": 0, "cuts": 0, "elections": 0, "wipe": 0, "rollback": 0, "corrupt": 0,
+                       "stale_hw": 0}
         self.disk_faulted: str | None = None  # at most one broker's disk at a time
         for nid in self.node_ids:
             self._start(self.nodes[nid])
@@ -428,7 +430,14 @@ class Sim(Checkers):
                     if i == len(log.bases) or log.batches[i][3] != raw:
                         self.fail(f"{node.id} p{pid}: acked batch {key} at {base} is not in the leader's log")
                     self.acked[key] = (pid, base, end, raw)
+                    self.acked_end[pid] = max(self.acked_end.get(pid, 0), end)
                 node.pending[pid] = keep
+        for pid in node.pids:   # a leader's "end" (ListOffsets) never hides an acknowledged batch
+            if core.role(pid) is Role.LEADER and core.commit_offset(pid) < self.acked_end.get(pid, 0):
+                if core.commit_known(pid):
+                    self.fail(f"{node.id} p{pid}: its high watermark {core.commit_offset(pid)} counts as known, "
+                              f"but batches up to {self.acked_end[pid]} were acknowledged")
+                self.counts["stale_hw"] += 1   # just elected: ListOffsets answers LEADER_NOT_AVAILABLE
         if turn.configs:
             self.configs_durable(node, turn.configs)
         if turn.busy and self.cfg.check_replicas:

@@ -79,7 +79,9 @@ def test_faults_are_really_injected():
     for seed in range(12):
         for k, v in run(SimConfig(seed=seed, steps=STEPS)).counts.items():
             totals[k] = totals.get(k, 0) + v
-    for kind in ("crash", "mid_turn_crash", "pause", "partition", "retention", "truncates", "resets"):
+    # stale_hw: a new leader's commit below what its predecessor acknowledged (turns where
+    # ListOffsets must answer LEADER_NOT_AVAILABLE, not an "end" that hides acknowledged batches)
+    for kind in ("crash", "mid_turn_crash", "pause", "partition", "retention", "truncates", "resets", "stale_hw"):
         assert totals[kind] > 0, totals
 
 
@@ -115,6 +117,12 @@ def test_checkers_catch_votes_for_out_of_date_candidates(monkeypatch):
     exc = _first_failure(range(40))
     assert "reproduce with: python -m tests.sim.replication_sim --seed " in str(exc)
     assert "leader completeness" in str(exc) or "committed" in str(exc)
+
+
+def test_checkers_catch_a_leader_that_calls_its_high_watermark_known_before_its_epoch_marker_committed(monkeypatch):
+    from mesh.raft.manager import ReplicaManager
+    monkeypatch.setattr(ReplicaManager, "commit_known", lambda self, pid: self.role(pid) is Role.LEADER)
+    assert "counts as known" in str(_first_failure(range(40), match="counts as known"))
 
 
 def test_checkers_catch_a_commit_without_a_quorum(monkeypatch):

@@ -577,6 +577,11 @@ class ReplicaHost:
     def commit_offset(self, pid: int) -> int:
         return self.core.commit_offset(pid)
 
+    def commit_known(self, pid: int) -> bool:
+        """Leader: a quorum holds its epoch marker, so its commit is at least every earlier
+        leader's (right after an election it may still lag what they acknowledged)."""
+        return self.core.commit_known(pid)
+
     def isr(self, pid: int) -> list[str]:
         return self.core.isr(pid)
 

@@ -266,6 +266,11 @@ class ClientHandlers:
             by_time = which >= 0   # a timestamp: the answer carries the record's timestamp too
             try:
                 _, pid = self.data.local_partition(topic, partition)
+                if which != m.EARLIEST and not self.replicas.commit_known(pid):
+                    # just elected: its commit may lag what the previous leader acknowledged (an
+                    # "end" below acknowledged records); as Kafka's OFFSET_NOT_AVAILABLE: retry
+                    raise MeshError(ErrorCode.LEADER_NOT_AVAILABLE, f"{topic}/{partition}: the leader was "
+                                                                   f"just elected, its high watermark is not known yet")
                 if by_time:   # Kafka's answer when no record reaches it: offset -1, timestamp -1
                     off, ts = self.store.offset_for_time(pid, which, self.replicas.commit_offset(pid),
                                                          budget) or (-1, -1)
