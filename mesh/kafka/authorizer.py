@@ -197,9 +197,13 @@ class SecurityView:
         """A lookup or a decision missed in this view: it may be a change the poll has not
         brought yet (a user just given a Kafka password, an ACL just added: the README's
         next command uses it at once). Ask for a poll that begins now and wait for it, once
-        per ``miss`` and view (a client repeating a refused request does not poll again),
-        at most ``timeout_s``. True if the view may have changed."""
-        if self._thread is None or self._stop.is_set():
+        per ``miss`` and view, at most ``timeout_s``: a denial asks once per principal (a
+        Metadata request denied 500 topics waits once, and a client repeating a refused
+        request does not wait again), a login once per name. True if the view may have
+        changed. (Trade-off: an unknown name's first login waits for a poll, a known one's
+        does not, so timing tells which names exist, as Kafka's SCRAM answer does outright;
+        the fake salt still hides it from the answers themselves.)"""
+        if self._thread is None or self._stop.is_set() or not self._thread.is_alive():
             return False
         with self._polled:
             if self._asked_state is not self.state or len(self._asked_for) >= _MAX_ASKED:
@@ -237,7 +241,7 @@ class KafkaAuthorizer:
             got = self._cache.get(key)
         if got is None:
             got = self._decide(state, principal, op, rtype, name)
-            if not got and self.view.refresh_once(key):   # a grant not polled yet? ask once
+            if not got and self.view.refresh_once(("principal", principal)):   # a grant not polled yet?
                 state = self.view.state
                 got = self._decide(state, principal, op, rtype, name)
             with self._lock:

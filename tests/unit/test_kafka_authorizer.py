@@ -176,15 +176,19 @@ def test_a_miss_asks_for_a_poll_at_once_so_a_password_or_acl_just_set_works_for_
         assert v.lookup("mallory", "SCRAM-SHA-256") is None and v.asked == 2   # once per miss and view
         node.shell.call(m.AddAclRequest("alice", "allow", ["read"], "topic", "orders"))
         assert a.allowed("alice", "READ", "TOPIC", "orders") and v.asked == 3
-        assert not a.allowed("alice", "WRITE", "TOPIC", "orders") and v.asked == 4
-        assert not a.allowed("alice", "WRITE", "TOPIC", "orders") and v.asked == 4   # cached, no poll
+        # denials wait once per principal and view: 500 denied topics (one Metadata request) cost one poll
+        assert not any(a.allowed("alice", "WRITE", "TOPIC", f"t{i}") for i in range(500)) and v.asked == 4
+        node.shell.call(m.AddAclRequest("bob", "allow", ["read"], "topic", "bills"))
+        assert v.lookup("carol", "SCRAM-SHA-256") is None and v.asked == 5   # (its poll brings a new view)
+        assert not a.allowed("alice", "WRITE", "TOPIC", "orders") and v.asked == 6   # a new view: once again
+        assert not a.allowed("alice", "WRITE", "TOPIC", "other") and v.asked == 6
         polls = v.polls
         for i in range(50):   # a client spraying names costs one poll each at most, rate-limited
             assert v.lookup(f"u{i}", "SCRAM-SHA-256") is None
         assert v.polls - polls <= 50
     finally:
         v.stop()
-    assert v.lookup("nobody", "SCRAM-SHA-256") is None and v.asked == 54   # stopped: no wait
+    assert v.lookup("nobody", "SCRAM-SHA-256") is None and v.asked == 56   # stopped: no wait
 
 
 def test_users_carry_kafka_credentials_without_a_password():

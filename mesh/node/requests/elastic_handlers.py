@@ -85,7 +85,7 @@ class ElasticHandlers:
         unknown = sorted(set(reps) - self._known())
         if unknown:
             raise _invalid(f"no broker {', '.join(unknown)} in this cluster")
-        down = sorted(set(reps) - set(self.gossip.up_members(self.wall_ms())))
+        down = sorted(set(reps) - set(self.gossip.live_members(self.wall_ms())))
         if down:   # as Kafka: a replica could not be added there, and the move would wait forever
             raise _invalid(f"broker {', '.join(down)} is not alive")
         draining_now = draining_ids(self.gossip.cluster_items(keys.BROKER_PREFIX))

@@ -105,15 +105,21 @@ class ClientHandlers:
             raise MeshError(ErrorCode.COORDINATOR_NOT_AVAILABLE, f"broker {self.node_id} is still learning the "
                                                                  f"cluster from its peers: retry in a moment")
 
-    def _active(self) -> list[str]:
-        """Live brokers that are not draining: where new replicas may go."""
+    def _active(self, rf: int) -> list[str]:
+        """Brokers that are not draining where new replicas may go: the alive ones, or, when
+        fewer than ``rf`` are, the suspects too (one slow turn on a loaded host must not
+        refuse a create; a suspect that is really dead would hold its share until it is
+        replaced, so it is taken only when needed)."""
+        rf = rf if type(rf) is int else 0   # (a malformed request is refused by the catalog)
         draining = draining_ids(self.gossip.cluster_items(keys.BROKER_PREFIX))
-        return [n for n in self.directory.live() if n not in draining]
+        alive = [n for n in self.gossip.live_members(self.clock.wall_ms()) if n not in draining]
+        return alive if len(alive) >= rf else [n for n in self.directory.live() if n not in draining]
 
     def on_create_topic(self, ident, rid, req: m.CreateTopicRequest, payload) -> None:
         self._owned_here(req.name)
         self.data.commit_turn()  # admin changes never share a transaction with staged appends
-        self.catalog.create(req.name, req.partitions, req.replication_factor, req.config, self._active())
+        self.catalog.create(req.name, req.partitions, req.replication_factor, req.config,
+                            self._active(req.replication_factor))
         if not self.apply_cluster_change():
             raise MeshError(ErrorCode.STORAGE_ERROR, "topic created but not persisted here (storage error)")
         log.info("created topic %s with %d partitions", req.name, req.partitions)
@@ -133,7 +139,8 @@ class ClientHandlers:
         partitions go to live brokers that are not draining."""
         self._owned_here(req.name)
         self.data.commit_turn()
-        t = self.catalog.alter(req.name, req.partitions, req.replication_factor, self._active(), req.config)
+        rf = req.replication_factor or self.catalog.topic(req.name).replication_factor
+        t = self.catalog.alter(req.name, req.partitions, req.replication_factor, self._active(rf), req.config)
         if not self.apply_cluster_change():
             raise MeshError(ErrorCode.STORAGE_ERROR, "topic altered but not persisted here (storage error)")
         log.info("altered topic %s: %d partitions, replication factor %d", req.name, t.partitions,
