@@ -337,6 +337,8 @@ def test_kafkajs_group_of_two(gcluster, tmp_path):
     script.write_text(_KJS_SCRIPT)
     out = subprocess.run(["node", str(script), gcluster.kafka_bootstrap, topic, "kjs-g", str(len(sent))],
                          capture_output=True, timeout=150, env=dict(os.environ, NODE_PATH=modules))
+    (tmp_path / "kafkajs.stderr").write_bytes(out.stderr)
+    print(out.stderr.decode())   # kafkajs's own account, whole ("Captured stdout" if this test fails)
     assert out.returncode == 0, out.stderr.decode()[-2000:]
     result = json.loads(out.stdout.decode().strip().splitlines()[-1])
     assert {v.encode() for v in result["seen"]} >= sent, out.stderr.decode()[-4000:]
