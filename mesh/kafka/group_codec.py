@@ -29,7 +29,7 @@ from kio.schema.errors import ErrorCode as K
 from kio.serial import entity_reader, entity_writer
 from kio.static.primitive import i32Timedelta, i64Timedelta
 
-from mesh.wire.errors import ErrorCode as M
+from mesh.wire.errors import ErrorCode as M, retriable
 
 __all__ = [
     "ProtocolError", "Subscription", "decode_subscription", "encode_subscription",
@@ -201,11 +201,18 @@ _ERRORS = {
 
 
 def kafka_error(code: int) -> K:
-    """The Kafka error code for a mesh one (anything unexpected: UNKNOWN_SERVER_ERROR)."""
+    """The Kafka error code for a mesh one. A retriable mesh code with no counterpart above
+    (a leader moving, THROTTLED) is COORDINATOR_NOT_AVAILABLE, which every client retries:
+    UNKNOWN_SERVER_ERROR is fatal to some (kafkajs's consumer crashes and leaves its group);
+    anything else unexpected is UNKNOWN_SERVER_ERROR."""
     try:
-        return _ERRORS.get(M(code), K.unknown_server_error)
+        mesh = M(code)
     except ValueError:
         return K.unknown_server_error
+    got = _ERRORS.get(mesh)
+    if got is None:
+        return K.coordinator_not_available if retriable(mesh) else K.unknown_server_error
+    return got
 
 
 # ---------------------------------------------------------------------------------------

@@ -91,6 +91,11 @@ def test_states_errors_and_build():
     assert kafka_error(M.UNKNOWN_MEMBER) == K.unknown_member_id
     assert kafka_error(M.TIMEOUT) == K.coordinator_not_available
     assert kafka_error(999) == K.unknown_server_error
+    # a transient mesh code with no Kafka counterpart is one every client retries (kafkajs's
+    # consumer crashes on UNKNOWN_SERVER_ERROR)
+    for code in (M.LEADER_NOT_AVAILABLE, M.NOT_LEADER, M.THROTTLED, M.CORRUPT_MESSAGE):
+        assert kafka_error(code) == K.coordinator_not_available
+    assert kafka_error(M.INVALID_RECORD) == K.unknown_server_error
     from kio.schema.join_group.v0.response import JoinGroupResponse
     r = build(JoinGroupResponse, member_id="m", not_a_field=1)
     assert (r.member_id, r.leader, r.members, r.error_code) == ("m", "", (), K.none)
