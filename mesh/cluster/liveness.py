@@ -11,9 +11,10 @@ both answered here so that no caller spells the statuses out:
   owns topic names (``mesh.cluster.ownership``), takes new replicas when too few brokers
   are ALIVE (placement prefers them) and counts for a Kafka topic's default replication
   factor, its leadership claims count (``mesh.node.lifecycle.directory``), it keeps its
-  links, its place in the balancer's view and in a client's coordinator cache. A suspicion is a question, not a verdict: on
-  a loaded host a live broker misses a probe (one slow turn) and refutes it a round later,
-  and counting SUSPECT keeps that from refusing creates, hiding leaders or bouncing groups.
+  links, its place in the balancer's view and in a client's coordinator cache. A
+  suspicion is a question, not a verdict: on a loaded host a live broker misses a probe
+  (one slow turn) and refutes it a round later, and counting SUSPECT keeps that from
+  refusing creates, hiding leaders or bouncing groups.
 * ``is_up(status, strict=True)``: ALIVE only, heard from lately. For work handed to a
   broker now or waited for (a shutdown's handover target, the brokers an admin call waits
   for, a client's first addresses to try): a suspect one would only make the caller wait.

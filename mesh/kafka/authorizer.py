@@ -10,7 +10,7 @@ cluster costs one small round trip a second. Users and ACLs are gossip registers
 node answers from memory what every broker already agrees on; a change made anywhere
 reaches the listener within a few gossip rounds plus one poll; a login or a decision that
 misses (an unknown user, a denial) asks for a poll at once and waits for it, once per
-miss and view (``SecurityView.refresh_once``), so a password or an ACL just set on this
+name or principal and view (``SecurityView.refresh_once``), so a password or an ACL just set on this
 broker works for the very next request. Until the first answer
 the view is empty: every SASL login fails and every request of a principal is denied
 (fail closed); if the node stops answering the last view stays (the listener ends with
@@ -121,7 +121,7 @@ class SecurityView:
         self.ready = threading.Event()        # set by the first view received
         self.polls = 0
         self.failures = 0
-        self.asked = 0                         # polls asked for by a miss (``refresh_now``)
+        self.asked = 0                         # polls asked for by a miss (``refresh_once``)
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
@@ -160,7 +160,7 @@ class SecurityView:
 
     def start(self) -> "SecurityView":
         """Poll every ``refresh_s`` on a daemon thread until ``stop()``, and at once (at most
-        every ``_MIN_POLL_GAP_S``) when a miss asks for it (``refresh_now``)."""
+        every ``_MIN_POLL_GAP_S``) when a miss asks for it (``refresh_once``)."""
         def run() -> None:
             while not self._stop.is_set():
                 with self._polled:

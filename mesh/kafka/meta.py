@@ -111,7 +111,7 @@ class MetadataApi:
 
     def _create(self, ctx, names: list[str]) -> bool:
         from mesh.kafka.topics import native_admin
-        live = sum(1 for b in ctx.cluster.brokers_raw.values() if row_is_up(b)) or 1   # suspects count (placement)
+        live = sum(1 for b in ctx.cluster.brokers_raw.values() if row_is_up(b)) or 1   # suspects count (liveness.is_up)
         rf = max(1, min(self.defaults.default_replication_factor, live))
         made = False
         for name in names:
