@@ -28,7 +28,7 @@ import time
 
 from bench.peer_nats import latency_summary
 
-__all__ = ["probe", "describe"]
+__all__ = ["probe", "describe", "floor_ms"]
 
 _ROUNDS = 1000
 _COMMITS = 300
@@ -132,3 +132,14 @@ def describe(cal: dict | None) -> str:
         elif v.get("error"):
             parts.append(f"{label}: {v['error']}")
     return "; ".join(parts) or "-"
+
+
+def floor_ms(cal: dict | None, round_trips: int = 2, syncs: int = 1) -> float | None:
+    """The physical floor of a blocking write on this host right now, in ms: ``round_trips``
+    ZeroMQ round trips and ``syncs`` synced LMDB commits at the probe's p50 (an RF-3
+    acks=all write: client -> leader -> follower and back, one sync on the path; issue 41
+    measures the fsync mode against twice this). None if either part failed."""
+    rtt, sync = ((cal or {}).get(k) or {} for k in ("wakeup_rtt_us", "sync_commit_ms"))
+    if "p50" not in rtt or "p50" not in sync:
+        return None
+    return round_trips * rtt["p50"] / 1000 + syncs * sync["p50"]

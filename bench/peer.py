@@ -35,7 +35,7 @@ import os
 import time
 
 from bench import plots as charts
-from bench.calibrate import describe, probe
+from bench.calibrate import describe, floor_ms, probe
 from bench.peer_e2e import mesh_e2e
 from bench.peer_nats import INSTALL_HINT, NatsCluster, available, latency_summary, run_nats
 from bench.scenarios import BenchError, format_size
@@ -161,6 +161,22 @@ def side_by_side(results: dict) -> str:
     return "\n".join(lines)
 
 
+def against_targets(results: dict, cal: dict | None) -> list[str]:
+    """Issue 41's two latency yardsticks, from this run: the fsync row's blocking p50 over the
+    floor the calibration measured (2 ZeroMQ round trips + 1 synced commit; target <= 2x), and
+    the write-caching row's over NATS R3's (target <= 1x)."""
+    out = []
+    floor = floor_ms(cal)
+    fsync, wc, nats = (_get(results.get(k), ("latency", "p50_ms")) for k in ("mesh-rf3", "mesh-rf3-wc", "nats-r3"))
+    if floor and fsync is not None:
+        out.append(f"- fsync, blocking publish p50 {fsync:.2f} ms = {fsync / floor:.2f}x the floor {floor:.2f} ms "
+                   "(2 ZeroMQ round trips + 1 synced LMDB commit at the calibration's p50; target <= 2x)")
+    if wc is not None and nats:
+        out.append(f"- write caching, blocking publish p50 {wc:.2f} ms = {wc / nats:.2f}x NATS R3's {nats:.2f} ms "
+                   "(target <= 1x)")
+    return out
+
+
 def _report(out_dir: str, spec: dict, results: dict, info: dict) -> str:
     lines = ["# Benchmark report: peer-nats", "",
              f"The same workload against this mesh and NATS JetStream, in one run: {format_size(spec['message_bytes'])} "
@@ -170,6 +186,7 @@ def _report(out_dir: str, spec: dict, results: dict, info: dict) -> str:
              f"consume throughput over {spec['messages']:,} records; one partition / one stream. Ratios are "
              "mesh/NATS: for latency lower is better, for records/s higher is better.", "",
              side_by_side(results), "",
+             *(against_targets(results, info.get("calibration")) + [""]),
              "![peer.png](peer.png)", "",
              "## Setup", "",
              f"- command: `{info.get('command', '-')}`",
@@ -244,6 +261,8 @@ def run_peer(out_dir: str, message_bytes: int, messages: int, command: str = "",
         charts.plot_peer(os.path.join(out_dir, "peer.png"), results, SYSTEMS)
     except Exception as exc:  # a plot must not cost the table
         echo(f"warning: plot peer.png failed: {exc}")
+    for line in against_targets(results, info["calibration"]):
+        echo(f"bench: peer-nats: {line[2:]}")
     path = _report(out_dir, spec, results, info)
     if info["errors"]:
         raise BenchError(f"peer-nats: {len(info['errors'])} system(s) failed; see {path}")

@@ -26,3 +26,19 @@ def test_peer_nats_has_both_mesh_modes_beside_nats_r3_and_says_each_rows_durabil
     assert {"mesh-rf3", "mesh-rf3-wc", "nats-r3", "nats-r1", "mesh-rf1"} <= set(keys)
     assert ("mesh-rf3", "nats-r3") in PAIRS and ("mesh-rf3-wc", "nats-r3") in PAIRS
     assert WRITE_CACHED == {"mesh-rf3-wc"} and set(DURABILITY) == set(keys)
+
+
+def test_the_peer_report_puts_fsync_against_the_floor_and_write_caching_against_nats_r3():
+    from bench.calibrate import floor_ms
+    from bench.peer import against_targets
+    cal = {"wakeup_rtt_us": {"p50": 150.0, "p99": 300.0}, "sync_commit_ms": {"p50": 0.5, "p99": 1.5}}
+    assert floor_ms(cal) == 0.8 and floor_ms(cal, round_trips=1, syncs=0) == 0.15
+    assert floor_ms({"wakeup_rtt_us": {"error": "x"}, "sync_commit_ms": {"p50": 0.5}}) is None and floor_ms(None) is None
+    results = {"mesh-rf3": {"latency": {"p50_ms": 1.6}}, "mesh-rf3-wc": {"latency": {"p50_ms": 0.9}},
+               "nats-r3": {"latency": {"p50_ms": 0.45}}}
+    fsync, wc = against_targets(results, cal)
+    assert "1.60 ms = 2.00x the floor 0.80 ms" in fsync and "target <= 2x" in fsync
+    assert "0.90 ms = 2.00x NATS R3's 0.45 ms" in wc and "target <= 1x" in wc
+    # a failed probe or a missing row: that line is left out, never a guess
+    assert against_targets(results, None) == [wc]
+    assert against_targets({"mesh-rf3": results["mesh-rf3"]}, cal) == [fsync]
