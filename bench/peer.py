@@ -22,7 +22,9 @@ acknowledgement before the next: ``Producer.send().get()`` with default settings
 ``send()`` per record then ``flush()``; ``js.publish_async`` then wait for every ack);
 consume throughput (read those records back from the start); end-to-end latency at a
 fixed rate (``e2e_rate`` records/s for ``e2e_seconds``, open loop, a consumer in its own
-process: ``bench.peer_e2e``). Records/s are acknowledged or received records over the wall
+process: ``bench.peer_e2e``); on the mesh, that once more into 3 partitions (the producer's
+default sticky partitioner; a leader on each broker: issue 41's row; NATS has no such row,
+its stream is one log). Records/s are acknowledged or received records over the wall
 time of the phase.
 
 Writes ``peer.json``, ``report.md`` and ``peer.png`` in the run directory. No Spark: the
@@ -64,6 +66,8 @@ DURABILITY = {
     "nats-r1": "acknowledged once the one server holds it; synced every 2 min",
 }
 
+E2E_PARTITIONS = 3   # the mesh's second end-to-end phase: one partition led by each of 3 brokers
+
 # (label, key in a result, better): the rows of the side-by-side table
 MEASURES = (
     ("blocking publish p50 (ms)", ("latency", "p50_ms"), "lower"),
@@ -73,6 +77,8 @@ MEASURES = (
     ("end-to-end p50 at a fixed rate (ms)", ("e2e", "p50_ms"), "lower"),
     ("end-to-end p99 at a fixed rate (ms)", ("e2e", "p99_ms"), "lower"),
     ("end-to-end p99.9 at a fixed rate (ms)", ("e2e", "p999_ms"), "lower"),
+    ("end-to-end p50, mesh over 3 partitions (ms)", ("e2e3", "p50_ms"), "lower"),
+    ("end-to-end p99, mesh over 3 partitions (ms)", ("e2e3", "p99_ms"), "lower"),
     ("async publish (records/s)", ("produce_rps",), "higher"),
     ("consume (records/s)", ("consume_rps",), "higher"),
 )
@@ -95,6 +101,7 @@ def run_mesh(bootstrap: str, replication_factor: int, spec: dict, write_caching:
     create_topic(bootstrap, "peer-lat", 1, replication_factor, config)
     create_topic(bootstrap, "peer-thr", 1, replication_factor, config)
     create_topic(bootstrap, "peer-e2e", 1, replication_factor, config)
+    create_topic(bootstrap, "peer-e2e3", E2E_PARTITIONS, replication_factor, config)
     out: dict = {}
     with Producer(bootstrap) as p:  # default settings (acks=all)
         for _ in range(min(100, n_lat)):
@@ -123,6 +130,7 @@ def run_mesh(bootstrap: str, replication_factor: int, spec: dict, write_caching:
     if got < n:
         raise BenchError(f"mesh consumer read {got} of {n} records within 120 s")
     out["e2e"] = mesh_e2e(bootstrap, "peer-e2e", size, spec["e2e_rate"], spec["e2e_seconds"])
+    out["e2e3"] = mesh_e2e(bootstrap, "peer-e2e3", size, spec["e2e_rate"], spec["e2e_seconds"], E2E_PARTITIONS)
     return out
 
 
@@ -162,9 +170,11 @@ def side_by_side(results: dict) -> str:
 
 
 def against_targets(results: dict, cal: dict | None) -> list[str]:
-    """Issue 41's two latency yardsticks, from this run: the fsync row's blocking p50 over the
-    floor the calibration measured (2 ZeroMQ round trips + 1 synced commit; target <= 2x), and
-    the write-caching row's over NATS R3's (target <= 1x)."""
+    """Issue 41's yardsticks, from this run: the fsync row's blocking p50 over the floor the
+    calibration measured (2 ZeroMQ round trips + 1 synced commit; target <= 2x), the
+    write-caching row's over NATS R3's (target <= 1x), the fsync row's end-to-end p99 over 3
+    partitions against NATS R3's (target <= 1x), and each RF-3 row's async publish over NATS
+    R3's (target >= 16x)."""
     out = []
     floor = floor_ms(cal)
     fsync, wc, nats = (_get(results.get(k), ("latency", "p50_ms")) for k in ("mesh-rf3", "mesh-rf3-wc", "nats-r3"))
@@ -174,6 +184,16 @@ def against_targets(results: dict, cal: dict | None) -> list[str]:
     if wc is not None and nats:
         out.append(f"- write caching, blocking publish p50 {wc:.2f} ms = {wc / nats:.2f}x NATS R3's {nats:.2f} ms "
                    "(target <= 1x)")
+    e2e3, nats_e2e = _get(results.get("mesh-rf3"), ("e2e3", "p99_ms")), _get(results.get("nats-r3"), ("e2e", "p99_ms"))
+    if e2e3 is not None and nats_e2e:
+        out.append(f"- fsync, end-to-end p99 over {E2E_PARTITIONS} partitions {e2e3:.2f} ms = {e2e3 / nats_e2e:.2f}x "
+                   f"NATS R3's {nats_e2e:.2f} ms (target <= 1x)")
+    nats_rps = _get(results.get("nats-r3"), ("produce_rps",))
+    for key, mode in (("mesh-rf3", "fsync"), ("mesh-rf3-wc", "write caching")):
+        rps = _get(results.get(key), ("produce_rps",))
+        if rps is not None and nats_rps:
+            out.append(f"- {mode}, async publish {rps:,.0f} records/s = {rps / nats_rps:.1f}x NATS R3's "
+                       f"{nats_rps:,.0f} (target >= 16x)")
     return out
 
 
@@ -183,7 +203,8 @@ def _report(out_dir: str, spec: dict, results: dict, info: dict) -> str:
              f"records; blocking publish latency over {spec['latency_samples']:,} sends (each acknowledged before the "
              f"next); end-to-end latency at {spec['e2e_rate']:,} records/s for {spec['e2e_seconds']:g} s (open loop: "
              "from each record's due time to its receipt by a consumer in another process); async publish and "
-             f"consume throughput over {spec['messages']:,} records; one partition / one stream. Ratios are "
+             f"consume throughput over {spec['messages']:,} records; one partition / one stream (and the mesh's "
+             f"end-to-end once more over {E2E_PARTITIONS} partitions). Ratios are "
              "mesh/NATS: for latency lower is better, for records/s higher is better.", "",
              side_by_side(results), "",
              *(against_targets(results, info.get("calibration")) + [""]),

@@ -14,8 +14,10 @@ consumer returns its samples (ns) through a queue; ``latency_summary`` turns the
 percentiles. Both clocks are this machine's wall clock.
 
 mesh: ``Producer.send`` with default settings (acks=all, linger 5 ms as an upper bound)
-into partition 0 of a 1-partition topic; the consumer long-polls it. NATS: ``publish_async``
-into a 1-replica-set stream; the consumer is an ordered push consumer (the server pushes
+into partition 0 of a 1-partition topic, or into a wider one as a user's unkeyed sends go
+(the producer's sticky partitioner: a batch's worth to one partition, then the next; issue
+41's 3-partition row, a leader on every broker); the consumer long-polls every partition.
+NATS: ``publish_async`` into a 1-replica-set stream; the consumer is an ordered push consumer (the server pushes
 each stored message, flow-controlled). Records shorter than 8 bytes are padded to 8 here.
 """
 from __future__ import annotations
@@ -94,12 +96,12 @@ def _schedule(rate: int, n: int) -> RateSchedule:
 
 # -- mesh -----------------------------------------------------------------------------
 
-def _mesh_consumer(bootstrap: str, topic: str, n: int, q) -> None:
+def _mesh_consumer(bootstrap: str, topic: str, partitions: int, n: int, q) -> None:
     try:
         from mesh.client import Consumer
         lat: list[int] = []
         with Consumer(bootstrap=bootstrap, auto_offset_reset="earliest") as c:
-            c.assign([(topic, 0)])
+            c.assign([(topic, p) for p in range(partitions)])
             c.seek_to_beginning()
             q.put("ready")
             deadline = time.monotonic() + _READY_S + _TAIL_S
@@ -112,9 +114,11 @@ def _mesh_consumer(bootstrap: str, topic: str, n: int, q) -> None:
         q.put(f"{type(exc).__name__}: {exc}")
 
 
-def mesh_e2e(bootstrap: str, topic: str, size: int, rate: int, seconds: float) -> dict:
-    """Records of ``size`` bytes at ``rate``/s for ``seconds`` into partition 0 of
-    ``topic`` (which exists); the consumer's latency summary plus the achieved rate."""
+def mesh_e2e(bootstrap: str, topic: str, size: int, rate: int, seconds: float, partitions: int = 1) -> dict:
+    """Records of ``size`` bytes at ``rate``/s for ``seconds`` into ``topic`` (which exists):
+    partition 0 if ``partitions`` is 1, else the producer's own choice among its
+    ``partitions``; the consumer's latency summary plus the achieved rate."""
+    part = 0 if partitions == 1 else None
     from bench.peer_nats import latency_summary
     from mesh.client import Producer
     n = _count(rate, seconds)
@@ -128,14 +132,14 @@ def mesh_e2e(bootstrap: str, topic: str, size: int, rate: int, seconds: float) -
             while k < n:
                 due = sched.due_by(time.time_ns())
                 while k < due:
-                    p.send(topic, value_for(sched.due_ns(k), size), partition=0)
+                    p.send(topic, value_for(sched.due_ns(k), size), partition=part)
                     k += 1
                 if k < n:
                     time.sleep(sched.wait_s(k, time.time_ns()))  # the rate schedule
             took.append((time.time_ns() - sched.t0_ns) / 1e9)
             p.flush(60)
 
-    samples = _collect(_mesh_consumer, (bootstrap, topic), n, produce)
+    samples = _collect(_mesh_consumer, (bootstrap, topic, partitions), n, produce)
     return {**latency_summary(samples), "rate": rate, "achieved_rps": n / max(took[0], 1e-9)}
 
 

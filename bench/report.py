@@ -249,6 +249,19 @@ def _headline(cells: list[dict]) -> list[str]:
     return out
 
 
+def _where(run_info: dict) -> str:
+    cluster = run_info.get("cluster", {})
+    if cluster.get("started_by_bench"):
+        return f"{cluster.get('brokers')} broker(s) started by bench on 127.0.0.1 (fresh temporary data dirs)"
+    return f"external cluster at {cluster.get('bootstrap')}"
+
+
+def _warmup(run_info: dict) -> str:
+    """The unmeasured cell ``bench run`` ran first (``bench.cli._warm_up``), if any."""
+    w = run_info.get("warmup")
+    return f"one unmeasured cell first ({w['messages']:,} records of {w['cell']}'s workload)" if w else "none"
+
+
 def _durability(run_info: dict) -> str:
     """What an acks=all acknowledgement meant in the run's cells (issue 41)."""
     modes = {bool(c.get("write_caching")) for c in run_info.get("cells") or [{}]}
@@ -291,11 +304,6 @@ def write_report(run_dir: str, analysis: dict, run_info: dict) -> str:
     plot("rate_sweep.png", charts.plot_rate_sweep, cells)
 
     env = run_info.get("environment", {})
-    cluster = run_info.get("cluster", {})
-    if cluster.get("started_by_bench"):
-        where = f"{cluster.get('brokers')} broker(s) started by bench on 127.0.0.1 (fresh temporary data dirs)"
-    else:
-        where = f"external cluster at {cluster.get('bootstrap')}"
     lines = [f"# Benchmark report: {run_info.get('scenario')}", "",
              run_info.get("description", ""), ""]
     if run_info.get("notes"):
@@ -306,7 +314,8 @@ def write_report(run_dir: str, analysis: dict, run_info: dict) -> str:
         ["started", run_info.get("started", "-")],
         ["workload wall time", f"{run_info.get('workload_s', 0):.1f} s"],
         ["cells", str(len(cells))],
-        ["cluster", where], ["durability", _durability(run_info)],
+        ["warm-up", _warmup(run_info)],
+        ["cluster", _where(run_info)], ["durability", _durability(run_info)],
         ["machine", f"{env.get('cpu_count')} CPUs, {env.get('platform')}, load average at start "
                     f"{', '.join(f'{x:.1f}' for x in env.get('loadavg') or [])}"],
         ["machine at start", describe(env.get("calibration"))],

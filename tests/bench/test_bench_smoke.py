@@ -3,6 +3,7 @@ itself, then the files a user reads; plus the clear errors a user meets first.""
 from __future__ import annotations
 
 import csv
+import json
 import os
 import sys
 
@@ -37,6 +38,12 @@ def test_smoke_run_writes_report_summary_and_plots(smoke_run):
     for c in cells:
         assert c.id in report
     assert "MISMATCH" not in report
+    # one unmeasured warm-up cell ran first, its events apart from the measured ones
+    with open(os.path.join(out, "run.json")) as f:
+        warm = json.load(f)["warmup"]
+    assert warm == {"cell": cells[0].id, "messages": cells[0].workload.messages, "seconds": warm["seconds"]}
+    assert os.listdir(os.path.join(out, "warmup", "events"))
+    assert f"one unmeasured cell first ({cells[0].workload.messages:,} records" in report
 
 
 @pytest.mark.spark

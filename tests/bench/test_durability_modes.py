@@ -42,3 +42,12 @@ def test_the_peer_report_puts_fsync_against_the_floor_and_write_caching_against_
     # a failed probe or a missing row: that line is left out, never a guess
     assert against_targets(results, None) == [wc]
     assert against_targets({"mesh-rf3": results["mesh-rf3"]}, cal) == [fsync]
+    # the end-to-end row over 3 partitions and each mode's async publish, against NATS R3
+    results["mesh-rf3"].update(e2e3={"p99_ms": 4.0}, produce_rps=480_000)
+    results["mesh-rf3-wc"]["produce_rps"] = 320_000
+    results["nats-r3"].update(e2e={"p99_ms": 8.0}, produce_rps=30_000)
+    lines = against_targets(results, cal)
+    assert lines[:2] == [fsync, wc]
+    assert "end-to-end p99 over 3 partitions 4.00 ms = 0.50x NATS R3's 8.00 ms (target <= 1x)" in lines[2]
+    assert "fsync, async publish 480,000 records/s = 16.0x NATS R3's 30,000 (target >= 16x)" in lines[3]
+    assert "write caching, async publish 320,000 records/s = 10.7x" in lines[4] and len(lines) == 5

@@ -7,6 +7,7 @@ import pytest
 from bench.cluster import LocalCluster, create_topic
 from bench.peer_e2e import _count, _latency_ns, mesh_e2e, value_for
 from bench.scenarios import BenchError
+from mesh.client import Consumer
 
 
 def test_a_value_carries_its_due_time_and_has_the_asked_size():
@@ -28,10 +29,14 @@ def test_the_phase_needs_a_rate_and_a_duration():
 def test_mesh_e2e_receives_every_paced_record_in_another_process(tmp_path):
     cluster = LocalCluster(1, str(tmp_path / "logs")).start()
     try:
-        create_topic(cluster.bootstrap, "e2e", 1, 1)
-        res = mesh_e2e(cluster.bootstrap, "e2e", 100, 2_000, 1.0)
+        create_topic(cluster.bootstrap, "e2e", 3, 1)
+        res = mesh_e2e(cluster.bootstrap, "e2e", 100, 2_000, 1.0, partitions=3)
+        with Consumer(bootstrap=cluster.bootstrap) as c:
+            ends = c.end_offsets([("e2e", p) for p in range(3)])
     finally:
         cluster.stop()
+    # every record was stored once and received, wherever the producer put it
+    assert sum(ends.values()) == 2_000
     assert res["samples"] == 2_000 and res["rate"] == 2_000
     assert 0 < res["p50_ms"] <= res["p99_ms"] <= res["max_ms"]
     # open loop: the producer kept the schedule (a late sender would be a lower rate)
