@@ -57,7 +57,8 @@ def node_security_options(f):
     @click.option("--max-connections-per-ip", type=click.IntRange(min=0), default=0, show_default=True,
                   help="open connections at once from one source IP address (Kafka max.connections.per.ip); "
                        "beyond it new handshakes from that address are refused until some close; 0 = no "
-                       "bound. Secured: brokers (the cluster key) are not held back")
+                       "bound. Secured: brokers (the cluster key) are not held back. The Kafka port "
+                       "(--kafka-port) has the same bound")
     @click.option("--text-creds", type=click.Path(dir_okay=False), default=None,
                   help="secured node with --text-port: the creds file of the principal the text gateway "
                        "acts as (the gateway has no authentication of its own: loopback only)")

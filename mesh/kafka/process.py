@@ -71,6 +71,8 @@ class KafkaProcess(GatewayProcess):
             argv += ["--creds", creds_path]
         if config is not None:
             argv += security_argv(config)
+            if config.max_connections_per_ip:   # the node's bound holds on its Kafka port too
+                argv += ["--max-connections-per-ip", str(config.max_connections_per_ip)]
         return cls.spawn(argv, start_wait_s)
 
 
@@ -109,6 +111,8 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--tls-cert", help="PEM certificate chain: the port speaks TLS (mesh.kafka.tls)")
         p.add_argument("--tls-key", help="PEM private key of --tls-cert")
         p.add_argument("--max-request-bytes", type=int, default=100 << 20)
+        p.add_argument("--max-connections-per-ip", type=int, default=0,
+                       help="open connections from one source address (max.connections.per.ip); 0 = off")
 
     args = child_args("python -m mesh.kafka.process", "The Kafka wire-protocol listener of one node (started by "
                       "the node).", argv, more)
@@ -144,7 +148,8 @@ def _serve(args: argparse.Namespace):
     for key, fn in groups.handlers().items():
         reg.register(key, *versions[key], fn)
     server = KafkaServer(args.host, args.port, reg, cache, links, authorizer=sec.authorizer,
-                         limits=ServerLimits(max_request_bytes=args.max_request_bytes),
+                         limits=ServerLimits(max_request_bytes=args.max_request_bytes,
+                                             max_connections_per_ip=max(0, args.max_connections_per_ip)),
                          auth=(lambda conn: sec.new_session()) if sec.secured else None,
                          ssl_context=sec.ssl_context)
     tune_gc()

@@ -15,7 +15,9 @@ Theory of operation
   beyond which the reader stops reading (TCP pushes back on the client); an answer the
   client does not read within ``send_timeout_s`` closes the connection, so a client that
   never reads holds one answer and a bounded queue, never more; at most
-  ``max_connections`` connections (one more is closed at once); at most
+  ``max_connections`` connections, and ``max_connections_per_ip`` from one source address
+  (Kafka's ``max.connections.per.ip``; 0: no such bound, Kafka's default; one more is
+  closed at once, before a thread is started for it); at most
   ``max_queued_bytes`` (256 MiB) of requests read or queued by all connections together
   (memory grows with the bytes that arrive, never with what a size prefix claims); a connection idle for
   ``idle_timeout_s`` is closed (Kafka's ``connections.max.idle.ms``).
@@ -72,6 +74,7 @@ class ServerLimits:
     max_request_bytes: int = 100 << 20     # socket.request.max.bytes
     max_queued_requests: int = 16          # per connection (queued.max.requests)
     max_connections: int = 1024
+    max_connections_per_ip: int = 0        # max.connections.per.ip (0 = unbounded, as Kafka's default)
     max_queued_bytes: int = 256 << 20      # requests read or queued, all connections (queued.max.request.bytes)
     send_timeout_s: float = 30.0
     idle_timeout_s: float = 600.0          # connections.max.idle.ms
@@ -143,6 +146,7 @@ class KafkaServer:
         self._sock.settimeout(0.5)
         self.port = self._sock.getsockname()[1]
         self._conns: set[_Connection] = set()
+        self._per_ip: collections.Counter = collections.Counter()   # open connections by source address
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._ids = itertools.count(1)
@@ -161,11 +165,17 @@ class KafkaServer:
                     return
                 time.sleep(0.05)   # EMFILE and friends: do not spin
                 continue
+            per_ip = self.limits.max_connections_per_ip
             with self._lock:
                 full = len(self._conns) >= self.limits.max_connections
-            if full:
-                self.log_once("connections", "at most %d Kafka connections: one more from %s closed",
-                              self.limits.max_connections, peer[0])
+                ip_full = bool(per_ip) and self._per_ip[peer[0]] >= per_ip
+            if full or ip_full:
+                if full:
+                    self.log_once("connections", "at most %d Kafka connections: one more from %s closed",
+                                  self.limits.max_connections, peer[0])
+                else:
+                    self.log_once("connections per ip", "at most %d Kafka connections from one address "
+                                  "(--max-connections-per-ip): one more from %s closed", per_ip, peer[0])
                 sock.close()
                 continue
             if self.ssl_context is not None:   # the handshake is the reader's (a slow client holds no one else)
@@ -177,11 +187,16 @@ class KafkaServer:
             conn = _Connection(self, sock, peer[0], next(self._ids))
             with self._lock:
                 self._conns.add(conn)
+                self._per_ip[conn.peer] += 1
             conn.start()
 
     def forget(self, conn: "_Connection") -> None:
         with self._lock:
-            self._conns.discard(conn)
+            if conn in self._conns:
+                self._conns.discard(conn)
+                self._per_ip[conn.peer] -= 1
+                if self._per_ip[conn.peer] <= 0:
+                    del self._per_ip[conn.peer]
 
     def log_once(self, what: str, fmt: str, *args, level: int = logging.WARNING) -> None:
         """At most one line per ``what`` a minute: a client cannot flood the log."""

@@ -251,7 +251,7 @@ class Node:
             Task("gossip snapshot", self._maybe_snapshot),
             Task("publish", lambda: self.publish.flush()),     # leadership changes of the turn, to gossip
             Task("outbox", lambda: self.outbox.flush(), guarded=False),
-            Task("identity", self._check_identity),
+            Task("identity", self._check_identity), Task("sidecars", lambda: self.sidecars.supervise(), period_ms=1000),
             Task("metrics", lambda: self.metrics.maybe_refresh(self.clock.now_ms()),   # guarded, read-only
                  when=lambda: self.metrics is not None, guarded=False),
         ]

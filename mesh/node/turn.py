@@ -24,7 +24,8 @@ another order. The steps, after the caller drained its socket into the handlers:
    produce answers, held replication sends, acks=all now committed); nothing of a failed
    or doomed turn is sent;
 4. the tasks after it: leadership changes to gossip, the client outbox, parked fetches
-   woken or expired (``DataPath.after_turn``), identity checks, the metrics snapshot.
+   woken or expired (``DataPath.after_turn``), identity checks, sidecars that exited
+   started again (``mesh.node.lifecycle.sidecars``), the metrics snapshot.
 
 A task's exception dooms the turn (rolled back at its commit, nothing from it persisted or
 sent) and is logged once a minute per site; a simulator may ask for it to be raised.
@@ -43,7 +44,7 @@ log = logging.getLogger("mesh.node.turn")
 COMMIT = "commit"
 ORDER = ("clock", "gossip tick", "replication tick", "held produces", "corrupt batches", "gossip moved",
          "stats", "peer links", "isolation", "groups", "retention", "compaction plan", "compaction", "producer expiry", "elastic", "hand over",
-         "gossip snapshot", COMMIT, "publish", "outbox", "wake fetches", "identity", "metrics")
+         "gossip snapshot", COMMIT, "publish", "outbox", "wake fetches", "identity", "sidecars", "metrics")
 
 
 @dataclass

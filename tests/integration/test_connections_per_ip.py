@@ -109,3 +109,40 @@ def test_connections_beyond_the_per_ip_bound_are_refused_until_some_close(tmp_pa
             c.close()
         ctx.term()
         b.kill()
+
+
+def _kafka_answers(s: socket.socket) -> bool:
+    """An ApiVersions v0 request on ``s``; True if the Kafka listener answered it, False if
+    it closed the connection."""
+    import struct
+    req = struct.pack(">hhih", 18, 0, 7, 1) + b"t"
+    try:
+        s.sendall(struct.pack(">i", len(req)) + req)
+        head = s.recv(4)
+    except (ConnectionResetError, BrokenPipeError):
+        return False
+    return len(head) == 4
+
+
+def test_the_kafka_port_has_the_same_per_ip_bound(tmp_path):
+    from mesh.testing.launcher import free_port
+    b = BrokerProcess("n1", str(tmp_path / "n1"), extra=["--max-connections-per-ip", str(BOUND)],
+                      kafka_port=free_port()).start()
+    host, port = b.kafka_address.rsplit(":", 1)
+    socks: list[socket.socket] = []
+
+    def connect(source: str) -> socket.socket:
+        s = socket.create_connection((host, int(port)), timeout=10, source_address=(source, 0))
+        socks.append(s)
+        return s
+    try:
+        first = [connect("127.0.0.2") for _ in range(BOUND)]
+        assert all(_kafka_answers(s) for s in first)
+        assert not _kafka_answers(connect("127.0.0.2"))   # one more from that address: closed
+        assert _kafka_answers(connect("127.0.0.3"))        # another address is not held back
+        first[0].close()                                   # a closed connection frees its place
+        wait_until(lambda: _kafka_answers(connect("127.0.0.2")), 20, "a place from 127.0.0.2 again")
+    finally:
+        for s in socks:
+            s.close()
+        b.kill()

@@ -57,3 +57,37 @@ def test_a_node_restarted_without_its_listener_stops_advertising_it(tmp_path):
     finally:
         if b.alive():
             b.kill()
+
+
+def _listener_pids(port: int) -> list[int]:
+    """Pids of the Kafka listener processes serving ``port`` (from /proc's command lines)."""
+    import os
+    out = []
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/cmdline", "rb") as f:
+                argv = f.read().split(b"\0")
+        except OSError:
+            continue
+        if b"mesh.kafka.process" in argv and b"--port" in argv and argv[argv.index(b"--port") + 1] == str(port).encode():
+            out.append(int(d))
+    return out
+
+
+def test_a_killed_listener_is_started_again_by_its_node(tmp_path):
+    import os
+    import signal
+    b = BrokerProcess("n5", str(tmp_path / "n5"), kafka_port=free_port()).start()
+    try:
+        (old,) = _listener_pids(b.kafka_port)
+        os.kill(old, signal.SIGKILL)   # as the OOM killer would
+        wait_until(lambda: (pids := _listener_pids(b.kafka_port)) and old not in pids and not _refused(b.kafka_port),
+                   30, "a new listener on the Kafka port")
+        assert b.alive() and len(_listener_pids(b.kafka_port)) == 1
+        assert b.stop() == 0   # the restarted listener ends with its node as the first one did
+        wait_until(lambda: not _listener_pids(b.kafka_port), 10, "no listener left after the node stopped")
+    finally:
+        if b.alive():
+            b.kill()

@@ -134,3 +134,40 @@ def test_large_size_prefixes_share_one_memory_budget_and_give_it_back():
             assert struct.unpack_from(">ih", _read(s)) == (3, 0)
     finally:
         srv.close()
+
+
+def test_connections_per_source_address_are_bounded_and_freed_on_close():
+    """Kafka's max.connections.per.ip: one more connection from that address is closed at
+    once; another address is served; a closed connection frees its place."""
+    from mesh.kafka.server import ServerLimits
+    reg = Registry()
+    reg.register(18, 0, 3, lambda ctx, req: make(response_class(18, ctx.api_version), {
+        "error_code": 0, "api_keys": [], "throttle_time": 0}))
+    srv = KafkaServer("127.0.0.1", 0, reg, cluster=None, links=MeshLinks("127.0.0.1:1"),
+                      limits=ServerLimits(max_connections_per_ip=2))
+    v0 = struct.pack(">hhih", 18, 0, 5, 1) + b"t"
+
+    def served(s) -> bool:
+        s.sendall(struct.pack(">i", len(v0)) + v0)
+        frame = _read(s)
+        return frame is not None and struct.unpack_from(">ih", frame) == (5, 0)
+
+    def connect(source: str = "127.0.0.1"):
+        return socket.create_connection(("127.0.0.1", srv.port), timeout=10, source_address=(source, 0))
+    try:
+        first = [connect(), connect()]
+        assert all(served(s) for s in first)
+        with connect() as third:
+            assert _read(third) is None   # closed by the listener before anything was read
+        with connect("127.0.0.2") as other:
+            assert served(other)
+        first.pop().close()
+        deadline = time.monotonic() + 10
+        while srv._per_ip.get("127.0.0.1") != 1 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert srv._per_ip.get("127.0.0.1") == 1
+        with connect() as again:
+            assert served(again)
+        first[0].close()
+    finally:
+        srv.close()
