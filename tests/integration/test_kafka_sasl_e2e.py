@@ -65,8 +65,9 @@ def sasl_conf(c, user="alice", password=PASSWORD, mech="SCRAM-SHA-256") -> dict:
             "sasl.mechanisms": mech, "sasl.username": user, "sasl.password": password}
 
 
-def kcat(c, *args, user="alice", password=PASSWORD, sasl=True, input_=None, timeout=60):
-    cmd = [need("kcat"), "-b", c.brokers[0].kafka_address, "-m", "15"]
+def kcat(c, *args, user="alice", password=PASSWORD, sasl=True, input_=None, timeout=60, metadata_s=15):
+    """``metadata_s``: kcat's -m; a listing that must fail waits all of it (kcat retries)."""
+    cmd = [need("kcat"), "-b", c.brokers[0].kafka_address, "-m", str(metadata_s)]
     if sasl:
         cmd += ["-X", "security.protocol=SASL_PLAINTEXT", "-X", "sasl.mechanisms=SCRAM-SHA-256",
                 "-X", f"sasl.username={user}", "-X", f"sasl.password={password}"]
@@ -84,9 +85,9 @@ def test_kcat_scram_user_allowed_one_topic_refused_another(secured_kafka):
     assert b"authoriz" in r.stderr.lower(), r.stderr.decode()
     r = kcat(c, "-t", "payments", "-C", "-p", "0", "-o", "beginning", "-e", "-q")
     assert b"authoriz" in r.stderr.lower() and r.stdout == b"", r.stderr.decode()
-    r = kcat(c, "-L", password="wrong")
+    r = kcat(c, "-L", password="wrong", metadata_s=3)   # refused at the first connection
     assert r.returncode != 0 and b"authentication" in r.stderr.lower(), r.stderr.decode()
-    r = kcat(c, "-L", sasl=False)
+    r = kcat(c, "-L", sasl=False, metadata_s=3)
     assert r.returncode != 0, r.stdout.decode()
 
 
@@ -128,9 +129,9 @@ def test_confluent_kafka_scram_user_allowed_one_topic_refused_another(secured_ka
     from confluent_kafka.admin import AdminClient
     for conf in ({"bootstrap.servers": c.brokers[0].kafka_address},
                  sasl_conf(c, password="wrong"), sasl_conf(c, user="mallory")):
-        admin = AdminClient({**conf, "socket.timeout.ms": 5000})
-        with pytest.raises(KafkaException):
-            admin.list_topics(timeout=8)
+        admin = AdminClient({**conf, "socket.timeout.ms": 3000})
+        with pytest.raises(KafkaException):   # (refused: it waits out the timeout, as kcat's -L above)
+            admin.list_topics(timeout=3)
 
 
 def test_raw_sasl_order_and_bounds_on_the_wire(secured_kafka):
