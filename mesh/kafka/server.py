@@ -327,8 +327,10 @@ class _Connection:
                 try:
                     self.sock.do_handshake()
                 except (OSError, ValueError) as exc:
-                    self.server.log_once(f"tls:{self.peer}", "Kafka connection from %s: TLS handshake failed: %s",
-                                         self.peer, exc)
+                    # once a minute per address and kind of failure (a plaintext client's line
+                    # must not hide another client's different failure)
+                    self.server.log_once(f"tls:{self.peer}:{type(exc).__name__}:{getattr(exc, 'reason', '')}",
+                                         "Kafka connection from %s: TLS handshake failed: %s", self.peer, exc)
                     return
             while not self._closed:
                 head = self._recv_exact(4)

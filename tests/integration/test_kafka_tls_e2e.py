@@ -60,11 +60,16 @@ def test_sasl_ssl_plain_and_scram(tmp_path, monkeypatch):
             assert p.flush(30) == 0 and errors == [None], errors
         assert not lists_topics(conf(c, cert, password="wrong"))
         assert not lists_topics(conf(c, cert, protocol="SASL_PLAINTEXT"))     # plaintext at a TLS port
-        r = subprocess.run([need("kcat"), "-b", c.brokers[0].kafka_address, "-X", "security.protocol=SASL_SSL",
-                            "-X", f"ssl.ca.location={cert}", "-X", "sasl.mechanisms=PLAIN",
-                            "-X", "sasl.username=bob", "-X", f"sasl.password={PASSWORD}",
-                            "-t", "orders", "-C", "-o", "beginning", "-e", "-q"],
-                           capture_output=True, timeout=60)
+        cmd = [need("kcat"), "-b", c.brokers[0].kafka_address, "-X", "security.protocol=SASL_SSL",
+               "-X", f"ssl.ca.location={cert}", "-X", "sasl.mechanisms=PLAIN",
+               "-X", "sasl.username=bob", "-X", f"sasl.password={PASSWORD}",
+               "-t", "orders", "-C", "-o", "beginning", "-e", "-q"]
+        r = subprocess.run(cmd, capture_output=True, timeout=60)
+        if r.returncode != 0 and b"All broker connections are down" in r.stderr:
+            # kcat gives up at its first failed connection; seen once in a full suite run on a
+            # loaded host (the listener's log has the reason): one more try, the first kept
+            print(f"kcat's first try failed: {r.stderr.decode()}\n{c.brokers[0].log(3000)}")
+            r = subprocess.run(cmd, capture_output=True, timeout=60)
         assert r.returncode == 0 and r.stdout.split() == [b"PLAIN", b"SCRAM-SHA-512"], r.stderr.decode()
     finally:
         c.stop()
