@@ -17,16 +17,11 @@ import tempfile
 import time
 
 from bench.cluster import create_topic
+from bench.produce_cpu import cpu_s
 from mesh.client import Admin, Producer
 from mesh.testing.launcher import Cluster
 
-__all__ = ["measure", "main"]
-
-
-def cpu_s(pid: int) -> float:
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+__all__ = ["measure", "main", "cpu_s"]
 
 
 def _send(p: Producer, topic: str, values: list[bytes], requests: int, in_flight: int) -> None:
