@@ -278,7 +278,23 @@ class Cluster:
             return ids <= alive
         for b in self.brokers:
             if b.alive():
-                wait_until(lambda: converged(b), timeout_s, f"{b.node_id} to see {sorted(ids)} alive")
+                try:
+                    wait_until(lambda: converged(b), timeout_s, f"{b.node_id} to see {sorted(ids)} alive")
+                except BrokerExited:
+                    raise
+                except AssertionError as exc:
+                    raise AssertionError(f"{exc}\n{self.views()}") from None
+
+    def views(self, tail_chars: int = 3000) -> str:
+        """What each broker says of its members, and its log's end: for a failed wait."""
+        out = []
+        for b in self.brokers:
+            try:
+                seen = ", ".join(f"{x['id']}={x['status']}" for x in b.metadata(2000).brokers)
+            except Exception as exc:   # a broker that does not answer says so here
+                seen = f"no answer ({exc!r})"
+            out.append(f"--- {b.node_id} ({'running' if b.alive() else 'stopped'}) sees: {seen}\n{b.log(tail_chars)}")
+        return "\n".join(out)
 
     def stop(self, timeout_s: float = 15.0) -> None:
         """SIGTERM to every broker at once, then wait for each."""

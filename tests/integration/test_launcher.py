@@ -68,3 +68,19 @@ def test_a_metrics_port_taken_before_the_broker_binds_it_is_chosen_again(tmp_pat
     finally:
         b.kill()
         taken.close()
+
+
+def test_a_cluster_that_does_not_form_says_what_each_broker_sees(tmp_path):
+    c = Cluster(tmp_path, 2)
+    c.brokers[1].seeds = [f"127.0.0.1:{free_port()}"]   # n2 seeds from nobody: the two never meet
+    try:
+        for b in c.brokers:
+            b.start()
+        with pytest.raises(AssertionError) as info:
+            c.wait_converged(1.0)
+        text = str(info.value)
+        assert "waiting for n1 to see ['n1', 'n2'] alive" in text
+        assert "--- n1 (running) sees: n1=alive\n" in text and "--- n2 (running) sees: n2=alive\n" in text
+        assert "serving on" in text   # each broker's log's end follows its view
+    finally:
+        c.stop()
