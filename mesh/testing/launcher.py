@@ -38,8 +38,45 @@ class BrokerExited(AssertionError):
     """A broker process ended while something was waiting for it."""
 
 
+_LOW_PORT = 10_000
+_next_port: list[int] = []   # this process's next candidate (chosen at the first call)
+
+
+def _port_slice() -> range:
+    """The ports this process hands out: below the kernel's ephemeral range (so no outgoing
+    connection of anything on the host takes one between ``free_port`` and the bind), split
+    between pytest-xdist's workers (``PYTEST_XDIST_WORKER`` gw0, gw1, ...) so that two of
+    them never hand out the same port."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            ephemeral_low = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        ephemeral_low = 32_768
+    workers = max(1, int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1))
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+    index = int(worker[2:]) if worker[2:].isdigit() else 0
+    width = (ephemeral_low - _LOW_PORT) // workers
+    return range(_LOW_PORT + index % workers * width, _LOW_PORT + (index % workers + 1) * width)
+
+
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    """A TCP port on 127.0.0.1 that nothing listens on right now, from this process's slice
+    (``_port_slice``), taken in turn from a random start: a port is not handed out twice
+    until the slice wraps. Where the slice is too small (an ephemeral range starting low),
+    the kernel's choice."""
+    ports = _port_slice()
+    if len(ports) >= 1_000:
+        if not _next_port:
+            _next_port.append(ports.start + int.from_bytes(os.urandom(4), "big") % len(ports))
+        for _ in range(200):
+            port = _next_port[0]
+            _next_port[0] = port + 1 if port + 1 < ports.stop else ports.start
+            with socket.socket() as s:
+                try:
+                    s.bind(("127.0.0.1", port))
+                except OSError:
+                    continue   # taken (or in TIME_WAIT): the next one
+                return port
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]

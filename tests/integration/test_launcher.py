@@ -21,6 +21,19 @@ def test_wait_until_returns_the_value_or_says_what_it_waited_for():
     assert 0 < free_port() < 65536
 
 
+def test_free_ports_are_below_the_ephemeral_range_and_apart_per_worker(monkeypatch):
+    from mesh.testing.launcher import _port_slice
+    low = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
+    ports = [free_port() for _ in range(50)]
+    assert len(set(ports)) == 50 and all(p < low for p in ports)   # not handed out twice
+    monkeypatch.setenv("PYTEST_XDIST_WORKER_COUNT", "3")
+    slices = []
+    for w in ("gw0", "gw1", "gw2"):
+        monkeypatch.setenv("PYTEST_XDIST_WORKER", w)
+        slices.append(set(_port_slice()))
+    assert all(len(s) >= 1000 for s in slices) and not (slices[0] & slices[1] or slices[1] & slices[2] or slices[0] & slices[2])
+
+
 def test_a_broker_that_exits_fails_the_wait_at_once_with_its_log(tmp_path):
     b = BrokerProcess("bad", str(tmp_path / "bad"), extra=["--no-such-flag"])
     with pytest.raises(BrokerExited, match="broker bad exited with code") as info:
