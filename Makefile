@@ -23,7 +23,7 @@ run: $(STAMP)
 	$(BIN)/honcho start || [ $$? -eq 130 ]   # Ctrl-C (130) is how a local cluster ends
 
 test: $(STAMP) java-check
-	PYSPARK_PYTHON=$(abspath $(BIN)/python) $(BIN)/python -m pytest -q
+	PYSPARK_PYTHON=$(abspath $(BIN)/python) $(BIN)/python -m pytest -q -n 2 --dist loadfile
 
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q -m "not integration and not spark"

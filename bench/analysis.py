@@ -25,6 +25,7 @@ copy it to HDFS/S3 and pass that URL).
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -36,7 +37,7 @@ import tempfile
 from bench.events import read_cells
 from bench.scenarios import BenchError
 
-__all__ = ["check_java", "spark_session", "analyze", "PERCENTILES", "main"]
+__all__ = ["check_java", "spark_session", "spark_scope", "analyze", "PERCENTILES", "main"]
 
 PERCENTILES = (0.5, 0.95, 0.99, 0.999)
 PCT_NAMES = ("p50", "p95", "p99", "p999")
@@ -164,13 +165,28 @@ def _bin_ns(cells: list[dict]) -> int:
     return 1_000_000_000 if longest >= 10_000_000_000 else 100_000_000
 
 
+@contextlib.contextmanager
+def spark_scope(master: str | None = None, app_name: str = "bench-analysis"):
+    """``spark_session`` for a block: stopped after it if it was made for it; one that was
+    running already (a test session's, say) is used and left running for its owner."""
+    from pyspark.sql import SparkSession
+    running = SparkSession.getActiveSession()
+    spark = spark_session(master, app_name)
+    try:
+        yield spark
+    finally:
+        if running is None:
+            spark.stop()
+
+
 def analyze(run_dir: str, spark=None, master: str | None = None) -> dict:
     """Run the job on ``run_dir``; returns and writes ``analysis.json`` there."""
     from pyspark.sql import functions as F
     if not os.path.exists(os.path.join(run_dir, "cells.jsonl")):
         raise BenchError(f"{run_dir} has no cells.jsonl: not a bench run directory (or no cell finished)")
-    own = spark is None
-    if own:
+    from pyspark.sql import SparkSession
+    own = spark is None and SparkSession.getActiveSession() is None   # stopped here only if made here
+    if spark is None:
         spark = spark_session(master)
     try:
         cells = spark.read.schema(_CELLS_DDL).json(os.path.join(run_dir, "cells.jsonl")).cache()

@@ -281,7 +281,7 @@ def _run_peer(sc, out_dir: str | None) -> None:
 
 
 def _analyze_and_report(run_dir: str, master: str | None) -> None:
-    from bench.analysis import analyze, spark_session
+    from bench.analysis import analyze, spark_scope
     from bench.events import read_run_json, write_run_json
     from bench.report import write_report
     if not os.path.isdir(run_dir):
@@ -292,11 +292,8 @@ def _analyze_and_report(run_dir: str, master: str | None) -> None:
         raise BenchError(f"{run_dir} has no readable run.json: not a bench run directory") from None
     t0 = time.monotonic()
     click.echo(f"bench: analysing with Spark ({master or 'local[2]'})...")
-    spark = spark_session(master)
-    try:
+    with spark_scope(master) as spark:
         res = analyze(run_dir, spark=spark)
-    finally:
-        spark.stop()
     res["master"] = master or "local[2]"
     info["analysis_s"] = round(time.monotonic() - t0, 3)
     info["status"] = "analysed"

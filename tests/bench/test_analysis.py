@@ -88,10 +88,9 @@ def build_run(run_dir: str) -> None:
 @pytest.fixture(scope="module")
 def spark():
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    from bench.analysis import spark_session
-    s = spark_session()
-    yield s
-    s.stop()
+    from bench.analysis import spark_scope
+    with spark_scope() as s:   # a session another module of this worker runs is left to it
+        yield s
 
 
 @pytest.fixture(scope="module")

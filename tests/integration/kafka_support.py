@@ -28,10 +28,10 @@ def kcluster(tmp_path_factory):
     c.stop()
 
 
-def new_topic(cluster, prefix: str, partitions: int = 1, rf: int = 3) -> str:
+def new_topic(cluster, prefix: str, partitions: int = 1, rf: int = 3, config: dict | None = None) -> str:
     name = f"{prefix}-{next(_names)}"
     with Admin(cluster.bootstrap) as a:
-        a.create_topic(name, partitions, rf)
+        a.create_topic(name, partitions, rf, config=config)
     return name
 
 

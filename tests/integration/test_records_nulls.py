@@ -33,9 +33,9 @@ def broker(tmp_path_factory):
     b.stop()
 
 
-def create(broker, name: str, partitions: int = 1) -> str:
+def create(broker, name: str, partitions: int = 1, config: dict | None = None) -> str:
     with Admin(broker.address) as a:
-        a.create_topic(name, partitions=partitions)
+        a.create_topic(name, partitions=partitions, config=config)
     return name
 
 
@@ -113,7 +113,9 @@ def test_the_text_gateway_keeps_null_values(broker):
 
 
 def test_offsets_for_times_finds_the_first_record_at_or_after_a_time(broker):
-    t = create(broker, "times", partitions=2)
+    # stamped in 1970: under the default retention.ms (7 days by record time, as Kafka's) the
+    # pass every 5 s would delete each partition's batches but its last
+    t = create(broker, "times", partitions=2, config={"retention.ms": -1})
     with Producer(broker.address) as p:
         for i, ts in enumerate([1000, 2000, 2000, 3000]):
             p.send(t, b"r%d" % i, partition=0, timestamp_ms=ts).get(10)   # one batch each

@@ -54,9 +54,9 @@ def admin(broker):
 @pytest.fixture
 def new_topic(admin):
     """new_topic(partitions) -> a fresh topic name."""
-    def make(partitions: int = 1, prefix: str = "t") -> str:
+    def make(partitions: int = 1, prefix: str = "t", config: dict | None = None) -> str:
         name = f"{prefix}-{os.getpid()}-{next(_names)}"
-        admin.create_topic(name, partitions=partitions)
+        admin.create_topic(name, partitions=partitions, config=config)
         return name
     return make
 

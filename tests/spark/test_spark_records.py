@@ -35,7 +35,7 @@ def test_null_values_are_nulls_both_ways(spark, broker, new_topic):
 
 def test_starting_offsets_by_timestamp(spark, broker, new_topic):
     from mesh.spark.options import MeshSparkError
-    t = new_topic(2)
+    t = new_topic(2, config={"retention.ms": -1})   # stamped in 1970: kept from retention by time
     produce(broker.address, t, [{"value": b"p0-%d" % i, "partition": 0, "timestamp_ms": 1000 * (i + 1)}
                                 for i in range(4)]
             + [{"value": b"p1-%d" % i, "partition": 1, "timestamp_ms": 10_000 + i} for i in range(3)])

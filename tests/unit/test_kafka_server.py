@@ -19,6 +19,7 @@ from mesh.kafka.codec import response_class
 from mesh.kafka.context import Deferred
 from mesh.kafka.link import MeshLinks
 from mesh.kafka.server import KafkaServer, Registry
+from mesh.testing.launcher import wait_until
 
 
 def _frame(req, corr: int) -> bytes:
@@ -61,6 +62,8 @@ def test_pipelined_produce_answers_in_request_order():
             started.append(name)
         if name == "fast":
             fast_started.set()
+        if name == "slow":   # the reader has queued the other two (pipelining overlaps queued requests only)
+            wait_until(lambda: sum(c.queue.qsize() for c in srv._conns) >= 2, 10, "the next requests queued")
 
         def finish():
             if name == "slow":   # pipelined: the next request starts while this one still waits
