@@ -42,6 +42,12 @@ def test_the_peer_report_puts_fsync_against_the_floor_and_write_caching_against_
     # a failed probe or a missing row: that line is left out, never a guess
     assert against_targets(results, None) == [wc]
     assert against_targets({"mesh-rf3": results["mesh-rf3"]}, cal) == [fsync]
+    # with the commit measured 3 at once (an RF-3 write's replicas on one disk): judged by that floor, the other beside it
+    shared = dict(cal, sync_commit_x3_ms={"p50": 0.9, "p99": 2.0})
+    assert floor_ms(shared, shared_disk=True) == 1.2 and floor_ms(shared) == 0.8 and floor_ms(cal, shared_disk=True) is None
+    (line, _) = against_targets(results, shared)
+    assert "1.60 ms = 1.33x the floor 1.20 ms" in line and "while 3 commit at once" in line
+    assert line.endswith("; 2.00x 0.80 ms with a commit alone")
     # the end-to-end row over 3 partitions and each mode's async publish, against NATS R3
     results["mesh-rf3"].update(e2e3={"p99_ms": 4.0}, produce_rps=480_000)
     results["mesh-rf3-wc"]["produce_rps"] = 320_000
