@@ -80,10 +80,25 @@ class Coordinator:
         if broker and broker.get("address") and row_is_up(broker):
             self.node_id, self.address = hint, broker["address"]
 
-    def call(self, msg, timeout_ms: int, attempts: int = 3):
-        """Send to the coordinator, following COORDINATORMOVED; the typed response."""
+    def call(self, msg, timeout_ms: int, attempts: int = 3, patient: bool = False):
+        """Send to the coordinator, following COORDINATORMOVED; the typed response.
+        ``patient`` (an admin's request): after ``attempts``, go on asking with a backoff
+        (50 ms doubling to 500 ms) until ``timeout_ms`` has passed since the first, as
+        Kafka's admin client retries COORDINATOR_LOAD_IN_PROGRESS: a coordinator that took
+        a group over answers "loading" until its replicas answered its pull, which takes
+        longer than three quick tries on a loaded host."""
         last: MeshError | None = None
-        for _ in range(attempts):
+        deadline = _ms() + timeout_ms
+        backoff_ms = 50
+        tries = 0
+        while True:
+            if tries >= attempts:
+                left = deadline - _ms()
+                if not patient or left <= 0:
+                    break
+                time.sleep(min(backoff_ms, left) / 1000)   # a client's backoff, not a test's wait
+                backoff_ms = min(2 * backoff_ms, 500)
+            tries += 1
             addr = self.get(wait=True)
             if addr is None:
                 last = MeshError(ErrorCode.COORDINATOR_NOT_AVAILABLE, f"no coordinator for group {self.group_id!r}")

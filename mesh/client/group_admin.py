@@ -52,7 +52,7 @@ class GroupAdmin(ClientBase):
         lag per partition. If the coordinator cannot be reached, the offsets come from any
         broker's gossip view and ``state`` is "unknown"."""
         try:
-            resp = self._coordinator(group_id).call(GroupDescribe(group_id), timeout_ms=self.timeout_ms)
+            resp = self._coordinator(group_id).call(GroupDescribe(group_id), timeout_ms=self.timeout_ms, patient=True)
             if resp.error:
                 raise MeshError(resp.error, resp.message)
             d = {"group_id": group_id, "coordinator": resp.coordinator, "state": resp.state,
@@ -105,7 +105,8 @@ class GroupAdmin(ClientBase):
         return ends
 
     def committed(self, group_id: str) -> dict[TopicPartition, int]:
-        resp = self._coordinator(group_id).call(GroupFetchOffsets(group_id, None), timeout_ms=self.timeout_ms)
+        resp = self._coordinator(group_id).call(GroupFetchOffsets(group_id, None), timeout_ms=self.timeout_ms,
+                                                patient=True)
         if resp.error:
             raise MeshError(resp.error, resp.message)
         return {TopicPartition(t, p): off for t, p, off, _ in resp.offsets}
@@ -144,7 +145,7 @@ class GroupAdmin(ClientBase):
         coordinator = self._coordinator(group_id)
 
         def call():
-            resp = coordinator.call(msg, timeout_ms=self.timeout_ms)
+            resp = coordinator.call(msg, timeout_ms=self.timeout_ms, patient=True)
             if resp.error:
                 raise MeshError(resp.error, resp.message)
         self._while_unavailable(call, _SETTLE_WAIT_S)
