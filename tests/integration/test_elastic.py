@@ -86,8 +86,9 @@ def test_dead_broker_replaced_and_leader_killed_mid_move(tmp_path):
                 p.send_batch("d", [b"x" * 100] * 1000, partition=0).result(30)
         victim.start()                      # back: added again only as balancing needs it
         c.wait_converged()                  # a reassignment names live brokers only
-        parts, _ = view(live, "d")
-        p0 = parts[0]
+        # partition 0 with a leader (n4's return may move leaderships: a moment without one)
+        p0 = wait_until(lambda: next((p for p in (view(live, "d")[0] or []) if p["partition"] == 0
+                                      and p.get("leader") in {"n1", "n2", "n3"}), None), 30, "a leader of partition 0")
         target = [x for x in p0["replicas"] if x != p0["leader"]] + ["n4"]
         with Admin(c.bootstrap) as a:
             a.reassign("d", 0, target)
