@@ -167,7 +167,11 @@ class BrokerProcess:
             self.proc = subprocess.Popen(self.command(), cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
                                          start_new_session=self.new_session)
         if wait:
-            self.wait_ready(timeout_s)
+            try:
+                self.wait_ready(timeout_s)
+            except BaseException:
+                self.kill()   # one that never answered is not left running after the test (its log stays)
+                raise
         return self
 
     def restart(self, wait: bool = True, timeout_s: float = 20.0) -> "BrokerProcess":

@@ -42,6 +42,13 @@ def test_a_broker_that_exits_fails_the_wait_at_once_with_its_log(tmp_path):
     assert not b.alive() and b.stop() != 0
 
 
+def test_a_broker_that_never_answers_in_time_is_not_left_running(tmp_path):
+    b = BrokerProcess("slow", str(tmp_path / "slow"))
+    with pytest.raises(AssertionError, match="to answer"):
+        b.start(timeout_s=0.001)   # no broker answers within a millisecond of its start
+    assert not b.alive() and "slow" in b.command()
+
+
 def test_pause_resume_and_restart_keep_address_and_data(tmp_path):
     from mesh.client import Admin
     c = Cluster(tmp_path, 1, log_dir=str(tmp_path / "logs")).start()
