@@ -184,91 +184,86 @@ def analyze(run_dir: str, spark=None, master: str | None = None) -> dict:
     from pyspark.sql import functions as F
     if not os.path.exists(os.path.join(run_dir, "cells.jsonl")):
         raise BenchError(f"{run_dir} has no cells.jsonl: not a bench run directory (or no cell finished)")
-    from pyspark.sql import SparkSession
-    own = spark is None and SparkSession.getActiveSession() is None   # stopped here only if made here
-    if spark is None:
-        spark = spark_session(master)
-    try:
-        cells = spark.read.schema(_CELLS_DDL).json(os.path.join(run_dir, "cells.jsonl")).cache()
-        prod = _read(spark, run_dir, "produce", _PRODUCE_DDL).cache()
-        cons = _read(spark, run_dir, "consume", _CONSUME_DDL).cache()
+    if spark is None:   # one for this job, stopped after it (one already running is left to its owner)
+        with spark_scope(master) as spark:
+            return analyze(run_dir, spark=spark)
+    cells = spark.read.schema(_CELLS_DDL).json(os.path.join(run_dir, "cells.jsonl")).cache()
+    prod = _read(spark, run_dir, "produce", _PRODUCE_DDL).cache()
+    cons = _read(spark, run_dir, "consume", _CONSUME_DDL).cache()
 
-        # -- production: one pass; failed batches count as requests, not as records --------
-        ok = F.col("error").isNull()
-        p = (prod.join(F.broadcast(cells.select("cell", "produce_go_ns")), "cell")
-             .withColumn("lat_us", F.when(ok, (F.col("ack_ns") - F.col("intended_ns")) / 1000.0))
-             .withColumn("ok_count", F.when(ok, F.col("count")).otherwise(0))
-             .withColumn("ok_bytes", F.when(ok, F.col("bytes")).otherwise(0)))
-        p_agg = (p.groupBy("cell").agg(
-            F.sum("ok_count").alias("produced_records"),
-            F.sum("ok_bytes").alias("produced_bytes"),
-            F.sum(F.when(ok, 0).otherwise(1)).alias("failed_requests"),
-            F.count("*").alias("produce_requests"),
-            ((F.max("ack_ns") - F.first("produce_go_ns")) / 1e9).alias("produce_s"),
-            *_pcts("lat_us", "ok_count", "ack"))
-            .withColumn("produce_rps", F.col("produced_records") / F.col("produce_s"))
-            .withColumn("produce_kBps", F.col("produced_bytes") / 1000.0 / F.col("produce_s")))
+    # -- production: one pass; failed batches count as requests, not as records --------
+    ok = F.col("error").isNull()
+    p = (prod.join(F.broadcast(cells.select("cell", "produce_go_ns")), "cell")
+         .withColumn("lat_us", F.when(ok, (F.col("ack_ns") - F.col("intended_ns")) / 1000.0))
+         .withColumn("ok_count", F.when(ok, F.col("count")).otherwise(0))
+         .withColumn("ok_bytes", F.when(ok, F.col("bytes")).otherwise(0)))
+    p_agg = (p.groupBy("cell").agg(
+        F.sum("ok_count").alias("produced_records"),
+        F.sum("ok_bytes").alias("produced_bytes"),
+        F.sum(F.when(ok, 0).otherwise(1)).alias("failed_requests"),
+        F.count("*").alias("produce_requests"),
+        ((F.max("ack_ns") - F.first("produce_go_ns")) / 1e9).alias("produce_s"),
+        *_pcts("lat_us", "ok_count", "ack"))
+        .withColumn("produce_rps", F.col("produced_records") / F.col("produce_s"))
+        .withColumn("produce_kBps", F.col("produced_bytes") / 1000.0 / F.col("produce_s")))
 
-        # -- consumption: one pass over the run-length encoded stamps; the first stamp
-        #    of a received batch carries the batch's count and bytes ---------------------
-        x = (cons.join(F.broadcast(cells.select("cell", "mode", "consume_go_ns")), "cell")
-             .select("cell", "mode", "recv_ns", "consume_go_ns", "count", "bytes",
-                     F.posexplode_outer(F.arrays_zip("ts_us", "ts_n")).alias("pos", "z")))
-        head = F.col("pos").isNull() | (F.col("pos") == 0)
-        x = (x.withColumn("b_count", F.when(head, F.col("count")).otherwise(0))
-             .withColumn("b_bytes", F.when(head, F.col("bytes")).otherwise(0))
-             .withColumn("n", F.col("z.ts_n"))
-             # end to end only where production and consumption overlap (streaming)
-             .withColumn("e2e_us", F.when(F.col("mode") == "streaming",
-                                          (F.col("recv_ns") - F.col("z.ts_us") * 1000) / 1000.0)))
-        c_agg = (x.groupBy("cell").agg(
-            F.sum("b_count").alias("consumed_records"),
-            F.sum("b_bytes").alias("consumed_bytes"),
-            F.sum(F.when(head, 1).otherwise(0)).alias("consume_batches"),
-            ((F.max("recv_ns") - F.first("consume_go_ns")) / 1e9).alias("consume_s"),
-            *_pcts("e2e_us", "n", "e2e"))
-            .withColumn("consume_rps", F.col("consumed_records") / F.col("consume_s"))
-            .withColumn("consume_kBps", F.col("consumed_bytes") / 1000.0 / F.col("consume_s")))
+    # -- consumption: one pass over the run-length encoded stamps; the first stamp
+    #    of a received batch carries the batch's count and bytes ---------------------
+    x = (cons.join(F.broadcast(cells.select("cell", "mode", "consume_go_ns")), "cell")
+         .select("cell", "mode", "recv_ns", "consume_go_ns", "count", "bytes",
+                 F.posexplode_outer(F.arrays_zip("ts_us", "ts_n")).alias("pos", "z")))
+    head = F.col("pos").isNull() | (F.col("pos") == 0)
+    x = (x.withColumn("b_count", F.when(head, F.col("count")).otherwise(0))
+         .withColumn("b_bytes", F.when(head, F.col("bytes")).otherwise(0))
+         .withColumn("n", F.col("z.ts_n"))
+         # end to end only where production and consumption overlap (streaming)
+         .withColumn("e2e_us", F.when(F.col("mode") == "streaming",
+                                      (F.col("recv_ns") - F.col("z.ts_us") * 1000) / 1000.0)))
+    c_agg = (x.groupBy("cell").agg(
+        F.sum("b_count").alias("consumed_records"),
+        F.sum("b_bytes").alias("consumed_bytes"),
+        F.sum(F.when(head, 1).otherwise(0)).alias("consume_batches"),
+        ((F.max("recv_ns") - F.first("consume_go_ns")) / 1e9).alias("consume_s"),
+        *_pcts("e2e_us", "n", "e2e"))
+        .withColumn("consume_rps", F.col("consumed_records") / F.col("consume_s"))
+        .withColumn("consume_kBps", F.col("consumed_bytes") / 1000.0 / F.col("consume_s")))
 
-        summary = cells.join(p_agg, "cell", "left").join(c_agg, "cell", "left").orderBy("index").cache()
-        rows = [_spread(_spread(r.asDict(), "ack"), "e2e") for r in summary.collect()]
+    summary = cells.join(p_agg, "cell", "left").join(c_agg, "cell", "left").orderBy("index").cache()
+    rows = [_spread(_spread(r.asDict(), "ack"), "e2e") for r in summary.collect()]
 
-        # -- the DSBS-style long table: (mode, side, producers, consumers, batch, size) -> rps, kB/s
-        dims = ("mode", "batch", "message_bytes", "producers", "consumers")
-        dsbs = (summary.select(*dims, F.lit("production").alias("side"),
-                               F.col("produce_rps").alias("rps"), F.col("produce_kBps").alias("kBps"))
-                .unionByName(summary.select(*dims, F.lit("consumption").alias("side"),
-                                            F.col("consume_rps").alias("rps"), F.col("consume_kBps").alias("kBps")))
-                .groupBy("mode", "side", "producers", "consumers", "batch", "message_bytes")
-                .agg(F.avg("rps").alias("rps"), F.avg("kBps").alias("kBps"))
-                .orderBy("mode", "side", F.desc("producers"), "consumers", "batch", "message_bytes"))
-        dsbs_rows = [r.asDict() for r in dsbs.collect()]
+    # -- the DSBS-style long table: (mode, side, producers, consumers, batch, size) -> rps, kB/s
+    dims = ("mode", "batch", "message_bytes", "producers", "consumers")
+    dsbs = (summary.select(*dims, F.lit("production").alias("side"),
+                           F.col("produce_rps").alias("rps"), F.col("produce_kBps").alias("kBps"))
+            .unionByName(summary.select(*dims, F.lit("consumption").alias("side"),
+                                        F.col("consume_rps").alias("rps"), F.col("consume_kBps").alias("kBps")))
+            .groupBy("mode", "side", "producers", "consumers", "batch", "message_bytes")
+            .agg(F.avg("rps").alias("rps"), F.avg("kBps").alias("kBps"))
+            .orderBy("mode", "side", F.desc("producers"), "consumers", "batch", "message_bytes"))
+    dsbs_rows = [r.asDict() for r in dsbs.collect()]
 
-        # -- timelines ------------------------------------------------------------------
-        bin_ns = _bin_ns(read_cells(run_dir))
-        per_s = 1e9 / bin_ns
-        two = F.array(F.lit(0.5), F.lit(0.99))
-        p_sec = (p.where(ok)
-                 .groupBy("cell", F.floor((F.col("ack_ns") - F.col("produce_go_ns")) / bin_ns).alias("bin"))
-                 .agg(F.sum("count").alias("records"), F.sum("bytes").alias("bytes"),
-                      F.percentile("lat_us", two, F.col("count")).alias("lat"))
-                 .withColumn("side", F.lit("produce")))
-        c_sec = (x.groupBy("cell", F.floor((F.col("recv_ns") - F.col("consume_go_ns")) / bin_ns).alias("bin"))
-                 .agg(F.sum("b_count").alias("records"), F.sum("b_bytes").alias("bytes"),
-                      F.percentile("e2e_us", two, F.col("n")).alias("lat"))
-                 .withColumn("side", F.lit("consume")))
-        cols = ["cell", "side", (F.col("bin") * (bin_ns / 1e9)).alias("t_s"), "records",
-                (F.col("records") * per_s).alias("rps"), (F.col("bytes") / 1000.0 * per_s).alias("kBps"), "lat"]
-        timeline = []
-        for r in p_sec.select(*cols).unionByName(c_sec.select(*cols)).orderBy("cell", "side", "t_s").collect():
-            d = r.asDict()
-            lat = d.pop("lat") or [None, None]
-            d["lat_p50_ms"] = None if lat[0] is None else lat[0] / 1000.0
-            d["lat_p99_ms"] = None if lat[1] is None else lat[1] / 1000.0
-            timeline.append(d)
-    finally:
-        if own:
-            spark.stop()
+    # -- timelines ------------------------------------------------------------------
+    bin_ns = _bin_ns(read_cells(run_dir))
+    per_s = 1e9 / bin_ns
+    two = F.array(F.lit(0.5), F.lit(0.99))
+    p_sec = (p.where(ok)
+             .groupBy("cell", F.floor((F.col("ack_ns") - F.col("produce_go_ns")) / bin_ns).alias("bin"))
+             .agg(F.sum("count").alias("records"), F.sum("bytes").alias("bytes"),
+                  F.percentile("lat_us", two, F.col("count")).alias("lat"))
+             .withColumn("side", F.lit("produce")))
+    c_sec = (x.groupBy("cell", F.floor((F.col("recv_ns") - F.col("consume_go_ns")) / bin_ns).alias("bin"))
+             .agg(F.sum("b_count").alias("records"), F.sum("b_bytes").alias("bytes"),
+                  F.percentile("e2e_us", two, F.col("n")).alias("lat"))
+             .withColumn("side", F.lit("consume")))
+    cols = ["cell", "side", (F.col("bin") * (bin_ns / 1e9)).alias("t_s"), "records",
+            (F.col("records") * per_s).alias("rps"), (F.col("bytes") / 1000.0 * per_s).alias("kBps"), "lat"]
+    timeline = []
+    for r in p_sec.select(*cols).unionByName(c_sec.select(*cols)).orderBy("cell", "side", "t_s").collect():
+        d = r.asDict()
+        lat = d.pop("lat") or [None, None]
+        d["lat_p50_ms"] = None if lat[0] is None else lat[0] / 1000.0
+        d["lat_p99_ms"] = None if lat[1] is None else lat[1] / 1000.0
+        timeline.append(d)
     result = {"run_dir": os.path.abspath(run_dir), "cells": rows, "dsbs": dsbs_rows, "timeline": timeline,
               "timeline_bin_s": bin_ns / 1e9, "percentiles": list(PERCENTILES)}
     with open(os.path.join(run_dir, "analysis.json"), "w") as f:

@@ -57,6 +57,23 @@ def _echo(port_q) -> None:
         ctx.term()
 
 
+def _round_trips(send, recv, rounds: int) -> tuple[float, float]:
+    """p50 and p99 (microseconds) of ``rounds`` one-byte round trips after 50 to connect and
+    warm up, 0.5 ms apart: each starts from sleeping processes."""
+    for _ in range(50):
+        send(b"x")
+        recv()
+    ts = []
+    for _ in range(rounds):
+        t = time.perf_counter_ns()
+        send(b"x")
+        recv()
+        ts.append(time.perf_counter_ns() - t)
+        time.sleep(0.0005)  # start each round trip from sleeping processes
+    s = latency_summary(ts)
+    return s["p50_ms"] * 1000, s["p99_ms"] * 1000
+
+
 def wakeup_rtt_us(rounds: int = _ROUNDS) -> tuple[float, float]:
     """p50 and p99 (microseconds) of a ZeroMQ round trip to another process."""
     import zmq
@@ -70,19 +87,10 @@ def wakeup_rtt_us(rounds: int = _ROUNDS) -> tuple[float, float]:
     d.setsockopt(zmq.RCVTIMEO, 5_000)
     try:
         d.connect(f"tcp://127.0.0.1:{q.get(timeout=30)}")
-        for _ in range(50):  # connect and warm up
-            d.send(b"x")
-            d.recv()
-        ts = []
-        for _ in range(rounds):
-            t = time.perf_counter_ns()
-            d.send(b"x")
-            d.recv()
-            ts.append(time.perf_counter_ns() - t)
-            time.sleep(0.0005)  # start each round trip from sleeping processes
-        d.send(b"q")
-        s = latency_summary(ts)
-        return s["p50_ms"] * 1000, s["p99_ms"] * 1000
+        try:
+            return _round_trips(d.send, d.recv, rounds)
+        finally:
+            d.send(b"q")
     finally:
         d.close()
         zctx.term()
@@ -111,19 +119,10 @@ def tcp_rtt_us(rounds: int = _ROUNDS) -> tuple[float, float]:
     try:
         with socket.create_connection(("127.0.0.1", q.get(timeout=30)), timeout=5) as s:
             s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            for _ in range(50):  # warm up
-                s.sendall(b"x")
-                s.recv(64)
-            ts = []
-            for _ in range(rounds):
-                t = time.perf_counter_ns()
-                s.sendall(b"x")
-                s.recv(64)   # one byte each way: a recv returns it whole
-                ts.append(time.perf_counter_ns() - t)
-                time.sleep(0.0005)
-            s.sendall(b"q")
-        st = latency_summary(ts)
-        return st["p50_ms"] * 1000, st["p99_ms"] * 1000
+            try:   # one byte each way: a recv returns it whole
+                return _round_trips(s.sendall, lambda: s.recv(64), rounds)
+            finally:
+                s.sendall(b"q")
     finally:
         proc.join(5)
         if proc.is_alive():

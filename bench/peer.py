@@ -179,14 +179,12 @@ def against_targets(results: dict, cal: dict | None) -> list[str]:
     out = []
     alone, shared = floor_ms(cal), floor_ms(cal, shared_disk=True)
     fsync, wc, nats = (_get(results.get(k), ("latency", "p50_ms")) for k in ("mesh-rf3", "mesh-rf3-wc", "nats-r3"))
-    if shared and fsync is not None:
-        out.append(f"- fsync, blocking publish p50 {fsync:.2f} ms = {fsync / shared:.2f}x the floor {shared:.2f} ms "
-                   "(2 ZeroMQ round trips + 1 synced LMDB commit while 3 commit at once, as an RF-3 write's "
-                   "replicas on this one disk, at the calibration's p50; target <= 2x)"
-                   + (f"; {fsync / alone:.2f}x {alone:.2f} ms with a commit alone" if alone else ""))
-    elif alone and fsync is not None:
-        out.append(f"- fsync, blocking publish p50 {fsync:.2f} ms = {fsync / alone:.2f}x the floor {alone:.2f} ms "
-                   "(2 ZeroMQ round trips + 1 synced LMDB commit at the calibration's p50; target <= 2x)")
+    floor = shared or alone
+    if floor and fsync is not None:
+        commit = "while 3 commit at once, as an RF-3 write's replicas on this one disk, " if shared else ""
+        out.append(f"- fsync, blocking publish p50 {fsync:.2f} ms = {fsync / floor:.2f}x the floor {floor:.2f} ms "
+                   f"(2 ZeroMQ round trips + 1 synced LMDB commit {commit}at the calibration's p50; target <= 2x)"
+                   + (f"; {fsync / alone:.2f}x {alone:.2f} ms with a commit alone" if shared and alone else ""))
     if wc is not None and nats:
         out.append(f"- write caching, blocking publish p50 {wc:.2f} ms = {wc / nats:.2f}x NATS R3's {nats:.2f} ms "
                    "(target <= 1x)")

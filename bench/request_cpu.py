@@ -21,7 +21,7 @@ from bench.produce_cpu import cpu_s
 from mesh.client import Admin, Producer
 from mesh.testing.launcher import Cluster
 
-__all__ = ["measure", "main", "cpu_s"]
+__all__ = ["measure", "main"]
 
 
 def _send(p: Producer, topic: str, values: list[bytes], requests: int, in_flight: int) -> None:

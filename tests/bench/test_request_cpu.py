@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from bench.cluster import create_topic
-from bench.request_cpu import cpu_s, measure
+from bench.produce_cpu import cpu_s
+from bench.request_cpu import measure
 from mesh.testing.launcher import Cluster
 
 
